@@ -1,0 +1,123 @@
+/* jobspec.h - the job spec: one C struct with its defaults, parsed from JSON
+ * (REST, files), from protobuf (gRPC, see jobspec_pb.h) and from dotted
+ * command-line flags layered over an optional spec file; one validator,
+ * driven by one table of rules, that reports every error at once.
+ *
+ * Field names follow AReaL's configuration (model_path, init_from_scratch,
+ * allocation_mode, fsdp.memory_efficient_load, use_lora, lora_rank, ...).
+ * The struct holds no pointers: it can be copied with memcpy and needs no
+ * free. */
+#ifndef TY_API_JOBSPEC_H
+#define TY_API_JOBSPEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "api/errors.h"
+#include "api/llama_config.h"
+#include "common/dtype.h"
+
+#define JOBSPEC_NAME_MAX 128
+#define JOBSPEC_PATH_MAX 1024
+#define JOBSPEC_MODE_MAX 64
+
+typedef enum { JOBSPEC_DEVICE_AUTO = 0, JOBSPEC_DEVICE_CPU, JOBSPEC_DEVICE_CUDA } jobspec_device_t;
+typedef enum { JOBSPEC_DATA_TEXT = 0, JOBSPEC_DATA_U16, JOBSPEC_DATA_U32 } jobspec_data_format_t;
+
+/* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
+#define JOBSPEC_TARGETS(X) X(Q, "q_proj") X(K, "k_proj") X(V, "v_proj") X(O, "o_proj") \
+  X(GATE, "gate_proj") X(UP, "up_proj") X(DOWN, "down_proj")
+enum {
+#define TY_X(id, name) JOBSPEC_TARGET_BIT_##id,
+  JOBSPEC_TARGETS(TY_X)
+#undef TY_X
+  JOBSPEC_TARGET_COUNT
+};
+#define JOBSPEC_TARGET_ALL_LINEAR ((1u << JOBSPEC_TARGET_COUNT) - 1u)
+/* "q_proj" for bit 0, ... */
+const char *jobspec_target_name(int bit);
+
+typedef struct {
+  char name[JOBSPEC_NAME_MAX];          /* default "job" */
+  char model_path[JOBSPEC_PATH_MAX];    /* "" when unset */
+  bool init_from_scratch;               /* default false */
+  bool has_model;                       /* "model" given (not null) */
+  llama_config_t model;                 /* meaningful when has_model */
+  ty_dtype_t dtype;                     /* compute/storage dtype, default float32 */
+  jobspec_device_t device;              /* default auto */
+  char allocation_mode[JOBSPEC_MODE_MAX]; /* default "static"; or "fsdp:d<N>" */
+  int dp_degree;                        /* N of fsdp:d<N>; 0 for static */
+  int world_size;                       /* default 1 */
+  bool world_size_given;                /* set explicitly (not defaulted) */
+  struct {
+    bool memory_efficient_load;         /* default false */
+    int bucket_mb;                      /* default 64 */
+  } fsdp;
+  bool use_lora;                        /* default false */
+  int lora_rank;                        /* default 8 */
+  double lora_alpha;                    /* default 16 */
+  unsigned target_modules;              /* bitmask; default q,k,v,o */
+  struct {
+    char path[JOBSPEC_PATH_MAX];        /* "" when unset */
+    jobspec_data_format_t format;       /* default text */
+    int seq_len;                        /* default 128 */
+    double eval_fraction;               /* held-out tail, default 0.05 */
+  } data;
+  struct {
+    int steps;                          /* default 100 */
+    int micro_batch_size;               /* default 4 */
+    int grad_accum;                     /* default 1 */
+    double lr;                          /* default 3e-4 */
+    int warmup_steps;                   /* default 0 */
+    double weight_decay;                /* default 0 */
+    double grad_clip;                   /* default 1.0; 0 disables */
+    uint64_t seed;                      /* default 1234 */
+    int checkpoint_every;               /* default 0 (only at the end) */
+  } train;
+  int max_restarts;                     /* default 0 */
+  char output_dir[JOBSPEC_PATH_MAX];    /* default "runs/<name>" */
+} jobspec_t;
+
+/* Fills every default. */
+void jobspec_init(jobspec_t *s);
+
+/* Parses a JSON document (text of len bytes) over the defaults already in
+ * s. Syntax errors are reported with line and column; unknown fields,
+ * duplicate keys, wrong types and nulls where a value is required are
+ * reported with their field path (and a "did you mean" when a known name is
+ * close). Every problem found is added to errs. Returns 0 or TY_EINVAL. */
+int jobspec_parse_json(jobspec_t *s, const char *text, size_t len, ty_errlist_t *errs);
+/* The same for an already parsed JSON object. */
+int jobspec_from_json(jobspec_t *s, const json_t *root, ty_errlist_t *errs);
+
+/* Applies one dotted flag ("fsdp.memory_efficient_load", "true") over s. */
+int jobspec_set_flag(jobspec_t *s, const char *path, const char *value, ty_errlist_t *errs);
+
+/* Command-line form: argv holds an optional spec file path (the first
+ * argument that does not start with "--") and "--dotted.path value" pairs
+ * (or "--dotted.path=value"), which win over the file. Arguments that are
+ * not spec fields are errors unless they are listed in passthrough (a NULL-
+ * terminated list of flag names without "--", such as "json"), in which
+ * case they are skipped (a passthrough flag takes no value). */
+int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *passthrough,
+                      ty_errlist_t *errs);
+
+/* Resolves defaults that depend on other fields (output_dir from name,
+ * world_size from allocation_mode) and checks every rule of the validation
+ * table, adding each failure to errs with its field path and a fix.
+ * Returns 0 or TY_EINVAL. Filesystem checks (model_path exists, ...) are
+ * made only when check_paths is true. */
+int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs);
+
+/* The normalized spec as a new JSON object (the caller owns it). Parsing
+ * it back gives the same struct. */
+json_t *jobspec_to_json(const jobspec_t *s);
+
+/* The table of validation rules, for docs and the validate --rules output:
+ * calls fn once per rule with its id, the fields it concerns and why. */
+typedef void (*jobspec_rule_fn)(const char *id, const char *fields, const char *why, void *ctx);
+void jobspec_rules_each(jobspec_rule_fn fn, void *ctx);
+
+#endif

@@ -1,0 +1,22 @@
+/* commands.h - the trainyard command table: name, handler, one-line help.
+ * Each command lives in cli/cmd_<name>.c and is added here once. */
+#ifndef TY_CLI_COMMANDS_H
+#define TY_CLI_COMMANDS_H
+
+/* X(name, handler, help). Commands that talk to a server are compiled only
+ * in full builds (TRAINYARD_WITH_CLIENT). */
+#define TY_COMMANDS_LOCAL(X) \
+  X("version", cmd_version, "print the version and build options")
+
+#ifdef TRAINYARD_WITH_CLIENT
+#define TY_COMMANDS_CLIENT(X)
+#else
+#define TY_COMMANDS_CLIENT(X)
+#endif
+
+#define TY_X(name, fn, help) int fn(int argc, char **argv);
+TY_COMMANDS_LOCAL(TY_X)
+TY_COMMANDS_CLIENT(TY_X)
+#undef TY_X
+
+#endif

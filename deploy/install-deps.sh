@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# install-deps.sh - installs the Debian packages trainyard needs, only those
+# missing. Safe to run twice. Needs root or sudo when anything is missing.
+#
+#   deploy/install-deps.sh          build + run (server, worker, CLI)
+#   deploy/install-deps.sh test     also what the test suites need
+#   deploy/install-deps.sh worker   only what the worker needs (GPU hosts)
+set -euo pipefail
+
+group=${1:-build}
+
+worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev)
+build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+            libmicrohttpd-dev libsqlite3-dev libcmocka-dev)
+test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
+           python3-protobuf protobuf-compiler python3-requests curl procps)
+
+case "$group" in
+  worker) want=("${worker_pkgs[@]}") ;;
+  build) want=("${build_pkgs[@]}") ;;
+  test) want=("${test_pkgs[@]}") ;;
+  *) echo "install-deps.sh: unknown group '$group' (use worker, build or test)" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#want[@]} packages for '$group' are installed"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null; then
+    sudo=(sudo)
+  else
+    echo "install-deps: need root or sudo to install: ${missing[*]}" >&2
+    exit 1
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: done"

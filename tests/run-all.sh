@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# run-all.sh - every test suite, as README.md states and CI runs it:
+#   1. installs what is missing (deploy/install-deps.sh test)
+#   2. the release build and every ctest suite (GPU tests skip without a GPU)
+#   3. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
+#      unit tests again, and each libFuzzer target for a bounded time
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash deploy/install-deps.sh test
+
+jobs=$(nproc 2>/dev/null || echo 2)
+build=${TRAINYARD_BUILD_DIR:-build}
+asan=${TRAINYARD_ASAN_DIR:-build-asan}
+
+echo "== release build ($build)"
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j "$jobs"
+echo "== tests ($build)"
+ctest --test-dir "$build" --output-on-failure -j "$jobs" --label-exclude 'fuzz|bench'
+
+echo "== sanitizer build ($asan: clang, address + undefined, libFuzzer)"
+CC=clang cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \
+  -DTRAINYARD_FUZZ=ON -DTRAINYARD_CUDA=OFF >/dev/null
+cmake --build "$asan" -j "$jobs"
+echo "== unit and fuzz tests under the sanitizers ($asan)"
+ctest --test-dir "$asan" --output-on-failure -j "$jobs" --label-regex 'unit|fuzz'
