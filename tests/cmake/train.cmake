@@ -1,0 +1,8 @@
+# Suites of the training side: optimizer numerics against PyTorch.
+add_executable(optim_driver ${CMAKE_CURRENT_SOURCE_DIR}/numerics/optim_driver.c)
+target_link_libraries(optim_driver PRIVATE ty_worker)
+add_test(NAME numerics/optim
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/numerics/optim_ref.py
+                 $<TARGET_FILE:optim_driver> ${CMAKE_CURRENT_BINARY_DIR}/numerics-optim)
+set_tests_properties(numerics/optim PROPERTIES LABELS numerics TIMEOUT 120
+                     ENVIRONMENT "${TY_TEST_ENV}")
