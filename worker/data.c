@@ -1,0 +1,273 @@
+/* data.c - token windows from a file, shuffled and split per rank; see
+ * data.h. */
+#include "worker/data.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/xalloc.h"
+
+struct data_s {
+  data_config_t cfg;  /* cfg.path points at path below */
+  char *path;         /* owned copy */
+  int fd;
+  size_t elem;        /* bytes per token: 1, 2 or 4 */
+  int64_t num_tokens; /* N */
+  int64_t n_train, n_eval;
+  int64_t eval_start; /* E, first token of the evaluation tail */
+  int64_t global_batch;
+  uint8_t *raw;       /* [(T+1) * elem] one window's bytes */
+  uint32_t *perm;     /* [n_train] the permutation of perm_epoch */
+  int64_t perm_epoch; /* -1: none computed yet */
+};
+
+static size_t elem_size(jobspec_data_format_t f) {
+  return f == JOBSPEC_DATA_U32 ? 4 : f == JOBSPEC_DATA_U16 ? 2 : 1;
+}
+
+static const char *format_name(jobspec_data_format_t f) {
+  return f == JOBSPEC_DATA_U32 ? "u32" : f == JOBSPEC_DATA_U16 ? "u16" : "text";
+}
+
+int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen) {
+  *out = NULL;
+  const int64_t T = cfg->seq_len;
+  if (T < 1 || cfg->micro_batch_size < 1 || cfg->grad_accum < 1 || cfg->world_size < 1 ||
+      cfg->rank < 0 || cfg->rank >= cfg->world_size || !(cfg->eval_fraction >= 0) ||
+      !(cfg->eval_fraction < 1)) {
+    snprintf(msg, msglen,
+             "data layout out of range: seq_len %d, micro_batch_size %d, grad_accum %d, rank %d "
+             "of %d, eval_fraction %g (need seq_len, batch sizes >= 1 and eval_fraction in "
+             "[0, 1))",
+             cfg->seq_len, cfg->micro_batch_size, cfg->grad_accum, cfg->rank, cfg->world_size,
+             cfg->eval_fraction);
+    return TY_EINVAL;
+  }
+  if (cfg->format == JOBSPEC_DATA_TEXT && cfg->vocab_size < 256) {
+    snprintf(msg, msglen,
+             "data.format text makes every byte a token, which needs vocab_size >= 256 (the "
+             "model has %lld); use format u16 or u32 with ids below the vocabulary",
+             (long long)cfg->vocab_size);
+    return TY_EINVAL;
+  }
+  int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    snprintf(msg, msglen, "cannot open data file %s: %s", cfg->path, strerror(errno));
+    return TY_ENOTFOUND;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    snprintf(msg, msglen, "data file %s is not a regular file", cfg->path);
+    close(fd);
+    return TY_EINVAL;
+  }
+  size_t elem = elem_size(cfg->format);
+  if ((uint64_t)st.st_size % elem != 0) {
+    snprintf(msg, msglen,
+             "data file %s has %lld bytes, not a whole number of %s tokens (%zu bytes each): "
+             "the last %lld bytes are a partial token; check data.format",
+             cfg->path, (long long)st.st_size, format_name(cfg->format), elem,
+             (long long)((uint64_t)st.st_size % elem));
+    close(fd);
+    return TY_EINVAL;
+  }
+  int64_t N = (int64_t)((uint64_t)st.st_size / elem);
+  int64_t W = N >= T + 1 ? (N - 1) / T : 0;
+  int64_t n_eval = 0;
+  if (cfg->eval_fraction > 0 && W > 0) {
+    n_eval = (int64_t)((double)W * cfg->eval_fraction);
+    if (n_eval < 1) n_eval = 1;
+  }
+  int64_t E = n_eval ? N - n_eval * T - 1 : N;
+  int64_t n_train = E >= T + 1 ? (E - 1) / T : 0;
+  int64_t G = (int64_t)cfg->world_size * cfg->micro_batch_size * cfg->grad_accum;
+  if (n_train < 1 || n_train < G || n_train > UINT32_MAX) {
+    snprintf(msg, msglen,
+             "data file %s holds %lld tokens: %lld training windows of seq_len+1 = %lld tokens "
+             "(after a held-out tail of %lld windows), %s one global batch of %lld windows "
+             "(world_size %d x micro_batch_size %d x grad_accum %d); use more data or a "
+             "smaller seq_len or batch",
+             cfg->path, (long long)N, (long long)n_train, (long long)(T + 1), (long long)n_eval,
+             n_train > UINT32_MAX ? "more than 2^32 windows, beyond" : "fewer than",
+             (long long)G, cfg->world_size, cfg->micro_batch_size, cfg->grad_accum);
+    close(fd);
+    return TY_EINVAL;
+  }
+  data_t *d = xcalloc(1, sizeof *d);
+  d->cfg = *cfg;
+  d->path = xstrdup(cfg->path);
+  d->cfg.path = d->path;
+  d->fd = fd;
+  d->elem = elem;
+  d->num_tokens = N;
+  d->n_train = n_train;
+  d->n_eval = n_eval;
+  d->eval_start = E;
+  d->global_batch = G;
+  d->raw = xmalloc((size_t)(T + 1) * elem);
+  d->perm = malloc((size_t)n_train * sizeof *d->perm);
+  if (!d->perm) {
+    snprintf(msg, msglen, "cannot allocate the shuffle order of %lld windows",
+             (long long)n_train);
+    data_free(d);
+    return TY_EEXHAUSTED;
+  }
+  d->perm_epoch = -1;
+  *out = d;
+  return 0;
+}
+
+void data_free(data_t *d) {
+  if (!d) return;
+  if (d->fd >= 0) close(d->fd);
+  free(d->path);
+  free(d->raw);
+  free(d->perm);
+  free(d);
+}
+
+int64_t data_num_tokens(const data_t *d) { return d->num_tokens; }
+int64_t data_num_train_windows(const data_t *d) { return d->n_train; }
+int64_t data_num_eval_windows(const data_t *d) { return d->n_eval; }
+int64_t data_global_batch(const data_t *d) { return d->global_batch; }
+
+/* splitmix64: a full-period 64-bit generator whose every output is a good
+ * hash of its counter, so (seed, epoch) pairs give independent streams. */
+static uint64_t splitmix64(uint64_t *x) {
+  uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* A uniform integer in [0, bound) without modulo bias (rejection). */
+static uint64_t uniform_below(uint64_t *state, uint64_t bound) {
+  uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
+  uint64_t r;
+  do r = splitmix64(state);
+  while (r >= limit);
+  return r % bound;
+}
+
+/* Fisher-Yates shuffle of [0, n_train) for one epoch, into the buffer made
+ * at open (no allocation during training). */
+static void make_perm(data_t *d, int64_t epoch) {
+  uint64_t state = d->cfg.seed ^ (0xd1b54a32d192ed03ull * (uint64_t)(epoch + 1));
+  for (int64_t i = 0; i < d->n_train; i++) d->perm[i] = (uint32_t)i;
+  for (int64_t i = d->n_train - 1; i > 0; i--) {
+    int64_t j = (int64_t)uniform_below(&state, (uint64_t)i + 1);
+    uint32_t t = d->perm[i];
+    d->perm[i] = d->perm[j];
+    d->perm[j] = t;
+  }
+  d->perm_epoch = epoch;
+}
+
+int data_read_window(data_t *d, int64_t first, int32_t *tokens, char *msg, size_t msglen) {
+  const int64_t n = (int64_t)d->cfg.seq_len + 1;
+  if (first < 0 || first + n > d->num_tokens) {
+    snprintf(msg, msglen, "window of %lld tokens at token %lld is past the end of %s (%lld tokens)",
+             (long long)n, (long long)first, d->path, (long long)d->num_tokens);
+    return TY_ERANGE;
+  }
+  size_t want = (size_t)n * d->elem, got = 0;
+  off_t off = (off_t)first * (off_t)d->elem;
+  while (got < want) {
+    ssize_t r = pread(d->fd, d->raw + got, want - got, off + (off_t)got);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      snprintf(msg, msglen, "reading %s at byte offset %lld: %s", d->path,
+               (long long)(off + (off_t)got), r < 0 ? strerror(errno) : "the file shrank");
+      return TY_EDATALOSS;
+    }
+    got += (size_t)r;
+  }
+  const uint8_t *b = d->raw;
+  for (int64_t i = 0; i < n; i++) {
+    uint32_t id;
+    if (d->elem == 1)
+      id = b[i];
+    else if (d->elem == 2)
+      id = (uint32_t)b[2 * i] | (uint32_t)b[2 * i + 1] << 8;
+    else
+      id = (uint32_t)b[4 * i] | (uint32_t)b[4 * i + 1] << 8 | (uint32_t)b[4 * i + 2] << 16 |
+           (uint32_t)b[4 * i + 3] << 24;
+    if ((int64_t)id >= d->cfg.vocab_size) {
+      snprintf(msg, msglen,
+               "token id %u at byte offset %lld of %s (token %lld) is outside the vocabulary "
+               "(vocab_size %lld); check data.format or the tokenizer",
+               id, (long long)(off + (off_t)(i * (int64_t)d->elem)), d->path,
+               (long long)(first + i), (long long)d->cfg.vocab_size);
+      return TY_EINVAL;
+    }
+    tokens[i] = (int32_t)id;
+  }
+  return 0;
+}
+
+int data_train_micro_batch(data_t *d, int64_t step, int micro, int32_t *tokens, char *msg,
+                           size_t msglen) {
+  const int64_t T1 = (int64_t)d->cfg.seq_len + 1, B = d->cfg.micro_batch_size;
+  int64_t base = step * d->global_batch + ((int64_t)micro * d->cfg.world_size + d->cfg.rank) * B;
+  for (int64_t b = 0; b < B; b++) {
+    int64_t g = base + b;
+    int64_t epoch = g / d->n_train;
+    if (epoch != d->perm_epoch) make_perm(d, epoch);
+    int64_t w = d->perm[g % d->n_train];
+    int rc = data_read_window(d, w * d->cfg.seq_len, tokens + b * T1, msg, msglen);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int data_eval_window(data_t *d, int64_t i, int32_t *tokens, char *msg, size_t msglen) {
+  if (i < 0 || i >= d->n_eval) {
+    snprintf(msg, msglen, "evaluation window %lld of %lld does not exist", (long long)i,
+             (long long)d->n_eval);
+    return TY_ERANGE;
+  }
+  return data_read_window(d, d->eval_start + i * d->cfg.seq_len, tokens, msg, msglen);
+}
+
+void data_position_at(const data_t *d, int64_t step, data_position_t *pos) {
+  pos->step = step;
+  pos->seed = d->cfg.seed;
+  pos->num_tokens = d->num_tokens;
+  pos->num_train_windows = d->n_train;
+  pos->global_batch = d->global_batch;
+  pos->seq_len = d->cfg.seq_len;
+}
+
+int data_position_check(const data_t *d, const data_position_t *pos, char *msg, size_t msglen) {
+  data_position_t now;
+  data_position_at(d, pos->step, &now);
+  const char *what = NULL;
+  long long was = 0, is = 0;
+  if (pos->seed != now.seed)
+    what = "train.seed", was = (long long)pos->seed, is = (long long)now.seed;
+  else if (pos->num_tokens != now.num_tokens)
+    what = "the data file's token count", was = pos->num_tokens, is = now.num_tokens;
+  else if (pos->seq_len != now.seq_len)
+    what = "data.seq_len", was = pos->seq_len, is = now.seq_len;
+  else if (pos->global_batch != now.global_batch)
+    what = "the global batch (world_size x micro_batch_size x grad_accum)",
+    was = pos->global_batch, is = now.global_batch;
+  else if (pos->num_train_windows != now.num_train_windows)
+    what = "the number of training windows (data.eval_fraction)", was = pos->num_train_windows,
+    is = now.num_train_windows;
+  if (!what) return 0;
+  snprintf(msg, msglen,
+           "cannot resume: %s was %lld when the checkpoint was written and is %lld now; resume "
+           "with the same data and batch settings or start a new run",
+           what, was, is);
+  return TY_EPRECONDITION;
+}
+
+void data_text_tokens(const char *s, size_t n, int32_t *out) {
+  for (size_t i = 0; i < n; i++) out[i] = (unsigned char)s[i];
+}
