@@ -1,0 +1,242 @@
+/* comm.c - the collective-communication dispatcher: parses the rendezvous,
+ * checks arguments once for every backend, keeps the sticky error state, and
+ * the dim-0 shard arithmetic; see comm.h. */
+#include "worker/comm.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api/errors.h"
+#include "common/xalloc.h"
+#include "worker/comm_impl.h"
+
+static void set_err(char *err, size_t errlen, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_err(char *err, size_t errlen, const char *fmt, ...) {
+  if (!err || !errlen) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(err, errlen, fmt, ap);
+  va_end(ap);
+}
+
+int comm_fail(comm_t *c, int code, int rank, const char *fmt, ...) {
+  c->broken = code;
+  c->failed_rank = rank;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(c->err, sizeof c->err, fmt, ap);
+  va_end(ap);
+  return code;
+}
+
+size_t comm_displ(const size_t *counts, int r) {
+  size_t d = 0;
+  for (int i = 0; i < r; i++) d += counts[i];
+  return d;
+}
+
+long long comm_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Parses a decimal int in [lo, hi]; -1 when s is not one. */
+static int parse_int(const char *s, long lo, long hi, long *out) {
+  if (!s || !*s) return -1;
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+static int timeout_from_env(int *out, char *err, size_t errlen) {
+  const char *s = getenv("TRAINYARD_COMM_TIMEOUT_MS");
+  long v = COMM_TIMEOUT_MS_DEFAULT;
+  if (s && parse_int(s, 1, 24L * 3600 * 1000, &v) < 0) {
+    set_err(err, errlen,
+            "TRAINYARD_COMM_TIMEOUT_MS='%s' is not a number of milliseconds in 1..86400000", s);
+    return TY_EINVAL;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, char *err,
+              size_t errlen) {
+  *out = NULL;
+  if (world_size < 1 || rank < 0 || rank >= world_size) {
+    set_err(err, errlen, "rank %d of world size %d: need 0 <= rank < world_size", rank, world_size);
+    return TY_EINVAL;
+  }
+  if (!rendezvous) rendezvous = "self";
+  comm_t *c = xcalloc(1, sizeof *c);
+  c->rank = rank;
+  c->world = world_size;
+  c->failed_rank = -1;
+  int rc = timeout_from_env(&c->timeout_ms, err, errlen);
+  if (rc == 0) {
+    if (!strcmp(rendezvous, "self")) {
+      if (world_size != 1) {
+        set_err(err, errlen,
+                "rendezvous 'self' serves one rank, not %d (use shm:<name> for CPU ranks)",
+                world_size);
+        rc = TY_EINVAL;
+      } else {
+        rc = comm_self_open(c, err, errlen);
+      }
+    } else if (!strncmp(rendezvous, "shm:", 4)) {
+      rc = comm_shm_open(c, rendezvous + 4, err, errlen);
+    } else if (!strncmp(rendezvous, "nccl:", 5)) {
+#ifdef TRAINYARD_HAVE_NCCL
+      rc = comm_nccl_open(c, rendezvous + 5, err, errlen);
+#else
+      set_err(err, errlen,
+              "rendezvous '%s' needs NCCL, and this trainyard-worker was built without CUDA/NCCL",
+              rendezvous);
+      rc = TY_EUNIMPLEMENTED;
+#endif
+    } else {
+      set_err(err, errlen, "unknown rendezvous '%s' (use self, shm:<name> or nccl:file:<path>)",
+              rendezvous);
+      rc = TY_EINVAL;
+    }
+  }
+  if (rc != 0) {
+    free(c);
+    return rc;
+  }
+  *out = c;
+  return 0;
+}
+
+int comm_open_env(comm_t **out, char *err, size_t errlen) {
+  long rank = 0, world = 1;
+  const char *rs = getenv("TRAINYARD_RANK"), *ws = getenv("TRAINYARD_WORLD_SIZE");
+  if (ws && parse_int(ws, 1, 65536, &world) < 0) {
+    set_err(err, errlen, "TRAINYARD_WORLD_SIZE='%s' is not a number in 1..65536", ws);
+    *out = NULL;
+    return TY_EINVAL;
+  }
+  if (rs && parse_int(rs, 0, world - 1, &rank) < 0) {
+    set_err(err, errlen, "TRAINYARD_RANK='%s' is not a rank in 0..%ld", rs, world - 1);
+    *out = NULL;
+    return TY_EINVAL;
+  }
+  const char *rdv = getenv("TRAINYARD_RENDEZVOUS");
+  if (!rdv || !*rdv) {
+    if (world != 1) {
+      set_err(err, errlen,
+              "TRAINYARD_RENDEZVOUS is unset but TRAINYARD_WORLD_SIZE is %ld "
+              "(set it to shm:<name> for CPU ranks)",
+              world);
+      *out = NULL;
+      return TY_EINVAL;
+    }
+    rdv = "self";
+  }
+  return comm_open(out, rdv, (int)rank, (int)world, err, errlen);
+}
+
+void comm_close(comm_t *c) {
+  if (!c) return;
+  c->ops->close(c);
+  free(c);
+}
+
+int comm_rank(const comm_t *c) {
+  return c->rank;
+}
+int comm_world_size(const comm_t *c) {
+  return c->world;
+}
+const char *comm_backend(const comm_t *c) {
+  return c->ops->name;
+}
+const char *comm_error(const comm_t *c) {
+  return c->err;
+}
+int comm_failed_rank(const comm_t *c) {
+  return c->failed_rank;
+}
+
+/* Entry checks shared by every collective; returns 0 to go on. */
+static int enter(comm_t *c) {
+  if (c->broken) return c->broken;
+  c->err[0] = '\0';
+  return 0;
+}
+
+static int check_counts(comm_t *c, const char *op, const float *mine, const float *all,
+                        const size_t *counts, size_t *total) {
+  if (!counts) return comm_fail(c, TY_EINVAL, -1, "%s: counts is NULL", op);
+  size_t t = 0;
+  for (int r = 0; r < c->world; r++) {
+    if (counts[r] > ((size_t)-1 / sizeof(float)) - t)
+      return comm_fail(c, TY_EINVAL, -1, "%s: counts overflow at rank %d", op, r);
+    t += counts[r];
+  }
+  if ((counts[c->rank] && !mine) || (t && !all))
+    return comm_fail(c, TY_EINVAL, -1, "%s: NULL buffer for a non-empty count", op);
+  *total = t;
+  return 0;
+}
+
+int comm_all_gather(comm_t *c, const float *send, float *recv, const size_t *counts) {
+  int rc = enter(c);
+  size_t total;
+  if (rc || (rc = check_counts(c, "all_gather", send, recv, counts, &total))) return rc;
+  return c->ops->all_gather(c, send, recv, counts, total);
+}
+
+int comm_reduce_scatter(comm_t *c, const float *send, float *recv, const size_t *counts) {
+  int rc = enter(c);
+  size_t total;
+  if (rc || (rc = check_counts(c, "reduce_scatter", recv, send, counts, &total))) return rc;
+  return c->ops->reduce_scatter(c, send, recv, counts, total);
+}
+
+int comm_all_reduce(comm_t *c, float *buf, size_t count) {
+  int rc = enter(c);
+  if (rc) return rc;
+  if (count && !buf) return comm_fail(c, TY_EINVAL, -1, "all_reduce: NULL buffer");
+  return c->ops->all_reduce(c, buf, count);
+}
+
+int comm_broadcast(comm_t *c, float *buf, size_t count, int root) {
+  int rc = enter(c);
+  if (rc) return rc;
+  if (count && !buf) return comm_fail(c, TY_EINVAL, -1, "broadcast: NULL buffer");
+  if (root < 0 || root >= c->world)
+    return comm_fail(c, TY_EINVAL, -1, "broadcast: root %d is not a rank in 0..%d", root,
+                     c->world - 1);
+  return c->ops->broadcast(c, buf, count, root);
+}
+
+int comm_barrier(comm_t *c) {
+  int rc = enter(c);
+  if (rc) return rc;
+  return c->ops->barrier(c);
+}
+
+void comm_shard_rows(size_t rows, int world_size, int rank, size_t *first_row, size_t *nrows) {
+  size_t n = (size_t)world_size, r = (size_t)rank;
+  size_t base = rows / n, extra = rows % n;
+  *nrows = base + (r < extra ? 1 : 0);
+  *first_row = r * base + (r < extra ? r : extra);
+}
+
+void comm_shard_counts(size_t rows, size_t row_elems, int world_size, size_t *counts) {
+  for (int r = 0; r < world_size; r++) {
+    size_t first, n;
+    comm_shard_rows(rows, world_size, r, &first, &n);
+    counts[r] = n * row_elems;
+  }
+}
