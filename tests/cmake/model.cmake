@@ -1,0 +1,9 @@
+# Suites of the model: forward and backward (full and LoRA) against a
+# PyTorch reference.
+add_executable(model_driver ${CMAKE_CURRENT_SOURCE_DIR}/numerics/model_driver.c)
+target_link_libraries(model_driver PRIVATE ty_worker PkgConfig::JANSSON)
+add_test(NAME numerics/model
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/numerics/model_ref.py
+                 $<TARGET_FILE:model_driver> ${CMAKE_CURRENT_BINARY_DIR}/numerics-model)
+set_tests_properties(numerics/model PROPERTIES LABELS numerics TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")

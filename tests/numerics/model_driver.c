@@ -1,0 +1,173 @@
+/* model_driver.c - runs trainyard's model on one case written by
+ * model_ref.py and writes what PyTorch is compared against.
+ *
+ * usage: model_driver CASE_DIR
+ *   reads  CASE_DIR/case.json          the Llama config plus batch, seq,
+ *                                      lora_rank, lora_alpha, lora_targets
+ *          CASE_DIR/input.safetensors  the weights (Hugging Face names), the
+ *                                      adapters (PEFT names), "tokens" and
+ *                                      "targets" (B, T) as F32 integers
+ *   writes CASE_DIR/output.safetensors "logits", "loss", "grad/<name>" for
+ *                                      every base tensor (full training),
+ *                                      then "lora/logits", "lora/loss" and
+ *                                      "lora/grad/<name>" for every adapter
+ *                                      (base frozen). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "worker/lora.h"
+#include "worker/model.h"
+#include "worker/safetensors.h"
+
+#define MAX_OUT 4096
+
+static void die(const char *what, const char *why) {
+  fprintf(stderr, "model_driver: %s: %s\n", what, why);
+  exit(1);
+}
+
+static int64_t jint(json_t *o, const char *k) {
+  json_t *v = json_object_get(o, k);
+  if (!json_is_number(v)) die("case.json", k);
+  return (int64_t)json_number_value(v);
+}
+
+/* Copies the F32 tensor called name, of numel floats, into dst. */
+static int read_f32(const st_ckpt_t *ck, const char *name, float *dst, size_t numel, char *err,
+                    size_t errlen) {
+  const st_tensor_t *t = st_find(ck, name);
+  if (!t) return snprintf(err, errlen, "missing from the input"), -5;
+  if (t->dtype != TY_DTYPE_F32 || t->nelem != numel)
+    return snprintf(err, errlen, "has %llu elements of %s, expected %zu F32",
+                    (unsigned long long)t->nelem, ty_dtype_st_name(t->dtype), numel),
+           -3;
+  return st_read(ck, t, 0, dst, numel * sizeof(float), err, errlen);
+}
+
+static int fill_from_st(void *ctx, const model_tensor_t *t, float *dst, char *err, size_t errlen) {
+  return read_f32(ctx, t->name, dst, t->numel, err, errlen);
+}
+
+/* The output file's tensors, written at the end. */
+static st_desc_t descs[MAX_OUT];
+static const float *datas[MAX_OUT];
+static char *names[MAX_OUT];
+static size_t n_out;
+
+static void out_add(const char *prefix, const char *name, int ndim, const int64_t *shape,
+                    const float *data) {
+  if (n_out == MAX_OUT) die("output", "too many tensors");
+  size_t len = strlen(prefix) + strlen(name) + 1;
+  names[n_out] = malloc(len);
+  snprintf(names[n_out], len, "%s%s", prefix, name);
+  st_desc_t *d = &descs[n_out];
+  d->name = names[n_out];
+  d->dtype = TY_DTYPE_F32;
+  d->ndim = ndim;
+  for (int i = 0; i < ndim; i++) d->shape[i] = shape[i];
+  datas[n_out++] = data;
+}
+
+static size_t numel_of(const st_desc_t *d) {
+  size_t n = 1;
+  for (int i = 0; i < d->ndim; i++) n *= (size_t)d->shape[i];
+  return n;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 2) die("usage", "model_driver CASE_DIR");
+  char path[4096], err[512];
+  snprintf(path, sizeof path, "%s/case.json", argv[1]);
+  json_error_t jerr;
+  json_t *cj = json_load_file(path, 0, &jerr);
+  if (!cj) die(path, jerr.text);
+  llama_config_t cfg = {0};
+  cfg.hidden_size = jint(cj, "hidden_size");
+  cfg.intermediate_size = jint(cj, "intermediate_size");
+  cfg.num_hidden_layers = jint(cj, "num_hidden_layers");
+  cfg.num_attention_heads = jint(cj, "num_attention_heads");
+  cfg.num_key_value_heads = jint(cj, "num_key_value_heads");
+  cfg.head_dim = jint(cj, "head_dim");
+  cfg.vocab_size = jint(cj, "vocab_size");
+  cfg.rms_norm_eps = json_number_value(json_object_get(cj, "rms_norm_eps"));
+  cfg.rope_theta = json_number_value(json_object_get(cj, "rope_theta"));
+  cfg.tie_word_embeddings = json_is_true(json_object_get(cj, "tie_word_embeddings"));
+  int B = (int)jint(cj, "batch"), T = (int)jint(cj, "seq"), R = (int)jint(cj, "lora_rank");
+  double alpha = json_number_value(json_object_get(cj, "lora_alpha"));
+  unsigned targets = (unsigned)jint(cj, "lora_targets");
+  json_decref(cj);
+
+  snprintf(path, sizeof path, "%s/input.safetensors", argv[1]);
+  st_ckpt_t *ck;
+  if (st_open(path, &ck, err, sizeof err)) die(path, err);
+  int *tokens = malloc(sizeof(int) * B * T), *tgts = malloc(sizeof(int) * B * T);
+  float *tmp = malloc(sizeof(float) * B * T);
+  if (read_f32(ck, "tokens", tmp, (size_t)B * T, err, sizeof err)) die("tokens", err);
+  for (int i = 0; i < B * T; i++) tokens[i] = (int)tmp[i];
+  if (read_f32(ck, "targets", tmp, (size_t)B * T, err, sizeof err)) die("targets", err);
+  for (int i = 0; i < B * T; i++) tgts[i] = (int)tmp[i];
+
+  /* Full training: every base tensor gets a gradient. */
+  model_t *full, *lm;
+  if (model_create(&full, &cfg, B, T, MODEL_TRAIN_FULL, err, sizeof err)) die("model", err);
+  if (model_fill(full, fill_from_st, ck, err, sizeof err)) die("fill", err);
+  double loss_full, loss_lora;
+  if (model_forward(full, tokens, tgts, B, T, NULL, &loss_full, err, sizeof err))
+    die("forward", err);
+  float *logits_full = malloc(sizeof(float) * B * T * cfg.vocab_size);
+  memcpy(logits_full, full->logits, sizeof(float) * B * T * cfg.vocab_size);
+  model_zero_grad(full);
+  model_backward(full, NULL, 1.0f);
+  float lf = (float)loss_full;
+  const int64_t lshape[3] = {B, T, cfg.vocab_size}, one[1] = {1};
+  out_add("", "logits", 3, lshape, logits_full);
+  out_add("", "loss", 1, one, &lf);
+  for (int i = 0; i < full->n_tensors; i++) {
+    const model_tensor_t *t = &full->tensors[i];
+    out_add("grad/", t->name, t->ndim, t->shape, t->grad);
+  }
+
+  /* LoRA: base frozen, only the adapters get gradients. */
+  if (model_create(&lm, &cfg, B, T, MODEL_TRAIN_LORA, err, sizeof err)) die("model", err);
+  if (model_fill(lm, fill_from_st, ck, err, sizeof err)) die("fill", err);
+  lora_t *lo;
+  if (lora_create(&lo, lm, R, alpha, targets, err, sizeof err)) die("lora", err);
+  for (int i = 0; i < lo->n_tensors; i++)
+    if (read_f32(ck, lo->tensors[i].name, lo->tensors[i].data, lo->tensors[i].numel, err,
+                 sizeof err))
+      die(lo->tensors[i].name, err);
+  if (model_forward(lm, tokens, tgts, B, T, lo, &loss_lora, err, sizeof err)) die("forward", err);
+  float *logits_lora = malloc(sizeof(float) * B * T * cfg.vocab_size);
+  memcpy(logits_lora, lm->logits, sizeof(float) * B * T * cfg.vocab_size);
+  lora_zero_grad(lo);
+  model_backward(lm, lo, 1.0f);
+  float ll = (float)loss_lora;
+  out_add("lora/", "logits", 3, lshape, logits_lora);
+  out_add("lora/", "loss", 1, one, &ll);
+  for (int i = 0; i < lo->n_tensors; i++)
+    out_add("lora/grad/", lo->tensors[i].name, 2, lo->tensors[i].shape, lo->tensors[i].grad);
+
+  snprintf(path, sizeof path, "%s/output.safetensors", argv[1]);
+  st_writer_t *w;
+  if (st_writer_open(path, descs, n_out, NULL, &w, err, sizeof err)) die(path, err);
+  for (size_t i = 0; i < n_out; i++)
+    if (st_writer_write(w, datas[i], numel_of(&descs[i]) * sizeof(float), err, sizeof err))
+      die(path, err);
+  if (st_writer_close(w, err, sizeof err)) die(path, err);
+  printf("model_driver: %s: loss %.6f (full), %.6f (lora), %zu tensors written\n", argv[1],
+         loss_full, loss_lora, n_out);
+  for (size_t i = 0; i < n_out; i++) free(names[i]);
+  free(tokens);
+  free(tgts);
+  free(tmp);
+  free(logits_full);
+  free(logits_lora);
+  lora_free(lo);
+  model_free(lm);
+  model_free(full);
+  st_close(ck);
+  return 0;
+}

@@ -1,0 +1,259 @@
+#!/usr/bin/python3
+"""model_ref.py - trainyard's Llama forward and backward (full and LoRA)
+against a reference written here in plain PyTorch, after Hugging Face's
+LlamaForCausalLM and PEFT's LoRA layer.
+
+usage: model_ref.py MODEL_DRIVER WORKDIR
+
+For each generated case it writes the weights, adapters and tokens
+(WORKDIR/<case>/input.safetensors, case.json), runs the driver, and compares
+its logits, loss and every gradient (all base tensors for full training,
+all adapter tensors with the base frozen) with the reference computed in
+float64 from the same fp32 values.
+
+Error metric, per tensor: max|ours - ref| / max|ref| (the largest absolute
+difference relative to the tensor's largest reference magnitude, so that
+near-zero entries do not blow it up). Every tensor must stay below 1e-4."""
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+
+import torch
+
+TOL = 1e-4
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LAYER_TENSORS = [  # (name, rows, cols) over the config; cols None: 1-D
+    ("input_layernorm.weight", "C", None), ("self_attn.q_proj.weight", "QD", "C"),
+    ("self_attn.k_proj.weight", "KVD", "C"), ("self_attn.v_proj.weight", "KVD", "C"),
+    ("self_attn.o_proj.weight", "C", "QD"), ("post_attention_layernorm.weight", "C", None),
+    ("mlp.gate_proj.weight", "FF", "C"), ("mlp.up_proj.weight", "FF", "C"),
+    ("mlp.down_proj.weight", "C", "FF")]
+
+
+def write_safetensors(path, tensors):
+    """tensors: {name: float32 tensor}; the format written by hand."""
+    header, blobs, off = {}, [], 0
+    for name, t in tensors.items():
+        b = t.detach().to(torch.float32).contiguous().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
+def read_safetensors(path):
+    with open(path, "rb") as f:
+        raw = f.read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    data, out = raw[8 + n:], {}
+    for name, d in header.items():
+        if name == "__metadata__":
+            continue
+        assert d["dtype"] == "F32", name
+        a, b = d["data_offsets"]
+        buf = bytearray(data[a:b])
+        out[name] = torch.frombuffer(buf, dtype=torch.float32).reshape(d["shape"]).clone()
+    return out
+
+
+def dims(cfg):
+    hs = cfg["head_dim"]
+    return {"C": cfg["hidden_size"], "FF": cfg["intermediate_size"], "V": cfg["vocab_size"],
+            "QD": cfg["num_attention_heads"] * hs, "KVD": cfg["num_key_value_heads"] * hs}
+
+
+def make_weights(cfg, gen):
+    d, w = dims(cfg), {}
+    w["model.embed_tokens.weight"] = 0.5 * torch.randn(d["V"], d["C"], generator=gen)
+    for i in range(cfg["num_hidden_layers"]):
+        for name, r, c in LAYER_TENSORS:
+            key = f"model.layers.{i}.{name}"
+            if c is None:  # norms near 1 but not 1, so their gradients matter
+                w[key] = 1.0 + 0.2 * torch.randn(d[r], generator=gen)
+            else:
+                w[key] = torch.randn(d[r], d[c], generator=gen) / math.sqrt(d[c])
+    w["model.norm.weight"] = 1.0 + 0.2 * torch.randn(d["C"], generator=gen)
+    if not cfg["tie_word_embeddings"]:
+        w["lm_head.weight"] = torch.randn(d["V"], d["C"], generator=gen) / math.sqrt(d["C"])
+    return w
+
+
+def lora_shapes(cfg):
+    d = dims(cfg)
+    return {"q_proj": ("QD", "C"), "k_proj": ("KVD", "C"), "v_proj": ("KVD", "C"),
+            "o_proj": ("C", "QD"), "gate_proj": ("FF", "C"), "up_proj": ("FF", "C"),
+            "down_proj": ("C", "FF")}, d
+
+
+def lora_name(i, target, ab):
+    mod = "self_attn" if target in TARGETS[:4] else "mlp"
+    return f"base_model.model.model.layers.{i}.{mod}.{target}.lora_{ab}.weight"
+
+
+def make_lora(cfg, gen):
+    """A as PEFT initialises it; B random too (PEFT's zero B would leave
+    every A gradient zero and test nothing)."""
+    shapes, d = lora_shapes(cfg)
+    r, out = cfg["lora_rank"], {}
+    for i in range(cfg["num_hidden_layers"]):
+        for bit, t in enumerate(TARGETS):
+            if not (cfg["lora_targets"] >> bit) & 1:
+                continue
+            o, n = d[shapes[t][0]], d[shapes[t][1]]
+            bound = 1.0 / math.sqrt(n)
+            out[lora_name(i, t, "A")] = (torch.rand(r, n, generator=gen) * 2 - 1) * bound
+            out[lora_name(i, t, "B")] = 0.3 * torch.randn(o, r, generator=gen)
+    return out
+
+
+def rmsnorm(x, w, eps):
+    return w * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def rotate_half(x):
+    h = x.shape[-1] // 2
+    return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
+
+
+def forward(cfg, w, lora, tokens, targets):
+    """Hugging Face's LlamaForCausalLM in float64; lora: {name: tensor} or None."""
+    B, T = tokens.shape
+    nh, nkv, hs = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
+    eps, scale = cfg["rms_norm_eps"], cfg["lora_alpha"] / cfg["lora_rank"]
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1)
+    cos, sin = emb.cos(), emb.sin()  # (T, HS)
+    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+
+    def proj(x, i, target, mod):
+        y = x @ w[f"model.layers.{i}.{mod}.{target}.weight"].T
+        if lora is not None and lora_name(i, target, "A") in lora:
+            a, b = lora[lora_name(i, target, "A")], lora[lora_name(i, target, "B")]
+            y = y + scale * ((x @ a.T) @ b.T)
+        return y
+
+    x = w["model.embed_tokens.weight"][tokens]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        hsn = rmsnorm(x, w[p + "input_layernorm.weight"], eps)
+        q = proj(hsn, i, "q_proj", "self_attn").view(B, T, nh, hs).transpose(1, 2)
+        k = proj(hsn, i, "k_proj", "self_attn").view(B, T, nkv, hs).transpose(1, 2)
+        v = proj(hsn, i, "v_proj", "self_attn").view(B, T, nkv, hs).transpose(1, 2)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k = k.repeat_interleave(nh // nkv, dim=1)  # Hugging Face's repeat_kv
+        v = v.repeat_interleave(nh // nkv, dim=1)
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hs) + mask, dim=-1)
+        y = (att @ v).transpose(1, 2).reshape(B, T, nh * hs)
+        x = x + proj(y, i, "o_proj", "self_attn")
+        hsn = rmsnorm(x, w[p + "post_attention_layernorm.weight"], eps)
+        g, u = proj(hsn, i, "gate_proj", "mlp"), proj(hsn, i, "up_proj", "mlp")
+        x = x + proj(torch.nn.functional.silu(g) * u, i, "down_proj", "mlp")
+    x = rmsnorm(x, w["model.norm.weight"], eps)
+    head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
+    logits = x @ head.T
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                             targets.reshape(-1))
+    return logits, loss
+
+
+def rel_err(ours, ref):
+    ref = ref.to(torch.float64)
+    denom = ref.abs().max().item()
+    return (ours.to(torch.float64) - ref).abs().max().item() / (denom if denom > 0 else 1.0)
+
+
+def run_case(driver, work, name, cfg, seed):
+    gen = torch.Generator().manual_seed(seed)
+    case = os.path.join(work, name)
+    os.makedirs(case, exist_ok=True)
+    w32 = make_weights(cfg, gen)
+    l32 = make_lora(cfg, gen)
+    B, T, V = cfg["batch"], cfg["seq"], cfg["vocab_size"]
+    seq = torch.randint(0, V, (B, T + 1), generator=gen)
+    tokens, targets = seq[:, :-1], seq[:, 1:]
+    write_safetensors(os.path.join(case, "input.safetensors"),
+                      {**w32, **l32, "tokens": tokens.float(), "targets": targets.float()})
+    with open(os.path.join(case, "case.json"), "w") as f:
+        json.dump(cfg, f)
+    subprocess.run([driver, case], check=True)
+    out = read_safetensors(os.path.join(case, "output.safetensors"))
+
+    checks = []
+    # Full training: gradients for every base tensor.
+    w = {k: v.to(torch.float64).requires_grad_(True) for k, v in w32.items()}
+    logits, loss = forward(cfg, w, None, tokens, targets)
+    loss.backward()
+    checks.append(("logits", out["logits"], logits.detach()))
+    checks.append(("loss", out["loss"], loss.detach().reshape(1)))
+    checks += [("grad " + k, out["grad/" + k], v.grad) for k, v in w.items()]
+    # LoRA: base frozen, adapter gradients only.
+    w = {k: v.to(torch.float64) for k, v in w32.items()}
+    lo = {k: v.to(torch.float64).requires_grad_(True) for k, v in l32.items()}
+    logits, loss = forward(cfg, w, lo, tokens, targets)
+    loss.backward()
+    checks.append(("lora logits", out["lora/logits"], logits.detach()))
+    checks.append(("lora loss", out["lora/loss"], loss.detach().reshape(1)))
+    checks += [("lora grad " + k, out["lora/grad/" + k], v.grad) for k, v in lo.items()]
+
+    expected = 2 + len(w32) + 2 + len(l32)
+    if len(checks) != expected or len(out) != expected:
+        print(f"{name}: FAIL: {len(out)} tensors from the driver, expected {expected}")
+        return False
+    worst, ok = ("", 0.0), True
+    for label, ours, ref in checks:
+        if tuple(ours.shape) != tuple(ref.shape):
+            print(f"{name}: FAIL {label}: shape {tuple(ours.shape)} != {tuple(ref.shape)}")
+            ok = False
+            continue
+        e = rel_err(ours, ref)
+        if not e < TOL:
+            print(f"{name}: FAIL {label}: relative error {e:.3e} >= {TOL:.0e}")
+            ok = False
+        if e > worst[1]:
+            worst = (label, e)
+    print(f"{name}: {len(checks)} tensors, loss {out['loss'].item():.6f} / lora "
+          f"{out['lora/loss'].item():.6f}, worst relative error {worst[1]:.3e} ({worst[0]}) "
+          f"-> {'ok' if ok else 'FAIL'}")
+    return ok
+
+
+def main():
+    driver, work = sys.argv[1], sys.argv[2]
+    os.makedirs(work, exist_ok=True)
+    base = {"rms_norm_eps": 1e-5, "rope_theta": 10000.0, "lora_alpha": 8.0}
+    cases = {
+        # grouped-query attention (2 kv heads for 4), untied head, FF = 88,
+        # adapters on every projection ("all-linear")
+        "gqa_untied": {**base, "hidden_size": 64, "intermediate_size": 88,
+                       "num_hidden_layers": 2, "num_attention_heads": 4,
+                       "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 97,
+                       "tie_word_embeddings": False, "batch": 2, "seq": 11,
+                       "lora_rank": 4, "lora_targets": 127},
+        # one kv head, head_dim != hidden/heads, tied head, another rope
+        # base, adapters on q, v and down only
+        "mqa_tied": {**base, "hidden_size": 48, "intermediate_size": 100,
+                     "num_hidden_layers": 3, "num_attention_heads": 6,
+                     "num_key_value_heads": 1, "head_dim": 10, "vocab_size": 64,
+                     "tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-6,
+                     "batch": 3, "seq": 9, "lora_rank": 3, "lora_alpha": 5.0,
+                     "lora_targets": (1 << 0) | (1 << 2) | (1 << 6)},
+    }
+    ok = True
+    for i, (name, cfg) in enumerate(cases.items()):
+        ok &= run_case(driver, work, name, cfg, 1000 + i)
+    if not ok:
+        sys.exit(1)
+    print("model_ref: all cases within", TOL)
+
+
+if __name__ == "__main__":
+    main()

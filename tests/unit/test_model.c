@@ -1,0 +1,367 @@
+/* test_model.c - the model's gradients against central finite differences
+ * (full training, tied and untied heads, and LoRA adapters), gradient
+ * accumulation, the tensor table, filling, and the errors for bad input. */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "api/errors.h"
+#include "worker/lora.h"
+#include "worker/model.h"
+#include "worker/rng.h"
+
+enum { TB = 2, TT = 5 };
+
+static llama_config_t tiny_config(bool tied, int nkv) {
+  llama_config_t c = {0};
+  c.hidden_size = 16;
+  c.intermediate_size = 24;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = nkv;
+  c.head_dim = 6; /* not hidden / heads */
+  c.vocab_size = 19;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+static void make_batch(int *tokens, int *targets, uint64_t seed, int V) {
+  rng_t r;
+  rng_seed(&r, seed);
+  for (int i = 0; i < TB * TT; i++) {
+    tokens[i] = (int)(rng_u64(&r) % (uint64_t)V);
+    targets[i] = (int)(rng_u64(&r) % (uint64_t)V);
+  }
+}
+
+/* Random weights with norm weights away from 1, so every tensor matters. */
+static model_t *tiny_model(bool tied, int nkv, model_mode_t mode) {
+  llama_config_t c = tiny_config(tied, nkv);
+  model_t *m;
+  char err[256];
+  assert_int_equal(model_create(&m, &c, TB, TT, mode, err, sizeof err), 0);
+  model_init_random(m, 42, 0.3f);
+  rng_t r;
+  rng_seed(&r, 7);
+  for (int i = 0; i < m->n_tensors; i++)
+    if (m->tensors[i].ndim == 1)
+      for (size_t j = 0; j < m->tensors[i].numel; j++)
+        m->tensors[i].data[j] += (float)(0.3 * rng_normal(&r));
+  return m;
+}
+
+static double loss_of(model_t *m, lora_t *lo, const int *tok, const int *tgt) {
+  double loss;
+  assert_int_equal(model_forward(m, tok, tgt, TB, TT, lo, &loss, NULL, 0), 0);
+  return loss;
+}
+
+/* Checks the analytic gradient g of the n values x against central
+ * differences: once along a random direction over the whole tensor (the
+ * sharpest check, many entries' signal adds up) and at the entry with the
+ * largest |g|. Tolerance: fp32 losses carry ~1e-7 relative noise, which
+ * over 2*eps = 2e-3 is ~1e-4 absolute; 2% relative covers the O(eps^2)
+ * truncation. */
+static void check_fd(const char *name, float *x, const float *g, size_t n, model_t *m, lora_t *lo,
+                     const int *tok, const int *tgt, uint64_t seed) {
+  const float eps = 1e-3f;
+  rng_t r;
+  rng_seed(&r, seed);
+  float *x0 = malloc(sizeof(float) * n), *u = malloc(sizeof(float) * n);
+  memcpy(x0, x, sizeof(float) * n);
+  double un = 0.0, dot = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    u[i] = (float)rng_normal(&r);
+    un += (double)u[i] * u[i];
+  }
+  un = sqrt(un);
+  for (size_t i = 0; i < n; i++) {
+    u[i] = (float)(u[i] / un);
+    dot += (double)u[i] * g[i];
+  }
+  for (size_t i = 0; i < n; i++) x[i] = x0[i] + eps * u[i];
+  double lp = loss_of(m, lo, tok, tgt);
+  for (size_t i = 0; i < n; i++) x[i] = x0[i] - eps * u[i];
+  double lm = loss_of(m, lo, tok, tgt);
+  memcpy(x, x0, sizeof(float) * n);
+  double fd = (lp - lm) / (2.0 * eps);
+  if (!(fabs(fd - dot) <= 0.02 * fabs(dot) + 2e-4))
+    fail_msg("%s: directional derivative %.6g, finite difference %.6g", name, dot, fd);
+
+  size_t imax = 0;
+  for (size_t i = 1; i < n; i++)
+    if (fabsf(g[i]) > fabsf(g[imax])) imax = i;
+  x[imax] = x0[imax] + eps;
+  lp = loss_of(m, lo, tok, tgt);
+  x[imax] = x0[imax] - eps;
+  lm = loss_of(m, lo, tok, tgt);
+  x[imax] = x0[imax];
+  fd = (lp - lm) / (2.0 * eps);
+  if (!(fabs(fd - g[imax]) <= 0.02 * fabs(g[imax]) + 2e-4))
+    fail_msg("%s[%zu]: gradient %.6g, finite difference %.6g", name, imax, g[imax], fd);
+  free(x0);
+  free(u);
+}
+
+static void fd_full(bool tied, int nkv) {
+  model_t *m = tiny_model(tied, nkv, MODEL_TRAIN_FULL);
+  int tok[TB * TT], tgt[TB * TT];
+  make_batch(tok, tgt, 3, m->d.V);
+  loss_of(m, NULL, tok, tgt);
+  model_zero_grad(m);
+  model_backward(m, NULL, 1.0f);
+  /* The finite differences rerun the forward pass, so keep a copy. */
+  float *g = malloc(sizeof(float) * m->n_params);
+  memcpy(g, m->grads, sizeof(float) * m->n_params);
+  for (int i = 0; i < m->n_tensors; i++) {
+    model_tensor_t *t = &m->tensors[i];
+    double gn = 0.0;
+    for (size_t j = 0; j < t->numel; j++) gn += fabs(g[t->offset + j]);
+    if (!(gn > 0.0)) fail_msg("%s: gradient is all zero", t->name);
+    check_fd(t->name, t->data, g + t->offset, t->numel, m, NULL, tok, tgt, 100 + i);
+  }
+  free(g);
+  model_free(m);
+}
+
+static void test_fd_untied_gqa(void **state) {
+  (void)state;
+  fd_full(false, 2);
+}
+static void test_fd_tied_mqa(void **state) {
+  (void)state;
+  fd_full(true, 1);
+}
+
+static lora_t *tiny_lora(model_t *m, unsigned targets) {
+  lora_t *lo;
+  char err[256];
+  assert_int_equal(lora_create(&lo, m, 3, 6.0, targets, err, sizeof err), 0);
+  lora_init(lo, 9);
+  /* PEFT starts B at zero; a nonzero B makes every A gradient nonzero. */
+  rng_t r;
+  rng_seed(&r, 11);
+  for (int i = 0; i < lo->n_tensors; i++)
+    if (lo->tensors[i].is_b)
+      for (size_t j = 0; j < lo->tensors[i].numel; j++)
+        lo->tensors[i].data[j] = (float)(0.2 * rng_normal(&r));
+  return lo;
+}
+
+static void test_fd_lora(void **state) {
+  (void)state;
+  model_t *m = tiny_model(false, 2, MODEL_TRAIN_LORA);
+  assert_null(m->grads);
+  lora_t *lo = tiny_lora(m, JOBSPEC_TARGET_ALL_LINEAR);
+  int tok[TB * TT], tgt[TB * TT];
+  make_batch(tok, tgt, 5, m->d.V);
+  loss_of(m, lo, tok, tgt);
+  lora_zero_grad(lo);
+  model_backward(m, lo, 1.0f);
+  float *g = malloc(sizeof(float) * lo->n_params);
+  memcpy(g, lo->grads, sizeof(float) * lo->n_params);
+  for (int i = 0; i < lo->n_tensors; i++) {
+    lora_tensor_t *t = &lo->tensors[i];
+    check_fd(t->name, t->data, g + t->offset, t->numel, m, lo, tok, tgt, 200 + i);
+  }
+  free(g);
+  lora_free(lo);
+  model_free(m);
+}
+
+static void test_lora_equals_merged(void **state) {
+  (void)state;
+  unsigned masks[] = {JOBSPEC_TARGET_ALL_LINEAR,
+                      (1u << JOBSPEC_TARGET_BIT_Q) | (1u << JOBSPEC_TARGET_BIT_V),
+                      1u << JOBSPEC_TARGET_BIT_DOWN};
+  for (size_t k = 0; k < sizeof masks / sizeof masks[0]; k++) {
+    model_t *m = tiny_model(false, 2, MODEL_EVAL);
+    lora_t *lo = tiny_lora(m, masks[k]);
+    int tok[TB * TT], tgt[TB * TT];
+    make_batch(tok, tgt, 8, m->d.V);
+    size_t nl = (size_t)TB * TT * m->d.V;
+    float *with = malloc(sizeof(float) * nl);
+    double l_with = loss_of(m, lo, tok, tgt);
+    memcpy(with, m->logits, sizeof(float) * nl);
+    double l_base = loss_of(m, NULL, tok, tgt);
+    lora_merge(lo, &m->d, &m->w);
+    double l_merged = loss_of(m, NULL, tok, tgt);
+    double diff = 0.0, mag = 0.0;
+    for (size_t i = 0; i < nl; i++) {
+      diff = fmax(diff, fabs(with[i] - m->logits[i]));
+      mag = fmax(mag, fabs(with[i]));
+    }
+    /* The adapters change the output, and merging reproduces the change. */
+    assert_true(fabs(l_with - l_base) > 1e-3);
+    if (!(diff <= 1e-5 * mag))
+      fail_msg("mask 0x%x: logits differ by %g (max %g)", masks[k], diff, mag);
+    assert_true(fabs(l_with - l_merged) < 1e-5);
+    free(with);
+    lora_free(lo);
+    model_free(m);
+  }
+}
+
+static void test_lora_init_and_table(void **state) {
+  (void)state;
+  model_t *m = tiny_model(false, 2, MODEL_TRAIN_LORA);
+  lora_t *lo;
+  char err[256];
+  unsigned mask = (1u << JOBSPEC_TARGET_BIT_K) | (1u << JOBSPEC_TARGET_BIT_UP);
+  assert_int_equal(lora_create(&lo, m, 4, 16.0, mask, err, sizeof err), 0);
+  lora_init(lo, 1);
+  assert_float_equal(lo->scale, 4.0f, 0.0f);
+  assert_int_equal(lo->n_tensors, 2 * 2 * 2); /* layers x targets x (A, B) */
+  const lora_tensor_t *a =
+      lora_find_tensor(lo, "base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight");
+  const lora_tensor_t *b =
+      lora_find_tensor(lo, "base_model.model.model.layers.0.mlp.up_proj.lora_B.weight");
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_int_equal(a->shape[0], 4);
+  assert_int_equal(a->shape[1], 16); /* (R, IN = C) */
+  assert_int_equal(b->shape[0], 24);
+  assert_int_equal(b->shape[1], 4); /* (OUT = FF, R) */
+  double bound = 1.0 / sqrt(16.0), amax = 0.0;
+  for (size_t j = 0; j < a->numel; j++) amax = fmax(amax, fabs(a->data[j]));
+  assert_true(amax <= bound && amax > 0.5 * bound);
+  for (size_t j = 0; j < b->numel; j++) assert_true(b->data[j] == 0.0f);
+  /* One flat span: offsets tile params exactly. */
+  size_t off = 0;
+  for (int i = 0; i < lo->n_tensors; i++) {
+    assert_int_equal(lo->tensors[i].offset, off);
+    off += lo->tensors[i].numel;
+  }
+  assert_int_equal(off, lo->n_params);
+  lora_free(lo);
+  lora_t *bad = NULL;
+  assert_int_equal(lora_create(&bad, m, 0, 16.0, mask, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "lora_rank"));
+  assert_int_equal(lora_create(&bad, m, 4, 16.0, 0, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "target_modules"));
+  assert_null(bad);
+  lora_free(NULL);
+  model_free(m);
+}
+
+/* Parameter gradients accumulate (+=); loss_scale scales them. */
+static void test_grad_accumulates(void **state) {
+  (void)state;
+  model_t *m = tiny_model(false, 2, MODEL_TRAIN_FULL);
+  int tok[TB * TT], tgt[TB * TT];
+  make_batch(tok, tgt, 4, m->d.V);
+  float *g1 = malloc(sizeof(float) * m->n_params);
+  model_zero_grad(m);
+  loss_of(m, NULL, tok, tgt);
+  model_backward(m, NULL, 0.5f);
+  memcpy(g1, m->grads, sizeof(float) * m->n_params);
+  loss_of(m, NULL, tok, tgt);
+  model_backward(m, NULL, 1.5f);
+  double worst = 0.0, mag = 0.0;
+  for (size_t i = 0; i < m->n_params; i++) {
+    worst = fmax(worst, fabs(m->grads[i] - 4.0 * g1[i]));
+    mag = fmax(mag, fabs(4.0 * g1[i]));
+  }
+  assert_true(mag > 0.0);
+  assert_true(worst <= 1e-5 * mag);
+  free(g1);
+  model_free(m);
+}
+
+static void test_tensor_table(void **state) {
+  (void)state;
+  for (int tied = 0; tied <= 1; tied++) {
+    model_t *m = tiny_model(tied, 2, MODEL_EVAL);
+    assert_null(m->grads);
+    assert_int_equal(m->n_tensors, 1 + 9 * 2 + 1 + !tied);
+    size_t off = 0;
+    for (int i = 0; i < m->n_tensors; i++) {
+      assert_int_equal(m->tensors[i].offset, off);
+      off += m->tensors[i].numel;
+    }
+    assert_int_equal(off, m->n_params);
+    const model_tensor_t *t = model_find_tensor(m, "model.layers.1.self_attn.k_proj.weight");
+    assert_non_null(t);
+    assert_int_equal(t->shape[0], 2 * 6); /* (NKV*HS, C) */
+    assert_int_equal(t->shape[1], 16);
+    assert_ptr_equal(t->data, m->w.layers[1].k_proj);
+    assert_int_equal(model_find_tensor(m, "lm_head.weight") == NULL, tied);
+    if (tied) assert_ptr_equal(m->w.lm_head, m->w.embed_tokens);
+    model_free(m);
+  }
+}
+
+static int fill_counting(void *ctx, const model_tensor_t *t, float *dst, char *err, size_t errlen) {
+  int *calls = ctx;
+  if (++*calls == 4) {
+    snprintf(err, errlen, "shape mismatch");
+    return TY_EINVAL;
+  }
+  for (size_t i = 0; i < t->numel; i++) dst[i] = (float)*calls;
+  return 0;
+}
+
+static void test_fill_and_bad_input(void **state) {
+  (void)state;
+  model_t *m = tiny_model(false, 2, MODEL_TRAIN_FULL);
+  char err[256];
+  int calls = 0;
+  assert_int_equal(model_fill(m, fill_counting, &calls, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, m->tensors[3].name));
+  assert_non_null(strstr(err, "shape mismatch"));
+  assert_true(m->w.embed_tokens[0] == 1.0f);
+
+  int tok[TB * TT], tgt[TB * TT];
+  make_batch(tok, tgt, 4, m->d.V);
+  tgt[7] = m->d.V;
+  assert_int_equal(model_forward(m, tok, tgt, TB, TT, NULL, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "target id 19 at batch row 1, position 2"));
+  tok[0] = -1;
+  assert_int_equal(model_forward(m, tok, NULL, TB, TT, NULL, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "token id -1"));
+  tok[0] = 0;
+  assert_int_equal(model_forward(m, tok, NULL, TB, TT + 1, NULL, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "does not fit"));
+  /* A smaller micro-batch than allocated runs. */
+  double loss;
+  assert_int_equal(model_forward(m, tok, tok, 1, 3, NULL, &loss, err, sizeof err), 0);
+  assert_true(loss > 0.0);
+  model_free(m);
+
+  llama_config_t c = tiny_config(false, 3);
+  assert_int_equal(model_create(&m, &c, 1, 1, MODEL_EVAL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "multiple of num_key_value_heads"));
+  c = tiny_config(false, 2);
+  c.head_dim = 5;
+  assert_int_equal(model_create(&m, &c, 1, 1, MODEL_EVAL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "even head size"));
+  c = tiny_config(false, 2);
+  c.vocab_size = 0;
+  assert_int_equal(model_create(&m, &c, 1, 1, MODEL_EVAL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "vocab_size"));
+  c = tiny_config(false, 2);
+  assert_int_equal(model_create(&m, &c, 0, 4, MODEL_EVAL, err, sizeof err), TY_EINVAL);
+  assert_null(m);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_fd_untied_gqa),
+      cmocka_unit_test(test_fd_tied_mqa),
+      cmocka_unit_test(test_fd_lora),
+      cmocka_unit_test(test_lora_equals_merged),
+      cmocka_unit_test(test_lora_init_and_table),
+      cmocka_unit_test(test_grad_accumulates),
+      cmocka_unit_test(test_tensor_table),
+      cmocka_unit_test(test_fill_and_bad_input),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,252 @@
+/* model.c - the model's buffers: shape checks, the tensor table, one
+ * parameter allocation (and one gradient allocation of the same layout),
+ * the activations, filling from a tensor source and random initialisation.
+ * The forward and backward passes are in model_step.c. */
+#include "worker/model.h"
+
+#include <assert.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/errors.h"
+#include "worker/cpu_ops.h"
+#include "worker/model_internal.h"
+#include "worker/rng.h"
+
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err, size_t errlen) {
+  const int64_t lim = 1 << 24; /* keeps every product below in size_t and each size in an int */
+  struct {
+    const char *name;
+    int64_t v;
+  } sizes[] = {{"hidden_size", cfg->hidden_size},
+               {"intermediate_size", cfg->intermediate_size},
+               {"num_hidden_layers", cfg->num_hidden_layers},
+               {"num_attention_heads", cfg->num_attention_heads},
+               {"num_key_value_heads", cfg->num_key_value_heads},
+               {"head_dim", cfg->head_dim},
+               {"vocab_size", cfg->vocab_size}};
+  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
+    if (sizes[i].v < 1 || sizes[i].v > lim)
+      return fail(err, errlen, TY_EINVAL, "model: %s is %lld; it must be between 1 and %lld",
+                  sizes[i].name, (long long)sizes[i].v, (long long)lim);
+  if (cfg->num_attention_heads % cfg->num_key_value_heads)
+    return fail(err, errlen, TY_EINVAL,
+                "model: num_attention_heads (%lld) must be a multiple of num_key_value_heads "
+                "(%lld)",
+                (long long)cfg->num_attention_heads, (long long)cfg->num_key_value_heads);
+  if (cfg->head_dim % 2)
+    return fail(err, errlen, TY_EINVAL,
+                "model: head_dim is %lld; rotary embeddings need an even head size",
+                (long long)cfg->head_dim);
+  if (!(cfg->rms_norm_eps > 0) || !(cfg->rope_theta > 0))
+    return fail(err, errlen, TY_EINVAL, "model: rms_norm_eps and rope_theta must be positive");
+  d->C = (int)cfg->hidden_size;
+  d->FF = (int)cfg->intermediate_size;
+  d->L = (int)cfg->num_hidden_layers;
+  d->NH = (int)cfg->num_attention_heads;
+  d->NKV = (int)cfg->num_key_value_heads;
+  d->HS = (int)cfg->head_dim;
+  d->V = (int)cfg->vocab_size;
+  d->eps = (float)cfg->rms_norm_eps;
+  d->rope_theta = cfg->rope_theta;
+  d->tied = cfg->tie_word_embeddings;
+  return 0;
+}
+
+static void table_add(model_t *m, const char *name, int64_t rows, int64_t cols, int layer,
+                      size_t *offset) {
+  model_tensor_t *t = &m->tensors[m->n_tensors++];
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->ndim = cols ? 2 : 1;
+  t->shape[0] = rows;
+  t->shape[1] = cols;
+  t->numel = (size_t)rows * (size_t)(cols ? cols : 1);
+  t->offset = *offset;
+  t->layer = layer;
+  *offset += t->numel;
+}
+
+/* The table in storage order; offsets only (data pointers come later). */
+static void table_build(model_t *m) {
+  const model_dims_t *d = &m->d;
+  size_t off = 0;
+  char name[96];
+  table_add(m, "model.embed_tokens.weight", d->V, d->C, -1, &off);
+  for (int l = 0; l < d->L; l++) {
+#define TY_X(field, suffix, rows, cols)                         \
+  snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix); \
+  table_add(m, name, rows, cols, l, &off);
+    MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
+  }
+  table_add(m, "model.norm.weight", d->C, 0, -1, &off);
+  if (!d->tied) table_add(m, "lm_head.weight", d->V, d->C, -1, &off);
+  m->n_params = off;
+}
+
+/* Points w at base + each tensor's offset, in table order. */
+static void views_set(const model_t *m, model_weights_t *w, float *base) {
+  if (!base) {
+    for (int l = 0; l < m->d.L; l++) memset(&w->layers[l], 0, sizeof w->layers[l]);
+    w->embed_tokens = w->norm = w->lm_head = NULL;
+    return;
+  }
+  const model_tensor_t *t = m->tensors;
+  w->embed_tokens = base + (t++)->offset;
+  for (int l = 0; l < m->d.L; l++) {
+#define TY_X(field, suffix, rows, cols) w->layers[l].field = base + (t++)->offset;
+    MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
+  }
+  w->norm = base + (t++)->offset;
+  w->lm_head = m->d.tied ? w->embed_tokens : base + (t++)->offset;
+  assert(t == m->tensors + m->n_tensors);
+}
+
+static size_t acts_floats(const model_dims_t *d, size_t N, size_t T, bool backward) {
+  size_t total = 0;
+#define TY_X(field, n, bw) \
+  if (!(bw) || backward) total += (n);
+  MODEL_ACTS(TY_X)
+#undef TY_X
+  return total;
+}
+
+static int acts_create(model_t *m) {
+  const model_dims_t *d = &m->d;
+  size_t N = (size_t)m->B * m->T, T = (size_t)m->T;
+  bool backward = m->mode != MODEL_EVAL;
+  model_acts_t *a = calloc(1, sizeof *a);
+  if (!a) return TY_EEXHAUSTED;
+  m->acts = a;
+  a->tokens = malloc(sizeof(int) * N);
+  a->targets = malloc(sizeof(int) * N);
+  a->bytes = sizeof(float) * acts_floats(d, N, T, backward) + 2 * sizeof(int) * N;
+  a->block = malloc(sizeof(float) * acts_floats(d, N, T, backward));
+  if (!a->tokens || !a->targets || !a->block) return TY_EEXHAUSTED;
+  float *p = a->block;
+#define TY_X(field, n, bw) \
+  if (!(bw) || backward) { \
+    a->field = p;          \
+    p += (n);              \
+  }
+  MODEL_ACTS(TY_X)
+#undef TY_X
+  cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta);
+  m->logits = a->logits;
+  return 0;
+}
+
+int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                 char *err, size_t errlen) {
+  *out = NULL;
+  model_dims_t d;
+  int rc = model_dims_from_config(&d, cfg, err, errlen);
+  if (rc) return rc;
+  if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
+    return fail(err, errlen, TY_EINVAL,
+                "model: micro-batch %d x %d tokens; both must be at least 1 and their product "
+                "at most %d",
+                B, T, 1 << 24);
+  model_t *m = calloc(1, sizeof *m);
+  if (!m) return fail(err, errlen, TY_EEXHAUSTED, "model: out of memory");
+  m->d = d;
+  m->B = B;
+  m->T = T;
+  m->mode = mode;
+  m->tensors = calloc((size_t)d.L * 9 + 3, sizeof *m->tensors);
+  m->w.layers = calloc((size_t)d.L, sizeof *m->w.layers);
+  m->dw.layers = calloc((size_t)d.L, sizeof *m->dw.layers);
+  rc = TY_EEXHAUSTED;
+  if (!m->tensors || !m->w.layers || !m->dw.layers) goto fail_alloc;
+  table_build(m);
+  m->params = calloc(m->n_params, sizeof(float));
+  if (!m->params) goto fail_alloc;
+  if (mode == MODEL_TRAIN_FULL) {
+    m->grads = calloc(m->n_params, sizeof(float));
+    if (!m->grads) goto fail_alloc;
+  }
+  for (int i = 0; i < m->n_tensors; i++) {
+    m->tensors[i].data = m->params + m->tensors[i].offset;
+    m->tensors[i].grad = m->grads ? m->grads + m->tensors[i].offset : NULL;
+  }
+  views_set(m, &m->w, m->params);
+  views_set(m, &m->dw, m->grads);
+  if ((rc = acts_create(m))) goto fail_alloc;
+  *out = m;
+  return 0;
+fail_alloc:
+  fail(err, errlen, rc,
+       "model: out of memory for %zu parameters and the activations of %d x %d tokens; "
+       "use a smaller micro_batch_size or seq_len",
+       m->n_params, B, T);
+  model_free(m);
+  return rc;
+}
+
+void model_free(model_t *m) {
+  if (!m) return;
+  if (m->acts) {
+    free(m->acts->tokens);
+    free(m->acts->targets);
+    free(m->acts->block);
+    free(m->acts);
+  }
+  free(m->params);
+  free(m->grads);
+  free(m->tensors);
+  free(m->w.layers);
+  free(m->dw.layers);
+  free(m);
+}
+
+size_t model_activation_bytes(const model_t *m) {
+  return m->acts->bytes;
+}
+
+const model_tensor_t *model_find_tensor(const model_t *m, const char *name) {
+  for (int i = 0; i < m->n_tensors; i++)
+    if (!strcmp(m->tensors[i].name, name)) return &m->tensors[i];
+  return NULL;
+}
+
+int model_fill(model_t *m, model_fill_fn fn, void *ctx, char *err, size_t errlen) {
+  char why[256];
+  for (int i = 0; i < m->n_tensors; i++) {
+    const model_tensor_t *t = &m->tensors[i];
+    why[0] = '\0';
+    int rc = fn(ctx, t, t->data, why, sizeof why);
+    if (rc) return fail(err, errlen, rc, "tensor %s: %s", t->name, why[0] ? why : ty_err_name(rc));
+  }
+  return 0;
+}
+
+void model_init_random(model_t *m, uint64_t seed, float std) {
+  rng_t r;
+  rng_seed(&r, seed);
+  for (int i = 0; i < m->n_tensors; i++) {
+    model_tensor_t *t = &m->tensors[i];
+    if (t->ndim == 1)
+      for (size_t j = 0; j < t->numel; j++) t->data[j] = 1.0f;
+    else
+      for (size_t j = 0; j < t->numel; j++) t->data[j] = (float)(std * rng_normal(&r));
+  }
+}
+
+void model_zero_grad(model_t *m) {
+  if (m->grads) memset(m->grads, 0, sizeof(float) * m->n_params);
+}

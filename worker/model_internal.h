@@ -1,0 +1,61 @@
+/* model_internal.h - the activation buffers shared by model.c (allocation)
+ * and model_step.c (forward and backward); not for other modules. */
+#ifndef TY_WORKER_MODEL_INTERNAL_H
+#define TY_WORKER_MODEL_INTERNAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "worker/model.h"
+
+/* X(field, floats, needed_for): sizes are expressions over the dims d, the
+ * allocated rows N = B*T, and T; needed_for 0 = always, 1 = only with a
+ * backward pass. Per-layer buffers are indexed with a layer stride of
+ * (their size / L). */
+/* clang-format off */
+#define MODEL_ACTS(X)                                                           \
+  X(res, (size_t)(d->L + 1) * N * d->C, 0) /* (L+1, B, T, C) residual stream */ \
+  X(ln1, N * d->L * d->C, 0)               /* (L, B, T, C) */                   \
+  X(rstd1, N * d->L, 0)                    /* (L, B, T) */                      \
+  X(q, N * d->L * d->NH * d->HS, 0)        /* (L, B, T, QD) after rotary */     \
+  X(k, N * d->L * d->NKV * d->HS, 0)       /* (L, B, T, KVD) after rotary */    \
+  X(v, N * d->L * d->NKV * d->HS, 0)       /* (L, B, T, KVD) */                 \
+  X(att, N * d->L * d->NH * T, 0)          /* (L, B, NH, T, T) probabilities */ \
+  X(atty, N * d->L * d->NH * d->HS, 0)     /* (L, B, T, QD) */                  \
+  X(mid, N * d->L * d->C, 0)               /* (L, B, T, C) after attention */   \
+  X(ln2, N * d->L * d->C, 0)               /* (L, B, T, C) */                   \
+  X(rstd2, N * d->L, 0)                    /* (L, B, T) */                      \
+  X(gate, N * d->L * d->FF, 0)             /* (L, B, T, FF) */                  \
+  X(up, N * d->L * d->FF, 0)               /* (L, B, T, FF) */                  \
+  X(h, N * d->L * d->FF, 0)                /* (L, B, T, FF) silu(gate)*up */    \
+  X(lnf, N * d->C, 0)                      /* (B, T, C) */                      \
+  X(rstdf, N, 0)                           /* (B, T) */                         \
+  X(logits, N * d->V, 0)                   /* (B, T, V) */                      \
+  X(losses, N, 0)                          /* (B, T) */                         \
+  X(rope_cos, T * (d->HS / 2), 0)           /* (T, HS/2) */                      \
+  X(rope_sin, T * (d->HS / 2), 0)           /* (T, HS/2) */                      \
+  X(dres, N * d->C, 1)                     /* (B, T, C) */                      \
+  X(dmid, N * d->C, 1)                     /* (B, T, C) */                      \
+  X(dln, N * d->C, 1)                      /* (B, T, C) */                      \
+  X(datty, N * d->NH * d->HS, 1)           /* (B, T, QD) */                     \
+  X(dq, N * d->NH * d->HS, 1)              /* (B, T, QD) */                     \
+  X(dk, N * d->NKV * d->HS, 1)             /* (B, T, KVD) */                    \
+  X(dv, N * d->NKV * d->HS, 1)             /* (B, T, KVD) */                    \
+  X(dh, N * d->FF, 1)                      /* (B, T, FF) */                     \
+  X(dgate, N * d->FF, 1)                   /* (B, T, FF) */                     \
+  X(dup, N * d->FF, 1)                     /* (B, T, FF) */                     \
+  X(dscores, T * T, 1)                      /* (T, T) one head's scratch */
+/* clang-format on */
+
+struct model_acts {
+  int *tokens;  /* (B, T) of the last forward */
+  int *targets; /* (B, T) */
+  bool has_targets;
+  float *block; /* the one allocation behind every buffer below */
+  size_t bytes;
+#define TY_X(field, n, bw) float *field;
+  MODEL_ACTS(TY_X)
+#undef TY_X
+};
+
+#endif

@@ -1,0 +1,186 @@
+/* model_step.c - the forward and backward passes of the Llama decoder over
+ * the buffers model.c allocated. Backward runs the forward's ops in exact
+ * reverse order; LoRA adapters add their low-rank term to a projection's
+ * output in the forward pass and take their share of its gradient in the
+ * backward pass (worker/lora.c). */
+#include <assert.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "api/errors.h"
+#include "api/jobspec.h"
+#include "worker/cpu_ops.h"
+#include "worker/lora.h"
+#include "worker/model.h"
+#include "worker/model_internal.h"
+
+/* out (n, OUT) = beta * out + x (n, IN) @ W^T, plus the adapter on target. */
+static void proj_forward(lora_t *lora, int l, int target, float *out, const float *x,
+                         const float *W, int n, int IN, int OUT, float beta) {
+  cpu_matmul_forward(out, x, W, n, IN, OUT, beta);
+  if (lora && lora_has_target(lora, target)) lora_proj_forward(lora, l, target, out, x, n);
+}
+
+/* dx (n, IN) = dx_beta * dx + dout @ W (+ the adapter's part); dW += ... */
+static void proj_backward(lora_t *lora, int l, int target, float *dx, float *dW, const float *dout,
+                          const float *x, const float *W, int n, int IN, int OUT, float dx_beta) {
+  cpu_matmul_backward(dx, dW, dout, x, W, n, IN, OUT, dx_beta);
+  if (lora && lora_has_target(lora, target)) lora_proj_backward(lora, l, target, dx, dout, x, n);
+}
+
+static int check_ids(const int *ids, int n, int V, const char *what, int t, char *err,
+                     size_t errlen) {
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= V) {
+      if (err && errlen)
+        snprintf(err, errlen,
+                 "%s id %d at batch row %d, position %d is outside the vocabulary [0, %d)", what,
+                 ids[i], i / t, i % t, V);
+      return TY_EINVAL;
+    }
+  return 0;
+}
+
+int model_embed_forward(model_t *m, const float *embed_tokens, const int *tokens,
+                        const int *targets, int b, int t, char *err, size_t errlen) {
+  model_acts_t *a = m->acts;
+  if (b < 1 || t < 1 || b > m->B || t > m->T) {
+    if (err && errlen)
+      snprintf(err, errlen, "micro-batch %d x %d does not fit the model's buffers (%d x %d)", b, t,
+               m->B, m->T);
+    return TY_EINVAL;
+  }
+  int rc = check_ids(tokens, b * t, m->d.V, "token", t, err, errlen);
+  if (!rc && targets) rc = check_ids(targets, b * t, m->d.V, "target", t, err, errlen);
+  if (rc) return rc;
+  m->b = b;
+  m->t = t;
+  memcpy(a->tokens, tokens, sizeof(int) * b * t);
+  a->has_targets = targets != NULL;
+  if (targets) memcpy(a->targets, targets, sizeof(int) * b * t);
+  cpu_embedding_forward(a->res, a->tokens, embed_tokens, b * t, m->d.C);
+  return 0;
+}
+
+/* Layer l's slices of the per-layer buffers (layer stride = allocated N). */
+#define LAYER(buf, width) (a->buf + (size_t)l * NA * (width))
+
+void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora) {
+  const model_dims_t *d = &m->d;
+  model_acts_t *a = m->acts;
+  const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
+  const size_t NA = (size_t)m->B * m->T;
+  const float *res = LAYER(res, C);
+  float *res_next = LAYER(res, C) + NA * C;
+  float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
+  float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
+  float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
+  float *att = a->att + (size_t)l * NA * d->NH * m->T;
+
+  cpu_rmsnorm_forward(ln1, LAYER(rstd1, 1), res, w->input_layernorm, n, C, d->eps);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_Q, q, ln1, w->q_proj, n, C, QD, 0.0f);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_K, k, ln1, w->k_proj, n, C, KVD, 0.0f);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_V, v, ln1, w->v_proj, n, C, KVD, 0.0f);
+  cpu_rope_forward(q, a->rope_cos, a->rope_sin, m->b, m->t, d->NH, d->HS);
+  cpu_rope_forward(k, a->rope_cos, a->rope_sin, m->b, m->t, d->NKV, d->HS);
+  cpu_attention_forward(atty, att, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
+  /* mid = res + atty @ o^T: the residual is copied first, the product added. */
+  memcpy(mid, res, sizeof(float) * n * C);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_O, mid, atty, w->o_proj, n, QD, C, 1.0f);
+
+  cpu_rmsnorm_forward(ln2, LAYER(rstd2, 1), mid, w->post_attention_layernorm, n, C, d->eps);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_GATE, gate, ln2, w->gate_proj, n, C, FF, 0.0f);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_UP, up, ln2, w->up_proj, n, C, FF, 0.0f);
+  cpu_swiglu_forward(h, gate, up, (size_t)n * FF);
+  memcpy(res_next, mid, sizeof(float) * n * C);
+  proj_forward(lora, l, JOBSPEC_TARGET_BIT_DOWN, res_next, h, w->down_proj, n, FF, C, 1.0f);
+}
+
+double model_head_forward(model_t *m, const float *norm, const float *lm_head) {
+  const model_dims_t *d = &m->d;
+  model_acts_t *a = m->acts;
+  const int n = m->b * m->t;
+  const float *res = a->res + (size_t)d->L * m->B * m->T * d->C;
+  cpu_rmsnorm_forward(a->lnf, a->rstdf, res, norm, n, d->C, d->eps);
+  cpu_matmul_forward(a->logits, a->lnf, lm_head, n, d->C, d->V, 0.0f);
+  m->loss = 0.0;
+  if (a->has_targets)
+    m->loss = cpu_crossentropy_forward(a->losses, a->logits, a->targets, n, d->V) / n;
+  return m->loss;
+}
+
+void model_head_backward(model_t *m, const float *norm, const float *lm_head, float *dnorm,
+                         float *dlm_head, float loss_scale) {
+  const model_dims_t *d = &m->d;
+  model_acts_t *a = m->acts;
+  const int n = m->b * m->t;
+  assert(a->has_targets && m->mode != MODEL_EVAL);
+  const float *res = a->res + (size_t)d->L * m->B * m->T * d->C;
+  cpu_crossentropy_backward(a->logits, a->targets, n, d->V, loss_scale / n);
+  cpu_matmul_backward(a->dln, dlm_head, a->logits, a->lnf, lm_head, n, d->C, d->V, 0.0f);
+  cpu_rmsnorm_backward(a->dres, dnorm, a->dln, NULL, res, norm, a->rstdf, n, d->C);
+}
+
+void model_layer_backward(model_t *m, int l, const model_layer_t *w, const model_layer_t *dw,
+                          lora_t *lora) {
+  static const model_layer_t frozen; /* every gradient pointer NULL */
+  const model_dims_t *d = &m->d;
+  model_acts_t *a = m->acts;
+  const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
+  const size_t NA = (size_t)m->B * m->T;
+  if (!dw) dw = &frozen;
+  const float *res = LAYER(res, C);
+  const float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
+  const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
+  const float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
+  const float *att = a->att + (size_t)l * NA * d->NH * m->T;
+  /* a->dres holds d(loss)/d(res[l+1]) on entry and d(loss)/d(res[l]) on exit. */
+
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_DOWN, a->dh, dw->down_proj, a->dres, h, w->down_proj, n,
+                FF, C, 0.0f);
+  cpu_swiglu_backward(a->dgate, a->dup, a->dh, gate, up, (size_t)n * FF);
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_GATE, a->dln, dw->gate_proj, a->dgate, ln2,
+                w->gate_proj, n, C, FF, 0.0f);
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_UP, a->dln, dw->up_proj, a->dup, ln2, w->up_proj, n, C,
+                FF, 1.0f);
+  cpu_rmsnorm_backward(a->dmid, dw->post_attention_layernorm, a->dln, a->dres, mid,
+                       w->post_attention_layernorm, LAYER(rstd2, 1), n, C);
+
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_O, a->datty, dw->o_proj, a->dmid, atty, w->o_proj, n,
+                QD, C, 0.0f);
+  cpu_attention_backward(a->dq, a->dk, a->dv, a->dscores, a->datty, att, q, k, v, m->b, m->t, d->NH,
+                         d->NKV, d->HS);
+  cpu_rope_backward(a->dq, a->rope_cos, a->rope_sin, m->b, m->t, d->NH, d->HS);
+  cpu_rope_backward(a->dk, a->rope_cos, a->rope_sin, m->b, m->t, d->NKV, d->HS);
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_Q, a->dln, dw->q_proj, a->dq, ln1, w->q_proj, n, C, QD,
+                0.0f);
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_K, a->dln, dw->k_proj, a->dk, ln1, w->k_proj, n, C, KVD,
+                1.0f);
+  proj_backward(lora, l, JOBSPEC_TARGET_BIT_V, a->dln, dw->v_proj, a->dv, ln1, w->v_proj, n, C, KVD,
+                1.0f);
+  cpu_rmsnorm_backward(a->dres, dw->input_layernorm, a->dln, a->dmid, res, w->input_layernorm,
+                       LAYER(rstd1, 1), n, C);
+}
+
+void model_embed_backward(model_t *m, float *dembed_tokens) {
+  if (dembed_tokens)
+    cpu_embedding_backward(dembed_tokens, m->acts->dres, m->acts->tokens, m->b * m->t, m->d.C);
+}
+
+int model_forward(model_t *m, const int *tokens, const int *targets, int b, int t, lora_t *lora,
+                  double *loss, char *err, size_t errlen) {
+  int rc = model_embed_forward(m, m->w.embed_tokens, tokens, targets, b, t, err, errlen);
+  if (rc) return rc;
+  for (int l = 0; l < m->d.L; l++) model_layer_forward(m, l, &m->w.layers[l], lora);
+  double mean = model_head_forward(m, m->w.norm, m->w.lm_head);
+  if (loss) *loss = mean;
+  return 0;
+}
+
+void model_backward(model_t *m, lora_t *lora, float loss_scale) {
+  assert(m->mode != MODEL_EVAL);
+  model_head_backward(m, m->w.norm, m->w.lm_head, m->dw.norm, m->dw.lm_head, loss_scale);
+  for (int l = m->d.L - 1; l >= 0; l--)
+    model_layer_backward(m, l, &m->w.layers[l], m->grads ? &m->dw.layers[l] : NULL, lora);
+  model_embed_backward(m, m->dw.embed_tokens);
+}
