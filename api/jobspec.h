@@ -36,8 +36,10 @@ enum {
   JOBSPEC_TARGET_COUNT
 };
 #define JOBSPEC_TARGET_ALL_LINEAR ((1u << JOBSPEC_TARGET_COUNT) - 1u)
-/* "q_proj" for bit 0, ... */
+/* "q_proj" for bit 0, ...; NULL outside 0 .. JOBSPEC_TARGET_COUNT-1. */
 const char *jobspec_target_name(int bit);
+/* The bit of a module name ("v_proj" -> 2), or -1. */
+int jobspec_target_parse(const char *name);
 
 typedef struct {
   char name[JOBSPEC_NAME_MAX];          /* default "job" */
@@ -115,9 +117,48 @@ int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs);
  * it back gives the same struct. */
 json_t *jobspec_to_json(const jobspec_t *s);
 
+/* Same spec: equal normalized JSON (the Idempotency-Key check). */
+bool jobspec_equal(const jobspec_t *a, const jobspec_t *b);
+
+/* The normalized spec as JSON text (pretty: 2-space indent), numbers in
+ * their shortest form that parses back to the same value. The caller frees
+ * it with free(). */
+char *jobspec_dumps(const jobspec_t *s, bool pretty);
+
+/* Server-side rules, which need the server's configuration.
+ *
+ * Paths: model_path and data.path must resolve (symbolic links and ".."
+ * followed) inside one of the read or write roots, output_dir inside one of
+ * the write roots. Relative paths resolve against base (NULL: the current
+ * directory). Each list is NULL-terminated; a NULL or empty list allows
+ * nothing. Paths that do not exist yet resolve through their nearest
+ * existing parent. Returns 0 or TY_EINVAL, adding one error per path. */
+typedef struct {
+  const char *const *read;  /* e.g. {"/srv/models", "/srv/data", NULL} */
+  const char *const *write; /* e.g. {"/srv/runs", NULL} */
+  const char *base;
+} jobspec_roots_t;
+int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs);
+
+/* device cuda needs one GPU per rank: world_size <= gpus_available.
+ * Returns 0 or TY_EINVAL (error on "device"). */
+int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *errs);
+
 /* The table of validation rules, for docs and the validate --rules output:
  * calls fn once per rule with its id, the fields it concerns and why. */
 typedef void (*jobspec_rule_fn)(const char *id, const char *fields, const char *why, void *ctx);
 void jobspec_rules_each(jobspec_rule_fn fn, void *ctx);
+/* When a rule is checked: "spec" (jobspec_validate), "paths"
+ * (jobspec_validate with check_paths), "submit" (the server:
+ * jobspec_check_roots, jobspec_check_devices) or "load" (the worker).
+ * NULL for an unknown id. */
+const char *jobspec_rule_stage(const char *id);
+
+/* The table of fields, for docs and validate --fields: calls fn once per
+ * field with its dotted path, its type ("string", "int", ...), its default
+ * as JSON text, its accepted range ("" when none) and a line of help. */
+typedef void (*jobspec_field_fn)(const char *path, const char *type, const char *dflt,
+                                 const char *range, const char *help, void *ctx);
+void jobspec_fields_each(jobspec_field_fn fn, void *ctx);
 
 #endif

@@ -6,7 +6,8 @@
 /* X(name, handler, help). Commands that talk to a server are compiled only
  * in full builds (TRAINYARD_WITH_CLIENT). */
 #define TY_COMMANDS_LOCAL(X) \
-  X("version", cmd_version, "print the version and build options")
+  X("version", cmd_version, "print the version and build options") \
+  X("validate", cmd_validate, "check a job spec (file and/or --dotted.flags), print it normalized")
 
 #ifdef TRAINYARD_WITH_CLIENT
 #define TY_COMMANDS_CLIENT(X)

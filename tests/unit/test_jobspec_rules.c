@@ -1,0 +1,402 @@
+/* test_jobspec_rules.c - every rule of the validation table, accepted and
+ * rejected: the spec-time rules through jobspec_validate, the filesystem
+ * rule with check_paths, and the server-side path-root and GPU checks. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "jobspec_testutil.h"
+
+#define SCRATCH_MODEL                                                                      \
+  "\"model\": {\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, " \
+  "\"num_attention_heads\": 4, \"vocab_size\": 256}"
+
+/* Asserts that text validates with no error. */
+static void ok(const char *text) {
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  size_t n = tu_check(&s, text, &e);
+  if (n) {
+    fprintf(stderr, "expected valid: %s\n", text);
+    tu_dump(&e);
+  }
+  assert_int_equal(n, 0);
+  ty_errlist_clear(&e);
+}
+
+/* Asserts that text fails with exactly one error, on field, containing part. */
+static void bad(const char *text, const char *field, const char *part) {
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  size_t n = tu_check(&s, text, &e);
+  assert_true(tu_has(&e, field, part));
+  if (n != 1) {
+    fprintf(stderr, "expected one error for: %s\n", text);
+    tu_dump(&e);
+  }
+  assert_int_equal(n, 1);
+  ty_errlist_clear(&e);
+}
+
+static void test_name_safe(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"name\": \"run-1.b_2\"}");
+  bad("{\"model_path\": \"m\", \"name\": \"../etc\"}", "name", "not a valid name");
+  bad("{\"model_path\": \"m\", \"name\": \"a/b\"}", "name", "not a valid name");
+  bad("{\"model_path\": \"m\", \"name\": \"\"}", "name", "not a valid name");
+  bad("{\"model_path\": \"m\", \"name\": \".hidden\"}", "name", "starting with a letter");
+}
+
+static void test_scratch_no_memory_efficient_load(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"fsdp\": {\"memory_efficient_load\": true}}");
+  ok("{\"init_from_scratch\": true, " SCRATCH_MODEL "}");
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  tu_check(&s,
+           "{\"init_from_scratch\": true, \"fsdp\": {\"memory_efficient_load\": true}, "
+           SCRATCH_MODEL "}",
+           &e);
+  assert_int_equal(e.len, 1);
+  /* Names both fields and says to drop one. */
+  assert_string_equal(e.items[0].field, "fsdp.memory_efficient_load");
+  assert_non_null(strstr(e.items[0].message, "init_from_scratch"));
+  assert_non_null(strstr(e.items[0].message, "drop one of the two"));
+  ty_errlist_clear(&e);
+}
+
+static void test_model_path_required(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\"}");
+  bad("{}", "model_path", "is required");
+  bad("{\"init_from_scratch\": true, \"model_path\": \"m\", " SCRATCH_MODEL "}", "model_path",
+      "is not used with init_from_scratch");
+}
+
+static void test_model_iff_scratch(void **state) {
+  (void)state;
+  bad("{\"init_from_scratch\": true}", "model", "is required with init_from_scratch");
+  bad("{\"model_path\": \"m\", " SCRATCH_MODEL "}", "model", "is only for init_from_scratch");
+  ok("{\"model_path\": \"m\", \"model\": null}");
+}
+
+static void test_model_shape(void **state) {
+  (void)state;
+  bad("{\"init_from_scratch\": true, \"model\": {\"hidden_size\": 64, \"intermediate_size\": "
+      "128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 3, "
+      "\"vocab_size\": 256}}",
+      "model.num_key_value_heads", "must divide num_attention_heads (4), got 3");
+  bad("{\"init_from_scratch\": true, \"model\": {\"hidden_size\": 66, \"intermediate_size\": "
+      "128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"vocab_size\": 256}}",
+      "model.head_dim", "not divisible by num_attention_heads");
+  ok("{\"init_from_scratch\": true, \"model\": {\"hidden_size\": 66, \"intermediate_size\": "
+     "128, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"head_dim\": 16, "
+     "\"vocab_size\": 256}}");
+  bad("{\"init_from_scratch\": true, \"model\": {\"hidden_size\": 64, \"intermediate_size\": "
+      "128, \"num_attention_heads\": 4, \"vocab_size\": 256}}",
+      "model.num_hidden_layers", "is required");
+}
+
+static void test_scratch_no_lora(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"use_lora\": true}");
+  bad("{\"init_from_scratch\": true, \"use_lora\": true, " SCRATCH_MODEL "}", "use_lora",
+      "init_from_scratch");
+}
+
+static void test_ranges(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"world_size\": 4096, \"lora_rank\": 1, \"train\": {\"lr\": 10, "
+     "\"steps\": 1, \"warmup_steps\": 1}, \"data\": {\"seq_len\": 1, \"eval_fraction\": 0}}");
+  bad("{\"model_path\": \"m\", \"world_size\": 0}", "world_size", "must be >= 1");
+  bad("{\"model_path\": \"m\", \"world_size\": 4097}", "world_size", "<= 4096");
+  bad("{\"model_path\": \"m\", \"lora_rank\": 0}", "lora_rank", "must be >= 1");
+  bad("{\"model_path\": \"m\", \"lora_alpha\": 0}", "lora_alpha", "must be > 0");
+  bad("{\"model_path\": \"m\", \"train\": {\"lr\": 0}}", "train.lr", "must be > 0");
+  bad("{\"model_path\": \"m\", \"train\": {\"steps\": 0}}", "train.steps", "must be >= 1");
+  bad("{\"model_path\": \"m\", \"data\": {\"seq_len\": 0}}", "data.seq_len", "must be >= 1");
+  bad("{\"model_path\": \"m\", \"data\": {\"eval_fraction\": 0.9}}", "data.eval_fraction",
+      "<= 0.5");
+  bad("{\"model_path\": \"m\", \"fsdp\": {\"bucket_mb\": 0}}", "fsdp.bucket_mb", ">= 1");
+  bad("{\"model_path\": \"m\", \"max_restarts\": 101}", "max_restarts", "<= 100");
+  bad("{\"model_path\": \"m\", \"train\": {\"grad_clip\": -1}}", "train.grad_clip", ">= 0");
+  /* Non-finite values can only come from code that fills the struct. */
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  jobspec_init(&s);
+  strcpy(s.model_path, "m");
+  s.train.lr = 0.0 / 0.0;
+  s.lora_alpha = 1.0 / 0.0;
+  assert_int_equal(jobspec_validate(&s, false, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "train.lr", "must be a finite number"));
+  assert_true(tu_has(&e, "lora_alpha", "must be a finite number"));
+  ty_errlist_clear(&e);
+}
+
+static void test_allocation_mode(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  /* fsdp:d<N> sets world_size when it is not given, and is normalized. */
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d4\"}", &e),
+                   0);
+  assert_int_equal(s.world_size, 4);
+  assert_int_equal(s.dp_degree, 4);
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"allocation_mode\": "
+                                "\"fsdp:d2p1t1c1e1\"}", &e), 0);
+  assert_string_equal(s.allocation_mode, "fsdp:d2");
+  assert_int_equal(s.world_size, 2);
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"allocation_mode\": \"d3m1\"}", &e), 0);
+  assert_string_equal(s.allocation_mode, "fsdp:d3");
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"world_size\": 3}", &e), 0);
+  assert_int_equal(s.dp_degree, 0);
+  ty_errlist_clear(&e);
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2p2\"}", "allocation_mode",
+      "pipeline degree p2 is not supported");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2t4\"}", "allocation_mode",
+      "tensor degree t4 is not supported");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2c2\"}", "allocation_mode",
+      "context degree c2");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2e8\"}", "allocation_mode",
+      "expert degree e8");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"megatron:d2\"}", "allocation_mode",
+      "backend \"megatron\" is not supported");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"sglang:d4+fsdp:d4\"}", "allocation_mode",
+      "keep only the training part");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:p1\"}", "allocation_mode",
+      "no data-parallel degree");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d0\"}", "allocation_mode",
+      "between 1 and 4096");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2d2\"}", "allocation_mode",
+      "given once");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:dx\"}", "allocation_mode",
+      "cannot read");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"\"}", "allocation_mode", "empty");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"dynamic\"}", "allocation_mode",
+      "cannot read");
+  /* Several unsupported degrees: one error each, naming it. */
+  tu_check(&s, "{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2p2t2\"}", &e);
+  assert_int_equal(e.len, 2);
+  assert_true(tu_has(&e, "allocation_mode", "p2"));
+  assert_true(tu_has(&e, "allocation_mode", "t2"));
+  ty_errlist_clear(&e);
+}
+
+static void test_allocation_world_size(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2\", \"world_size\": 2}");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2\", \"world_size\": 3}",
+      "world_size", "allocation_mode \"fsdp:d2\" asks for 2");
+}
+
+static void test_lora_targets(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"use_lora\": true, \"target_modules\": [\"up_proj\"]}");
+  ok("{\"model_path\": \"m\", \"use_lora\": false, \"target_modules\": []}");
+  bad("{\"model_path\": \"m\", \"use_lora\": true, \"target_modules\": []}", "target_modules",
+      "is empty but use_lora is true");
+}
+
+static void test_warmup_within_steps(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"train\": {\"steps\": 10, \"warmup_steps\": 10}}");
+  bad("{\"model_path\": \"m\", \"train\": {\"steps\": 10, \"warmup_steps\": 11}}",
+      "train.warmup_steps", "more than train.steps (10)");
+}
+
+static void test_seq_len_within_model(void **state) {
+  (void)state;
+  ok("{\"init_from_scratch\": true, \"data\": {\"seq_len\": 2048}, " SCRATCH_MODEL "}");
+  bad("{\"init_from_scratch\": true, \"data\": {\"seq_len\": 4096}, " SCRATCH_MODEL "}",
+      "data.seq_len", "longer than model.max_position_embeddings (2048)");
+}
+
+/* A scratch directory for filesystem rules; removed by the caller. */
+static char g_tmp[256];
+
+static int make_tmp(void **state) {
+  (void)state;
+  snprintf(g_tmp, sizeof g_tmp, "/tmp/ty-rules-XXXXXX");
+  if (!mkdtemp(g_tmp)) return -1;
+  char p[512];
+  snprintf(p, sizeof p, "%s/models", g_tmp);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/models/tiny", g_tmp);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/runs", g_tmp);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/secret", g_tmp);
+  mkdir(p, 0755);
+  snprintf(p, sizeof p, "%s/models/train.txt", g_tmp);
+  FILE *f = fopen(p, "w");
+  if (!f) return -1;
+  fputs("hello", f);
+  fclose(f);
+  /* A link inside the model root that points out of it. */
+  char target[512];
+  snprintf(target, sizeof target, "%s/secret", g_tmp);
+  snprintf(p, sizeof p, "%s/models/escape", g_tmp);
+  return symlink(target, p);
+}
+
+static int remove_tmp(void **state) {
+  (void)state;
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+  return system(cmd);
+}
+
+static void test_paths_exist(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  char text[1024];
+  snprintf(text, sizeof text, "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": "
+                              "\"%s/models/train.txt\"}}", g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  snprintf(text, sizeof text, "{\"model_path\": \"%s/models/train.txt\", \"data\": {\"path\": "
+                              "\"%s/nope.txt\"}}", g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path", "is not a directory"));
+  assert_true(tu_has(&e, "data.path", "does not exist"));
+  ty_errlist_clear(&e);
+  snprintf(text, sizeof text, "{\"model_path\": \"%s/none\", \"data\": {\"path\": \"%s\"}}",
+           g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path", "does not exist"));
+  assert_true(tu_has(&e, "data.path", "is not a readable file"));
+  ty_errlist_clear(&e);
+  /* Without check_paths the same spec passes. */
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, false, &e), 0);
+}
+
+static void test_paths_in_roots(void **state) {
+  (void)state;
+  char models[300], runs[300];
+  snprintf(models, sizeof models, "%s/models", g_tmp);
+  snprintf(runs, sizeof runs, "%s/runs", g_tmp);
+  const char *const rd[] = {models, NULL};
+  const char *const wr[] = {runs, NULL};
+  jobspec_roots_t roots = {rd, wr, g_tmp};
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  /* Relative paths resolve against base; output_dir need not exist yet. */
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"models/tiny\", \"data\": {\"path\": "
+                                "\"models/train.txt\"}, \"output_dir\": \"runs/a/b\"}", &e), 0);
+  assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
+  /* A model may come from an earlier job's output (write roots are readable). */
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"runs\", \"output_dir\": \"runs/x\"}", &e), 0);
+  assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
+  /* Outside, through "..", through a symbolic link, output in a read root. */
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"models/../secret\", \"data\": {\"path\": "
+                                "\"models/escape\"}, \"output_dir\": \"models/out\"}", &e), 0);
+  assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
+  assert_int_equal(e.len, 3);
+  assert_true(tu_has(&e, "model_path", "outside the server's allowed roots"));
+  assert_true(tu_has(&e, "data.path", "/secret, outside"));
+  assert_true(tu_has(&e, "output_dir", "outside the server's output roots"));
+  ty_errlist_clear(&e);
+  /* ".." in the part that does not exist yet. */
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"models/tiny\", \"output_dir\": "
+                                "\"runs/new/../../secret\"}", &e), 0);
+  assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "output_dir", "cannot be resolved safely"));
+  ty_errlist_clear(&e);
+  /* Absolute paths; no roots at all allows nothing. */
+  char text[600];
+  snprintf(text, sizeof text, "{\"model_path\": \"%s/models/tiny\", \"output_dir\": "
+                              "\"%s/runs/z\"}", g_tmp, g_tmp);
+  assert_int_equal(tu_check(&s, text, &e), 0);
+  assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
+  jobspec_roots_t none = {NULL, NULL, NULL};
+  assert_int_equal(jobspec_check_roots(&s, &none, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path", "(none configured)"));
+  ty_errlist_clear(&e);
+}
+
+static void test_cuda_gpus(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"device\": \"cuda\", "
+                                "\"allocation_mode\": \"fsdp:d4\"}", &e), 0);
+  assert_int_equal(jobspec_check_devices(&s, 4, &e), 0);
+  assert_int_equal(jobspec_check_devices(&s, 2, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "device", "needs 4 GPUs, this server has 2"));
+  ty_errlist_clear(&e);
+  assert_int_equal(jobspec_check_devices(&s, 0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "device", "no GPU"));
+  ty_errlist_clear(&e);
+  /* auto and cpu never need a GPU. */
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"world_size\": 8}", &e), 0);
+  assert_int_equal(jobspec_check_devices(&s, 0, &e), 0);
+}
+
+static void count_rule(const char *id, const char *fields, const char *why, void *ctx) {
+  int *n = ctx;
+  (*n)++;
+  assert_true(*id && *fields && *why);
+  const char *stage = jobspec_rule_stage(id);
+  assert_non_null(stage);
+  assert_true(!strcmp(stage, "spec") || !strcmp(stage, "paths") || !strcmp(stage, "submit") ||
+              !strcmp(stage, "load"));
+}
+
+static void test_rule_table(void **state) {
+  (void)state;
+  int n = 0;
+  jobspec_rules_each(count_rule, &n);
+  assert_int_equal(n, 16);
+  assert_null(jobspec_rule_stage("no-such-rule"));
+  assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
+}
+
+static void test_all_errors_at_once(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  size_t n = tu_check(&s, "{\"init_from_scratch\": true, \"use_lora\": true, \"fsdp\": "
+                          "{\"memory_efficient_load\": true}, \"world_size\": 0, "
+                          "\"allocation_mode\": \"fsdp:d2t2\"}", &e);
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load", "drop one"));
+  assert_true(tu_has(&e, "use_lora", "init_from_scratch"));
+  assert_true(tu_has(&e, "model", "is required"));
+  assert_true(tu_has(&e, "world_size", ">= 1"));
+  assert_true(tu_has(&e, "allocation_mode", "t2"));
+  assert_int_equal(n, 5);
+  ty_errlist_clear(&e);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_name_safe),
+      cmocka_unit_test(test_scratch_no_memory_efficient_load),
+      cmocka_unit_test(test_model_path_required),
+      cmocka_unit_test(test_model_iff_scratch),
+      cmocka_unit_test(test_model_shape),
+      cmocka_unit_test(test_scratch_no_lora),
+      cmocka_unit_test(test_ranges),
+      cmocka_unit_test(test_allocation_mode),
+      cmocka_unit_test(test_allocation_world_size),
+      cmocka_unit_test(test_lora_targets),
+      cmocka_unit_test(test_warmup_within_steps),
+      cmocka_unit_test(test_seq_len_within_model),
+      cmocka_unit_test_setup_teardown(test_paths_exist, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
+      cmocka_unit_test(test_cuda_gpus),
+      cmocka_unit_test(test_rule_table),
+      cmocka_unit_test(test_all_errors_at_once),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
