@@ -102,28 +102,6 @@ int jobspec_target_parse(const char *name) {
 
 /* ---- small shared helpers ---- */
 
-static const struct {
-  const char *name;
-  ty_dtype_t t;
-} g_dtypes[] = {
-    {"float32", TY_DTYPE_F32}, {"bfloat16", TY_DTYPE_BF16}, {"float16", TY_DTYPE_F16},
-    {"f32", TY_DTYPE_F32},     {"fp32", TY_DTYPE_F32},      {"bf16", TY_DTYPE_BF16},
-    {"f16", TY_DTYPE_F16},     {"fp16", TY_DTYPE_F16},      {"half", TY_DTYPE_F16},
-};
-
-int jobspec_dtype_parse(const char *s, ty_dtype_t *out) {
-  for (size_t i = 0; i < sizeof g_dtypes / sizeof g_dtypes[0]; i++)
-    if (!strcmp(g_dtypes[i].name, s)) {
-      *out = g_dtypes[i].t;
-      return 0;
-    }
-  return -1;
-}
-
-const char *jobspec_dtype_name(ty_dtype_t t) {
-  return (int)t >= 0 && t < TY_DTYPE_COUNT ? g_dtypes[t].name : "unknown";
-}
-
 int jobspec_copy_str(char *dst, size_t cap, const char *src) {
   size_t n = strlen(src);
   if (n >= cap) return -1;
@@ -259,7 +237,7 @@ json_t *jobspec_field_to_json(const jobspec_t *s, const jobspec_field_t *f) {
       while (f->names[n]) n++;
       return json_string(e >= 0 && e < n ? f->names[e] : "invalid");
     }
-    case JF_DTYPE: return json_string(jobspec_dtype_name(*(const ty_dtype_t *)(const void *)p));
+    case JF_DTYPE: return json_string(ty_dtype_name(*(const ty_dtype_t *)(const void *)p));
     case JF_TARGETS: {
       unsigned m = *(const unsigned *)(const void *)p;
       json_t *a = json_array();
@@ -417,7 +395,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
     }
     case JF_DTYPE: {
       ty_dtype_t t;
-      if (json_is_string(v) && jobspec_dtype_parse(json_string_value(v), &t) == 0)
+      if (json_is_string(v) && ty_dtype_parse(json_string_value(v), &t) == 0)
         *(ty_dtype_t *)(void *)p = t;
       else
         ty_errlist_add(errs, path, "must be \"float32\", \"bfloat16\" or \"float16\", got %s",

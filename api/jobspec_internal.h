@@ -1,6 +1,6 @@
 /* jobspec_internal.h - what the job-spec files (jobspec.c, jobspec_flags.c,
  * jobspec_rules.c, llama_config.c) share and nobody else needs: the table of
- * spec fields, name matching for "did you mean" and the dtype spellings. */
+ * spec fields and name matching for "did you mean". */
 #ifndef TY_API_JOBSPEC_INTERNAL_H
 #define TY_API_JOBSPEC_INTERNAL_H
 
@@ -51,13 +51,6 @@ const char *jobspec_closest(const char *name, const char *const *candidates, siz
 /* The closest field name among the children of the group prefix ("" for
  * the top level, "fsdp", ...) to key, or NULL. Writes into buf. */
 const char *jobspec_suggest_field(const char *prefix, const char *key, char *buf, size_t cap);
-
-/* Parses a dtype spelling: "float32", "bfloat16", "float16" and the
- * aliases "f32", "fp32", "bf16", "f16", "fp16", "half" (case-sensitive).
- * 0 on success, -1 for an unknown name. */
-int jobspec_dtype_parse(const char *s, ty_dtype_t *out);
-/* The canonical spelling ("float32", ...). */
-const char *jobspec_dtype_name(ty_dtype_t t);
 
 /* Copies src into a fixed buffer, zero-filling the rest (so structs compare
  * with memcmp); returns -1 when src does not fit. */

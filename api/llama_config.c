@@ -116,7 +116,7 @@ static void parse_key(const lk_row_t *r, const json_t *v, llama_config_t *c, con
       return;
     case LK_DTYPE: {
       ty_dtype_t t;
-      if (!json_is_string(v) || jobspec_dtype_parse(json_string_value(v), &t) != 0) {
+      if (!json_is_string(v) || ty_dtype_parse(json_string_value(v), &t) != 0) {
         ty_errlist_add(errs, path, "must be \"float32\", \"bfloat16\" or \"float16\", got %s",
                        json_is_string(v) ? json_string_value(v) : json_kind(v));
         return;
@@ -253,7 +253,7 @@ json_t *llama_config_to_json(const llama_config_t *c) {
       case LK_I64: v = json_integer((json_int_t) * (const int64_t *)p); break;
       case LK_F64: v = json_real(*(const double *)p); break;
       case LK_BOOL: v = json_boolean(*(const bool *)p); break;
-      case LK_DTYPE: v = json_string(jobspec_dtype_name(*(const ty_dtype_t *)p)); break;
+      case LK_DTYPE: v = json_string(ty_dtype_name(*(const ty_dtype_t *)p)); break;
     }
     json_object_set_new(o, r->key, v);
   }
