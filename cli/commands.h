@@ -7,7 +7,8 @@
  * in full builds (TRAINYARD_WITH_CLIENT). */
 #define TY_COMMANDS_LOCAL(X) \
   X("version", cmd_version, "print the version and build options") \
-  X("validate", cmd_validate, "check a job spec (file and/or --dotted.flags), print it normalized")
+  X("validate", cmd_validate, "check a job spec (file and/or --dotted.flags), print it normalized") \
+  X("mkmodel", cmd_mkmodel, "write a random Llama checkpoint (config.json + safetensors)")
 
 #ifdef TRAINYARD_WITH_CLIENT
 #define TY_COMMANDS_CLIENT(X)

@@ -1,0 +1,194 @@
+/* checkpoint.c - the Llama tensor table from a config, config.json reading,
+ * and the strict match of a checkpoint's tensors against the table. */
+#include "worker/checkpoint.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "api/errors.h"
+#include "common/xalloc.h"
+
+__attribute__((format(printf, 4, 5))) static int ck_fail(char *err, size_t errlen, int code,
+                                                          const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+static void set_entry(ckpt_tensor_t *t, ckpt_kind_t kind, int layer, const char *name,
+                      int64_t rows, int64_t cols) {
+  if (layer >= 0) snprintf(t->name, sizeof t->name, "model.layers.%d.%s", layer, name);
+  else snprintf(t->name, sizeof t->name, "%s", name);
+  t->kind = kind;
+  t->layer = layer;
+  t->ndim = cols ? 2 : 1;
+  t->rows = rows;
+  t->cols = cols ? cols : 1;
+  t->is_norm = cols == 0;
+}
+
+int ckpt_layout_init(ckpt_layout_t *l, const llama_config_t *cfg) {
+  memset(l, 0, sizeof *l);
+  l->cfg = *cfg;
+  const int64_t C = cfg->hidden_size, FF = cfg->intermediate_size, V = cfg->vocab_size;
+  const int64_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
+  const int64_t HS = cfg->head_dim > 0 ? cfg->head_dim : (NH > 0 ? C / NH : 0);
+  const int64_t L = cfg->num_hidden_layers;
+  /* Guard every product against overflow: each dimension is kept below
+   * 2^24 and the layer count below 2^16, which bounds tensors at 2^48. */
+  const int64_t dims[] = {C, FF, V, NH, NKV, HS};
+  for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+    if (dims[i] < 1 || dims[i] > (1 << 24)) return TY_EINVAL;
+  if (L < 0 || L > (1 << 16)) return TY_EINVAL;
+  size_t n = 1 + (size_t)L * CKPT_PER_LAYER + 1 + (cfg->tie_word_embeddings ? 0 : 1);
+  l->tensors = xcalloc(n, sizeof *l->tensors);
+  size_t k = 0;
+  set_entry(&l->tensors[k++], CKPT_EMBED, -1, "model.embed_tokens.weight", V, C);
+  for (int layer = 0; layer < L; layer++) {
+#define TY_X(id, name, rows, cols) set_entry(&l->tensors[k++], CKPT_##id, layer, name, rows, cols);
+    CKPT_LAYER_TENSORS(TY_X)
+#undef TY_X
+  }
+  set_entry(&l->tensors[k++], CKPT_FINAL_NORM, -1, "model.norm.weight", C, 0);
+  if (!cfg->tie_word_embeddings)
+    set_entry(&l->tensors[k++], CKPT_LM_HEAD, -1, "lm_head.weight", V, C);
+  l->ntensors = k;
+  for (size_t i = 0; i < k; i++)
+    l->nparams += (uint64_t)l->tensors[i].rows * (uint64_t)l->tensors[i].cols;
+  return 0;
+}
+
+void ckpt_layout_free(ckpt_layout_t *l) {
+  if (!l) return;
+  free(l->tensors);
+  l->tensors = NULL;
+  l->ntensors = 0;
+}
+
+int ckpt_layout_index(const ckpt_layout_t *l, ckpt_kind_t kind, int layer) {
+  const int64_t L = l->cfg.num_hidden_layers;
+  if (kind < CKPT_EMBED) {
+    if (layer < 0 || layer >= L) return -1;
+    return 1 + layer * CKPT_PER_LAYER + (int)kind;
+  }
+  if (kind == CKPT_EMBED) return 0;
+  if (kind == CKPT_FINAL_NORM) return (int)(1 + L * CKPT_PER_LAYER);
+  if (kind == CKPT_LM_HEAD && !l->cfg.tie_word_embeddings) return (int)(2 + L * CKPT_PER_LAYER);
+  return -1;
+}
+
+int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  json_error_t jerr;
+  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+  if (!root) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+      return ck_fail(err, errlen, TY_ENOTFOUND,
+                     "%s: missing (a checkpoint directory holds config.json and "
+                     "model.safetensors)",
+                     path);
+    fclose(f);
+    return ck_fail(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", path, jerr.line,
+                   jerr.text);
+  }
+  llama_config_init(cfg);
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  int rc = 0;
+  if (!json_is_object(root)) {
+    rc = ck_fail(err, errlen, TY_EINVAL, "%s: not a JSON object", path);
+  } else if (llama_config_from_json(root, cfg, "", false, &errs) ||
+             llama_config_validate(cfg, "", &errs)) {
+    rc = ck_fail(err, errlen, TY_EINVAL, "%s: %s: %s", path,
+                 errs.len ? errs.items[0].field : "", errs.len ? errs.items[0].message : "invalid");
+  }
+  ty_errlist_clear(&errs);
+  json_decref(root);
+  return rc;
+}
+
+static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+  size_t k = (size_t)snprintf(buf, n, "[");
+  for (int d = 0; d < ndim && k < n; d++)
+    k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
+  if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **map, char *err,
+               size_t errlen) {
+  char want[64], have[64];
+  for (size_t i = 0; i < l->ntensors; i++) {
+    const ckpt_tensor_t *t = &l->tensors[i];
+    int64_t shape[2] = {t->rows, t->cols};
+    shape_str(want, sizeof want, t->ndim, shape);
+    const st_tensor_t *f = st_find(st, t->name);
+    if (!f)
+      return ck_fail(err, errlen, TY_EINVAL,
+                     "tensor '%s' (shape %s from config.json) is missing from the checkpoint",
+                     t->name, want);
+    if (f->ndim != t->ndim || f->shape[0] != t->rows || (t->ndim == 2 && f->shape[1] != t->cols)) {
+      shape_str(have, sizeof have, f->ndim, f->shape);
+      return ck_fail(err, errlen, TY_EINVAL,
+                     "tensor '%s' has shape %s but config.json implies %s", t->name, have, want);
+    }
+    map[i] = f;
+  }
+  if (st->ntensors != l->ntensors) {
+    for (size_t i = 0; i < st->ntensors; i++) {
+      bool known = false;
+      for (size_t j = 0; j < l->ntensors && !known; j++)
+        known = map[j] == &st->tensors[i];
+      if (!known)
+        return ck_fail(err, errlen, TY_EINVAL,
+                       "tensor '%s' is not part of the Llama layout that config.json describes "
+                       "(num_hidden_layers %lld, tie_word_embeddings %s)",
+                       st->tensors[i].name, (long long)l->cfg.num_hidden_layers,
+                       l->cfg.tie_word_embeddings ? "true" : "false");
+    }
+  }
+  return 0;
+}
+
+void ckpt_close(ckpt_t *c) {
+  if (!c) return;
+  ckpt_layout_free(&c->layout);
+  st_close(c->st);
+  free(c->file_tensor);
+  free(c);
+}
+
+int ckpt_open(const char *dir, ckpt_t **out, char *err, size_t errlen) {
+  *out = NULL;
+  llama_config_t cfg;
+  int rc = ckpt_read_config(dir, &cfg, err, errlen);
+  if (rc) return rc;
+  ckpt_t *c = xcalloc(1, sizeof *c);
+  if ((rc = ckpt_layout_init(&c->layout, &cfg))) {
+    ck_fail(err, errlen, rc, "%s/config.json: sizes too large for this build", dir);
+    goto fail;
+  }
+  char msg[768];
+  if ((rc = st_open(dir, &c->st, msg, sizeof msg))) {
+    ck_fail(err, errlen, rc, "%s", msg);
+    goto fail;
+  }
+  c->file_tensor = xcalloc(c->layout.ntensors + 1, sizeof *c->file_tensor);
+  if ((rc = ckpt_match(&c->layout, c->st, c->file_tensor, msg, sizeof msg))) {
+    ck_fail(err, errlen, rc, "%s: %s", dir, msg);
+    goto fail;
+  }
+  *out = c;
+  return 0;
+fail:
+  ckpt_close(c);
+  return rc;
+}
