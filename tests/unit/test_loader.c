@@ -1,0 +1,260 @@
+/* test_loader.c - both load paths give bitwise identical shards for world
+ * sizes 1..4 (dimensions that do not divide evenly, and a rank with zero
+ * rows, included); the ranks' shards concatenated equal each tensor in the
+ * file value by value; from-scratch init does not depend on the world size;
+ * memory accounting; failures are clean. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "api/errors.h"
+#include "worker/loader.h"
+
+static char g_dir[256];
+
+static int setup(void **state) {
+  (void)state;
+  snprintf(g_dir, sizeof g_dir, "/tmp/ty_ld_XXXXXX");
+  return mkdtemp(g_dir) ? 0 : -1;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
+  return system(cmd) == 0 ? 0 : -1;
+}
+
+/* C 12, NH 3, NKV 1, HS 4: k/v have 4 rows; FF 10; V 3, so a world of 4
+ * leaves rank 3 without embedding rows. */
+static llama_config_t tiny(bool tied) {
+  llama_config_t c;
+  llama_config_init(&c);
+  c.hidden_size = 12;
+  c.intermediate_size = 10;
+  c.num_hidden_layers = 2;
+  c.num_attention_heads = 3;
+  c.num_key_value_heads = 1;
+  c.head_dim = 4;
+  c.vocab_size = 3;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+static void test_rows(void **state) {
+  (void)state;
+  for (int64_t R = 0; R < 20; R++) {
+    for (int N = 1; N <= 6; N++) {
+      int64_t next = 0;
+      for (int r = 0; r < N; r++) {
+        int64_t row0, n;
+        loader_rows(R, r, N, &row0, &n);
+        assert_int_equal(row0, next);
+        assert_int_equal(n, R / N + (r < R % N ? 1 : 0)); /* first R % N ranks get one more */
+        next += n;
+      }
+      assert_int_equal(next, R);
+    }
+  }
+}
+
+static loader_shard_t *load_rank(const char *dir, int rank, int world, ty_dtype_t dt, bool eff,
+                                 size_t bucket, placement_t *pl, loader_stats_t *st) {
+  loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dt, .memory_efficient = eff,
+                     .bucket_bytes = bucket, .seed = 1, .pl = pl};
+  loader_shard_t *s;
+  char err[1024];
+  if (loader_load(dir, &o, &s, st, err, sizeof err)) fail_msg("load: %s", err);
+  return s;
+}
+
+/* Byte counts and peaks of both paths, for each rank of worlds 1..4. */
+static void check_stats(const char *dir, ty_dtype_t dt) {
+  char err[1024];
+  ckpt_t *ck;
+  assert_int_equal(ckpt_open(dir, &ck, err, sizeof err), 0);
+  const size_t dsz = ty_dtype_size(dt);
+  for (int world = 1; world <= 4; world++) {
+    uint64_t read_sum = 0;
+    for (int r = 0; r < world; r++) {
+      placement_t p1, p2;
+      loader_stats_t s1, s2;
+      placement_cpu_init(&p1);
+      placement_cpu_init(&p2);
+      loader_shard_t *a = load_rank(dir, r, world, dt, false, 64, &p1, &s1);
+      loader_shard_t *b = load_rank(dir, r, world, dt, true, 64 + 8 * (size_t)r, &p2, &s2);
+      /* Standard read everything and held the whole model; the efficient
+       * path read its share and held only its shard. */
+      assert_int_equal(s1.bytes_read, ck->st->data_bytes);
+      assert_int_equal(s1.bytes_total, ck->st->data_bytes);
+      assert_int_equal(s2.bytes_read, s2.bytes_total);
+      assert_int_equal(s2.device_peak_bytes, b->bytes);
+      assert_int_equal(s2.shard_bytes, b->bytes);
+      assert_true(s1.device_peak_bytes >= ck->layout.nparams * dsz + a->bytes);
+      assert_true(s1.host_peak_bytes > 0 && s2.load_seconds >= 0);
+      read_sum += s2.bytes_read;
+      loader_shard_free(a);
+      loader_shard_free(b);
+      assert_int_equal(p1.in_use + p2.in_use, 0);
+    }
+    assert_int_equal(read_sum, ck->st->data_bytes);
+  }
+  ckpt_close(ck);
+}
+
+/* The value checks proper: shards kept alive with one placement per world. */
+static void compare_world(const char *dir, ty_dtype_t dt, int world) {
+  char err[1024];
+  ckpt_t *ck;
+  assert_int_equal(ckpt_open(dir, &ck, err, sizeof err), 0);
+  const size_t dsz = ty_dtype_size(dt);
+  placement_t pl;
+  placement_cpu_init(&pl);
+  loader_shard_t *a[4], *b[4];
+  for (int r = 0; r < world; r++) {
+    a[r] = load_rank(dir, r, world, dt, false, 64, &pl, NULL);
+    b[r] = load_rank(dir, r, world, dt, true, 100, &pl, NULL);
+  }
+  for (size_t i = 0; i < ck->layout.ntensors; i++) {
+    const st_tensor_t *ft = ck->file_tensor[i];
+    size_t n = (size_t)ft->nelem;
+    unsigned char *raw = malloc(ft->nbytes + 1), *want = malloc(n * dsz + 1);
+    float *f32 = malloc(n * 4 + 4);
+    assert_int_equal(st_read(ck->st, ft, 0, raw, ft->nbytes, err, sizeof err), 0);
+    ty_dtype_to_f32(ft->dtype, raw, f32, n);
+    ty_dtype_from_f32(dt, f32, want, n);
+    size_t at = 0;
+    for (int r = 0; r < world; r++) {
+      const loader_view_t *va = &a[r]->views[i], *vb = &b[r]->views[i];
+      assert_string_equal(va->t->name, ft->name);
+      assert_int_equal(va->nbytes, vb->nbytes);
+      assert_memory_equal(va->data, vb->data, va->nbytes); /* the two paths agree bitwise */
+      assert_int_equal(va->row0 * va->t->cols * (int64_t)dsz, (int64_t)at);
+      if (va->nbytes) assert_memory_equal(va->data, want + at, va->nbytes);
+      if (dt == TY_DTYPE_F32) /* and value by value against the file's own values */
+        for (int64_t e = 0; e < va->rows * va->t->cols; e++)
+          assert_true(((const float *)va->data)[e] == f32[at / 4 + (size_t)e]);
+      at += va->nbytes;
+    }
+    assert_int_equal(at, n * dsz);
+    free(raw), free(want), free(f32);
+  }
+  for (int r = 0; r < world; r++) loader_shard_free(a[r]), loader_shard_free(b[r]);
+  assert_int_equal(pl.in_use, 0);
+  ckpt_close(ck);
+}
+
+static void test_paths_agree(void **state) {
+  (void)state;
+  char dir[300], err[1024];
+  const ty_dtype_t files[] = {TY_DTYPE_F32, TY_DTYPE_BF16, TY_DTYPE_F16};
+  const ty_dtype_t shards[] = {TY_DTYPE_F32, TY_DTYPE_BF16, TY_DTYPE_F16};
+  for (int f = 0; f < 3; f++) {
+    llama_config_t c = tiny(f == 1);
+    snprintf(dir, sizeof dir, "%s/m%d", g_dir, f);
+    assert_int_equal(ckpt_write_random(dir, &c, files[f], f + 1, 3, NULL, err, sizeof err), 0);
+    check_stats(dir, TY_DTYPE_F32);
+    for (int s = 0; s < 3; s++)
+      for (int world = 1; world <= 4; world++) compare_world(dir, shards[s], world);
+  }
+}
+
+static void test_views(void **state) {
+  (void)state;
+  char dir[300], err[1024];
+  llama_config_t c = tiny(true);
+  snprintf(dir, sizeof dir, "%s/v", g_dir);
+  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 1, 3, NULL, err, sizeof err), 0);
+  placement_t pl;
+  placement_cpu_init(&pl);
+  loader_shard_t *s = load_rank(dir, 1, 3, TY_DTYPE_F32, true, 1 << 20, &pl, NULL);
+  const loader_view_t *q = loader_view(s, CKPT_WQ, 1);
+  assert_string_equal(q->t->name, "model.layers.1.self_attn.q_proj.weight");
+  assert_int_equal(q->t->rows, 12);
+  assert_int_equal(q->row0, 4);
+  assert_int_equal(q->rows, 4);
+  assert_int_equal(q->offset % 64, 0);
+  assert_ptr_equal(q->data, (char *)s->base + q->offset);
+  assert_null(loader_view(s, CKPT_LM_HEAD, -1)); /* tied */
+  const loader_view_t *e = loader_view(s, CKPT_EMBED, -1);
+  assert_int_equal(e->rows, 1);
+  assert_int_equal(pl.peak, s->bytes);
+  loader_shard_free(s);
+}
+
+static void test_scratch(void **state) {
+  (void)state;
+  char dir[300], err[1024];
+  llama_config_t c = tiny(false);
+  /* A float32 mkmodel checkpoint with the same seed holds the same values. */
+  snprintf(dir, sizeof dir, "%s/s", g_dir);
+  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_F32, 1, 99, NULL, err, sizeof err), 0);
+  const ty_dtype_t dts[] = {TY_DTYPE_F32, TY_DTYPE_BF16};
+  for (int d = 0; d < 2; d++) {
+    for (int world = 1; world <= 4; world++) {
+      placement_t pl;
+      placement_cpu_init(&pl);
+      for (int r = 0; r < world; r++) {
+        loader_opts_t o = {.rank = r, .world_size = world, .dtype = dts[d], .bucket_bytes = 64,
+                           .seed = 99, .pl = &pl};
+        loader_shard_t *s, *f;
+        assert_int_equal(loader_init_scratch(&c, &o, &s, NULL, err, sizeof err), 0);
+        o.memory_efficient = true;
+        assert_int_equal(loader_load(dir, &o, &f, NULL, err, sizeof err), 0);
+        for (size_t i = 0; i < s->layout.ntensors; i++)
+          assert_memory_equal(s->views[i].data, f->views[i].data, s->views[i].nbytes);
+        loader_shard_free(s);
+        loader_shard_free(f);
+      }
+      assert_int_equal(pl.in_use, 0);
+    }
+  }
+  placement_t pl;
+  placement_cpu_init(&pl);
+  loader_opts_t o = {.rank = 2, .world_size = 2, .dtype = TY_DTYPE_F32, .pl = &pl};
+  loader_shard_t *s;
+  assert_int_equal(loader_init_scratch(&c, &o, &s, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "rank 2"));
+}
+
+static void test_failures(void **state) {
+  (void)state;
+  char dir[300], err[1024], p[400];
+  llama_config_t c = tiny(false);
+  snprintf(dir, sizeof dir, "%s/bad", g_dir);
+  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 2, 3, NULL, err, sizeof err), 0);
+  /* A shard file cut short: both paths fail with the file's name. */
+  snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
+  FILE *f = fopen(p, "r+");
+  fseek(f, 0, SEEK_END);
+  long len = ftell(f);
+  fclose(f);
+  assert_int_equal(truncate(p, len - 3), 0);
+  for (int eff = 0; eff < 2; eff++) {
+    placement_t pl;
+    placement_cpu_init(&pl);
+    loader_opts_t o = {.rank = 0, .world_size = 2, .dtype = TY_DTYPE_F32,
+                       .memory_efficient = eff, .bucket_bytes = 64, .pl = &pl};
+    loader_shard_t *s = (loader_shard_t *)1;
+    assert_int_not_equal(loader_load(dir, &o, &s, NULL, err, sizeof err), 0);
+    assert_null(s);
+    assert_non_null(strstr(err, "model-00002-of-00002.safetensors"));
+    assert_int_equal(pl.in_use, 0);
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_rows),  cmocka_unit_test(test_paths_agree),
+      cmocka_unit_test(test_views), cmocka_unit_test(test_scratch),
+      cmocka_unit_test(test_failures),
+  };
+  return cmocka_run_group_tests(tests, setup, teardown);
+}
