@@ -8,7 +8,8 @@
 #define TY_COMMANDS_LOCAL(X) \
   X("version", cmd_version, "print the version and build options") \
   X("validate", cmd_validate, "check a job spec (file and/or --dotted.flags), print it normalized") \
-  X("mkmodel", cmd_mkmodel, "write a random Llama checkpoint (config.json + safetensors)")
+  X("mkmodel", cmd_mkmodel, "write a random Llama checkpoint (config.json + safetensors)") \
+  X("load", cmd_load, "start local ranks that only load their shards; print each rank's figures")
 
 #ifdef TRAINYARD_WITH_CLIENT
 #define TY_COMMANDS_CLIENT(X)

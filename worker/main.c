@@ -1,6 +1,9 @@
 /* main.c - trainyard-worker: one rank of a job. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "worker/worker_load.h"
 
 int main(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "--help"))) {
@@ -8,6 +11,8 @@ int main(int argc, char **argv) {
            "'trainyard train')\n");
     return 0;
   }
+  const char *mode = getenv("TRAINYARD_MODE");
+  if (mode && !strcmp(mode, "load")) return wload_main();
   fprintf(stderr, "trainyard-worker: started without a job (run it through 'trainyard train' "
                   "or trainyardd)\n");
   return 2;
