@@ -9,7 +9,8 @@
   X("version", cmd_version, "print the version and build options") \
   X("validate", cmd_validate, "check a job spec (file and/or --dotted.flags), print it normalized") \
   X("mkmodel", cmd_mkmodel, "write a random Llama checkpoint (config.json + safetensors)") \
-  X("load", cmd_load, "start local ranks that only load their shards; print each rank's figures")
+  X("load", cmd_load, "start local ranks that only load their shards; print each rank's figures") \
+  X("eval", cmd_eval, "mean next-token loss of a model (and adapter) on a token file")
 
 #ifdef TRAINYARD_WITH_CLIENT
 #define TY_COMMANDS_CLIENT(X)

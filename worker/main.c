@@ -1,9 +1,12 @@
-/* main.c - trainyard-worker: one rank of a job. */
+/* main.c - trainyard-worker: one rank of a job. What it does comes from its
+ * environment (DESIGN.md "Worker contract"); TRAINYARD_MODE picks the work:
+ * train (the default) or load. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "worker/worker_load.h"
+#include "worker/worker_train.h"
 
 int main(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "--help"))) {
@@ -13,7 +16,20 @@ int main(int argc, char **argv) {
   }
   const char *mode = getenv("TRAINYARD_MODE");
   if (mode && !strcmp(mode, "load")) return wload_main();
-  fprintf(stderr, "trainyard-worker: started without a job (run it through 'trainyard train' "
-                  "or trainyardd)\n");
+  if (!getenv("TRAINYARD_SPEC")) {
+    fprintf(stderr, "trainyard-worker: started without a job (run it through 'trainyard train' "
+                    "or trainyardd)\n");
+    return 2;
+  }
+  if (!mode || !*mode || !strcmp(mode, "train")) {
+    worker_env_t e;
+    char err[512];
+    if (worker_env_read(&e, err, sizeof err) != 0) {
+      fprintf(stderr, "trainyard-worker: %s\n", err);
+      return 2;
+    }
+    return worker_train_main(&e);
+  }
+  fprintf(stderr, "trainyard-worker: unknown TRAINYARD_MODE '%s' (use train or load)\n", mode);
   return 2;
 }

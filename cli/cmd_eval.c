@@ -1,0 +1,121 @@
+/* cmd_eval.c - trainyard eval: the mean next-token loss of a checkpoint
+ * (optionally with a LoRA adapter) over the first N windows of a file.
+ *
+ * Window i is tokens [i*T, (i+1)*T] (T+1 tokens: inputs, then the same
+ * shifted by one as targets), in order from the start of the file. Prints
+ * {"loss": L, "tokens": K}, K = N*T predicted tokens. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli/commands.h"
+#include "worker/data.h"
+#include "worker/lora.h"
+#include "worker/model.h"
+#include "worker/model_io.h"
+#include "worker/outputs.h"
+#include "worker/train.h"
+
+static void eval_usage(FILE *f) {
+  fprintf(f,
+          "usage: trainyard eval --model_path DIR [--adapter DIR] --data FILE\n"
+          "                      [--format text|u16|u32] --seq_len T --batches N\n"
+          "Prints {\"loss\": L, \"tokens\": K}: the mean next-token loss over N windows of T+1\n"
+          "tokens taken in order from the start of FILE (window i = tokens [i*T, (i+1)*T]).\n");
+}
+
+/* A positive int from s, or -1. */
+static long parse_positive(const char *s) {
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  return errno || *end || end == s || v < 1 || v > (1L << 30) ? -1 : v;
+}
+
+typedef struct {
+  data_t *d;
+  int T;
+} window_ctx_t;
+
+static int window_at(void *vctx, int64_t i, int32_t *tokens, char *err, size_t errlen) {
+  window_ctx_t *c = vctx;
+  return data_read_window(c->d, i * c->T, tokens, err, errlen);
+}
+
+int cmd_eval(int argc, char **argv) {
+  const char *model_path = NULL, *adapter = NULL, *data_path = NULL, *format = "text";
+  long T = -1, N = -1;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      eval_usage(stdout);
+      return 0;
+    }
+    if (i + 1 >= argc) {
+      fprintf(stderr, "trainyard eval: %s needs a value\n", a);
+      return 2;
+    }
+    const char *v = argv[++i];
+    if (!strcmp(a, "--model_path")) model_path = v;
+    else if (!strcmp(a, "--adapter")) adapter = v;
+    else if (!strcmp(a, "--data")) data_path = v;
+    else if (!strcmp(a, "--format")) format = v;
+    else if (!strcmp(a, "--seq_len")) T = parse_positive(v);
+    else if (!strcmp(a, "--batches")) N = parse_positive(v);
+    else {
+      fprintf(stderr, "trainyard eval: unknown option %s\n", a);
+      eval_usage(stderr);
+      return 2;
+    }
+  }
+  jobspec_data_format_t fmt;
+  if (!strcmp(format, "text")) fmt = JOBSPEC_DATA_TEXT;
+  else if (!strcmp(format, "u16")) fmt = JOBSPEC_DATA_U16;
+  else if (!strcmp(format, "u32")) fmt = JOBSPEC_DATA_U32;
+  else {
+    fprintf(stderr, "trainyard eval: --format %s: use text, u16 or u32\n", format);
+    return 2;
+  }
+  if (!model_path || !data_path || T < 1 || N < 1) {
+    fprintf(stderr, "trainyard eval: --model_path, --data, --seq_len (>= 1) and --batches "
+                    "(>= 1) are required\n");
+    eval_usage(stderr);
+    return 2;
+  }
+
+  char err[1024] = "";
+  llama_config_t cfg;
+  llama_config_init(&cfg);
+  model_t *m = NULL;
+  lora_t *lo = NULL;
+  data_t *d = NULL;
+  int B = N < 4 ? (int)N : 4;
+  int rc = model_io_read_config(model_path, &cfg, err, sizeof err);
+  if (!rc) rc = model_create(&m, &cfg, B, (int)T, MODEL_EVAL, err, sizeof err);
+  if (!rc) rc = model_io_load(m, model_path, err, sizeof err);
+  if (!rc && adapter) rc = outputs_read_adapter(adapter, m, &lo, err, sizeof err);
+  if (!rc) {
+    data_config_t dc = {.path = data_path, .format = fmt, .vocab_size = cfg.vocab_size,
+                        .seq_len = (int)T, .eval_fraction = 0, .seed = 0, .world_size = 1,
+                        .rank = 0, .micro_batch_size = 1, .grad_accum = 1};
+    rc = data_open(&d, &dc, err, sizeof err);
+  }
+  if (!rc && data_num_tokens(d) < N * T + 1) {
+    snprintf(err, sizeof err, "%s holds %lld tokens; %ld windows of seq_len %ld need %ld",
+             data_path, (long long)data_num_tokens(d), N, T, N * T + 1);
+    rc = -1;
+  }
+  double loss = 0;
+  int64_t tokens = 0;
+  if (!rc) {
+    window_ctx_t ctx = {d, (int)T};
+    rc = train_eval(m, lo, (int)T, N, window_at, &ctx, &loss, &tokens, err, sizeof err);
+  }
+  if (!rc) printf("{\"loss\": %.9g, \"tokens\": %lld}\n", loss, (long long)tokens);
+  else fprintf(stderr, "trainyard eval: %s\n", err);
+  data_free(d);
+  lora_free(lo);
+  model_free(m);
+  return rc ? 1 : 0;
+}

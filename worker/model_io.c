@@ -1,0 +1,78 @@
+/* model_io.c - a whole model from a checkpoint or from the seeded
+ * initialisation; see model_io.h. */
+#include "worker/model_io.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/errors.h"
+#include "worker/checkpoint.h"
+#include "worker/weightinit.h"
+
+int model_io_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {
+  return ckpt_read_config(dir, cfg, err, errlen);
+}
+
+typedef struct {
+  const ckpt_t *ck;
+  void *stage;      /* staging for F16/BF16 tensors, sized to the largest */
+} load_ctx_t;
+
+static int fill_from_ckpt(void *vctx, const model_tensor_t *t, float *dst, char *err,
+                          size_t errlen) {
+  load_ctx_t *ctx = vctx;
+  const ckpt_layout_t *l = &ctx->ck->layout;
+  for (size_t i = 0; i < l->ntensors; i++) {
+    if (strcmp(l->tensors[i].name, t->name) != 0) continue;
+    const st_tensor_t *ft = ctx->ck->file_tensor[i];
+    if (ft->nelem != t->numel) break;
+    if (ft->dtype == TY_DTYPE_F32) return st_read(ctx->ck->st, ft, 0, dst, ft->nbytes, err, errlen);
+    int rc = st_read(ctx->ck->st, ft, 0, ctx->stage, ft->nbytes, err, errlen);
+    if (!rc) ty_dtype_to_f32(ft->dtype, ctx->stage, dst, ft->nelem);
+    return rc;
+  }
+  snprintf(err, errlen, "tensor %s of the model has no counterpart of %zu elements in the "
+           "checkpoint", t->name, t->numel);
+  return TY_EINVAL;
+}
+
+int model_io_load(model_t *m, const char *dir, char *err, size_t errlen) {
+  ckpt_t *ck;
+  int rc = ckpt_open(dir, &ck, err, errlen);
+  if (rc) return rc;
+  if ((size_t)m->n_tensors != ck->layout.ntensors) {
+    snprintf(err, errlen, "checkpoint %s has %zu tensors, the model %d: its config.json "
+             "differs from the model's", dir, ck->layout.ntensors, m->n_tensors);
+    ckpt_close(ck);
+    return TY_EINVAL;
+  }
+  size_t stage = 0;
+  for (size_t i = 0; i < ck->layout.ntensors; i++) {
+    const st_tensor_t *ft = ck->file_tensor[i];
+    if (ft->dtype != TY_DTYPE_F32 && ft->nbytes > stage) stage = ft->nbytes;
+  }
+  load_ctx_t ctx = {ck, stage ? malloc(stage) : NULL};
+  if (stage && !ctx.stage) {
+    snprintf(err, errlen, "cannot allocate a %zu-byte staging buffer", stage);
+    rc = TY_EEXHAUSTED;
+  } else {
+    rc = model_fill(m, fill_from_ckpt, &ctx, err, errlen);
+  }
+  free(ctx.stage);
+  ckpt_close(ck);
+  return rc;
+}
+
+static int fill_scratch(void *vctx, const model_tensor_t *t, float *dst, char *err,
+                        size_t errlen) {
+  uint64_t seed = *(const uint64_t *)vctx;
+  winit_fill(winit_stream(seed, t->name), t->ndim == 1, 0, dst, t->numel);
+  return 0;
+}
+
+void model_io_init_scratch(model_t *m, uint64_t seed) {
+  char err[64];
+  /* fill_scratch cannot fail. */
+  (void)model_fill(m, fill_scratch, &seed, err, sizeof err);
+}

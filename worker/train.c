@@ -1,0 +1,225 @@
+/* train.c - the training loop of one rank; see train.h. */
+#include "worker/train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/xalloc.h"
+#include "worker/optim.h"
+#include "worker/train_state.h"
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* Splits windows [b, T+1] into inputs and targets [b, T]. */
+static void split_windows(const int32_t *win, int b, int T, int *inputs, int *targets) {
+  for (int i = 0; i < b; i++)
+    for (int t = 0; t < T; t++) {
+      inputs[i * T + t] = win[i * (T + 1) + t];
+      targets[i * T + t] = win[i * (T + 1) + t + 1];
+    }
+}
+
+int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window,
+               void *ctx, double *loss, int64_t *tokens_out, char *err, size_t errlen) {
+  const int B = model->B;
+  if (T > model->T || n < 1) {
+    snprintf(err, errlen, "evaluation of %lld windows of %d tokens on a model built for %d",
+             (long long)n, T, model->T);
+    return TY_EINVAL;
+  }
+  int32_t *win = xmalloc((size_t)B * (T + 1) * sizeof *win);
+  int *inputs = xmalloc((size_t)B * T * sizeof *inputs);
+  int *targets = xmalloc((size_t)B * T * sizeof *targets);
+  double sum = 0; /* sum of per-token losses */
+  int rc = 0;
+  for (int64_t i = 0; i < n && !rc; i += B) {
+    int b = (int)(n - i < B ? n - i : B);
+    for (int j = 0; j < b && !rc; j++) rc = window(ctx, i + j, win + (size_t)j * (T + 1), err, errlen);
+    if (rc) break;
+    split_windows(win, b, T, inputs, targets);
+    double l = 0;
+    rc = model_forward(model, inputs, targets, b, T, lora, &l, err, errlen);
+    sum += l * b * T;
+  }
+  free(win);
+  free(inputs);
+  free(targets);
+  if (rc) return rc;
+  *loss = sum / ((double)n * T);
+  if (tokens_out) *tokens_out = n * T;
+  return 0;
+}
+
+typedef struct {
+  data_t *data;
+} eval_ctx_t;
+
+static int eval_window(void *ctx, int64_t i, int32_t *tokens, char *err, size_t errlen) {
+  return data_eval_window(((eval_ctx_t *)ctx)->data, i, tokens, err, errlen);
+}
+
+/* The trained span: the model's buffer or the adapters'. */
+static void trained_span(const train_args_t *a, float **params, float **grads, size_t *n) {
+  if (a->lora) {
+    *params = a->lora->params;
+    *grads = a->lora->grads;
+    *n = a->lora->n_params;
+  } else {
+    *params = a->model->params;
+    *grads = a->model->grads;
+    *n = a->model->n_params;
+  }
+}
+
+static void report(const train_args_t *a, const train_progress_t *p) {
+  if (a->progress) a->progress(a->progress_ctx, p);
+}
+
+/* Held-out loss over up to eval_windows windows; NAN when there are none. */
+static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, size_t errlen) {
+  *loss = NAN;
+  int64_t n = data_num_eval_windows(d);
+  if (a->eval_windows < n) n = a->eval_windows;
+  if (n < 1) return 0;
+  eval_ctx_t ctx = {d};
+  return train_eval(a->model, a->lora, a->spec->data.seq_len, n, eval_window, &ctx, loss, NULL,
+                    err, errlen);
+}
+
+int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errlen) {
+  const jobspec_t *s = a->spec;
+  model_t *m = a->model;
+  const int T = s->data.seq_len, B = s->train.micro_batch_size, A = s->train.grad_accum;
+  const int rank = comm_rank(a->comm), world = comm_world_size(a->comm);
+  const int64_t steps = s->train.steps;
+  const int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
+  memset(res, 0, sizeof *res);
+  res->eval_loss_start = res->eval_loss_end = NAN;
+  if (m->B < B || m->T < T || m->mode == MODEL_EVAL || (m->mode == MODEL_TRAIN_LORA) != !!a->lora) {
+    snprintf(err, errlen, "the model was built for %dx%d tokens in mode %d; training needs %dx%d "
+             "in the mode of use_lora", m->B, m->T, (int)m->mode, B, T);
+    return TY_EINTERNAL;
+  }
+  data_config_t dc = {.path = s->data.path, .format = s->data.format, .vocab_size = m->d.V,
+                      .seq_len = T, .eval_fraction = s->data.eval_fraction,
+                      .seed = s->train.seed, .world_size = world, .rank = rank,
+                      .micro_batch_size = B, .grad_accum = A};
+  data_t *d = NULL;
+  optim_t *o = NULL;
+  int32_t *win = NULL;
+  int *inputs = NULL, *targets = NULL;
+  int rc = data_open(&d, &dc, err, errlen);
+  if (rc) goto out;
+
+  float *params, *grads;
+  size_t n;
+  trained_span(a, &params, &grads, &n);
+  optim_config_t oc;
+  optim_config_defaults(&oc);
+  oc.lr = s->train.lr;
+  oc.weight_decay = s->train.weight_decay;
+  oc.warmup_steps = s->train.warmup_steps;
+  oc.total_steps = (int)steps;
+  o = optim_new(&oc, n, err, errlen);
+  if (!o) {
+    rc = TY_EEXHAUSTED;
+    goto out;
+  }
+  /* Norm gains take no weight decay (the usual convention); the adapters'
+   * matrices all do. */
+  if (!a->lora)
+    for (int i = 0; i < m->n_tensors; i++)
+      if (m->tensors[i].ndim == 1) optim_exclude_decay(o, m->tensors[i].offset, m->tensors[i].numel);
+
+  int64_t start = 0;
+  rc = train_state_resume(s->output_dir, d, o, params, n, &start, err, errlen);
+  if (rc) goto out;
+  res->start_step = start;
+  if (start > 0) {
+    char msg[96];
+    snprintf(msg, sizeof msg, "resumed from the checkpoint of step %lld", (long long)start);
+    train_progress_t p = {.phase = "training", .step = start, .total_steps = steps,
+                          .loss = NAN, .lr = NAN, .grad_norm = NAN, .eval_loss = NAN,
+                          .message = msg};
+    report(a, &p);
+  }
+
+  rc = held_out(a, d, &res->eval_loss_start, err, errlen);
+  if (rc) goto out;
+
+  win = xmalloc((size_t)B * (T + 1) * sizeof *win);
+  inputs = xmalloc((size_t)B * T * sizeof *inputs);
+  targets = xmalloc((size_t)B * T * sizeof *targets);
+  const float loss_scale = 1.0f / (float)(A * world);
+  for (int64_t step = start; step < stop; step++) {
+    double t0 = now_s();
+    memset(grads, 0, n * sizeof *grads);
+    double loss_sum = 0;
+    for (int mb = 0; mb < A; mb++) {
+      rc = data_train_micro_batch(d, step, mb, win, err, errlen);
+      if (rc) goto out;
+      split_windows(win, B, T, inputs, targets);
+      double l = 0;
+      rc = model_forward(m, inputs, targets, B, T, a->lora, &l, err, errlen);
+      if (rc) goto out;
+      model_backward(m, a->lora, loss_scale);
+      loss_sum += l;
+    }
+    float lossbuf = (float)(loss_sum * loss_scale);
+    if (world > 1) {
+      /* Sum of every rank's gradients of (its loss share): the gradient of
+       * the mean loss over the global batch. */
+      if ((rc = comm_all_reduce(a->comm, grads, n)) || (rc = comm_all_reduce(a->comm, &lossbuf, 1))) {
+        snprintf(err, errlen, "step %lld: %s", (long long)step + 1, comm_error(a->comm));
+        goto out;
+      }
+    }
+    double loss = world > 1 ? (double)lossbuf : loss_sum * loss_scale;
+    double norm = sqrt(optim_sumsq(grads, n));
+    if (!isfinite(loss) || !isfinite(norm)) {
+      snprintf(err, errlen, "step %lld: the %s is not finite (loss %g, gradient norm %g); lower "
+               "train.lr or set train.grad_clip", (long long)step + 1,
+               isfinite(loss) ? "gradient" : "loss", loss, norm);
+      rc = TY_EABORTED;
+      goto out;
+    }
+    double lr = optim_lr_at(&oc, step);
+    optim_step(o, params, grads, lr, optim_clip_factor(norm, s->train.grad_clip));
+    double dt = now_s() - t0;
+    if (step == start) res->first_loss = loss;
+    res->last_loss = loss;
+    res->steps_done = step + 1;
+    train_progress_t p = {.phase = "training", .step = step + 1, .total_steps = steps,
+                          .loss = loss, .tokens_per_s = dt > 0 ? (double)A * B * T / dt : 0,
+                          .lr = lr, .grad_norm = norm, .eval_loss = NAN, .message = ""};
+    report(a, &p);
+    int every = s->train.checkpoint_every;
+    bool periodic = every > 0 && (step + 1) % every == 0 && step + 1 < steps;
+    if (periodic || (step + 1 == stop && stop < steps)) {
+      rc = train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, err, errlen);
+      if (rc) goto out;
+      char msg[96];
+      snprintf(msg, sizeof msg, "checkpoint of step %lld written", (long long)step + 1);
+      p.message = msg;
+      p.phase = "saving";
+      report(a, &p);
+    }
+  }
+  rc = held_out(a, d, &res->eval_loss_end, err, errlen);
+
+out:
+  free(win);
+  free(inputs);
+  free(targets);
+  optim_free(o);
+  data_free(d);
+  return rc;
+}

@@ -1,0 +1,225 @@
+/* train_state.c - periodic training checkpoints; see train_state.h. */
+#include "worker/train_state.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "api/errors.h"
+#include "worker/safetensors.h"
+
+#define STATE_TENSORS "state.safetensors"
+#define STATE_JSON "state.json"
+
+/* snprintf into a PATH_MAX buffer; paths come from output_dir, which the
+ * spec bounds well below PATH_MAX, so truncation is only a theory. */
+__attribute__((format(printf, 2, 3))) static void pathf(char *out, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(out, PATH_MAX, fmt, ap);
+  va_end(ap);
+}
+
+int train_mkdirs(const char *dir, char *err, size_t errlen) {
+  char path[PATH_MAX];
+  if (strlen(dir) >= sizeof path) {
+    snprintf(err, errlen, "path too long: %s", dir);
+    return TY_EINVAL;
+  }
+  strcpy(path, dir);
+  for (char *p = path + 1;; p++) {
+    if (*p != '/' && *p != '\0') continue;
+    char c = *p;
+    *p = '\0';
+    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
+      snprintf(err, errlen, "cannot create directory %s: %s", path, strerror(errno));
+      return TY_EPERM;
+    }
+    *p = c;
+    if (!c) break;
+  }
+  return 0;
+}
+
+/* Removes a checkpoint directory: only the files this module writes, then
+ * the directory (rmdir fails, harmlessly, if a user put anything else in). */
+static void remove_ckpt_dir(const char *dir) {
+  char p[PATH_MAX];
+  pathf(p, "%s/%s", dir, STATE_TENSORS);
+  unlink(p);
+  pathf(p, "%s/%s", dir, STATE_JSON);
+  unlink(p);
+  rmdir(dir);
+}
+
+/* The step of a "step-NNNNNNNN" name, or -1 for any other name. */
+static int64_t parse_step_name(const char *name) {
+  if (strncmp(name, "step-", 5) != 0) return -1;
+  char *end;
+  long long v = strtoll(name + 5, &end, 10);
+  return *end || end == name + 5 || v < 0 ? -1 : (int64_t)v;
+}
+
+static int write_json(const char *path, json_t *obj, char *err, size_t errlen) {
+  int rc = json_dump_file(obj, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+  if (rc) snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  return rc ? TY_EPERM : 0;
+}
+
+static int write_state(const char *dir, const data_t *d, const optim_t *o, const float *params,
+                       size_t n, int64_t step, int world, char *err, size_t errlen) {
+  char path[PATH_MAX];
+  st_desc_t descs[3] = {{"params", TY_DTYPE_F32, 1, {(int64_t)n}},
+                        {"exp_avg", TY_DTYPE_F32, 1, {(int64_t)n}},
+                        {"exp_avg_sq", TY_DTYPE_F32, 1, {(int64_t)n}}};
+  pathf(path, "%s/%s", dir, STATE_TENSORS);
+  st_writer_t *w;
+  int rc = st_writer_open(path, descs, 3, NULL, &w, err, errlen);
+  if (rc) return rc;
+  const float *parts[3] = {params, o->m, o->v};
+  for (int i = 0; i < 3 && !rc; i++) rc = st_writer_write(w, parts[i], n * sizeof(float), err, errlen);
+  int rc2 = st_writer_close(w, err, errlen);
+  if (rc || rc2) return rc ? rc : rc2;
+  data_position_t pos;
+  data_position_at(d, step, &pos);
+  json_t *j = json_pack("{sI sI sI si s{sI sI sI sI si}}", "step", (json_int_t)step,
+                        "optimizer_step", (json_int_t)o->t, "n", (json_int_t)n, "world_size",
+                        world, "data", "seed", (json_int_t)pos.seed, "num_tokens",
+                        (json_int_t)pos.num_tokens, "num_train_windows",
+                        (json_int_t)pos.num_train_windows, "global_batch",
+                        (json_int_t)pos.global_batch, "seq_len", pos.seq_len);
+  pathf(path, "%s/%s", dir, STATE_JSON);
+  rc = write_json(path, j, err, errlen);
+  json_decref(j);
+  return rc;
+}
+
+int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, const optim_t *o,
+                     const float *params, size_t n, int64_t step, char *err, size_t errlen) {
+  int rc = 0;
+  if (comm_rank(comm) == 0) {
+    char root[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX];
+    pathf(root, "%s/checkpoints", output_dir);
+    pathf(tmp, "%s/step-%08lld.tmp", root, (long long)step);
+    pathf(final, "%s/step-%08lld", root, (long long)step);
+    remove_ckpt_dir(tmp); /* left by a run that died while writing */
+    rc = train_mkdirs(tmp, err, errlen);
+    if (!rc) rc = write_state(tmp, d, o, params, n, step, comm_world_size(comm), err, errlen);
+    if (!rc) {
+      remove_ckpt_dir(final);
+      if (rename(tmp, final) != 0) {
+        snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
+        rc = TY_EPERM;
+      }
+    }
+    if (rc) {
+      remove_ckpt_dir(tmp);
+    } else {
+      /* Only the newest complete checkpoint is needed to resume. */
+      DIR *dh = opendir(root);
+      struct dirent *e;
+      while (dh && (e = readdir(dh))) {
+        int64_t s = parse_step_name(e->d_name);
+        if (s >= 0 && s != step) {
+          char old[PATH_MAX];
+          pathf(old, "%s/%s", root, e->d_name);
+          remove_ckpt_dir(old);
+        }
+      }
+      if (dh) closedir(dh);
+    }
+  }
+  /* Rank 0's failure must reach every rank: its status rides on the
+   * barrier's companion all-reduce. */
+  if (comm_world_size(comm) > 1) {
+    float status = rc ? 1.0f : 0.0f;
+    if (comm_all_reduce(comm, &status, 1) != 0) {
+      snprintf(err, errlen, "checkpoint of step %lld: %s", (long long)step, comm_error(comm));
+      return TY_EABORTED;
+    }
+    if (status != 0 && !rc) {
+      snprintf(err, errlen, "rank 0 failed to write the checkpoint of step %lld", (long long)step);
+      rc = TY_EABORTED;
+    }
+  }
+  return rc;
+}
+
+static int64_t json_int(const json_t *o, const char *key) {
+  const json_t *v = json_object_get(o, key);
+  return json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+}
+
+static int load_tensor(const st_ckpt_t *c, const char *name, float *dst, size_t n,
+                       const char *dir, char *err, size_t errlen) {
+  const st_tensor_t *t = st_find(c, name);
+  if (!t || t->dtype != TY_DTYPE_F32 || t->nelem != n) {
+    snprintf(err, errlen, "checkpoint %s: tensor %s is missing or not F32 [%zu]", dir, name, n);
+    return TY_EDATALOSS;
+  }
+  return st_read(c, t, 0, dst, n * sizeof(float), err, errlen);
+}
+
+int train_state_resume(const char *output_dir, const data_t *d, optim_t *o, float *params,
+                       size_t n, int64_t *step, char *err, size_t errlen) {
+  *step = 0;
+  char root[PATH_MAX], dir[PATH_MAX], path[PATH_MAX];
+  pathf(root, "%s/checkpoints", output_dir);
+  DIR *dh = opendir(root);
+  if (!dh) return 0; /* nothing to resume from */
+  int64_t best = -1;
+  struct dirent *e;
+  while ((e = readdir(dh))) {
+    int64_t s = parse_step_name(e->d_name);
+    if (s > best) best = s;
+  }
+  closedir(dh);
+  if (best < 0) return 0;
+  pathf(dir, "%s/step-%08lld", root, (long long)best);
+  pathf(path, "%s/%s", dir, STATE_JSON);
+  json_error_t je;
+  json_t *j = json_load_file(path, 0, &je);
+  if (!j) {
+    snprintf(err, errlen, "checkpoint %s: cannot read %s: %s (remove the directory to start "
+             "over)", dir, STATE_JSON, je.text);
+    return TY_EDATALOSS;
+  }
+  const json_t *jd = json_object_get(j, "data");
+  data_position_t pos = {.step = json_int(j, "step"),
+                         .seed = (uint64_t)json_int(jd, "seed"),
+                         .num_tokens = json_int(jd, "num_tokens"),
+                         .num_train_windows = json_int(jd, "num_train_windows"),
+                         .global_batch = json_int(jd, "global_batch"),
+                         .seq_len = (int)json_int(jd, "seq_len")};
+  int64_t t = json_int(j, "optimizer_step"), jn = json_int(j, "n");
+  json_decref(j);
+  if (pos.step != best || t < 0 || jn != (int64_t)n) {
+    snprintf(err, errlen, "checkpoint %s was written for %lld trained values at step %lld; this "
+             "run trains %zu (a different model, use_lora or lora settings): use a new "
+             "output_dir", dir, (long long)jn, (long long)pos.step, n);
+    return TY_EPRECONDITION;
+  }
+  int rc = data_position_check(d, &pos, err, errlen);
+  if (rc) return rc;
+  pathf(path, "%s/%s", dir, STATE_TENSORS);
+  st_ckpt_t *c;
+  rc = st_open(path, &c, err, errlen);
+  if (rc) return rc;
+  rc = load_tensor(c, "params", params, n, dir, err, errlen);
+  if (!rc) rc = load_tensor(c, "exp_avg", o->m, n, dir, err, errlen);
+  if (!rc) rc = load_tensor(c, "exp_avg_sq", o->v, n, dir, err, errlen);
+  st_close(c);
+  if (rc) return rc;
+  o->t = t;
+  *step = best;
+  return 0;
+}

@@ -1,0 +1,39 @@
+/* train_state.h - periodic training checkpoints: the trained span, AdamW's
+ * moments and step count, and the data position, so that a resumed run
+ * continues with exactly the losses an uninterrupted one would have had.
+ *
+ * Layout under OUTPUT_DIR/checkpoints/:
+ *   step-00000050/state.safetensors   F32 tensors "params", "exp_avg",
+ *                                     "exp_avg_sq", each [n]
+ *   step-00000050/state.json          {"step", "optimizer_step", "n",
+ *                                     "world_size", "data": {seed, num_tokens,
+ *                                     num_train_windows, global_batch, seq_len}}
+ * A checkpoint is written into step-N.tmp and renamed when complete, so a
+ * directory named step-N is always whole; older ones are then removed. */
+#ifndef TY_WORKER_TRAIN_STATE_H
+#define TY_WORKER_TRAIN_STATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "worker/comm.h"
+#include "worker/data.h"
+#include "worker/optim.h"
+
+/* Writes the checkpoint of `step` (steps completed). Every rank calls it;
+ * rank 0 writes (the span is replicated) and the others wait at a barrier,
+ * so no rank runs ahead of a checkpoint that might fail. */
+int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, const optim_t *o,
+                     const float *params, size_t n, int64_t step, char *err, size_t errlen);
+
+/* Finds the newest complete checkpoint under output_dir/checkpoints and, if
+ * there is one, loads params[n] and the optimizer's moments and step from
+ * it after checking that it was written for this span size and data
+ * layout; *step is then the step to continue at (else 0, nothing loaded). */
+int train_state_resume(const char *output_dir, const data_t *d, optim_t *o, float *params,
+                       size_t n, int64_t *step, char *err, size_t errlen);
+
+/* Creates dir and its missing parents (mkdir -p). */
+int train_mkdirs(const char *dir, char *err, size_t errlen);
+
+#endif

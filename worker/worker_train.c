@@ -1,0 +1,212 @@
+/* worker_train.c - TRAINYARD_MODE=train; see worker_train.h. */
+#include "worker/worker_train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "common/log.h"
+#include "worker/comm.h"
+#include "worker/lora.h"
+#include "worker/memstat.h"
+#include "worker/model.h"
+#include "worker/model_io.h"
+#include "worker/outputs.h"
+#include "worker/train.h"
+
+static int env_int(const char *name, int dflt, int lo, int *out, char *err, size_t errlen) {
+  const char *s = getenv(name);
+  if (!s || !*s) {
+    *out = dflt;
+    return 0;
+  }
+  char *end;
+  errno = 0;
+  long v = strtol(s, &end, 10);
+  if (errno || *end || v < lo || v > 1 << 20) {
+    snprintf(err, errlen, "%s=%s is not an integer >= %d", name, s, lo);
+    return TY_EINVAL;
+  }
+  *out = (int)v;
+  return 0;
+}
+
+int worker_env_read(worker_env_t *e, char *err, size_t errlen) {
+  e->spec_path = getenv("TRAINYARD_SPEC");
+  e->job_id = getenv("TRAINYARD_JOB_ID");
+  if (!e->job_id || !*e->job_id) e->job_id = "local";
+  if (!e->spec_path || !*e->spec_path) {
+    snprintf(err, errlen, "TRAINYARD_SPEC is not set (the path of the job's normalized spec)");
+    return TY_EINVAL;
+  }
+  int rc = env_int("TRAINYARD_ATTEMPT", 1, 1, &e->attempt, err, errlen);
+  if (!rc) rc = env_int("TRAINYARD_WORLD_SIZE", 1, 1, &e->world_size, err, errlen);
+  if (!rc) rc = env_int("TRAINYARD_RANK", 0, 0, &e->rank, err, errlen);
+  if (!rc && e->rank >= e->world_size) {
+    snprintf(err, errlen, "TRAINYARD_RANK=%d is not below TRAINYARD_WORLD_SIZE=%d", e->rank,
+             e->world_size);
+    rc = TY_EINVAL;
+  }
+  return rc;
+}
+
+int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open the spec %s: %s", path, strerror(errno));
+    return TY_ENOTFOUND;
+  }
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4096 > cap) {
+      cap = cap ? cap * 2 : 65536;
+      text = realloc(text, cap);
+      if (!text) break;
+    }
+    size_t r = fread(text + len, 1, cap - len, f);
+    len += r;
+    if (r == 0) break;
+  }
+  fclose(f);
+  if (!text) {
+    snprintf(err, errlen, "out of memory reading %s", path);
+    return TY_EEXHAUSTED;
+  }
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  jobspec_init(s);
+  int rc = jobspec_parse_json(s, text, len, &errs);
+  if (!rc) rc = jobspec_validate(s, false, &errs);
+  free(text);
+  if (rc) {
+    snprintf(err, errlen, "spec %s: %s%s%s", path, errs.len ? errs.items[0].field : "",
+             errs.len ? ": " : "invalid", errs.len ? errs.items[0].message : "");
+  }
+  ty_errlist_clear(&errs);
+  return rc;
+}
+
+/* --- Progress: one JSON report per line on stdout, the human-readable
+ * line on stderr (DESIGN.md "Progress"). --- */
+
+typedef struct {
+  const worker_env_t *env;
+  int64_t total_steps;
+} reporter_t;
+
+static void emit(const reporter_t *r, const char *phase, int64_t step, double loss, double tps,
+                 const char *message) {
+  memstat_t ms;
+  memstat_read(&ms);
+  json_t *j = json_pack("{ss si si si ss sI sI so sf sI sI sI sI sf ss}", "job_id",
+                        r->env->job_id, "attempt", r->env->attempt, "rank", r->env->rank,
+                        "world_size", r->env->world_size, "phase", phase, "step",
+                        (json_int_t)step, "total_steps", (json_int_t)r->total_steps, "loss",
+                        isfinite(loss) ? json_real(loss) : json_null(), "tokens_per_s", tps,
+                        "bytes_loaded", (json_int_t)0, "bytes_total", (json_int_t)0,
+                        "host_peak_bytes", (json_int_t)ms.hwm_bytes, "device_peak_bytes",
+                        (json_int_t)0, "load_seconds", 0.0, "message", message ? message : "");
+  char *line = json_dumps(j, JSON_COMPACT);
+  printf("%s\n", line);
+  fflush(stdout);
+  free(line);
+  json_decref(j);
+  char lossbuf[32] = "";
+  if (isfinite(loss)) snprintf(lossbuf, sizeof lossbuf, " loss %.4f", loss);
+  if (!strcmp(phase, "training"))
+    fprintf(stderr, "[rank %d/%d] train step %lld/%lld%s  %.0f tok/s  host-peak %.0f MiB%s%s\n",
+            r->env->rank, r->env->world_size, (long long)step, (long long)r->total_steps,
+            lossbuf, tps, ms.hwm_bytes / 1048576.0, message && *message ? "  " : "",
+            message ? message : "");
+  else
+    fprintf(stderr, "[rank %d/%d] %s%s%s  host-peak %.0f MiB\n", r->env->rank,
+            r->env->world_size, phase, message && *message ? ": " : "", message ? message : "",
+            ms.hwm_bytes / 1048576.0);
+}
+
+static void on_progress(void *ctx, const train_progress_t *p) {
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", p->message);
+  if (isfinite(p->eval_loss))
+    snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
+             p->eval_loss);
+  emit(ctx, p->phase, p->step, p->loss, p->tokens_per_s, msg);
+}
+
+/* Builds the model the spec asks for: its shape from the checkpoint's
+ * config.json or from spec.model, its weights from the checkpoint or the
+ * seeded initialisation. */
+static int build_model(const jobspec_t *s, llama_config_t *cfg, model_t **m, char *err,
+                       size_t errlen) {
+  int rc = 0;
+  if (s->init_from_scratch) {
+    *cfg = s->model;
+  } else {
+    llama_config_init(cfg);
+    rc = model_io_read_config(s->model_path, cfg, err, errlen);
+  }
+  if (!rc)
+    rc = model_create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
+                      s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
+  if (rc) return rc;
+  if (s->init_from_scratch) {
+    model_io_init_scratch(*m, s->train.seed);
+    return 0;
+  }
+  return model_io_load(*m, s->model_path, err, errlen);
+}
+
+int worker_train_main(const worker_env_t *e) {
+  char err[1024] = "";
+  jobspec_t spec;
+  reporter_t rep = {e, 0};
+  comm_t *comm = NULL;
+  model_t *m = NULL;
+  lora_t *lo = NULL;
+  llama_config_t cfg;
+  emit(&rep, "starting", 0, NAN, 0, "");
+  int rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
+  if (!rc) {
+    rep.total_steps = spec.train.steps;
+    rc = comm_open_env(&comm, err, sizeof err);
+  }
+  if (!rc) {
+    emit(&rep, "loading", 0, NAN, 0, spec.init_from_scratch ? "initialising" : spec.model_path);
+    rc = build_model(&spec, &cfg, &m, err, sizeof err);
+  }
+  if (!rc && spec.use_lora) {
+    rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err,
+                     sizeof err);
+    if (!rc) lora_init(lo, spec.train.seed);
+  }
+  train_result_t res;
+  if (!rc) {
+    train_args_t a = {.spec = &spec, .comm = comm, .model = m, .lora = lo,
+                      .progress = on_progress, .progress_ctx = &rep, .eval_windows = 16};
+    rc = train_run(&a, &res, err, sizeof err);
+  }
+  if (!rc && comm_rank(comm) == 0) {
+    emit(&rep, "saving", res.steps_done, res.last_loss, 0, spec.output_dir);
+    rc = spec.use_lora ? outputs_write_adapter(spec.output_dir, lo, spec.model_path, err,
+                                               sizeof err)
+                       : outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
+  }
+  if (!rc) {
+    char msg[160] = "";
+    if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
+      snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
+               res.eval_loss_end);
+    emit(&rep, "done", res.steps_done, res.last_loss, 0, msg);
+  } else {
+    emit(&rep, "failed", 0, NAN, 0, err);
+    ty_error("%s", err);
+  }
+  lora_free(lo);
+  model_free(m);
+  comm_close(comm);
+  return rc ? 1 : 0;
+}
