@@ -14,6 +14,7 @@
 
 #include "api/errors.h"
 #include "worker/checkpoint.h"
+#include "worker/model.h"
 #include "worker/weightinit.h"
 
 static char g_dir[256];
@@ -93,6 +94,39 @@ static void test_layout(void **state) {
   assert_int_equal(l.ntensors, 1 + 2 * 9 + 1);
   assert_int_equal(ckpt_layout_index(&l, CKPT_LM_HEAD, -1), -1);
   assert_int_equal(l.nparams, (uint64_t)llama_config_num_params(&c));
+  ckpt_layout_free(&l);
+}
+
+/* The model's per-layer table (worker/model.h) and the checkpoint's list the
+ * same tensors in the same order with the same shapes: a shard view of kind
+ * k is the model_layer_t field k. */
+static void test_model_table_agrees(void **state) {
+  (void)state;
+  llama_config_t c = tiny();
+  c.head_dim = 4; /* the model wants an even head size */
+  model_dims_t dims;
+  assert_int_equal(model_dims_from_config(&dims, &c, NULL, 0), 0);
+  const model_dims_t *d = &dims;
+  const struct {
+    const char *name;
+    int64_t rows, cols;
+  } model[] = {
+#define TY_X(field, name, rows, cols) {name, rows, (cols) + ((cols) == 0)},
+      MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
+  };
+  assert_int_equal(sizeof model / sizeof model[0], CKPT_PER_LAYER);
+  assert_int_equal(sizeof(model_layer_t) / sizeof(float *), CKPT_PER_LAYER);
+  ckpt_layout_t l;
+  assert_int_equal(ckpt_layout_init(&l, &c), 0);
+  for (int k = 0; k < CKPT_PER_LAYER; k++) {
+    const ckpt_tensor_t *t = &l.tensors[ckpt_layout_index(&l, (ckpt_kind_t)k, 1)];
+    char want[CKPT_NAME_MAX];
+    snprintf(want, sizeof want, "model.layers.1.%s", model[k].name);
+    assert_string_equal(t->name, want);
+    assert_int_equal(t->rows, model[k].rows);
+    assert_int_equal(t->cols, model[k].cols);
+  }
   ckpt_layout_free(&l);
 }
 
@@ -212,6 +246,7 @@ static void test_strict_match(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout),
+      cmocka_unit_test(test_model_table_agrees),
       cmocka_unit_test(test_write_values_and_shards),
       cmocka_unit_test(test_strict_match),
   };
