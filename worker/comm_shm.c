@@ -250,7 +250,9 @@ static void record_failure(shm_t *s, uint32_t kind, int rank) {
 static int fail_from_header(comm_t *c, shm_t *s) {
   shm_hdr_t *h = s->hdr;
   uint32_t kind;
-  while ((kind = atomic_load(&h->fail_kind)) == 0) cpu_relax(); /* claim set, kind soon */
+  /* The claimer stores the kind right after its claim; bounded, in case it
+   * was killed in between. */
+  for (long i = 0; (kind = atomic_load(&h->fail_kind)) == 0 && i < 100000000L; i++) cpu_relax();
   int r = atomic_load(&h->fail_rank);
   const char *op = s->op ? s->op : "rendezvous";
   switch (kind) {
@@ -267,12 +269,14 @@ static int fail_from_header(comm_t *c, shm_t *s) {
                        "rank %d did not reach %s within %d ms (stuck or "
                        "slow: TRAINYARD_COMM_TIMEOUT_MS raises the limit)",
                        r, op, c->timeout_ms);
-    default:
+    case SHM_FAIL_MISMATCH:
       return comm_fail(c, TY_EINVAL, r,
                        "rank %d called a different collective than this "
                        "rank's %s, or with different counts: every rank must make the same "
                        "calls in the same order",
                        r, op);
+    default:
+      return comm_fail(c, TY_EABORTED, -1, "a rank failed during %s and died recording why", op);
   }
 }
 

@@ -1,0 +1,162 @@
+/* launch_testworker.c - a stand-in for trainyard-worker in the launcher's
+ * tests: it checks the worker contract's environment, speaks the report
+ * protocol on stdout and logs on stderr, and then does what
+ * TY_TESTWORKER says:
+ *   ok        join the job's communicator, all-reduce the ranks, report done
+ *   fail      rank TY_TESTWORKER_RANK reports failed and exits 3 after
+ *             0.5 s; the others start a helper process and sleep
+ *   stubborn  as fail, but the sleepers ignore SIGTERM
+ *   sigint    report, wait for SIGINT, log that it came, exit 130
+ *   hang      join the communicator, write joined<R>.pid, then sleep
+ *             without a word
+ *   kill9     all-reduce in a loop; rank TY_TESTWORKER_RANK kills itself
+ *             with SIGKILL midway; the others report the comm error
+ * Every rank writes its pid to TY_TESTWORKER_PIDDIR/rank<R>.pid, and a
+ * helper's to child<R>.pid, when that directory is set. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "worker/comm.h"
+
+static int g_rank, g_world;
+static volatile sig_atomic_t g_sigint;
+
+static void report(const char *phase, const char *message) {
+  printf(
+      "{\"job_id\":\"%s\",\"attempt\":%s,\"rank\":%d,\"world_size\":%d,\"phase\":\"%s\","
+      "\"message\":\"%s\"}\n",
+      getenv("TRAINYARD_JOB_ID"), getenv("TRAINYARD_ATTEMPT"), g_rank, g_world, phase, message);
+  fflush(stdout);
+}
+
+static void write_pid(const char *what, pid_t pid) {
+  const char *dir = getenv("TY_TESTWORKER_PIDDIR");
+  if (!dir) return;
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s%d.pid", dir, what, g_rank);
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  fprintf(f, "%d\n", (int)pid);
+  fclose(f);
+}
+
+static comm_t *join_or_die(void) {
+  comm_t *c;
+  char err[512];
+  if (comm_open_env(&c, err, sizeof err)) {
+    report("failed", err);
+    exit(1);
+  }
+  return c;
+}
+
+static void on_sigint(int sig) {
+  (void)sig;
+  g_sigint = 1;
+}
+
+static int run_ok(void) {
+  comm_t *c = join_or_die();
+  float v[3] = {(float)g_rank, 1.0f, 2.0f};
+  if (comm_all_reduce(c, v, 3)) {
+    report("failed", comm_error(c));
+    return 1;
+  }
+  float want = (float)(g_world * (g_world - 1) / 2);
+  if (v[0] != want || v[1] != (float)g_world) {
+    report("failed", "all_reduce gave a wrong sum");
+    return 1;
+  }
+  comm_close(c);
+  report("done", "sum ok");
+  return 0;
+}
+
+static int run_fail(int stubborn) {
+  int bad = atoi(getenv("TY_TESTWORKER_RANK") ? getenv("TY_TESTWORKER_RANK") : "1");
+  if (g_rank == bad) {
+    usleep(500 * 1000);
+    report("failed", "injected failure");
+    fprintf(stderr, "[rank %d/%d] giving up\n", g_rank, g_world);
+    return 3;
+  }
+  pid_t helper = fork();
+  if (helper == 0) {
+    for (;;) pause();
+  }
+  write_pid("child", helper);
+  if (stubborn) signal(SIGTERM, SIG_IGN);
+  report("training", "sleeping");
+  sleep(60);
+  return 0;
+}
+
+static int run_sigint(void) {
+  /* Blocked outside sigsuspend, so a SIGINT between the check and the
+   * wait cannot be lost. */
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigprocmask(SIG_BLOCK, &block, &old);
+  signal(SIGINT, on_sigint);
+  report("training", "waiting for SIGINT");
+  while (!g_sigint) sigsuspend(&old);
+  fprintf(stderr, "[rank %d/%d] caught SIGINT, stopping\n", g_rank, g_world);
+  return 130;
+}
+
+static int run_kill9(void) {
+  int bad = atoi(getenv("TY_TESTWORKER_RANK") ? getenv("TY_TESTWORKER_RANK") : "1");
+  comm_t *c = join_or_die();
+  size_t n = 1u << 20;
+  float *buf = calloc(n, sizeof(float));
+  for (int it = 0; it < 100000; it++) {
+    if (g_rank == bad && it == 20) raise(SIGKILL);
+    if (comm_all_reduce(c, buf, n)) {
+      report("failed", comm_error(c));
+      return 1;
+    }
+  }
+  free(buf);
+  comm_close(c);
+  report("done", "no failure seen");
+  return 0;
+}
+
+int main(void) {
+  const char *rank = getenv("TRAINYARD_RANK"), *world = getenv("TRAINYARD_WORLD_SIZE");
+  const char *need[] = {"TRAINYARD_JOB_ID", "TRAINYARD_ATTEMPT", "TRAINYARD_RENDEZVOUS",
+                        "TRAINYARD_MODE", "TRAINYARD_SPEC"};
+  if (!rank || !world) {
+    fprintf(stderr, "launch_testworker: TRAINYARD_RANK/WORLD_SIZE unset\n");
+    return 2;
+  }
+  g_rank = atoi(rank);
+  g_world = atoi(world);
+  for (size_t i = 0; i < sizeof need / sizeof *need; i++)
+    if (!getenv(need[i])) {
+      report("failed", need[i]);
+      return 2;
+    }
+  write_pid("rank", getpid());
+  fprintf(stderr, "[rank %d/%d] starting (pgid %d)\n", g_rank, g_world, (int)getpgid(0));
+  report("starting", "env ok");
+  const char *what = getenv("TY_TESTWORKER") ? getenv("TY_TESTWORKER") : "ok";
+  if (!strcmp(what, "ok")) return run_ok();
+  if (!strcmp(what, "fail")) return run_fail(0);
+  if (!strcmp(what, "stubborn")) return run_fail(1);
+  if (!strcmp(what, "sigint")) return run_sigint();
+  if (!strcmp(what, "kill9")) return run_kill9();
+  if (!strcmp(what, "hang")) {
+    comm_t *c = join_or_die();
+    write_pid("joined", getpid());
+    sleep(60);
+    comm_close(c);
+    return 0;
+  }
+  fprintf(stderr, "launch_testworker: unknown TY_TESTWORKER '%s'\n", what);
+  return 2;
+}
