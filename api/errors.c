@@ -42,7 +42,15 @@ void ty_errlist_vadd(ty_errlist_t *l, const char *field, const char *fmt, va_lis
     l->items = xrealloc(l->items, l->cap * sizeof *l->items);
   }
   char buf[1024];
-  vsnprintf(buf, sizeof buf, fmt, ap);
+  int n = vsnprintf(buf, sizeof buf, fmt, ap);
+  if (n >= (int)sizeof buf) {
+    /* Cut at a character boundary: a split UTF-8 sequence would make the
+     * message unencodable as JSON. */
+    size_t end = sizeof buf - 1;
+    while (end > 0 && ((unsigned char)buf[end - 1] & 0xC0) == 0x80) end--;
+    if (end > 0 && ((unsigned char)buf[end - 1] & 0x80)) end--;
+    buf[end] = '\0';
+  }
   l->items[l->len].field = xstrdup(field ? field : "");
   l->items[l->len].message = xstrdup(buf);
   l->len++;

@@ -102,6 +102,16 @@ int jobspec_target_parse(const char *name) {
 
 /* ---- small shared helpers ---- */
 
+void jobspec_path_join(char *buf, size_t cap, const char *prefix, const char *key) {
+  int n = snprintf(buf, cap, "%s%s%s", prefix, *prefix ? "." : "", key);
+  if (n >= (int)cap) {
+    size_t end = cap - 1;
+    while (end > 0 && ((unsigned char)buf[end - 1] & 0xC0) == 0x80) end--;
+    if (end > 0 && ((unsigned char)buf[end - 1] & 0x80)) end--;
+    buf[end] = '\0';
+  }
+}
+
 int jobspec_copy_str(char *dst, size_t cap, const char *src) {
   size_t n = strlen(src);
   if (n >= cap) return -1;
@@ -211,6 +221,7 @@ void jobspec_init(jobspec_t *s) {
 /* ---- one field to and from JSON ---- */
 
 static const char *json_kind(const json_t *v) {
+  if (!v) return "nothing";
   switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";
@@ -419,7 +430,7 @@ static void from_object(jobspec_t *s, const json_t *obj, const char *prefix,
   json_t *v;
   json_object_foreach((json_t *)obj, key, v) {
     char path[256], sug[256];
-    snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", key);
+    jobspec_path_join(path, sizeof path, prefix, key);
     const jobspec_field_t *f = strchr(key, '.') ? NULL : jobspec_field_find(path);
     if (!f) {
       const char *near = strchr(key, '.') ? NULL : jobspec_suggest_field(prefix, key, sug,

@@ -43,7 +43,13 @@ static json_t *targets_value(const char *v, const char *path, ty_errlist_t *errs
     size_t n = end ? (size_t)(end - p) : strlen(p);
     while (n && *p == ' ') p++, n--;
     while (n && p[n - 1] == ' ') n--;
-    if (n) json_array_append_new(a, json_stringn(p, n));
+    json_t *item = n ? json_stringn(p, n) : NULL;
+    if (n && !item) {
+      ty_errlist_add(errs, path, "is not valid UTF-8");
+      json_decref(a);
+      return NULL;
+    }
+    if (item) json_array_append_new(a, item);
     if (!end) break;
     p = end + 1;
   }
@@ -101,7 +107,11 @@ static json_t *flag_value(const jobspec_field_t *f, const char *v, const char *p
       }
       return m;
     }
-    default: return json_string(v); /* strings, enums, dtypes */
+    default: { /* strings, enums, dtypes */
+      json_t *str = json_string(v);
+      if (!str) ty_errlist_add(errs, path, "is not valid UTF-8");
+      return str;
+    }
   }
 }
 
@@ -124,12 +134,17 @@ static int set_model_field(jobspec_t *s, const char *key, const char *value, con
     else
       v = json_string(value);
   }
-  if (!v) { /* json_real refuses NaN and infinities */
-    ty_errlist_add(errs, path, "must be a finite number, got '%s'", value);
+  if (!v) { /* json_real refuses NaN and infinities, json_string bad UTF-8 */
+    ty_errlist_add(errs, path, "must be a finite number or valid UTF-8 text, got '%s'", value);
+    return TY_EINVAL;
+  }
+  json_t *obj = json_object();
+  if (json_object_set_new(obj, key, v) != 0) { /* the key is not valid UTF-8 */
+    ty_errlist_add(errs, path, "is not a valid field name");
+    json_decref(obj);
     return TY_EINVAL;
   }
   if (!s->has_model) llama_config_init(&s->model);
-  json_t *obj = json_pack("{s:o}", key, v);
   llama_config_t c = s->model;
   int rc = llama_config_from_json(obj, &c, "model", true, errs);
   json_decref(obj);
@@ -243,8 +258,9 @@ int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *pa
     if (eq) {
       fl.value = eq + 1;
     } else {
-      char tmp[256];
-      snprintf(tmp, sizeof tmp, "%.*s", (int)n, name);
+      char tmp[256], *whole = strndup(name, n);
+      jobspec_path_join(tmp, sizeof tmp, "", whole ? whole : "");
+      free(whole);
       const jobspec_field_t *f = jobspec_field_find(tmp);
       bool next_is_value = i + 1 < argc && strncmp(argv[i + 1], "--", 2) != 0;
       if (f && f->type == JF_BOOL && (!next_is_value || looks_like_file(argv[i + 1]))) {
@@ -279,7 +295,8 @@ int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *pa
   for (int i = 0; i < nflags; i++) {
     char path[256];
     if (flags[i].name_len >= sizeof path) {
-      ty_errlist_add(errs, "", "flag --%.40s... is too long", flags[i].name);
+      ty_errlist_add(errs, "", "a flag name is %zu bytes long; no spec field is",
+                     flags[i].name_len);
       continue;
     }
     snprintf(path, sizeof path, "%.*s", (int)flags[i].name_len, flags[i].name);

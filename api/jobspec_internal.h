@@ -52,6 +52,10 @@ const char *jobspec_closest(const char *name, const char *const *candidates, siz
  * the top level, "fsdp", ...) to key, or NULL. Writes into buf. */
 const char *jobspec_suggest_field(const char *prefix, const char *key, char *buf, size_t cap);
 
+/* "prefix.key" (or "key" when prefix is "") into buf, cut at a UTF-8
+ * character boundary when it does not fit. */
+void jobspec_path_join(char *buf, size_t cap, const char *prefix, const char *key);
+
 /* Copies src into a fixed buffer, zero-filling the rest (so structs compare
  * with memcmp); returns -1 when src does not fit. */
 int jobspec_copy_str(char *dst, size_t cap, const char *src);

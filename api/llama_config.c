@@ -47,13 +47,11 @@ void llama_config_init(llama_config_t *c) {
 }
 
 static void path_of(char *buf, size_t cap, const char *prefix, const char *key) {
-  if (prefix && *prefix)
-    snprintf(buf, cap, "%s.%s", prefix, key);
-  else
-    snprintf(buf, cap, "%s", key);
+  jobspec_path_join(buf, cap, prefix ? prefix : "", key);
 }
 
 static const char *json_kind(const json_t *v) {
+  if (!v) return "nothing";
   switch (json_typeof(v)) {
     case JSON_OBJECT: return "an object";
     case JSON_ARRAY: return "an array";

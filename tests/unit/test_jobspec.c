@@ -383,6 +383,25 @@ static void test_oversized_document(void **state) {
   free(t);
 }
 
+/* Long non-ASCII names and values are cut at character boundaries, so every
+ * error still encodes as JSON in the API error model. */
+static void test_long_utf8_in_errors(void **state) {
+  (void)state;
+  char text[8192] = "{\"";
+  for (int i = 0; i < 400; i++) strcat(text, "\xc3\xa9"); /* U+00E9, 2 bytes */
+  strcat(text, "\": 1, \"device\": \"");
+  for (int i = 0; i < 700; i++) strcat(text, "\xe2\x82\xac"); /* U+20AC, 3 bytes */
+  strcat(text, "\"}");
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(tu_parse(&s, text, &e), TY_EINVAL);
+  assert_int_equal(e.len, 2);
+  json_t *j = ty_error_json(TY_EINVAL, "invalid", &e);
+  assert_int_equal(json_array_size(json_object_get(json_object_get(j, "error"), "details")), 2);
+  json_decref(j);
+  ty_errlist_clear(&e);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_defaults),
@@ -397,6 +416,7 @@ int main(void) {
       cmocka_unit_test(test_targets_and_enums),
       cmocka_unit_test(test_round_trip),
       cmocka_unit_test(test_oversized_document),
+      cmocka_unit_test(test_long_utf8_in_errors),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
