@@ -234,12 +234,12 @@ static void test_numbers_huge_negative_nonfinite(void **state) {
 }
 
 static char *nested(int depth, const char *open, const char *close) {
-  size_t n = strlen("{\"name\": ") + depth * (strlen(open) + strlen(close)) + 2;
-  char *t = calloc(1, n + 1);
-  strcat(t, "{\"name\": ");
-  for (int i = 0; i < depth; i++) strcat(t, open);
-  for (int i = 0; i < depth; i++) strcat(t, close);
-  strcat(t, "}");
+  size_t lo = strlen(open), lc = strlen(close), o = 0;
+  char *t = malloc(strlen("{\"name\": ") + depth * (lo + lc) + 2);
+  o += (size_t)sprintf(t, "{\"name\": ");
+  for (int i = 0; i < depth; i++, o += lo) memcpy(t + o, open, lo);
+  for (int i = 0; i < depth; i++, o += lc) memcpy(t + o, close, lc);
+  strcpy(t + o, "}");
   return t;
 }
 
