@@ -6,3 +6,10 @@ add_test(NAME numerics/optim
                  $<TARGET_FILE:optim_driver> ${CMAKE_CURRENT_BINARY_DIR}/numerics-optim)
 set_tests_properties(numerics/optim PROPERTIES LABELS numerics TIMEOUT 120
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# Training throughput (bench: by hand, not in CI): tests/bench/train.sh.
+add_executable(train_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/train_bench.c)
+target_link_libraries(train_bench PRIVATE ty_worker)
+add_test(NAME bench/train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/train.sh)
+set_tests_properties(bench/train PROPERTIES LABELS bench TIMEOUT 3600
+                     ENVIRONMENT "${TY_TEST_ENV}")
