@@ -13,3 +13,8 @@ target_link_libraries(train_bench PRIVATE ty_worker)
 add_test(NAME bench/train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/train.sh)
 set_tests_properties(bench/train PROPERTIES LABELS bench TIMEOUT 3600
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# Training end to end with real processes (mkmodel, worker, eval, load).
+add_test(NAME integration/train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train.sh)
+set_tests_properties(integration/train PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# train.sh - training end to end with real processes: a LoRA job on a
+# `trainyard mkmodel` checkpoint and a full job from scratch run through
+# trainyard-worker (TRAINYARD_MODE=train), their reports, the PEFT adapter
+# and Hugging Face checkpoint they write, `trainyard eval` on both (the
+# adapter lowers the loss; evaluation is reproducible) and `trainyard load`
+# reading the trained checkpoint back.
+set -euo pipefail
+bin=${TRAINYARD_BIN_DIR:?set by ctest}
+ty="$bin/cli/trainyard"
+worker="$bin/worker/trainyard-worker"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Text every Debian system has; generated words where it is missing.
+data=/usr/share/common-licenses/GPL-3
+if [ ! -r "$data" ]; then
+  data="$tmp/words.txt"
+  python3 -c "
+import random; r = random.Random(1)
+w = 'the cat sat on a mat and dog ran to house with red door'.split()
+open('$data', 'w').write(' '.join(r.choice(w) for _ in range(8000)))"
+fi
+
+"$ty" mkmodel --out "$tmp/base" --hidden-size 64 --intermediate-size 96 --layers 2 --heads 4 \
+  --kv-heads 2 --vocab-size 256 --dtype bf16 --seed 3 >/dev/null
+
+cat >"$tmp/lora.json" <<JSON
+{"name": "it-lora", "model_path": "$tmp/base", "use_lora": true, "lora_rank": 8,
+ "lora_alpha": 16, "target_modules": "all-linear",
+ "data": {"path": "$data", "format": "text", "seq_len": 64},
+ "train": {"steps": 30, "micro_batch_size": 4, "lr": 1e-2, "warmup_steps": 3,
+           "checkpoint_every": 10},
+ "output_dir": "$tmp/out-lora"}
+JSON
+TRAINYARD_SPEC="$tmp/lora.json" "$worker" >"$tmp/lora.reports" 2>"$tmp/lora.log" ||
+  { cat "$tmp/lora.log" >&2; fail "the LoRA job failed"; }
+grep -q '^\[rank 0/1\] train step 30/30 loss' "$tmp/lora.log" || fail "no progress line for step 30"
+
+python3 - "$tmp" <<'PY'
+import json, struct, sys
+tmp = sys.argv[1]
+reps = [json.loads(l) for l in open(f"{tmp}/lora.reports")]
+phases = [r["phase"] for r in reps]
+assert phases[0] == "starting" and phases[-1] == "done", phases
+steps = [r for r in reps if r["phase"] == "training" and r["loss"] is not None]
+assert [r["step"] for r in steps] == list(range(1, 31)), [r["step"] for r in steps]
+for r in reps:
+    assert set(r) >= {"job_id", "attempt", "rank", "world_size", "phase", "step", "total_steps",
+                      "loss", "tokens_per_s", "host_peak_bytes", "message"}, r
+print("# LoRA job:", reps[-1]["message"], "; first loss %.4f last %.4f" % (steps[0]["loss"], steps[-1]["loss"]))
+cfg = json.load(open(f"{tmp}/out-lora/adapter_config.json"))
+assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM", cfg
+assert cfg["r"] == 8 and cfg["lora_alpha"] == 16 and cfg["base_model_name_or_path"] == f"{tmp}/base"
+assert sorted(cfg["target_modules"]) == sorted(["q_proj", "k_proj", "v_proj", "o_proj",
+                                                "gate_proj", "up_proj", "down_proj"])
+raw = open(f"{tmp}/out-lora/adapter_model.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+a = hdr["base_model.model.model.layers.1.self_attn.k_proj.lora_A.weight"]
+b = hdr["base_model.model.model.layers.1.self_attn.k_proj.lora_B.weight"]
+assert a["shape"] == [8, 64] and b["shape"] == [32, 8] and a["dtype"] == "F32", (a, b)
+assert len([k for k in hdr if k != "__metadata__"]) == 2 * 7 * 2
+PY
+ls "$tmp/out-lora/checkpoints" | grep -q '^step-00000020$' || fail "no checkpoint of step 20"
+
+ev=("$ty" eval --model_path "$tmp/base" --data "$data" --seq_len 64 --batches 8)
+base=$("${ev[@]}")
+with=$("${ev[@]}" --adapter "$tmp/out-lora")
+again=$("${ev[@]}" --adapter "$tmp/out-lora")
+echo "# eval: base $base, with adapter $with"
+[ "$with" = "$again" ] || fail "eval is not reproducible: $with vs $again"
+python3 -c "
+import json, sys
+b, w = json.loads('$base'), json.loads('$with')
+assert b['tokens'] == w['tokens'] == 8 * 64, (b, w)
+assert w['loss'] < b['loss'] - 0.2, (b, w)"
+"$ty" eval --model_path "$tmp/base" --data "$data" --seq_len 64 --batches 100000 2>"$tmp/err" &&
+  fail "eval past the end of the data succeeded"
+grep -q "tokens" "$tmp/err" || fail "eval past the end: unclear error: $(cat "$tmp/err")"
+
+# Full training from scratch; the written checkpoint loads and evaluates.
+cat >"$tmp/full.json" <<JSON
+{"name": "it-full", "init_from_scratch": true,
+ "model": {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 256},
+ "data": {"path": "$data", "format": "text", "seq_len": 64},
+ "train": {"steps": 30, "micro_batch_size": 4, "lr": 3e-3, "warmup_steps": 3},
+ "output_dir": "$tmp/out-full"}
+JSON
+TRAINYARD_SPEC="$tmp/full.json" "$worker" >"$tmp/full.reports" 2>"$tmp/full.log" ||
+  { cat "$tmp/full.log" >&2; fail "the full job failed"; }
+tail -1 "$tmp/full.log"
+"$ty" load --model_path "$tmp/out-full" >"$tmp/load.out" || fail "the trained checkpoint does not load"
+full=$("$ty" eval --model_path "$tmp/out-full" --data "$data" --seq_len 64 --batches 8)
+echo "# eval of the full-trained checkpoint: $full (base $base)"
+python3 -c "
+import json
+f, b = json.loads('$full'), json.loads('$base')
+assert f['loss'] < b['loss'] - 1.0, (f, b)"
+
+# A spec that is wrong fails the worker with the field named.
+sed 's/"seq_len": 64/"seq_len": 0/' "$tmp/full.json" >"$tmp/bad.json"
+TRAINYARD_SPEC="$tmp/bad.json" "$worker" >"$tmp/bad.reports" 2>/dev/null && fail "a bad spec ran"
+grep -q '"phase":"failed".*seq_len' "$tmp/bad.reports" || fail "the failure does not name data.seq_len"
+echo "ok"
