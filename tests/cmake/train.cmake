@@ -18,3 +18,9 @@ set_tests_properties(bench/train PROPERTIES LABELS bench TIMEOUT 3600
 add_test(NAME integration/train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train.sh)
 set_tests_properties(integration/train PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# `trainyard train` with 1, 2 and 4 ranks: equal losses; kill -9 of a rank.
+add_test(NAME integration/train_world
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_world.sh)
+set_tests_properties(integration/train_world PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")

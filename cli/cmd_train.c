@@ -1,0 +1,158 @@
+/* cmd_train.c - trainyard train [SPEC.json] [--dotted.flags]: validates the
+ * spec, starts world_size local ranks (trainyard-worker, TRAINYARD_MODE=
+ * train) through the launcher, prints every rank's progress lines as they
+ * come (rank-prefixed, like torchrun) and exits 0 when every rank finished
+ * and the outputs are written. A failing rank stops the others (within the
+ * launcher's grace period) and its reason is printed; Ctrl-C stops every
+ * rank. */
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "api/jobspec.h"
+#include "cli/commands.h"
+#include "worker/launch.h"
+#include "worker/train_state.h"
+
+static void train_usage(FILE *f) {
+  fprintf(f,
+          "usage: trainyard train [SPEC.json] [--dotted.field value ...] [--json]\n"
+          "Validates the spec (flags override the file), starts world_size local ranks and\n"
+          "prints their progress:\n"
+          "  [rank 0/2] train step 40/200 loss 2.314  1530 tok/s  host-peak 212 MiB\n"
+          "LoRA jobs write output_dir/adapter_config.json + adapter_model.safetensors (PEFT);\n"
+          "full training writes output_dir/config.json + model.safetensors. Checkpoints in\n"
+          "output_dir/checkpoints let a rerun resume. --json also prints every rank's raw\n"
+          "JSON reports on stdout. Exit status: 0 success, 1 a rank failed, 2 an invalid\n"
+          "spec, 130 interrupted. Example:\n"
+          "  trainyard train --model_path models/tiny --use_lora true --data.path text.txt \\\n"
+          "    --world_size 2 --fsdp.memory_efficient_load true --allocation_mode static\n");
+}
+
+/* The worker binary: $TRAINYARD_WORKER, else beside this executable, else
+ * ../worker/ of it (the build tree). */
+static int find_worker(char *out, size_t n) {
+  const char *env = getenv("TRAINYARD_WORKER");
+  if (env && *env) {
+    snprintf(out, n, "%s", env);
+    return access(out, X_OK);
+  }
+  char self[PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (k <= 0) return -1;
+  self[k] = 0;
+  char *slash = strrchr(self, '/');
+  if (!slash) return -1;
+  *slash = 0;
+  snprintf(out, n, "%s/trainyard-worker", self);
+  if (!access(out, X_OK)) return 0;
+  snprintf(out, n, "%s/../worker/trainyard-worker", self);
+  return access(out, X_OK);
+}
+
+typedef struct {
+  int json;       /* echo the JSON reports */
+  int world;
+} train_view_t;
+
+/* Ranks write JSON reports on stdout and their human-readable lines on
+ * stderr; the latter already carry "[rank R/N]", other log lines get it. */
+static void on_line(void *ctx, int rank, launch_stream_t stream, const char *line) {
+  const train_view_t *v = ctx;
+  if (stream == LAUNCH_STDOUT) {
+    if (v->json) printf("%s\n", line);
+    fflush(stdout);
+    return;
+  }
+  if (!strncmp(line, "[rank ", 6))
+    fprintf(stderr, "%s\n", line);
+  else
+    fprintf(stderr, "[rank %d/%d] %s\n", rank, v->world, line);
+}
+
+/* Seconds a rank may go without a report before it counts as stalled. */
+static int progress_timeout_ms(void) {
+  const char *s = getenv("TRAINYARD_PROGRESS_TIMEOUT_S");
+  long v = s && *s ? strtol(s, NULL, 10) : 600;
+  return v > 0 && v < 86400 ? (int)(v * 1000) : 600000;
+}
+
+int cmd_train(int argc, char **argv) {
+  static const char *const passthrough[] = {"json", NULL};
+  train_view_t view = {0, 1};
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      train_usage(stdout);
+      return 0;
+    }
+    if (!strcmp(argv[i], "--json")) view.json = 1;
+  }
+  jobspec_t s;
+  jobspec_init(&s);
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  int rc = jobspec_from_args(&s, argc - 1, argv + 1, passthrough, &errs);
+  if (!rc) rc = jobspec_validate(&s, true, &errs);
+  if (!rc && !s.data.path[0])
+    ty_errlist_add(&errs, "data.path", "training needs data: set data.path to a token file "
+                   "(format text, u16 or u32)"), rc = TY_EINVAL;
+  if (rc) {
+    for (size_t i = 0; i < errs.len; i++)
+      fprintf(stderr, "trainyard train: %s: %s\n",
+              *errs.items[i].field ? errs.items[i].field : "spec", errs.items[i].message);
+    ty_errlist_clear(&errs);
+    return 2;
+  }
+  view.world = s.world_size;
+  char worker[PATH_MAX + 64], err[1024];
+  if (find_worker(worker, sizeof worker)) {
+    fprintf(stderr, "trainyard train: trainyard-worker not found beside this binary (set "
+                    "TRAINYARD_WORKER to its path)\n");
+    return 1;
+  }
+  /* The normalized spec lives with the outputs: it says what made them. */
+  char spec_path[PATH_MAX];
+  if (train_mkdirs(s.output_dir, err, sizeof err)) {
+    fprintf(stderr, "trainyard train: output_dir: %s\n", err);
+    return 1;
+  }
+  snprintf(spec_path, sizeof spec_path, "%.*s/job.json", PATH_MAX - 16, s.output_dir);
+  json_t *j = jobspec_to_json(&s);
+  rc = json_dump_file(j, spec_path, JSON_INDENT(2));
+  json_decref(j);
+  if (rc) {
+    fprintf(stderr, "trainyard train: cannot write %s: %s\n", spec_path, strerror(errno));
+    return 1;
+  }
+  fprintf(stderr, "trainyard train: %s: %d rank%s, %s, %d steps -> %s\n", s.name, s.world_size,
+          s.world_size == 1 ? "" : "s", s.use_lora ? "LoRA" : "full training", s.train.steps,
+          s.output_dir);
+  launch_opts_t o = {.worker = worker, .world_size = s.world_size, .spec_path = spec_path,
+                     .mode = "train", .progress_timeout_ms = progress_timeout_ms(),
+                     .on_line = on_line, .ctx = &view};
+  launch_result_t res;
+  rc = launch_run(&o, &res);
+  if (rc == 0) {
+    fprintf(stderr, "trainyard train: done: %s written to %s\n",
+            s.use_lora ? "adapter_config.json + adapter_model.safetensors"
+                       : "config.json + model.safetensors",
+            s.output_dir);
+    return 0;
+  }
+  if (rc == TY_ECANCELLED) {
+    fprintf(stderr, "trainyard train: stopped by signal %d (%s); every rank stopped. A rerun "
+                    "resumes from the last checkpoint in %s/checkpoints\n",
+            res.interrupted, strsignal(res.interrupted), s.output_dir);
+    return 130;
+  }
+  if (res.failed_rank >= 0)
+    fprintf(stderr, "trainyard train: rank %d failed: %s\n", res.failed_rank, res.reason);
+  else
+    fprintf(stderr, "trainyard train: %s\n", res.reason);
+  return 1;
+}

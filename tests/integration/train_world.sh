@@ -1,0 +1,95 @@
+#!/usr/bin/env bash
+# train_world.sh - `trainyard train` across world sizes: for one spec and one
+# global batch of 8 windows, 1, 2 and 4 ranks give the same per-step losses
+# (LoRA on a mkmodel checkpoint, and full training from scratch); kill -9 of
+# one rank mid-run fails the job within 5 s with no orphan process and no
+# shared memory left.
+#
+# Tolerance: 1e-5 relative. The ranks see the same windows (data.h), so the
+# only differences are the order of fp32 additions: the all-reduce sums the
+# ranks' gradients where one rank sums micro-batches, and micro-batches of
+# 8, 4 or 2 windows average their token losses in different groupings. Each
+# reassociation costs ~1e-7 relative; over 8 AdamW steps the observed gap
+# stays near 1e-7, two orders below the bound.
+set -euo pipefail
+bin=${TRAINYARD_BIN_DIR:?set by ctest}
+ty="$bin/cli/trainyard"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+data="$tmp/words.txt"
+python3 -c "
+import random; r = random.Random(1)
+w = 'the cat sat on a mat and dog ran to house with red door'.split()
+open('$data', 'w').write(' '.join(r.choice(w) for _ in range(6000)))"
+"$ty" mkmodel --out "$tmp/base" --hidden-size 48 --intermediate-size 80 --layers 2 --heads 4 \
+  --kv-heads 2 --vocab-size 256 --seed 3 >/dev/null
+
+common=(--data.path "$data" --data.seq_len 32 --train.steps 8 --train.grad_accum 1
+        --train.warmup_steps 2 --train.checkpoint_every 0)
+lora=(--model_path "$tmp/base" --use_lora true --lora_rank 4 --target_modules all-linear
+      --train.lr 1e-2 --fsdp.memory_efficient_load true --allocation_mode static)
+full=(--init_from_scratch true --model '{"hidden_size": 48, "intermediate_size": 80,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+      "vocab_size": 256}' --train.lr 3e-3)
+
+losses() { # MODE WORLD -> rank 0's per-step losses, one per line
+  local mode=$1 w=$2 args
+  if [ "$mode" = lora ]; then args=("${lora[@]}"); else args=("${full[@]}"); fi
+  "$ty" train "${common[@]}" "${args[@]}" --world_size "$w" \
+    --train.micro_batch_size $((8 / w)) --output_dir "$tmp/$mode-$w" --json \
+    >"$tmp/$mode-$w.out" 2>"$tmp/$mode-$w.log" || { cat "$tmp/$mode-$w.log" >&2; fail "$mode world $w failed"; }
+  python3 -c "
+import json, sys
+for l in open('$tmp/$mode-$w.out'):
+    r = json.loads(l)
+    if r['rank'] == 0 and r['phase'] == 'training' and r['loss'] is not None:
+        print(repr(r['loss']))"
+}
+
+for mode in lora full; do
+  losses "$mode" 1 >"$tmp/$mode.1"
+  for w in 2 4; do
+    losses "$mode" "$w" >"$tmp/$mode.$w"
+    python3 - "$tmp/$mode.1" "$tmp/$mode.$w" "$mode" "$w" <<'PY'
+import sys
+a = [float(x) for x in open(sys.argv[1])]
+b = [float(x) for x in open(sys.argv[2])]
+assert len(a) == len(b) == 8, (a, b)
+gap = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+print(f"# {sys.argv[3]}: world 1 vs {sys.argv[4]}: max relative loss gap {gap:.2e} "
+      f"(losses {a[0]:.5f} -> {a[-1]:.5f})")
+assert gap <= 1e-5, (a, b)
+assert a[-1] < a[0], a
+PY
+  done
+done
+
+# kill -9 of rank 1 in the middle of a 2-rank run.
+"$ty" train "${common[@]}" "${full[@]}" --world_size 2 --train.micro_batch_size 4 \
+  --train.steps 100000 --output_dir "$tmp/killed" >"$tmp/killed.out" 2>"$tmp/killed.log" &
+launcher=$!
+for _ in $(seq 1 300); do
+  grep -q 'rank 1/2\] train step 2/' "$tmp/killed.log" 2>/dev/null && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$launcher" | while read -r p; do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'TRAINYARD_RANK=1' && echo "$p"; done)
+[ -n "$victim" ] || { kill "$launcher"; fail "rank 1 not found"; }
+t0=$(date +%s.%N)
+kill -9 "$victim"
+set +e
+wait "$launcher"
+rc=$?
+set -e
+t1=$(date +%s.%N)
+python3 -c "
+dt = $t1 - $t0
+print(f'# kill -9 of rank 1: launcher exited {$rc} after {dt:.2f} s')
+assert $rc != 0 and dt < 5.0"
+grep -q 'rank 1 failed' "$tmp/killed.log" || fail "the failure does not name rank 1: $(tail -3 "$tmp/killed.log")"
+[ -z "$(pgrep -P "$launcher" || true)" ] || fail "orphan ranks remain"
+for p in $(pgrep -f "$tmp/killed/job.json" || true); do fail "orphan process $p"; done
+ls /dev/shm | grep -q "trainyard-local-$launcher-" && fail "shared memory left in /dev/shm"
+echo ok
