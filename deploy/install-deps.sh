@@ -10,10 +10,11 @@ set -euo pipefail
 group=${1:-build}
 
 worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev)
+# nodejs + npm: the build installs the web page's chart library with npm ci.
 build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
-            libmicrohttpd-dev libsqlite3-dev libcmocka-dev)
+            libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)
 test_pkgs=("${build_pkgs[@]}" clang libomp-dev python3 python3-numpy python3-torch python3-grpcio
-           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps)
+           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium)
 
 case "$group" in
   worker) want=("${worker_pkgs[@]}") ;;
@@ -24,6 +25,12 @@ esac
 
 missing=()
 for p in "${want[@]}"; do
+  # A node and npm installed another way (e.g. a nodejs package that bundles
+  # npm) serve as well as Debian's.
+  if { [ "$p" = nodejs ] && command -v node >/dev/null; } ||
+     { [ "$p" = npm ] && command -v npm >/dev/null; }; then
+    continue
+  fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi

@@ -1,0 +1,352 @@
+// job.js - one job, live: header and cancel button, the per-rank table
+// (phase, step progress, loss, tokens/s, host and device peaks drawn against
+// the full model's size), loss and throughput charts, the event timeline and
+// the ranks' logs. Starts from GET job/ranks/metrics, then follows the
+// event stream from its first event.
+
+import { api, followEvents } from './api.js';
+import { RankChart, rankColor } from './charts.js';
+import { el, bar, badge, fmtBytes, fmtNum, fmtRate, fmtTime, isFinal, debounce,
+         ACTIVE_STATES } from './util.js';
+
+const LOG_REFRESH_MS = 3000;
+const LOG_KEEP = 256 * 1024; // bytes of a log shown (its tail)
+const DTYPE_BYTES = { float32: 4, bfloat16: 2, float16: 2 };
+
+// Bytes of a Llama model's weights from its config (the spec's "model").
+function modelBytesFromConfig(m, dtype) {
+  if (!m || !m.hidden_size) return null;
+  const C = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, FF = m.intermediate_size;
+  const NH = m.num_attention_heads, NKV = m.num_key_value_heads || NH;
+  const HS = m.head_dim || C / NH;
+  const layer = C * NH * HS * 2 + C * NKV * HS * 2 + 3 * C * FF + 2 * C;
+  const params = V * C + L * layer + C + (m.tie_word_embeddings ? 0 : V * C);
+  return params * (DTYPE_BYTES[dtype] || 4);
+}
+
+export function mountJob(root, id) {
+  const base = '/v1/jobs/' + encodeURIComponent(id);
+  let job = null;
+  let attempt = 0;
+  let ranks = new Map();        // rank -> latest row (GET ranks, then progress events)
+  let loadBytes = new Map();    // rank -> bytes_total seen while loading (this attempt)
+  let lastPhase = new Map();    // rank -> phase, for the timeline's phase changes
+  let stream = null;
+  let gone = false;
+  let logRank = 0;
+  let logTimer = null;
+  const seen = [];              // event ids received, in order (for tests)
+
+  const head = el('section', { class: 'card', id: 'job-head' });
+  const rankBody = el('tbody');
+  const memNote = el('p', { class: 'muted small', id: 'mem-note' });
+  const lossHost = el('div', { class: 'chart', id: 'chart-loss' });
+  const tpsHost = el('div', { class: 'chart', id: 'chart-tps' });
+  const timeline = el('ol', { class: 'timeline', id: 'timeline' });
+  const logTabs = el('div', { class: 'chips', role: 'tablist' });
+  const logPre = el('pre', { class: 'log', id: 'log', tabindex: 0 });
+  const live = el('span', { class: 'live-dot', id: 'live' });
+
+  root.replaceChildren(
+    head,
+    el('section', { class: 'card' },
+      el('div', { class: 'row' }, el('h2', {}, 'Ranks'), el('span', { class: 'grow' }), live),
+      el('div', { class: 'scroll' },
+        el('table', { class: 'ranks', id: 'ranks' },
+          el('thead', {}, el('tr', {},
+            el('th', {}, 'rank'), el('th', {}, 'phase'), el('th', { class: 'wide' }, 'step'),
+            el('th', {}, 'loss'), el('th', {}, 'tok/s'),
+            el('th', { class: 'mem' }, 'host peak'), el('th', { class: 'mem' }, 'device peak'))),
+          rankBody)),
+      memNote),
+    el('section', { class: 'card charts' }, lossHost, tpsHost),
+    el('div', { class: 'split' },
+      el('section', { class: 'card' }, el('h2', {}, 'Timeline'),
+         el('div', { class: 'scroll-y' }, timeline)),
+      el('section', { class: 'card' },
+         el('div', { class: 'row wrap' }, el('h2', {}, 'Log'), logTabs), logPre)));
+
+  const lossChart = new RankChart(lossHost, 'loss', (v) => fmtNum(v, 3));
+  const tpsChart = new RankChart(tpsHost, 'tokens/s', (v) => fmtRate(v));
+  lossChart.draw();
+  tpsChart.draw();
+
+  // --- the header ---------------------------------------------------------
+  function renderHead() {
+    const j = job;
+    const cancellable = ['queued', ...ACTIVE_STATES].includes(j.state);
+    const spec = j.spec || {};
+    const box = el('div', { class: 'confirm', hidden: true },
+      'Cancel this job? ',
+      el('button', { type: 'button', class: 'danger', id: 'cancel-yes', onclick: doCancel },
+         'Yes, cancel'),
+      el('button', { type: 'button', class: 'link', onclick: () => { box.hidden = true; } }, 'No'));
+    head.replaceChildren(
+      el('div', { class: 'row wrap' },
+        el('h1', {}, j.name), badge(j.state), el('span', { class: 'grow' }),
+        cancellable ? el('button', { type: 'button', class: 'danger', id: 'cancel',
+                                     onclick: () => { box.hidden = false; } }, 'Cancel job')
+                    : null),
+      box,
+      el('p', { class: 'reason', id: 'reason' }, j.reason || ''),
+      el('dl', { class: 'facts' },
+        fact('id', el('span', { class: 'mono' }, j.id)),
+        fact('attempt', String(j.attempt) + (j.max_restarts ? ' of ' + (j.max_restarts + 1) : '')),
+        fact('ranks', j.world_size + ' × ' + j.device),
+        fact('training', (spec.use_lora ? 'LoRA r' + spec.lora_rank : 'full weights') +
+             ', ' + ((spec.train && spec.train.steps) || '?') + ' steps'),
+        fact('loading', spec.fsdp && spec.fsdp.memory_efficient_load ? 'memory-efficient'
+                                                                    : 'standard'),
+        fact('created', fmtTime(j.created_at)),
+        fact('started', fmtTime(j.started_at)),
+        fact('finished', fmtTime(j.finished_at))));
+  }
+
+  function fact(k, v) { return el('div', {}, el('dt', {}, k), el('dd', {}, v)); }
+
+  async function doCancel(ev) {
+    ev.target.disabled = true;
+    try {
+      job = await api('POST', base + ':cancel', { reason: 'from the web page' });
+      renderHead();
+    } catch (e) {
+      head.append(el('p', { class: 'error' }, 'cancel failed: ' + e.message));
+      ev.target.disabled = false;
+    }
+  }
+
+  // --- ranks and memory -----------------------------------------------------
+  // The full model's size: the server's figure when it gives one; else what
+  // the ranks read while loading (each reads its own shard with
+  // memory_efficient_load, so the sum; else each reads everything, so the
+  // largest); else computed from the spec's model config.
+  function modelBytes() {
+    if (job && job.model_bytes > 0) return job.model_bytes;
+    const vals = [...loadBytes.values()].filter((v) => v > 0);
+    if (vals.length) {
+      const me = job && job.spec && job.spec.fsdp && job.spec.fsdp.memory_efficient_load;
+      return me ? vals.reduce((a, b) => a + b, 0) : Math.max(...vals);
+    }
+    const spec = (job && job.spec) || {};
+    return modelBytesFromConfig(spec.model, spec.dtype);
+  }
+
+  function memCell(label0, bytes, model, scale) {
+    if (!(bytes > 0)) return el('td', { class: 'mem muted', 'data-label': label0 }, '–');
+    const f = model ? bytes / model : bytes / scale;
+    const label = fmtBytes(bytes) + (model ? ' · ' + Math.round(f * 100) + '%' : '');
+    return el('td', { class: 'mem', 'data-label': label0 },
+              bar(f, label, model && f > 1 ? 'over' : 'mem'));
+  }
+
+  function renderRanks() {
+    const model = modelBytes();
+    const rows = [...ranks.values()].sort((a, b) => a.rank - b.rank);
+    const scale = Math.max(1, ...rows.map((r) => Math.max(r.host_peak_bytes || 0,
+                                                           r.device_peak_bytes || 0)));
+    if (!rows.length) {
+      rankBody.replaceChildren(el('tr', {}, el('td', { colspan: 7, class: 'muted' },
+        job && job.state === 'queued' ? 'queued: no rank has started yet' : 'no ranks')));
+    } else {
+      rankBody.replaceChildren(...rows.map((r) => {
+        const total = r.total_steps || 0;
+        const frac = total > 0 ? r.step / total
+                   : r.phase === 'loading' && r.bytes_total > 0 ? r.bytes_loaded / r.bytes_total
+                   : null;
+        const label = r.phase === 'loading' && r.bytes_total > 0
+          ? fmtBytes(r.bytes_loaded) + ' / ' + fmtBytes(r.bytes_total)
+          : (r.step || 0) + ' / ' + (total || '?');
+        const phase = el('td', { class: 'phase', title: r.message || '', 'data-label': 'phase' },
+          el('span', { class: 'swatch' }), ' ', r.phase || '–',
+          r.state && r.state !== 'running' && r.state !== r.phase
+            ? el('span', { class: 'muted small' }, ' (' + r.state + ')') : null,
+          r.message && (r.phase === 'failed' || r.state === 'failed')
+            ? el('div', { class: 'error small' }, r.message) : null);
+        phase.querySelector('.swatch').style.background = rankColor(r.rank);
+        return el('tr', { dataset: { rank: r.rank, phase: r.phase || '', step: r.step || 0 } },
+          el('td', { 'data-label': 'rank' }, String(r.rank)),
+          phase,
+          el('td', { class: 'wide', 'data-label': 'step' },
+             bar(frac, label, ['done', 'failed'].includes(r.phase) ? '' : 'live')),
+          el('td', { class: 'num', 'data-label': 'loss' }, fmtNum(r.loss, 4)),
+          el('td', { class: 'num', 'data-label': 'tok/s' }, fmtRate(r.tokens_per_s)),
+          memCell('host peak', r.host_peak_bytes, model, scale),
+          memCell('device peak', r.device_peak_bytes, model, scale));
+      }));
+    }
+    memNote.replaceChildren(model
+      ? el('span', {}, 'Peaks are drawn against the full model: ', el('b', {}, fmtBytes(model)),
+           '. A rank below 100% never held the whole model.')
+      : 'The full model\'s size is not known yet (it is learnt while the ranks load); ' +
+        'peaks are drawn against the largest one.');
+  }
+
+  // A progress report (from an event) into the row of its rank.
+  function applyReport(rep) {
+    if (rep.attempt > attempt) newAttempt(rep.attempt);
+    if (rep.attempt !== attempt) return;
+    const row = Object.assign(ranks.get(rep.rank) || { rank: rep.rank }, rep);
+    ranks.set(rep.rank, row);
+    if (rep.bytes_total > 0) loadBytes.set(rep.rank, Math.max(loadBytes.get(rep.rank) || 0,
+                                                               rep.bytes_total));
+    if (rep.phase === 'training' && rep.step > 0) {
+      lossChart.add(rep.rank, rep.step, rep.loss);
+      tpsChart.add(rep.rank, rep.step, rep.tokens_per_s);
+    }
+  }
+
+  function newAttempt(a) {
+    attempt = a;
+    ranks = new Map();
+    loadBytes = new Map();
+    lastPhase = new Map();
+    lossChart.clear();
+    tpsChart.clear();
+  }
+
+  const refreshRanks = debounce(async () => {
+    try {
+      const r = await api('GET', base + '/ranks');
+      if (gone || r.attempt < attempt) return;
+      if (r.attempt > attempt) newAttempt(r.attempt);
+      for (const row of r.ranks || []) {
+        ranks.set(row.rank, Object.assign(ranks.get(row.rank) || {}, row));
+        if (row.bytes_total > 0)
+          loadBytes.set(row.rank, Math.max(loadBytes.get(row.rank) || 0, row.bytes_total));
+      }
+      renderRanks();
+      renderLogTabs();
+    } catch (_) { /* the next event retries */ }
+  }, 150);
+
+  const refreshJob = debounce(async () => {
+    try {
+      job = await api('GET', base);
+      if (!gone) renderHead();
+    } catch (_) { /* the next event retries */ }
+  }, 150);
+
+  // --- the timeline -----------------------------------------------------------
+  function addTimeline(ev) {
+    const d = ev.data || {};
+    const x = d.data || {};
+    let text = null, cls = ev.type;
+    if (ev.type === 'state') {
+      text = (x.from || 'new') + ' → ' + x.to + (x.reason ? ': ' + x.reason : '');
+      cls += ' s-' + x.to;
+    } else if (ev.type === 'rank') {
+      text = 'rank ' + x.rank + ' ' + x.state +
+             (x.exit_code !== undefined ? ' (exit ' + x.exit_code + ')' : '') +
+             (x.message ? ': ' + x.message : '');
+    } else if (ev.type === 'progress') {
+      const key = x.attempt + '/' + x.rank;
+      if (lastPhase.get(key) === x.phase) return;
+      lastPhase.set(key, x.phase);
+      text = 'rank ' + x.rank + ' ' + x.phase + (x.message ? ': ' + x.message : '');
+    } else {
+      text = ev.type;
+    }
+    const t = d.t ? new Date(d.t * 1000).toLocaleTimeString(undefined, { hour12: false }) : '';
+    timeline.prepend(el('li', { class: cls, dataset: { seq: ev.id || '' } },
+                        el('time', {}, t), ' ', text));
+  }
+
+  // --- events -------------------------------------------------------------------
+  let renderQueued = false;
+  function onEvent(ev) {
+    seen.push(ev.id);
+    const x = (ev.data && ev.data.data) || {};
+    if (ev.type === 'progress') applyReport(x);
+    if (ev.type === 'state') {
+      if (x.attempt > attempt && x.to === 'starting') newAttempt(x.attempt);
+      if (job) {
+        job.state = x.to;
+        job.reason = x.reason;
+        renderHead();
+      }
+      refreshJob();
+      refreshRanks();
+    }
+    if (ev.type === 'rank') {
+      const row = ranks.get(x.rank);
+      if (row && x.attempt === attempt) Object.assign(row, { state: x.state, message: x.message });
+      refreshRanks();
+    }
+    addTimeline(ev);
+    if (!renderQueued) {
+      renderQueued = true;
+      requestAnimationFrame(() => { renderQueued = false; if (!gone) renderRanks(); });
+    }
+  }
+
+  function onStatus(s, detail) {
+    live.className = 'live-dot ' + s;
+    live.textContent = s === 'live' ? 'live' : s === 'ended' ? 'final' : 'reconnecting…';
+    live.title = detail || '';
+  }
+
+  // --- logs -------------------------------------------------------------------
+  function renderLogTabs() {
+    const n = job ? job.world_size : 0;
+    if (logTabs.children.length === n) return;
+    logTabs.replaceChildren(...Array.from({ length: n }, (_, r) => el('button', {
+      type: 'button', class: 'chip' + (r === logRank ? ' on' : ''), role: 'tab',
+      dataset: { rank: r }, onclick: () => { logRank = r; loadLog(); },
+    }, 'rank ' + r)));
+  }
+
+  async function loadLog() {
+    clearTimeout(logTimer);
+    for (const b of logTabs.children) b.classList.toggle('on', Number(b.dataset.rank) === logRank);
+    if (!job || job.attempt < 1) {
+      logPre.textContent = 'no log yet: the job has not started';
+    } else {
+      try {
+        let text = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + job.attempt,
+                             undefined, { text: true });
+        if (text.length > LOG_KEEP) text = '…\n' + text.slice(-LOG_KEEP);
+        const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
+        logPre.textContent = text || '(empty)';
+        if (atEnd) logPre.scrollTop = logPre.scrollHeight;
+      } catch (e) {
+        logPre.textContent = e.message;
+      }
+    }
+    if (!gone && job && !isFinal(job.state)) logTimer = setTimeout(loadLog, LOG_REFRESH_MS);
+  }
+
+  // --- start --------------------------------------------------------------------
+  (async () => {
+    try {
+      job = await api('GET', base);
+      const [r, m] = await Promise.all([api('GET', base + '/ranks'), api('GET', base + '/metrics')]);
+      if (gone) return;
+      attempt = r.attempt || job.attempt || 0;
+      for (const row of r.ranks || []) ranks.set(row.rank, row);
+      for (const s of (m.attempt === attempt && m.ranks) || [])
+        s.steps.forEach((step, i) => {
+          lossChart.add(s.rank, step, s.loss[i]);
+          tpsChart.add(s.rank, step, s.tokens_per_s[i]);
+        });
+      renderHead();
+      renderRanks();
+      renderLogTabs();
+      loadLog();
+      stream = followEvents(id, { onEvent, onStatus });
+      window.tyJobView = { id, seen, stream, lossChart, tpsChart };
+    } catch (e) {
+      if (gone) return;
+      root.replaceChildren(el('section', { class: 'card' }, el('h1', {}, 'Job ' + id),
+        el('p', { class: 'error' }, e.message), el('a', { href: '#/' }, '← all jobs')));
+    }
+  })();
+
+  return () => {
+    gone = true;
+    clearTimeout(logTimer);
+    if (stream) stream.close();
+    lossChart.destroy();
+    tpsChart.destroy();
+    if (window.tyJobView && window.tyJobView.id === id) delete window.tyJobView;
+  };
+}
