@@ -44,14 +44,25 @@ static size_t max_count(const size_t *counts, int world) {
   return m;
 }
 
-/* out[0..n) = sum over r of src_r[0..n), r = 0, 1, ... in order. */
+static void add2(float *restrict out, const float *restrict a, const float *restrict b,
+                 size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
+}
+
+static void add_to(float *restrict out, const float *restrict a, size_t n) {
+  for (size_t i = 0; i < n; i++) out[i] += a[i];
+}
+
+/* out[0..n) = sum over r of rank r's half at sub_off, added in rank order:
+ * ((h0 + h1) + h2) + ... ; one pass per rank after the first two. */
 static void sum_ranks(shm_t *s, int world, size_t sub_off, float *out, size_t n) {
   if (!n) return;
-  memcpy(out, shm_slot(s, 0) + sub_off, n * sizeof(float));
-  for (int r = 1; r < world; r++) {
-    const float *src = shm_slot(s, r) + sub_off;
-    for (size_t i = 0; i < n; i++) out[i] += src[i];
+  if (world == 1) {
+    memcpy(out, shm_slot(s, 0) + sub_off, n * sizeof(float));
+    return;
   }
+  add2(out, shm_slot(s, 0) + sub_off, shm_slot(s, 1) + sub_off, n);
+  for (int r = 2; r < world; r++) add_to(out, shm_slot(s, r) + sub_off, n);
 }
 
 static int shm_all_gather(comm_t *c, const float *send, float *recv, const size_t *counts,

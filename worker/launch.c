@@ -36,9 +36,10 @@ typedef struct {
   int fd[2];    /* read ends of stdout, stderr; -1 when closed */
   char *buf[2]; /* partial lines, LAUNCH_LINE_MAX + 1 bytes each */
   size_t len[2];
-  long long last_report_ms;
-  char failed_msg[400]; /* message of its last "failed" report */
-  char last_err[200];   /* its last stderr line */
+  long long last_progress_ms; /* start, or the last report that moved */
+  char last_where[200];       /* "phase/step/bytes_loaded" of that report */
+  char failed_msg[400];       /* message of its last "failed" report */
+  char last_err[200];         /* its last stderr line */
 } rank_t;
 
 typedef struct {
@@ -156,22 +157,37 @@ static void stop_all(launch_t *L, int sig) {
   signal_all(L, sig);
 }
 
+/* A report on stdout: remembers a failed report's message (the rank's
+ * reason if it then fails), and counts as progress when its phase, step or
+ * bytes_loaded differ from the rank's previous report (a heartbeat that
+ * repeats them does not). */
+static void take_report(rank_t *k, const char *line) {
+  json_t *j = json_loads(line, 0, NULL);
+  if (!json_is_object(j)) {
+    json_decref(j);
+    return;
+  }
+  const char *phase = json_string_value(json_object_get(j, "phase"));
+  const char *msg = json_string_value(json_object_get(j, "message"));
+  if (phase && !strcmp(phase, "failed") && msg)
+    snprintf(k->failed_msg, sizeof k->failed_msg, "%s", msg);
+  char where[200];
+  snprintf(where, sizeof where, "%s/%lld/%lld", phase ? phase : "",
+           (long long)json_number_value(json_object_get(j, "step")),
+           (long long)json_number_value(json_object_get(j, "bytes_loaded")));
+  if (strcmp(where, k->last_where)) {
+    snprintf(k->last_where, sizeof k->last_where, "%s", where);
+    k->last_progress_ms = now_ms();
+  }
+  json_decref(j);
+}
+
 static void emit(launch_t *L, int r, int s, const char *line) {
   rank_t *k = &L->ranks[r];
-  if (s == 0) {
-    k->last_report_ms = now_ms();
-    /* A failed report's message is the rank's reason if it then fails. */
-    if (strstr(line, "\"failed\"")) {
-      json_t *j = json_loads(line, 0, NULL);
-      const char *phase = json_string_value(json_object_get(j, "phase"));
-      const char *msg = json_string_value(json_object_get(j, "message"));
-      if (phase && !strcmp(phase, "failed") && msg)
-        snprintf(k->failed_msg, sizeof k->failed_msg, "%s", msg);
-      json_decref(j);
-    }
-  } else if (line[0]) {
+  if (s == 0 && line[0] == '{')
+    take_report(k, line);
+  else if (s == 1 && line[0])
     snprintf(k->last_err, sizeof k->last_err, "%s", line);
-  }
   launch_stream_t st = s == 0 ? LAUNCH_STDOUT : LAUNCH_STDERR;
   if (L->o->on_line) {
     L->o->on_line(L->o->ctx, r, st, line);
@@ -282,9 +298,12 @@ static void check_progress(launch_t *L, long long now) {
   if (limit <= 0 || L->stopping) return;
   for (int r = 0; r < L->world; r++) {
     rank_t *k = &L->ranks[r];
-    if (k->pid > 0 && now - k->last_report_ms >= limit) {
+    if (k->pid > 0 && now - k->last_progress_ms >= limit) {
       char why[160];
-      snprintf(why, sizeof why, "no progress report for %d ms (the rank is stuck)", limit);
+      snprintf(why, sizeof why,
+               "no progress for %d ms (no report moved its phase, step or bytes loaded): the "
+               "rank is stuck",
+               limit);
       fail_rank(L, r, -1, why);
       kill(-k->pgid, SIGKILL);
       return;
@@ -299,7 +318,7 @@ static int next_timeout(launch_t *L, long long now, long long drain_until) {
   if (L->o->progress_timeout_ms > 0 && !L->stopping)
     for (int r = 0; r < L->world; r++)
       if (L->ranks[r].pid > 0) {
-        long long due = L->ranks[r].last_report_ms + L->o->progress_timeout_ms - now;
+        long long due = L->ranks[r].last_progress_ms + L->o->progress_timeout_ms - now;
         if (due < t) t = due;
       }
   if (L->live == 0 && drain_until - now < t) t = drain_until - now;
@@ -379,7 +398,7 @@ static int start_rank(launch_t *L, int r, char **argv, char **env, int devnull,
   k->fd[1] = err[0];
   fcntl(out[0], F_SETFL, O_NONBLOCK);
   fcntl(err[0], F_SETFL, O_NONBLOCK);
-  k->last_report_ms = now_ms();
+  k->last_progress_ms = now_ms();
   L->live++;
   return 0;
 }
@@ -389,12 +408,12 @@ static int check_opts(const launch_opts_t *o, launch_result_t *res) {
     set_reason(res, "no worker binary given");
     return TY_EINVAL;
   }
-  if (access(o->worker, X_OK)) {
-    set_reason(res, "worker binary '%s' cannot be run: %s", o->worker, strerror(errno));
-    return TY_EINVAL;
-  }
   if (o->world_size < 1 || o->world_size > 4096) {
     set_reason(res, "world_size %d: need 1..4096 ranks", o->world_size);
+    return TY_EINVAL;
+  }
+  if (access(o->worker, X_OK)) {
+    set_reason(res, "worker binary '%s' cannot be run: %s", o->worker, strerror(errno));
     return TY_EINVAL;
   }
   if (o->grace_ms < 0 || o->progress_timeout_ms < 0 || o->attempt < 0) {

@@ -10,6 +10,10 @@
  * stderr (logs) to a callback, and returns when every rank is gone:
  *   - a rank exiting non-zero (or killed) fails the job: the others get
  *     SIGTERM, then SIGKILL after grace_ms (so all are gone within ~5 s);
+ *   - so does a rank making no progress for progress_timeout_ms: progress
+ *     is its start, and each stdout report whose phase, step or
+ *     bytes_loaded differ from its previous one (heartbeats repeating them
+ *     do not count); the stuck rank is killed at once;
  *   - SIGINT, SIGTERM or SIGHUP to the launcher is forwarded to every rank
  *     (SIGHUP as SIGTERM), then SIGKILL after grace_ms; a second one kills
  *     at once;
@@ -51,7 +55,7 @@ typedef struct {
   const char *token;       /* TRAINYARD_TOKEN; NULL: not set */
   const char *const *env;  /* more "NAME=value" for every rank, NULL-terminated; NULL: none */
   int grace_ms;            /* SIGTERM to SIGKILL; 0: 2000 */
-  int progress_timeout_ms; /* fail a rank silent on stdout this long; 0: never */
+  int progress_timeout_ms; /* fail a rank whose reports show no progress this long; 0: never */
   launch_line_fn on_line;  /* NULL: "[rank R] line" to this process's stdout/stderr */
   void *ctx;               /* passed to on_line */
 } launch_opts_t;

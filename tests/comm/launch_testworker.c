@@ -9,6 +9,8 @@
  *   sigint    report, wait for SIGINT, log that it came, exit 130
  *   hang      join the communicator, write joined<R>.pid, then sleep
  *             without a word
+ *   stall     report step 3 every 50 ms, forever (a heartbeat, no progress)
+ *   steps     report steps 1..12 every 100 ms, then done
  *   kill9     all-reduce in a loop; rank TY_TESTWORKER_RANK kills itself
  *             with SIGKILL midway; the others report the comm error
  * Every rank writes its pid to TY_TESTWORKER_PIDDIR/rank<R>.pid, and a
@@ -24,12 +26,17 @@
 static int g_rank, g_world;
 static volatile sig_atomic_t g_sigint;
 
-static void report(const char *phase, const char *message) {
+static void report_step(const char *phase, int step, const char *message) {
   printf(
       "{\"job_id\":\"%s\",\"attempt\":%s,\"rank\":%d,\"world_size\":%d,\"phase\":\"%s\","
-      "\"message\":\"%s\"}\n",
-      getenv("TRAINYARD_JOB_ID"), getenv("TRAINYARD_ATTEMPT"), g_rank, g_world, phase, message);
+      "\"step\":%d,\"message\":\"%s\"}\n",
+      getenv("TRAINYARD_JOB_ID"), getenv("TRAINYARD_ATTEMPT"), g_rank, g_world, phase, step,
+      message);
   fflush(stdout);
+}
+
+static void report(const char *phase, const char *message) {
+  report_step(phase, 0, message);
 }
 
 static void write_pid(const char *what, pid_t pid) {
@@ -150,6 +157,19 @@ int main(void) {
   if (!strcmp(what, "stubborn")) return run_fail(1);
   if (!strcmp(what, "sigint")) return run_sigint();
   if (!strcmp(what, "kill9")) return run_kill9();
+  if (!strcmp(what, "stall"))
+    for (;;) {
+      report_step("training", 3, "heartbeat");
+      usleep(50 * 1000);
+    }
+  if (!strcmp(what, "steps")) {
+    for (int step = 1; step <= 12; step++) {
+      report_step("training", step, "step");
+      usleep(100 * 1000);
+    }
+    report("done", "12 steps");
+    return 0;
+  }
   if (!strcmp(what, "hang")) {
     comm_t *c = join_or_die();
     write_pid("joined", getpid());

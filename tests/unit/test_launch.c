@@ -270,9 +270,31 @@ static void test_silent_rank(void **state) {
   assert_int_equal(launch_run(&o, &res), TY_EABORTED);
   assert_true(now_ms() - t0 < 3000);
   assert_true(res.failed_rank == 0 || res.failed_rank == 1);
-  assert_non_null(strstr(res.reason, "no progress report for 400 ms"));
+  assert_non_null(strstr(res.reason, "no progress for 400 ms"));
   assert_int_equal(check_pids_gone(0), 4); /* rank and joined files of 2 ranks */
   assert_int_equal(shm_leftovers(job), 0);
+}
+
+/* Heartbeats that repeat the same step are not progress; advancing steps
+ * are, however long the whole run takes. */
+static void test_stalled_vs_advancing(void **state) {
+  (void)state;
+  seen_t seen;
+  launch_result_t res;
+  launch_opts_t o = opts_for(2, "stall", &seen, NULL);
+  o.progress_timeout_ms = 400;
+  o.grace_ms = 300;
+  long long t0 = now_ms();
+  assert_int_equal(launch_run(&o, &res), TY_EABORTED);
+  assert_true(now_ms() - t0 < 3000);
+  assert_non_null(strstr(res.reason, "no progress"));
+  assert_true(seen.training[0] > 3); /* it kept reporting */
+  o = opts_for(2, "steps", &seen, NULL);
+  o.progress_timeout_ms = 400;
+  assert_int_equal(launch_run(&o, &res), 0);
+  assert_int_equal(seen.done[0] + seen.done[1], 2);
+  /* A made-up job id. */
+  assert_non_null(strstr(res.job_id, "local-"));
 }
 
 /* The launcher itself is killed with -9: its ranks die with it. */
@@ -333,6 +355,7 @@ int main(void) {
       cmocka_unit_test(test_sigint_forwarded),
       cmocka_unit_test(test_rank_killed_mid_collective),
       cmocka_unit_test(test_silent_rank),
+      cmocka_unit_test(test_stalled_vs_advancing),
       cmocka_unit_test(test_launcher_killed),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
