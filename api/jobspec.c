@@ -27,15 +27,13 @@ const jobspec_field_t jobspec_fields[] = {
      "Llama config.json fields; only with init_from_scratch"},
     {"dtype", JF_DTYPE, OFF(dtype), 0, NULL, false, 0, 0, false,
      "float32, bfloat16 or float16: weights in memory"},
-    {"device", JF_ENUM, OFF(device), 0, g_device_names, false, 0, 0, false,
-     "auto, cpu or cuda"},
-    {"allocation_mode", JF_STRING, OFF(allocation_mode), JOBSPEC_MODE_MAX, NULL, false, 0, 0,
-     false, "static, or fsdp:d<N> (data-parallel degree N)"},
-    {"world_size", JF_INT, OFF(world_size), 0, NULL, true, 1, 4096, false,
-     "number of ranks"},
+    {"device", JF_ENUM, OFF(device), 0, g_device_names, false, 0, 0, false, "auto, cpu or cuda"},
+    {"allocation_mode", JF_STRING, OFF(allocation_mode), JOBSPEC_MODE_MAX, NULL, false, 0, 0, false,
+     "static, or fsdp:d<N> (data-parallel degree N)"},
+    {"world_size", JF_INT, OFF(world_size), 0, NULL, true, 1, 4096, false, "number of ranks"},
     {"fsdp", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "sharding and loading"},
-    {"fsdp.memory_efficient_load", JF_BOOL, OFF(fsdp.memory_efficient_load), 0, NULL, false, 0,
-     0, false, "each rank reads only its shard through one bounded bucket"},
+    {"fsdp.memory_efficient_load", JF_BOOL, OFF(fsdp.memory_efficient_load), 0, NULL, false, 0, 0,
+     false, "each rank reads only its shard through one bounded bucket"},
     {"fsdp.bucket_mb", JF_INT, OFF(fsdp.bucket_mb), 0, NULL, true, 1, 65536, false,
      "staging bucket of the memory-efficient load, MiB"},
     {"use_lora", JF_BOOL, OFF(use_lora), 0, NULL, false, 0, 0, false,
@@ -56,8 +54,8 @@ const jobspec_field_t jobspec_fields[] = {
      "held-out tail of the data for evaluation"},
     {"train", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "optimization"},
     {"train.steps", JF_INT, OFF(train.steps), 0, NULL, true, 1, 1e9, false, "optimizer steps"},
-    {"train.micro_batch_size", JF_INT, OFF(train.micro_batch_size), 0, NULL, true, 1, 65536,
-     false, "sequences per rank per micro-batch"},
+    {"train.micro_batch_size", JF_INT, OFF(train.micro_batch_size), 0, NULL, true, 1, 65536, false,
+     "sequences per rank per micro-batch"},
     {"train.grad_accum", JF_INT, OFF(train.grad_accum), 0, NULL, true, 1, 65536, false,
      "micro-batches per optimizer step"},
     {"train.lr", JF_DOUBLE, OFF(train.lr), 0, NULL, true, 0, 10, true, "AdamW learning rate"},
@@ -100,89 +98,6 @@ int jobspec_target_parse(const char *name) {
   return -1;
 }
 
-/* ---- small shared helpers ---- */
-
-void jobspec_path_join(char *buf, size_t cap, const char *prefix, const char *key) {
-  int n = snprintf(buf, cap, "%s%s%s", prefix, *prefix ? "." : "", key);
-  if (n >= (int)cap) {
-    size_t end = cap - 1;
-    while (end > 0 && ((unsigned char)buf[end - 1] & 0xC0) == 0x80) end--;
-    if (end > 0 && ((unsigned char)buf[end - 1] & 0x80)) end--;
-    buf[end] = '\0';
-  }
-}
-
-int jobspec_copy_str(char *dst, size_t cap, const char *src) {
-  size_t n = strlen(src);
-  if (n >= cap) return -1;
-  memcpy(dst, src, n);
-  memset(dst + n, 0, cap - n);
-  return 0;
-}
-
-int jobspec_edit_distance(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  if (la > 64 || lb > 64) return 64;
-  int row[65];
-  for (size_t j = 0; j <= lb; j++) row[j] = (int)j;
-  for (size_t i = 1; i <= la; i++) {
-    int diag = row[0];
-    row[0] = (int)i;
-    for (size_t j = 1; j <= lb; j++) {
-      int up = row[j];
-      int best = diag + (a[i - 1] != b[j - 1]);
-      if (up + 1 < best) best = up + 1;
-      if (row[j - 1] + 1 < best) best = row[j - 1] + 1;
-      row[j] = best;
-      diag = up;
-    }
-  }
-  return row[lb];
-}
-
-const char *jobspec_closest(const char *name, const char *const *candidates, size_t n) {
-  size_t len = strlen(name);
-  int limit = len / 3 > 2 ? (int)(len / 3) : 2;
-  const char *best = NULL;
-  int best_d = limit + 1;
-  for (size_t i = 0; i < n; i++) {
-    int d = jobspec_edit_distance(name, candidates[i]);
-    if (d < best_d) {
-      best_d = d;
-      best = candidates[i];
-    }
-  }
-  return best;
-}
-
-const char *jobspec_suggest_field(const char *prefix, const char *key, char *buf, size_t cap) {
-  const char *names[64];
-  size_t n = 0, plen = strlen(prefix);
-  for (size_t i = 0; i < jobspec_nfields && n < 64; i++) {
-    const char *p = jobspec_fields[i].path;
-    if (plen) {
-      if (strncmp(p, prefix, plen) != 0 || p[plen] != '.') continue;
-      p += plen + 1;
-    }
-    if (strchr(p, '.')) continue;
-    names[n++] = p;
-  }
-  const char *near = jobspec_closest(key, names, n);
-  if (!near) {
-    /* A field written at the wrong level: "bucket_mb" for "fsdp.bucket_mb". */
-    for (size_t i = 0; i < jobspec_nfields; i++) {
-      const char *dot = strrchr(jobspec_fields[i].path, '.');
-      if (dot && !strcmp(dot + 1, key)) {
-        snprintf(buf, cap, "%s", jobspec_fields[i].path);
-        return buf;
-      }
-    }
-    return NULL;
-  }
-  snprintf(buf, cap, "%s%s%s", prefix, plen ? "." : "", near);
-  return buf;
-}
-
 /* ---- defaults ---- */
 
 void jobspec_init(jobspec_t *s) {
@@ -223,32 +138,46 @@ void jobspec_init(jobspec_t *s) {
 static const char *json_kind(const json_t *v) {
   if (!v) return "nothing";
   switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
+    case JSON_OBJECT:
+      return "an object";
+    case JSON_ARRAY:
+      return "an array";
+    case JSON_STRING:
+      return "a string";
+    case JSON_INTEGER:
+      return "an integer";
+    case JSON_REAL:
+      return "a number";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
+    case JSON_FALSE:
+      return "a boolean";
+    default:
+      return "null";
   }
 }
 
 json_t *jobspec_field_to_json(const jobspec_t *s, const jobspec_field_t *f) {
   const char *p = (const char *)s + f->off;
   switch (f->type) {
-    case JF_OBJECT: return json_object();
-    case JF_STRING: return json_string(p);
-    case JF_BOOL: return json_boolean(*(const bool *)p);
-    case JF_INT: return json_integer(*(const int *)(const void *)p);
-    case JF_U64: return json_integer((json_int_t) * (const uint64_t *)(const void *)p);
-    case JF_DOUBLE: return json_real(*(const double *)(const void *)p);
+    case JF_OBJECT:
+      return json_object();
+    case JF_STRING:
+      return json_string(p);
+    case JF_BOOL:
+      return json_boolean(*(const bool *)p);
+    case JF_INT:
+      return json_integer(*(const int *)(const void *)p);
+    case JF_U64:
+      return json_integer((json_int_t) * (const uint64_t *)(const void *)p);
+    case JF_DOUBLE:
+      return json_real(*(const double *)(const void *)p);
     case JF_ENUM: {
       int e = *(const int *)(const void *)p, n = 0;
       while (f->names[n]) n++;
       return json_string(e >= 0 && e < n ? f->names[e] : "invalid");
     }
-    case JF_DTYPE: return json_string(ty_dtype_name(*(const ty_dtype_t *)(const void *)p));
+    case JF_DTYPE:
+      return json_string(ty_dtype_name(*(const ty_dtype_t *)(const void *)p));
     case JF_TARGETS: {
       unsigned m = *(const unsigned *)(const void *)p;
       json_t *a = json_array();
@@ -256,7 +185,8 @@ json_t *jobspec_field_to_json(const jobspec_t *s, const jobspec_field_t *f) {
         if (m & (1u << i)) json_array_append_new(a, json_string(g_target_names[i]));
       return a;
     }
-    case JF_MODEL: return s->has_model ? llama_config_to_json(&s->model) : json_null();
+    case JF_MODEL:
+      return s->has_model ? llama_config_to_json(&s->model) : json_null();
   }
   return json_null(); /* cannot happen: every type is handled above */
 }
@@ -274,8 +204,7 @@ static const char *default_text(const jobspec_field_t *f, char *buf, size_t cap)
   return buf;
 }
 
-static void set_targets_json(jobspec_t *s, const json_t *v, const char *path,
-                             ty_errlist_t *errs) {
+static void set_targets_json(jobspec_t *s, const json_t *v, const char *path, ty_errlist_t *errs) {
   if (json_is_string(v) && !strcmp(json_string_value(v), "all-linear")) {
     s->target_modules = JOBSPEC_TARGET_ALL_LINEAR;
     return;
@@ -302,17 +231,18 @@ static void set_targets_json(jobspec_t *s, const json_t *v, const char *path,
       ty_errlist_add(errs, ep, "must be a module name string, got %s", json_kind(e));
       continue;
     }
-    const char *near = jobspec_closest(json_string_value(e), g_target_names,
-                                       JOBSPEC_TARGET_COUNT);
+    const char *near = jobspec_closest(json_string_value(e), g_target_names, JOBSPEC_TARGET_COUNT);
     if (!strcmp(json_string_value(e), "all-linear"))
-      ty_errlist_add(errs, ep, "\"all-linear\" stands alone: write \"target_modules\": "
-                               "\"all-linear\"");
+      ty_errlist_add(errs, ep,
+                     "\"all-linear\" stands alone: write \"target_modules\": "
+                     "\"all-linear\"");
     else if (near)
-      ty_errlist_add(errs, ep, "unknown module \"%s\"; did you mean \"%s\"?",
-                     json_string_value(e), near);
+      ty_errlist_add(errs, ep, "unknown module \"%s\"; did you mean \"%s\"?", json_string_value(e),
+                     near);
     else
-      ty_errlist_add(errs, ep, "unknown module \"%s\"; use q_proj, k_proj, v_proj, o_proj, "
-                               "gate_proj, up_proj or down_proj",
+      ty_errlist_add(errs, ep,
+                     "unknown module \"%s\"; use q_proj, k_proj, v_proj, o_proj, "
+                     "gate_proj, up_proj or down_proj",
                      json_string_value(e));
   }
   if (ok) s->target_modules = m;
@@ -328,11 +258,10 @@ void jobspec_set_enum_error(const jobspec_field_t *f, const char *got, const cha
   }
   const char *near = got ? jobspec_closest(got, f->names, n) : NULL;
   if (near)
-    ty_errlist_add(errs, path, "unknown value \"%s\"; did you mean \"%s\"? (one of %s)", got,
-                   near, list);
+    ty_errlist_add(errs, path, "unknown value \"%s\"; did you mean \"%s\"? (one of %s)", got, near,
+                   list);
   else
-    ty_errlist_add(errs, path, "must be one of %s%s%s", list, got ? ", got " : "",
-                   got ? got : "");
+    ty_errlist_add(errs, path, "must be one of %s%s%s", list, got ? ", got " : "", got ? got : "");
 }
 
 /* Sets one leaf field from a JSON value; problems go to errs. */
@@ -346,7 +275,8 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
     return;
   }
   switch (f->type) {
-    case JF_OBJECT: return; /* groups are walked by the caller */
+    case JF_OBJECT:
+      return; /* groups are walked by the caller */
     case JF_STRING:
       if (!json_is_string(v)) {
         ty_errlist_add(errs, path, "must be a string, got %s", json_kind(v));
@@ -413,7 +343,9 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
                        json_is_string(v) ? json_string_value(v) : json_kind(v));
       return;
     }
-    case JF_TARGETS: set_targets_json(s, v, path, errs); return;
+    case JF_TARGETS:
+      set_targets_json(s, v, path, errs);
+      return;
     case JF_MODEL:
       llama_config_init(&s->model);
       s->has_model = false;
@@ -424,8 +356,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
 }
 
 /* Walks one JSON object whose fields live under prefix ("" or a group). */
-static void from_object(jobspec_t *s, const json_t *obj, const char *prefix,
-                        ty_errlist_t *errs) {
+static void from_object(jobspec_t *s, const json_t *obj, const char *prefix, ty_errlist_t *errs) {
   const char *key;
   json_t *v;
   json_object_foreach((json_t *)obj, key, v) {
@@ -433,11 +364,12 @@ static void from_object(jobspec_t *s, const json_t *obj, const char *prefix,
     jobspec_path_join(path, sizeof path, prefix, key);
     const jobspec_field_t *f = strchr(key, '.') ? NULL : jobspec_field_find(path);
     if (!f) {
-      const char *near = strchr(key, '.') ? NULL : jobspec_suggest_field(prefix, key, sug,
-                                                                          sizeof sug);
+      const char *near =
+          strchr(key, '.') ? NULL : jobspec_suggest_field(prefix, key, sug, sizeof sug);
       if (strchr(key, '.'))
-        ty_errlist_add(errs, path, "unknown field; dotted names are for command-line flags, "
-                                   "in JSON nest the object (\"fsdp\": {\"bucket_mb\": 64})");
+        ty_errlist_add(errs, path,
+                       "unknown field; dotted names are for command-line flags, "
+                       "in JSON nest the object (\"fsdp\": {\"bucket_mb\": 64})");
       else if (near)
         ty_errlist_add(errs, path, "unknown field; did you mean \"%s\"?", near);
       else
@@ -520,8 +452,7 @@ int jobspec_parse_json(jobspec_t *s, const char *text, size_t len, ty_errlist_t 
   json_error_t je;
   json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
   if (!root) {
-    ty_errlist_add(errs, "", "invalid JSON at line %d, column %d: %s", je.line, je.column,
-                   je.text);
+    ty_errlist_add(errs, "", "invalid JSON at line %d, column %d: %s", je.line, je.column, je.text);
     return TY_EINVAL;
   }
   int rc = jobspec_from_json(s, root, errs);
@@ -573,16 +504,26 @@ char *jobspec_dumps(const jobspec_t *s, bool pretty) {
 
 static const char *type_name(const jobspec_field_t *f, char *buf, size_t cap) {
   switch (f->type) {
-    case JF_OBJECT: return "object";
-    case JF_STRING: return "string";
-    case JF_BOOL: return "bool";
-    case JF_INT: return "int";
-    case JF_U64: return "uint64";
-    case JF_DOUBLE: return "number";
-    case JF_DTYPE: return "float32|bfloat16|float16";
-    case JF_TARGETS: return "list|all-linear";
-    case JF_MODEL: return "object|null";
-    case JF_ENUM: break;
+    case JF_OBJECT:
+      return "object";
+    case JF_STRING:
+      return "string";
+    case JF_BOOL:
+      return "bool";
+    case JF_INT:
+      return "int";
+    case JF_U64:
+      return "uint64";
+    case JF_DOUBLE:
+      return "number";
+    case JF_DTYPE:
+      return "float32|bfloat16|float16";
+    case JF_TARGETS:
+      return "list|all-linear";
+    case JF_MODEL:
+      return "object|null";
+    case JF_ENUM:
+      break;
   }
   buf[0] = '\0';
   for (int i = 0; f->names[i]; i++) {

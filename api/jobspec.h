@@ -27,13 +27,15 @@ typedef enum { JOBSPEC_DEVICE_AUTO = 0, JOBSPEC_DEVICE_CPU, JOBSPEC_DEVICE_CUDA 
 typedef enum { JOBSPEC_DATA_TEXT = 0, JOBSPEC_DATA_U16, JOBSPEC_DATA_U32 } jobspec_data_format_t;
 
 /* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
-#define JOBSPEC_TARGETS(X) X(Q, "q_proj") X(K, "k_proj") X(V, "v_proj") X(O, "o_proj") \
-  X(GATE, "gate_proj") X(UP, "up_proj") X(DOWN, "down_proj")
+#define JOBSPEC_TARGETS(X)                                                           \
+  X(Q, "q_proj")                                                                     \
+  X(K, "k_proj") X(V, "v_proj") X(O, "o_proj") X(GATE, "gate_proj") X(UP, "up_proj") \
+      X(DOWN, "down_proj")
 enum {
 #define TY_X(id, name) JOBSPEC_TARGET_BIT_##id,
   JOBSPEC_TARGETS(TY_X)
 #undef TY_X
-  JOBSPEC_TARGET_COUNT
+      JOBSPEC_TARGET_COUNT
 };
 #define JOBSPEC_TARGET_ALL_LINEAR ((1u << JOBSPEC_TARGET_COUNT) - 1u)
 /* "q_proj" for bit 0, ...; NULL outside 0 .. JOBSPEC_TARGET_COUNT-1. */
@@ -42,44 +44,44 @@ const char *jobspec_target_name(int bit);
 int jobspec_target_parse(const char *name);
 
 typedef struct {
-  char name[JOBSPEC_NAME_MAX];          /* default "job" */
-  char model_path[JOBSPEC_PATH_MAX];    /* "" when unset */
-  bool init_from_scratch;               /* default false */
-  bool has_model;                       /* "model" given (not null) */
-  llama_config_t model;                 /* meaningful when has_model */
-  ty_dtype_t dtype;                     /* compute/storage dtype, default float32 */
-  jobspec_device_t device;              /* default auto */
+  char name[JOBSPEC_NAME_MAX];            /* default "job" */
+  char model_path[JOBSPEC_PATH_MAX];      /* "" when unset */
+  bool init_from_scratch;                 /* default false */
+  bool has_model;                         /* "model" given (not null) */
+  llama_config_t model;                   /* meaningful when has_model */
+  ty_dtype_t dtype;                       /* compute/storage dtype, default float32 */
+  jobspec_device_t device;                /* default auto */
   char allocation_mode[JOBSPEC_MODE_MAX]; /* default "static"; or "fsdp:d<N>" */
-  int dp_degree;                        /* N of fsdp:d<N>; 0 for static */
-  int world_size;                       /* default 1 */
-  bool world_size_given;                /* set explicitly (not defaulted) */
+  int dp_degree;                          /* N of fsdp:d<N>; 0 for static */
+  int world_size;                         /* default 1 */
+  bool world_size_given;                  /* set explicitly (not defaulted) */
   struct {
-    bool memory_efficient_load;         /* default false */
-    int bucket_mb;                      /* default 64 */
+    bool memory_efficient_load; /* default false */
+    int bucket_mb;              /* default 64 */
   } fsdp;
-  bool use_lora;                        /* default false */
-  int lora_rank;                        /* default 8 */
-  double lora_alpha;                    /* default 16 */
-  unsigned target_modules;              /* bitmask; default q,k,v,o */
+  bool use_lora;           /* default false */
+  int lora_rank;           /* default 8 */
+  double lora_alpha;       /* default 16 */
+  unsigned target_modules; /* bitmask; default q,k,v,o */
   struct {
-    char path[JOBSPEC_PATH_MAX];        /* "" when unset */
-    jobspec_data_format_t format;       /* default text */
-    int seq_len;                        /* default 128 */
-    double eval_fraction;               /* held-out tail, default 0.05 */
+    char path[JOBSPEC_PATH_MAX];  /* "" when unset */
+    jobspec_data_format_t format; /* default text */
+    int seq_len;                  /* default 128 */
+    double eval_fraction;         /* held-out tail, default 0.05 */
   } data;
   struct {
-    int steps;                          /* default 100 */
-    int micro_batch_size;               /* default 4 */
-    int grad_accum;                     /* default 1 */
-    double lr;                          /* default 3e-4 */
-    int warmup_steps;                   /* default 0 */
-    double weight_decay;                /* default 0 */
-    double grad_clip;                   /* default 1.0; 0 disables */
-    uint64_t seed;                      /* default 1234 */
-    int checkpoint_every;               /* default 0 (only at the end) */
+    int steps;            /* default 100 */
+    int micro_batch_size; /* default 4 */
+    int grad_accum;       /* default 1 */
+    double lr;            /* default 3e-4 */
+    int warmup_steps;     /* default 0 */
+    double weight_decay;  /* default 0 */
+    double grad_clip;     /* default 1.0; 0 disables */
+    uint64_t seed;        /* default 1234 */
+    int checkpoint_every; /* default 0 (only at the end) */
   } train;
-  int max_restarts;                     /* default 0 */
-  char output_dir[JOBSPEC_PATH_MAX];    /* default "runs/<name>" */
+  int max_restarts;                  /* default 0 */
+  char output_dir[JOBSPEC_PATH_MAX]; /* default "runs/<name>" */
 } jobspec_t;
 
 /* Fills every default. */

@@ -95,7 +95,8 @@ static json_t *flag_value(const jobspec_field_t *f, const char *v, const char *p
       }
       return json_real(d);
     }
-    case JF_TARGETS: return targets_value(v, path, errs);
+    case JF_TARGETS:
+      return targets_value(v, path, errs);
     case JF_MODEL: {
       json_error_t je;
       json_t *m = json_loads(v, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
@@ -245,8 +246,10 @@ int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *pa
         continue;
       }
       if (file)
-        ty_errlist_add(errs, "", "more than one spec file: '%s' and '%s'; give one, and flags "
-                                 "for the rest", file, a);
+        ty_errlist_add(errs, "",
+                       "more than one spec file: '%s' and '%s'; give one, and flags "
+                       "for the rest",
+                       file, a);
       else
         file = a;
       continue;

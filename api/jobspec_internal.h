@@ -1,5 +1,5 @@
-/* jobspec_internal.h - what the job-spec files (jobspec.c, jobspec_flags.c,
- * jobspec_rules.c, llama_config.c) share and nobody else needs: the table of
+/* jobspec_internal.h - what the job-spec files (jobspec*.c, llama_config.c,
+ * pbjson_pb.c) share and nobody else needs: the table of
  * spec fields and name matching for "did you mean". */
 #ifndef TY_API_JOBSPEC_INTERNAL_H
 #define TY_API_JOBSPEC_INTERNAL_H
@@ -26,15 +26,15 @@ typedef enum {
  * protobuf through JSON, serialization, equality, the range rule) walks
  * this table, so a field is declared exactly once. */
 typedef struct {
-  const char *path;          /* dotted path: "fsdp.bucket_mb" */
+  const char *path; /* dotted path: "fsdp.bucket_mb" */
   jf_type_t type;
-  size_t off;                /* offsetof(jobspec_t, ...) */
-  size_t size;               /* JF_STRING: capacity in bytes incl. NUL */
-  const char *const *names;  /* JF_ENUM: NULL-terminated spellings */
-  bool has_range;            /* the "ranges" rule checks [lo, hi] */
-  double lo, hi;             /* inclusive bounds, unless lo_open: (lo, hi] */
+  size_t off;               /* offsetof(jobspec_t, ...) */
+  size_t size;              /* JF_STRING: capacity in bytes incl. NUL */
+  const char *const *names; /* JF_ENUM: NULL-terminated spellings */
+  bool has_range;           /* the "ranges" rule checks [lo, hi] */
+  double lo, hi;            /* inclusive bounds, unless lo_open: (lo, hi] */
   bool lo_open;
-  const char *help;          /* one line for docs */
+  const char *help; /* one line for docs */
 } jobspec_field_t;
 
 extern const jobspec_field_t jobspec_fields[];

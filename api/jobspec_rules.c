@@ -1,6 +1,6 @@
-/* jobspec_rules.c - the validation rules of the job spec, one table (id,
- * fields, stage, why, check), and the server-side checks that need the
- * server's configuration (path roots, GPU count); see jobspec.h. */
+/* jobspec_rules.c - the validation rules of the job spec: one table (id,
+ * fields, stage, why, check) and jobspec_validate, which runs it; the
+ * server-side checks are in jobspec_server.c. See jobspec.h. */
 #include "api/jobspec.h"
 
 #include <ctype.h>
@@ -24,7 +24,7 @@ static const struct {
   char letter;
   const char *what;
 } g_degrees[] = {
-    {'d', "data-parallel"}, {'p', "pipeline"}, {'t', "tensor"},
+    {'d', "data-parallel"},  {'p', "pipeline"}, {'t', "tensor"},
     {'m', "tensor (model)"}, {'c', "context"},  {'e', "expert"},
 };
 
@@ -39,17 +39,21 @@ static int alloc_parse(const char *m, alloc_t *a, ty_errlist_t *errs) {
   }
   if (strchr(m, '+')) {
     if (errs)
-      ty_errlist_add(errs, F, "\"%s\" combines several allocations; trainyard trains and runs "
-                              "no inference engine: keep only the training part, e.g. "
-                              "\"fsdp:d2\"", m);
+      ty_errlist_add(errs, F,
+                     "\"%s\" combines several allocations; trainyard trains and runs "
+                     "no inference engine: keep only the training part, e.g. "
+                     "\"fsdp:d2\"",
+                     m);
     return -1;
   }
   const char *deg = m, *colon = strchr(m, ':');
   if (colon) {
     if ((size_t)(colon - m) != 4 || strncmp(m, "fsdp", 4) != 0) {
       if (errs)
-        ty_errlist_add(errs, F, "backend \"%.*s\" is not supported; use \"fsdp:d<N>\" or "
-                                "\"static\"", (int)(colon - m), m);
+        ty_errlist_add(errs, F,
+                       "backend \"%.*s\" is not supported; use \"fsdp:d<N>\" or "
+                       "\"static\"",
+                       (int)(colon - m), m);
       return -1;
     }
     deg = colon + 1;
@@ -61,9 +65,11 @@ static int alloc_parse(const char *m, alloc_t *a, ty_errlist_t *errs) {
       if (g_degrees[i].letter == *p) k = i;
     if (k < 0 || !isdigit((unsigned char)p[1])) {
       if (errs)
-        ty_errlist_add(errs, F, "cannot read \"%s\" at \"%s\": expected \"static\" or "
-                                "\"fsdp:d<N>\" (degrees d, p, t, c, e each followed by a "
-                                "number)", m, p);
+        ty_errlist_add(errs, F,
+                       "cannot read \"%s\" at \"%s\": expected \"static\" or "
+                       "\"fsdp:d<N>\" (degrees d, p, t, c, e each followed by a "
+                       "number)",
+                       m, p);
       return -1;
     }
     long v = 0;
@@ -78,8 +84,7 @@ static int alloc_parse(const char *m, alloc_t *a, ty_errlist_t *errs) {
     vals[k] = (int)v;
   }
   if (!seen[0]) {
-    if (errs)
-      ty_errlist_add(errs, F, "\"%s\" has no data-parallel degree; write \"fsdp:d<N>\"", m);
+    if (errs) ty_errlist_add(errs, F, "\"%s\" has no data-parallel degree; write \"fsdp:d<N>\"", m);
     return -1;
   }
   a->d = vals[0];
@@ -92,10 +97,10 @@ static int alloc_parse(const char *m, alloc_t *a, ty_errlist_t *errs) {
     if (vals[i] > 1) {
       bad = -1;
       if (errs)
-        ty_errlist_add(errs, F, "%s degree %c%d is not supported: FSDP here is data-parallel "
-                                "only; use %c1 or drop it (\"fsdp:d%d\")",
-                       g_degrees[i].what, g_degrees[i].letter, vals[i], g_degrees[i].letter,
-                       a->d);
+        ty_errlist_add(errs, F,
+                       "%s degree %c%d is not supported: FSDP here is data-parallel "
+                       "only; use %c1 or drop it (\"fsdp:d%d\")",
+                       g_degrees[i].what, g_degrees[i].letter, vals[i], g_degrees[i].letter, a->d);
     }
   return bad;
 }
@@ -115,14 +120,17 @@ static void check_name(const vctx_t *v, ty_errlist_t *errs) {
   for (const char *p = n; ok && *p; p++)
     ok = isalnum((unsigned char)*p) || *p == '.' || *p == '_' || *p == '-';
   if (!ok)
-    ty_errlist_add(errs, "name", "\"%s\" is not a valid name: use letters, digits, '.', '_' "
-                                 "and '-', starting with a letter or digit", n);
+    ty_errlist_add(errs, "name",
+                   "\"%s\" is not a valid name: use letters, digits, '.', '_' "
+                   "and '-', starting with a letter or digit",
+                   n);
 }
 
 static void check_mel_scratch(const vctx_t *v, ty_errlist_t *errs) {
   if (v->s->fsdp.memory_efficient_load && v->s->init_from_scratch)
     ty_errlist_add(errs, "fsdp.memory_efficient_load",
-                   "cannot be true together with init_from_scratch: true (memory-efficient loading stages a pretrained "
+                   "cannot be true together with init_from_scratch: true (memory-efficient loading "
+                   "stages a pretrained "
                    "checkpoint; from scratch there is none); drop one of the two: set "
                    "fsdp.memory_efficient_load to false, or init_from_scratch to false and give "
                    "model_path");
@@ -131,24 +139,28 @@ static void check_mel_scratch(const vctx_t *v, ty_errlist_t *errs) {
 static void check_model_path(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   if (!s->init_from_scratch && !s->model_path[0])
-    ty_errlist_add(errs, "model_path", "is required: the directory of a pretrained checkpoint "
-                                       "(config.json + *.safetensors), unless init_from_scratch "
-                                       "is true");
+    ty_errlist_add(errs, "model_path",
+                   "is required: the directory of a pretrained checkpoint "
+                   "(config.json + *.safetensors), unless init_from_scratch "
+                   "is true");
   if (s->init_from_scratch && s->model_path[0])
-    ty_errlist_add(errs, "model_path", "is not used with init_from_scratch: true (the weights are "
-                                       "random, the shape comes from \"model\"); remove "
-                                       "model_path or set init_from_scratch to false");
+    ty_errlist_add(errs, "model_path",
+                   "is not used with init_from_scratch: true (the weights are "
+                   "random, the shape comes from \"model\"); remove "
+                   "model_path or set init_from_scratch to false");
 }
 
 static void check_model_iff_scratch(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   if (s->init_from_scratch && !s->has_model)
-    ty_errlist_add(errs, "model", "is required with init_from_scratch: true: give the Llama "
-                                  "config.json fields (hidden_size, intermediate_size, "
-                                  "num_hidden_layers, num_attention_heads, vocab_size, ...)");
+    ty_errlist_add(errs, "model",
+                   "is required with init_from_scratch: true: give the Llama "
+                   "config.json fields (hidden_size, intermediate_size, "
+                   "num_hidden_layers, num_attention_heads, vocab_size, ...)");
   if (!s->init_from_scratch && s->has_model)
-    ty_errlist_add(errs, "model", "is only for init_from_scratch: the shape of a pretrained "
-                                  "model comes from its config.json; remove \"model\"");
+    ty_errlist_add(errs, "model",
+                   "is only for init_from_scratch: the shape of a pretrained "
+                   "model comes from its config.json; remove \"model\"");
 }
 
 static void check_model_shape(const vctx_t *v, ty_errlist_t *errs) {
@@ -157,10 +169,11 @@ static void check_model_shape(const vctx_t *v, ty_errlist_t *errs) {
 
 static void check_lora_scratch(const vctx_t *v, ty_errlist_t *errs) {
   if (v->s->use_lora && v->s->init_from_scratch)
-    ty_errlist_add(errs, "use_lora", "cannot be true together with init_from_scratch: true "
-                                     "(adapters over random weights train nothing useful); "
-                                     "set use_lora to false to train every weight, or load a "
-                                     "pretrained model_path");
+    ty_errlist_add(errs, "use_lora",
+                   "cannot be true together with init_from_scratch: true "
+                   "(adapters over random weights train nothing useful); "
+                   "set use_lora to false to train every weight, or load a "
+                   "pretrained model_path");
 }
 
 static void check_ranges(const vctx_t *v, ty_errlist_t *errs) {
@@ -188,22 +201,25 @@ static void check_alloc_world(const vctx_t *v, ty_errlist_t *errs) {
   alloc_t a;
   if (alloc_parse(v->s->allocation_mode, &a, NULL) != 0 || a.d == 0) return;
   if (v->s->world_size != a.d)
-    ty_errlist_add(errs, "world_size", "is %d but allocation_mode \"%s\" asks for %d "
-                                       "data-parallel ranks; make them agree, or drop "
-                                       "world_size", v->s->world_size, v->s->allocation_mode,
-                   a.d);
+    ty_errlist_add(errs, "world_size",
+                   "is %d but allocation_mode \"%s\" asks for %d "
+                   "data-parallel ranks; make them agree, or drop "
+                   "world_size",
+                   v->s->world_size, v->s->allocation_mode, a.d);
 }
 
 static void check_targets(const vctx_t *v, ty_errlist_t *errs) {
   if (v->s->use_lora && (v->s->target_modules & JOBSPEC_TARGET_ALL_LINEAR) == 0)
-    ty_errlist_add(errs, "target_modules", "is empty but use_lora is true; list modules such "
-                                           "as [\"q_proj\", \"v_proj\"], or \"all-linear\"");
+    ty_errlist_add(errs, "target_modules",
+                   "is empty but use_lora is true; list modules such "
+                   "as [\"q_proj\", \"v_proj\"], or \"all-linear\"");
 }
 
 static void check_warmup(const vctx_t *v, ty_errlist_t *errs) {
   if (v->s->train.warmup_steps > v->s->train.steps)
-    ty_errlist_add(errs, "train.warmup_steps", "is %d, more than train.steps (%d); lower it "
-                                               "or raise train.steps",
+    ty_errlist_add(errs, "train.warmup_steps",
+                   "is %d, more than train.steps (%d); lower it "
+                   "or raise train.steps",
                    v->s->train.warmup_steps, v->s->train.steps);
 }
 
@@ -211,8 +227,9 @@ static void check_seq_len(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   if (s->has_model && s->model.max_position_embeddings > 0 &&
       s->data.seq_len > s->model.max_position_embeddings)
-    ty_errlist_add(errs, "data.seq_len", "is %d, longer than model.max_position_embeddings "
-                                         "(%lld); shorten it or raise the model's limit",
+    ty_errlist_add(errs, "data.seq_len",
+                   "is %d, longer than model.max_position_embeddings "
+                   "(%lld); shorten it or raise the model's limit",
                    s->data.seq_len, (long long)s->model.max_position_embeddings);
 }
 
@@ -225,8 +242,9 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
       ty_errlist_add(errs, "model_path", "%s does not exist; give the checkpoint's directory",
                      s->model_path);
     else if (!S_ISDIR(st.st_mode))
-      ty_errlist_add(errs, "model_path", "%s is not a directory; give the directory holding "
-                                         "config.json and the *.safetensors files",
+      ty_errlist_add(errs, "model_path",
+                     "%s is not a directory; give the directory holding "
+                     "config.json and the *.safetensors files",
                      s->model_path);
   }
   if (s->data.path[0]) {
@@ -245,31 +263,40 @@ typedef struct {
 static const rule_t g_rules[] = {
     {"name-safe", "name", "spec",
      "the name becomes the default output directory runs/<name>, so it must be one safe path "
-     "component", check_name},
+     "component",
+     check_name},
     {"scratch-no-memory-efficient-load", "fsdp.memory_efficient_load, init_from_scratch", "spec",
      "memory-efficient loading stages a pretrained checkpoint; from scratch there is none. The "
-     "message says to drop one of the two", check_mel_scratch},
+     "message says to drop one of the two",
+     check_mel_scratch},
     {"model-path-required", "model_path, init_from_scratch", "spec",
      "nothing to load without it; with init_from_scratch it would be silently ignored",
      check_model_path},
     {"model-iff-scratch", "model, init_from_scratch", "spec",
      "from scratch the shape must be given; otherwise it comes from the checkpoint's "
-     "config.json", check_model_iff_scratch},
+     "config.json",
+     check_model_iff_scratch},
     {"model-shape", "model.*", "spec",
      "sizes >= 1, heads divide evenly (num_key_value_heads divides num_attention_heads, "
-     "head_dim given or hidden_size divisible by the heads), eps > 0", check_model_shape},
+     "head_dim given or hidden_size divisible by the heads), eps > 0",
+     check_model_shape},
     {"scratch-no-lora", "use_lora, init_from_scratch", "spec",
      "adapters over random weights train nothing useful", check_lora_scratch},
-    {"ranges", "world_size, lora_rank, lora_alpha, fsdp.bucket_mb, data.*, train.*, "
-     "max_restarts", "spec",
+    {"ranges",
+     "world_size, lora_rank, lora_alpha, fsdp.bucket_mb, data.*, train.*, "
+     "max_restarts",
+     "spec",
      "world_size >= 1, lora_rank >= 1, train.lr > 0, train.steps >= 1, data.seq_len >= 1, "
-     "finite numbers only ('validate --fields' lists every bound)", check_ranges},
+     "finite numbers only ('validate --fields' lists every bound)",
+     check_ranges},
     {"allocation-mode", "allocation_mode", "spec",
      "\"static\" or AReaL's \"fsdp:d<N>\"; pipeline, tensor, context or expert degrees above 1 "
-     "are rejected, naming the degree: FSDP here is data-parallel", check_alloc},
+     "are rejected, naming the degree: FSDP here is data-parallel",
+     check_alloc},
     {"allocation-world-size", "allocation_mode, world_size", "spec",
      "d<N> is the number of ranks; when both are given they must agree (world_size defaults "
-     "to N)", check_alloc_world},
+     "to N)",
+     check_alloc_world},
     {"lora-targets", "target_modules, use_lora", "spec",
      "a LoRA job with no target module has nothing to train", check_targets},
     {"warmup-within-steps", "train.warmup_steps, train.steps", "spec",
@@ -281,12 +308,14 @@ static const rule_t g_rules[] = {
      check_paths_exist},
     {"paths-in-roots", "model_path, data.path, output_dir", "submit",
      "no reading or writing outside the server's configured roots (symbolic links and .. "
-     "followed)", NULL},
+     "followed)",
+     NULL},
     {"cuda-gpus", "device, world_size", "submit",
      "device cuda needs one GPU per rank on the host; fail at submit, not in a worker", NULL},
     {"checkpoint-matches-config", "model_path", "load",
      "a checkpoint whose tensors do not match its config.json, or miss or add a tensor, fails "
-     "the job at load with the tensor's name: never train on silently random weights", NULL},
+     "the job at load with the tensor's name: never train on silently random weights",
+     NULL},
 };
 #define NRULES (sizeof g_rules / sizeof g_rules[0])
 
@@ -323,108 +352,4 @@ int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs) {
   for (size_t i = 0; i < NRULES; i++)
     if (g_rules[i].check) g_rules[i].check(&v, errs);
   return errs->len > before ? TY_EINVAL : 0;
-}
-
-/* ---- server-side rules ---- */
-
-/* The absolute, canonical form of path (relative to base), following
- * symbolic links and ".." through the part that exists. Returns 0, or -1
- * when the part that does not exist yet holds "." or ".." (which could
- * still step out once created). out has PATH_MAX bytes. */
-static int resolve(const char *path, const char *base, char *out) {
-  char abs[PATH_MAX * 2], cwd[PATH_MAX];
-  if (path[0] == '/') {
-    snprintf(abs, sizeof abs, "%s", path);
-  } else {
-    if (!base) base = getcwd(cwd, sizeof cwd);
-    if (!base) return -1;
-    snprintf(abs, sizeof abs, "%s/%s", base, path);
-  }
-  if (realpath(abs, out)) return 0;
-  /* Walk up to the nearest existing ancestor. */
-  size_t n = strlen(abs);
-  while (n > 1) {
-    while (n > 1 && abs[n - 1] != '/') n--;
-    while (n > 1 && abs[n - 1] == '/') n--;
-    char head[PATH_MAX * 2];
-    snprintf(head, sizeof head, "%.*s", (int)n, abs);
-    if (!realpath(n == 1 && abs[0] == '/' ? "/" : head, out)) continue;
-    const char *rest = abs + n;
-    for (const char *p = rest; *p;) {
-      while (*p == '/') p++;
-      const char *e = strchr(p, '/');
-      size_t len = e ? (size_t)(e - p) : strlen(p);
-      if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.')) return -1;
-      p += len;
-    }
-    size_t o = strlen(out);
-    if (o == 1) o = 0; /* out is "/" */
-    while (*rest == '/') rest++;
-    snprintf(out + o, PATH_MAX - o, "/%s", rest);
-    return 0;
-  }
-  return -1;
-}
-
-static bool inside_any(const char *resolved, const char *const *roots) {
-  for (size_t i = 0; roots && roots[i]; i++) {
-    char r[PATH_MAX];
-    if (!realpath(roots[i], r)) continue; /* a root that does not exist holds nothing */
-    size_t n = strlen(r);
-    if (!strcmp(r, "/")) return true;
-    if (!strncmp(resolved, r, n) && (resolved[n] == '\0' || resolved[n] == '/')) return true;
-  }
-  return false;
-}
-
-static void roots_list(char *buf, size_t cap, const char *const *a, const char *const *b) {
-  buf[0] = '\0';
-  const char *const *lists[2] = {a, b};
-  for (int k = 0; k < 2; k++)
-    for (size_t i = 0; lists[k] && lists[k][i]; i++) {
-      size_t l = strlen(buf);
-      snprintf(buf + l, cap - l, "%s%s", l ? ", " : "", lists[k][i]);
-    }
-  if (!buf[0]) snprintf(buf, cap, "none configured");
-}
-
-static void check_one_root(const char *field, const char *path, bool write,
-                           const jobspec_roots_t *r, ty_errlist_t *errs) {
-  char res[PATH_MAX], list[1024];
-  if (!path[0]) return;
-  if (resolve(path, r->base, res) != 0) {
-    ty_errlist_add(errs, field, "%s cannot be resolved safely (a part that does not exist yet "
-                                "holds '.' or '..'); give a plain path inside the roots", path);
-    return;
-  }
-  bool ok = inside_any(res, r->write) || (!write && inside_any(res, r->read));
-  if (ok) return;
-  roots_list(list, sizeof list, write ? NULL : r->read, r->write);
-  ty_errlist_add(errs, field, "%s resolves to %s, outside the server's %s roots (%s); move it "
-                              "under one of them", path, res, write ? "output" : "allowed", list);
-}
-
-int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs) {
-  size_t before = errs->len;
-  check_one_root("model_path", s->model_path, false, roots, errs);
-  check_one_root("data.path", s->data.path, false, roots, errs);
-  check_one_root("output_dir", s->output_dir, true, roots, errs);
-  return errs->len > before ? TY_EINVAL : 0;
-}
-
-int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *errs) {
-  if (s->device != JOBSPEC_DEVICE_CUDA) return 0;
-  if (gpus_available <= 0) {
-    ty_errlist_add(errs, "device", "is cuda but this server has no GPU; use \"auto\" or "
-                                   "\"cpu\"");
-    return TY_EINVAL;
-  }
-  if (s->world_size > gpus_available) {
-    ty_errlist_add(errs, "device", "cuda with world_size %d needs %d GPUs, this server has %d; "
-                                   "lower world_size (and allocation_mode) to at most %d, or "
-                                   "use \"cpu\"", s->world_size, s->world_size,
-                   gpus_available, gpus_available);
-    return TY_EINVAL;
-  }
-  return 0;
 }

@@ -53,14 +53,21 @@ static void path_of(char *buf, size_t cap, const char *prefix, const char *key) 
 static const char *json_kind(const json_t *v) {
   if (!v) return "nothing";
   switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
+    case JSON_OBJECT:
+      return "an object";
+    case JSON_ARRAY:
+      return "an array";
+    case JSON_STRING:
+      return "a string";
+    case JSON_INTEGER:
+      return "an integer";
+    case JSON_REAL:
+      return "a number";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
+    case JSON_FALSE:
+      return "a boolean";
+    default:
+      return "null";
   }
 }
 
@@ -133,12 +140,12 @@ static const lk_row_t *row_find(const char *key) {
 
 /* Keys llama_config_to_json writes that carry no shape: accepted in strict
  * mode when they name Llama, so that the output parses back. */
-static void check_identity(const char *key, const json_t *v, const char *path,
-                           ty_errlist_t *errs) {
+static void check_identity(const char *key, const json_t *v, const char *path, ty_errlist_t *errs) {
   if (!strcmp(key, "model_type")) {
     if (!json_is_string(v) || strcmp(json_string_value(v), "llama") != 0)
-      ty_errlist_add(errs, path, "only \"llama\" is supported; remove the field or set it to "
-                                 "\"llama\"");
+      ty_errlist_add(errs, path,
+                     "only \"llama\" is supported; remove the field or set it to "
+                     "\"llama\"");
     return;
   }
   /* architectures */
@@ -176,8 +183,9 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
       if (near)
         ty_errlist_add(errs, path, "unknown field; did you mean \"%s\"?", near);
       else
-        ty_errlist_add(errs, path, "unknown field; a model takes the Llama config.json fields "
-                                   "(hidden_size, num_hidden_layers, ...)");
+        ty_errlist_add(errs, path,
+                       "unknown field; a model takes the Llama config.json fields "
+                       "(hidden_size, num_hidden_layers, ...)");
       continue;
     }
     if (json_is_null(v)) {
@@ -248,10 +256,18 @@ json_t *llama_config_to_json(const llama_config_t *c) {
     const void *p = (const char *)c + r->off;
     json_t *v = NULL;
     switch (r->type) {
-      case LK_I64: v = json_integer((json_int_t) * (const int64_t *)p); break;
-      case LK_F64: v = json_real(*(const double *)p); break;
-      case LK_BOOL: v = json_boolean(*(const bool *)p); break;
-      case LK_DTYPE: v = json_string(ty_dtype_name(*(const ty_dtype_t *)p)); break;
+      case LK_I64:
+        v = json_integer((json_int_t) * (const int64_t *)p);
+        break;
+      case LK_F64:
+        v = json_real(*(const double *)p);
+        break;
+      case LK_BOOL:
+        v = json_boolean(*(const bool *)p);
+        break;
+      case LK_DTYPE:
+        v = json_string(ty_dtype_name(*(const ty_dtype_t *)p));
+        break;
     }
     json_object_set_new(o, r->key, v);
   }

@@ -60,19 +60,28 @@ static size_t elem_size(ProtobufCType t) {
     case PROTOBUF_C_TYPE_SINT32:
     case PROTOBUF_C_TYPE_SFIXED32:
     case PROTOBUF_C_TYPE_UINT32:
-    case PROTOBUF_C_TYPE_FIXED32: return 4;
+    case PROTOBUF_C_TYPE_FIXED32:
+      return 4;
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
     case PROTOBUF_C_TYPE_SFIXED64:
     case PROTOBUF_C_TYPE_UINT64:
-    case PROTOBUF_C_TYPE_FIXED64: return 8;
-    case PROTOBUF_C_TYPE_FLOAT: return sizeof(float);
-    case PROTOBUF_C_TYPE_DOUBLE: return sizeof(double);
-    case PROTOBUF_C_TYPE_BOOL: return sizeof(protobuf_c_boolean);
-    case PROTOBUF_C_TYPE_ENUM: return sizeof(int);
-    case PROTOBUF_C_TYPE_STRING: return sizeof(char *);
-    case PROTOBUF_C_TYPE_BYTES: return sizeof(ProtobufCBinaryData);
-    case PROTOBUF_C_TYPE_MESSAGE: return sizeof(ProtobufCMessage *);
+    case PROTOBUF_C_TYPE_FIXED64:
+      return 8;
+    case PROTOBUF_C_TYPE_FLOAT:
+      return sizeof(float);
+    case PROTOBUF_C_TYPE_DOUBLE:
+      return sizeof(double);
+    case PROTOBUF_C_TYPE_BOOL:
+      return sizeof(protobuf_c_boolean);
+    case PROTOBUF_C_TYPE_ENUM:
+      return sizeof(int);
+    case PROTOBUF_C_TYPE_STRING:
+      return sizeof(char *);
+    case PROTOBUF_C_TYPE_BYTES:
+      return sizeof(ProtobufCBinaryData);
+    case PROTOBUF_C_TYPE_MESSAGE:
+      return sizeof(ProtobufCMessage *);
   }
   return 0;
 }
@@ -85,12 +94,15 @@ static json_t *value_to_json(const ProtobufCFieldDescriptor *f, const void *p, c
   switch (f->type) {
     case PROTOBUF_C_TYPE_INT32:
     case PROTOBUF_C_TYPE_SINT32:
-    case PROTOBUF_C_TYPE_SFIXED32: return json_integer(*(const int32_t *)p);
+    case PROTOBUF_C_TYPE_SFIXED32:
+      return json_integer(*(const int32_t *)p);
     case PROTOBUF_C_TYPE_UINT32:
-    case PROTOBUF_C_TYPE_FIXED32: return json_integer(*(const uint32_t *)p);
+    case PROTOBUF_C_TYPE_FIXED32:
+      return json_integer(*(const uint32_t *)p);
     case PROTOBUF_C_TYPE_INT64:
     case PROTOBUF_C_TYPE_SINT64:
-    case PROTOBUF_C_TYPE_SFIXED64: return json_integer(*(const int64_t *)p);
+    case PROTOBUF_C_TYPE_SFIXED64:
+      return json_integer(*(const int64_t *)p);
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64: {
       uint64_t u = *(const uint64_t *)p;
@@ -110,7 +122,8 @@ static json_t *value_to_json(const ProtobufCFieldDescriptor *f, const void *p, c
       }
       return json_real(d);
     }
-    case PROTOBUF_C_TYPE_BOOL: return json_boolean(*(const protobuf_c_boolean *)p);
+    case PROTOBUF_C_TYPE_BOOL:
+      return json_boolean(*(const protobuf_c_boolean *)p);
     case PROTOBUF_C_TYPE_ENUM: {
       int v = *(const int *)p;
       const char *n = pbjson_enum_name(f->descriptor, v, buf, sizeof buf);
@@ -128,7 +141,8 @@ static json_t *value_to_json(const ProtobufCFieldDescriptor *f, const void *p, c
     }
     case PROTOBUF_C_TYPE_MESSAGE:
       return pbjson_from_message(*(ProtobufCMessage *const *)p, path, errs);
-    case PROTOBUF_C_TYPE_BYTES: break;
+    case PROTOBUF_C_TYPE_BYTES:
+      break;
   }
   ty_errlist_add(errs, path, "bytes fields are not supported");
   return NULL;
@@ -175,14 +189,21 @@ json_t *pbjson_from_message(const ProtobufCMessage *m, const char *path, ty_errl
 
 static const char *kind(const json_t *v) {
   switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
+    case JSON_OBJECT:
+      return "an object";
+    case JSON_ARRAY:
+      return "an array";
+    case JSON_STRING:
+      return "a string";
+    case JSON_INTEGER:
+      return "an integer";
+    case JSON_REAL:
+      return "a number";
     case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
+    case JSON_FALSE:
+      return "a boolean";
+    default:
+      return "null";
   }
 }
 
@@ -244,8 +265,8 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
     case PROTOBUF_C_TYPE_ENUM: {
       int e;
       if (!json_is_string(v) || pbjson_enum_value(f->descriptor, json_string_value(v), &e) != 0) {
-        ty_errlist_add(errs, path, "unknown value %s", json_is_string(v) ? json_string_value(v)
-                                                                          : kind(v));
+        ty_errlist_add(errs, path, "unknown value %s",
+                       json_is_string(v) ? json_string_value(v) : kind(v));
         return -1;
       }
       *(int *)p = e;
@@ -264,7 +285,8 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
       *(ProtobufCMessage **)p = sub;
       return 0;
     }
-    case PROTOBUF_C_TYPE_BYTES: break;
+    case PROTOBUF_C_TYPE_BYTES:
+      break;
   }
   ty_errlist_add(errs, path, "bytes fields are not supported");
   return -1;

@@ -26,8 +26,8 @@ static void print_rule(const char *id, const char *fields, const char *why, void
   printf("| `%s` | %s | %s | %s |\n", id, fields, jobspec_rule_stage(id), why);
 }
 
-static void print_field(const char *path, const char *type, const char *dflt,
-                        const char *range, const char *help, void *ctx) {
+static void print_field(const char *path, const char *type, const char *dflt, const char *range,
+                        const char *help, void *ctx) {
   (void)ctx;
   printf("| `%s` | %s | %s | %s | %s |\n", path, type, *dflt ? dflt : "", range, help);
 }

@@ -143,7 +143,9 @@ static void test_wrong_types(void **state) {
   assert_true(tu_has(&e, "fsdp", "must be an object, got an integer"));
   assert_true(tu_has(&e, "target_modules", "must be a list of module names"));
   assert_true(tu_has(&e, "dtype", "must be \"float32\", \"bfloat16\" or \"float16\""));
-  assert_true(tu_has(&e, "device", "unknown value \"tpu\"; did you mean \"cpu\"? (one of \"auto\", \"cpu\", \"cuda\")"));
+  assert_true(
+      tu_has(&e, "device",
+             "unknown value \"tpu\"; did you mean \"cpu\"? (one of \"auto\", \"cpu\", \"cuda\")"));
   assert_true(tu_has(&e, "model", "must be an object of Llama config.json fields"));
   assert_true(tu_has(&e, "train.steps", "must be an integer, got a number"));
   assert_true(tu_has(&e, "train.lr", "must be a number, got a boolean"));
@@ -169,7 +171,8 @@ static void test_nulls(void **state) {
                             "\"train\": {\"lr\": null}, \"name\": null}",
                             &e),
                    TY_EINVAL);
-  assert_true(tu_has(&e, "world_size", "must not be null; remove the field to use the default (1)"));
+  assert_true(
+      tu_has(&e, "world_size", "must not be null; remove the field to use the default (1)"));
   assert_true(tu_has(&e, "fsdp", "must not be null"));
   assert_true(tu_has(&e, "train.lr", "default (0.0003)"));
   assert_true(tu_has(&e, "name", "default (\"job\")"));
@@ -186,8 +189,7 @@ static void test_duplicate_keys(void **state) {
   assert_true(tu_has(&e, "", "duplicate object key"));
   assert_true(tu_has(&e, "", "line 2"));
   ty_errlist_clear(&e);
-  assert_int_equal(tu_parse(&s, "{\"fsdp\": {\"bucket_mb\": 1, \"bucket_mb\": 2}}", &e),
-                   TY_EINVAL);
+  assert_int_equal(tu_parse(&s, "{\"fsdp\": {\"bucket_mb\": 1, \"bucket_mb\": 2}}", &e), TY_EINVAL);
   assert_true(tu_has(&e, "", "duplicate object key"));
   ty_errlist_clear(&e);
 }
@@ -283,8 +285,8 @@ static void test_unknown_fields_suggest(void **state) {
                             &e),
                    TY_EINVAL);
   assert_true(tu_has(&e, "modle_path", "did you mean \"model_path\"?"));
-  assert_true(tu_has(&e, "fsdp.memory_eficient_load",
-                     "did you mean \"fsdp.memory_efficient_load\"?"));
+  assert_true(
+      tu_has(&e, "fsdp.memory_eficient_load", "did you mean \"fsdp.memory_efficient_load\"?"));
   assert_true(tu_has(&e, "bucket_mb", "did you mean \"fsdp.bucket_mb\"?"));
   assert_true(tu_has(&e, "lr", "did you mean \"train.lr\"?"));
   assert_true(tu_has(&e, "xyzzy", "unknown field; 'trainyard validate --fields' lists them"));
@@ -306,9 +308,8 @@ static void test_targets_and_enums(void **state) {
                    0);
   assert_int_equal(s.target_modules, JOBSPEC_TARGET_ALL_LINEAR);
   assert_int_equal(s.dtype, TY_DTYPE_BF16);
-  assert_int_equal(tu_parse(&s, "{\"target_modules\": [\"q_proj\", \"all-linear\", 3, \"xx\"]}",
-                            &e),
-                   TY_EINVAL);
+  assert_int_equal(
+      tu_parse(&s, "{\"target_modules\": [\"q_proj\", \"all-linear\", 3, \"xx\"]}", &e), TY_EINVAL);
   assert_true(tu_has(&e, "target_modules[1]", "\"all-linear\" stands alone"));
   assert_true(tu_has(&e, "target_modules[2]", "must be a module name string"));
   assert_true(tu_has(&e, "target_modules[3]", "unknown module \"xx\"; use q_proj"));

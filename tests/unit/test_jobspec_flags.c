@@ -19,7 +19,8 @@ static int args(jobspec_t *s, ty_errlist_t *e, const char *const *passthrough, .
   int argc = 0;
   va_list ap;
   va_start(ap, passthrough);
-  for (const char *a; (a = va_arg(ap, const char *)) != NULL && argc < 64;) argv[argc++] = (char *)a;
+  for (const char *a; (a = va_arg(ap, const char *)) != NULL && argc < 64;)
+    argv[argc++] = (char *)a;
   va_end(ap);
   jobspec_init(s);
   ty_errlist_clear(e);
@@ -30,11 +31,10 @@ static void test_every_type(void **state) {
   (void)state;
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  assert_int_equal(args(&s, &e, NULL, "--fsdp.memory_efficient_load", "true", "--model_path",
-                        "DIR", "--allocation_mode", "static", "--world_size", "2",
-                        "--train.lr=1e-4", "--train.seed", "42", "--dtype", "bf16",
-                        "--device", "cpu", "--data.format", "u32", "--name", "a-b",
-                        "--lora_alpha", "32", NULL),
+  assert_int_equal(args(&s, &e, NULL, "--fsdp.memory_efficient_load", "true", "--model_path", "DIR",
+                        "--allocation_mode", "static", "--world_size", "2", "--train.lr=1e-4",
+                        "--train.seed", "42", "--dtype", "bf16", "--device", "cpu", "--data.format",
+                        "u32", "--name", "a-b", "--lora_alpha", "32", NULL),
                    0);
   assert_true(s.fsdp.memory_efficient_load);
   assert_string_equal(s.model_path, "DIR");
@@ -77,10 +77,9 @@ static void test_bad_values(void **state) {
   (void)state;
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  assert_int_equal(args(&s, &e, NULL, "--world_size", "two", "--use_lora", "maybe",
-                        "--train.lr", "inf", "--train.seed", "-3", "--train.steps", "1.5",
-                        "--lora_rank", "99999999999999999999", "--device", "gpu",
-                        "--data.seq_len", NULL),
+  assert_int_equal(args(&s, &e, NULL, "--world_size", "two", "--use_lora", "maybe", "--train.lr",
+                        "inf", "--train.seed", "-3", "--train.steps", "1.5", "--lora_rank",
+                        "99999999999999999999", "--device", "gpu", "--data.seq_len", NULL),
                    TY_EINVAL);
   assert_true(tu_has(&e, "world_size", "must be an integer, got 'two'"));
   assert_true(tu_has(&e, "use_lora", "must be true or false, got 'maybe'"));
@@ -98,19 +97,19 @@ static void test_unknown_flags(void **state) {
   (void)state;
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  assert_int_equal(args(&s, &e, NULL, "--fsdp.memory_eficient_load", "true", "--modelpath",
-                        "x", "--bucket_mb", "3", "--fsdp", "x", "--zzzzzz", "1", NULL),
+  assert_int_equal(args(&s, &e, NULL, "--fsdp.memory_eficient_load", "true", "--modelpath", "x",
+                        "--bucket_mb", "3", "--fsdp", "x", "--zzzzzz", "1", NULL),
                    TY_EINVAL);
-  assert_true(tu_has(&e, "fsdp.memory_eficient_load", "did you mean --fsdp.memory_efficient_load?"));
+  assert_true(
+      tu_has(&e, "fsdp.memory_eficient_load", "did you mean --fsdp.memory_efficient_load?"));
   assert_true(tu_has(&e, "modelpath", "did you mean --model_path?"));
   assert_true(tu_has(&e, "bucket_mb", "did you mean --fsdp.bucket_mb?"));
   assert_true(tu_has(&e, "fsdp", "is a group; set its fields, e.g. --fsdp.memory_efficient_load"));
   assert_true(tu_has(&e, "zzzzzz", "unknown flag --zzzzzz"));
   assert_int_equal(e.len, 5);
   /* Passthrough flags are skipped and take no value. */
-  assert_int_equal(args(&s, &e, (const char *const[]){"json", NULL}, "--json", "--model_path",
-                        "m", NULL),
-                   0);
+  assert_int_equal(
+      args(&s, &e, (const char *const[]){"json", NULL}, "--json", "--model_path", "m", NULL), 0);
   assert_string_equal(s.model_path, "m");
   ty_errlist_clear(&e);
 }
@@ -119,12 +118,12 @@ static void test_model_flags(void **state) {
   (void)state;
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  assert_int_equal(args(&s, &e, NULL, "--init_from_scratch", "--model.hidden_size", "64",
-                        "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
-                        "--model.num_attention_heads", "4", "--model.vocab_size", "256",
-                        "--model.rms_norm_eps", "1e-5", "--model.tie_word_embeddings", "true",
-                        "--model.torch_dtype", "bfloat16", NULL),
-                   0);
+  assert_int_equal(
+      args(&s, &e, NULL, "--init_from_scratch", "--model.hidden_size", "64",
+           "--model.intermediate_size", "128", "--model.num_hidden_layers", "2",
+           "--model.num_attention_heads", "4", "--model.vocab_size", "256", "--model.rms_norm_eps",
+           "1e-5", "--model.tie_word_embeddings", "true", "--model.torch_dtype", "bfloat16", NULL),
+      0);
   assert_true(s.has_model);
   assert_int_equal(s.model.hidden_size, 64);
   assert_int_equal(s.model.head_dim, 16);
@@ -155,17 +154,18 @@ static void test_flags_win_over_file(void **state) {
   char path[] = "/tmp/ty-spec-XXXXXX";
   int fd = mkstemp(path);
   assert_true(fd >= 0);
-  const char *text = "{\"model_path\": \"from-file\", \"world_size\": 4, \"fsdp\": "
-                     "{\"bucket_mb\": 16, \"memory_efficient_load\": false}, \"train\": "
-                     "{\"steps\": 7}}";
+  const char *text =
+      "{\"model_path\": \"from-file\", \"world_size\": 4, \"fsdp\": "
+      "{\"bucket_mb\": 16, \"memory_efficient_load\": false}, \"train\": "
+      "{\"steps\": 7}}";
   assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
   close(fd);
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* Flags given before the file still win. */
-  assert_int_equal(args(&s, &e, NULL, "--world_size", "2", path,
-                        "--fsdp.memory_efficient_load", "true", NULL),
-                   0);
+  assert_int_equal(
+      args(&s, &e, NULL, "--world_size", "2", path, "--fsdp.memory_efficient_load", "true", NULL),
+      0);
   assert_string_equal(s.model_path, "from-file");
   assert_int_equal(s.world_size, 2);
   assert_true(s.fsdp.memory_efficient_load);
@@ -201,14 +201,15 @@ static void test_flags_equal_json(void **state) {
   (void)state;
   jobspec_t a, b;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  assert_int_equal(args(&a, &e, NULL, "--model_path", "m", "--use_lora", "--lora_rank", "4",
-                        "--target_modules", "q_proj,v_proj", "--allocation_mode", "fsdp:d2",
-                        "--train.lr", "0.001", NULL),
-                   0);
+  assert_int_equal(
+      args(&a, &e, NULL, "--model_path", "m", "--use_lora", "--lora_rank", "4", "--target_modules",
+           "q_proj,v_proj", "--allocation_mode", "fsdp:d2", "--train.lr", "0.001", NULL),
+      0);
   assert_int_equal(jobspec_validate(&a, false, &e), 0);
-  assert_int_equal(tu_check(&b, "{\"model_path\": \"m\", \"use_lora\": true, \"lora_rank\": 4, "
-                                "\"target_modules\": [\"q_proj\", \"v_proj\"], "
-                                "\"allocation_mode\": \"fsdp:d2\", \"train\": {\"lr\": 0.001}}",
+  assert_int_equal(tu_check(&b,
+                            "{\"model_path\": \"m\", \"use_lora\": true, \"lora_rank\": 4, "
+                            "\"target_modules\": [\"q_proj\", \"v_proj\"], "
+                            "\"allocation_mode\": \"fsdp:d2\", \"train\": {\"lr\": 0.001}}",
                             &e),
                    0);
   assert_memory_equal(&a, &b, sizeof a);

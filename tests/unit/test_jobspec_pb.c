@@ -168,17 +168,17 @@ static void test_pbjson_job_and_enums(void **state) {
   (void)state;
   char buf[64];
   int v;
-  assert_string_equal(pbjson_enum_name(&trainyard__v1__job_state__descriptor,
-                                       TRAINYARD__V1__JOB_STATE__JOB_STATE_CANCELLED, buf,
-                                       sizeof buf),
-                      "cancelled");
+  assert_string_equal(
+      pbjson_enum_name(&trainyard__v1__job_state__descriptor,
+                       TRAINYARD__V1__JOB_STATE__JOB_STATE_CANCELLED, buf, sizeof buf),
+      "cancelled");
   assert_string_equal(pbjson_enum_name(&trainyard__v1__phase__descriptor,
                                        TRAINYARD__V1__PHASE__PHASE_LOADING, buf, sizeof buf),
                       "loading");
   assert_int_equal(pbjson_enum_value(&trainyard__v1__job_state__descriptor, "running", &v), 0);
   assert_int_equal(v, TRAINYARD__V1__JOB_STATE__JOB_STATE_RUNNING);
-  assert_int_equal(pbjson_enum_value(&trainyard__v1__job_state__descriptor, "JOB_STATE_FAILED",
-                                     &v), 0);
+  assert_int_equal(pbjson_enum_value(&trainyard__v1__job_state__descriptor, "JOB_STATE_FAILED", &v),
+                   0);
   assert_int_equal(v, TRAINYARD__V1__JOB_STATE__JOB_STATE_FAILED);
   assert_int_equal(pbjson_enum_value(&trainyard__v1__job_state__descriptor, "paused", &v), -1);
 
@@ -209,8 +209,10 @@ static void test_pbjson_job_and_enums(void **state) {
   trainyard__v1__job__free_unpacked(job, NULL);
   json_decref(j);
 
-  j = json_loads("{\"id\": 5, \"state\": \"paused\", \"nope\": 1, \"attempts\": [{\"number\": "
-                 "4294967296}], \"ranks\": {}}", 0, NULL);
+  j = json_loads(
+      "{\"id\": 5, \"state\": \"paused\", \"nope\": 1, \"attempts\": [{\"number\": "
+      "4294967296}], \"ranks\": {}}",
+      0, NULL);
   assert_null(pbjson_to_message(j, &trainyard__v1__job__descriptor, "", &e));
   assert_true(tu_has(&e, "id", "must be a string"));
   assert_true(tu_has(&e, "state", "unknown value paused"));

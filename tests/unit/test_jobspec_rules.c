@@ -14,7 +14,7 @@
 
 #include "jobspec_testutil.h"
 
-#define SCRATCH_MODEL                                                                      \
+#define SCRATCH_MODEL                                                                       \
   "\"model\": {\"hidden_size\": 64, \"intermediate_size\": 128, \"num_hidden_layers\": 2, " \
   "\"num_attention_heads\": 4, \"vocab_size\": 256}"
 
@@ -60,10 +60,11 @@ static void test_scratch_no_memory_efficient_load(void **state) {
   ok("{\"init_from_scratch\": true, " SCRATCH_MODEL "}");
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  tu_check(&s,
-           "{\"init_from_scratch\": true, \"fsdp\": {\"memory_efficient_load\": true}, "
-           SCRATCH_MODEL "}",
-           &e);
+  tu_check(
+      &s,
+      "{\"init_from_scratch\": true, \"fsdp\": {\"memory_efficient_load\": true}, " SCRATCH_MODEL
+      "}",
+      &e);
   assert_int_equal(e.len, 1);
   /* Names both fields and says to drop one. */
   assert_string_equal(e.items[0].field, "fsdp.memory_efficient_load");
@@ -149,8 +150,11 @@ static void test_allocation_mode(void **state) {
                    0);
   assert_int_equal(s.world_size, 4);
   assert_int_equal(s.dp_degree, 4);
-  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"allocation_mode\": "
-                                "\"fsdp:d2p1t1c1e1\"}", &e), 0);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"allocation_mode\": "
+                            "\"fsdp:d2p1t1c1e1\"}",
+                            &e),
+                   0);
   assert_string_equal(s.allocation_mode, "fsdp:d2");
   assert_int_equal(s.world_size, 2);
   assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"allocation_mode\": \"d3m1\"}", &e), 0);
@@ -192,8 +196,8 @@ static void test_allocation_mode(void **state) {
 static void test_allocation_world_size(void **state) {
   (void)state;
   ok("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2\", \"world_size\": 2}");
-  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2\", \"world_size\": 3}",
-      "world_size", "allocation_mode \"fsdp:d2\" asks for 2");
+  bad("{\"model_path\": \"m\", \"allocation_mode\": \"fsdp:d2\", \"world_size\": 3}", "world_size",
+      "allocation_mode \"fsdp:d2\" asks for 2");
 }
 
 static void test_lora_targets(void **state) {
@@ -258,19 +262,23 @@ static void test_paths_exist(void **state) {
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
   char text[1024];
-  snprintf(text, sizeof text, "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": "
-                              "\"%s/models/train.txt\"}}", g_tmp, g_tmp);
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": "
+           "\"%s/models/train.txt\"}}",
+           g_tmp, g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, true, &e), 0);
-  snprintf(text, sizeof text, "{\"model_path\": \"%s/models/train.txt\", \"data\": {\"path\": "
-                              "\"%s/nope.txt\"}}", g_tmp, g_tmp);
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/train.txt\", \"data\": {\"path\": "
+           "\"%s/nope.txt\"}}",
+           g_tmp, g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path", "is not a directory"));
   assert_true(tu_has(&e, "data.path", "does not exist"));
   ty_errlist_clear(&e);
-  snprintf(text, sizeof text, "{\"model_path\": \"%s/none\", \"data\": {\"path\": \"%s\"}}",
-           g_tmp, g_tmp);
+  snprintf(text, sizeof text, "{\"model_path\": \"%s/none\", \"data\": {\"path\": \"%s\"}}", g_tmp,
+           g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path", "does not exist"));
@@ -292,15 +300,21 @@ static void test_paths_in_roots(void **state) {
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* Relative paths resolve against base; output_dir need not exist yet. */
-  assert_int_equal(tu_check(&s, "{\"model_path\": \"models/tiny\", \"data\": {\"path\": "
-                                "\"models/train.txt\"}, \"output_dir\": \"runs/a/b\"}", &e), 0);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"models/tiny\", \"data\": {\"path\": "
+                            "\"models/train.txt\"}, \"output_dir\": \"runs/a/b\"}",
+                            &e),
+                   0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
   /* A model may come from an earlier job's output (write roots are readable). */
   assert_int_equal(tu_check(&s, "{\"model_path\": \"runs\", \"output_dir\": \"runs/x\"}", &e), 0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
   /* Outside, through "..", through a symbolic link, output in a read root. */
-  assert_int_equal(tu_check(&s, "{\"model_path\": \"models/../secret\", \"data\": {\"path\": "
-                                "\"models/escape\"}, \"output_dir\": \"models/out\"}", &e), 0);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"models/../secret\", \"data\": {\"path\": "
+                            "\"models/escape\"}, \"output_dir\": \"models/out\"}",
+                            &e),
+                   0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
   assert_int_equal(e.len, 3);
   assert_true(tu_has(&e, "model_path", "outside the server's allowed roots"));
@@ -308,15 +322,20 @@ static void test_paths_in_roots(void **state) {
   assert_true(tu_has(&e, "output_dir", "outside the server's output roots"));
   ty_errlist_clear(&e);
   /* ".." in the part that does not exist yet. */
-  assert_int_equal(tu_check(&s, "{\"model_path\": \"models/tiny\", \"output_dir\": "
-                                "\"runs/new/../../secret\"}", &e), 0);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"models/tiny\", \"output_dir\": "
+                            "\"runs/new/../../secret\"}",
+                            &e),
+                   0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
   assert_true(tu_has(&e, "output_dir", "cannot be resolved safely"));
   ty_errlist_clear(&e);
   /* Absolute paths; no roots at all allows nothing. */
   char text[600];
-  snprintf(text, sizeof text, "{\"model_path\": \"%s/models/tiny\", \"output_dir\": "
-                              "\"%s/runs/z\"}", g_tmp, g_tmp);
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"output_dir\": "
+           "\"%s/runs/z\"}",
+           g_tmp, g_tmp);
   assert_int_equal(tu_check(&s, text, &e), 0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
   jobspec_roots_t none = {NULL, NULL, NULL};
@@ -329,8 +348,11 @@ static void test_cuda_gpus(void **state) {
   (void)state;
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"device\": \"cuda\", "
-                                "\"allocation_mode\": \"fsdp:d4\"}", &e), 0);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"device\": \"cuda\", "
+                            "\"allocation_mode\": \"fsdp:d4\"}",
+                            &e),
+                   0);
   assert_int_equal(jobspec_check_devices(&s, 4, &e), 0);
   assert_int_equal(jobspec_check_devices(&s, 2, &e), TY_EINVAL);
   assert_true(tu_has(&e, "device", "needs 4 GPUs, this server has 2"));
@@ -366,9 +388,11 @@ static void test_all_errors_at_once(void **state) {
   (void)state;
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  size_t n = tu_check(&s, "{\"init_from_scratch\": true, \"use_lora\": true, \"fsdp\": "
-                          "{\"memory_efficient_load\": true}, \"world_size\": 0, "
-                          "\"allocation_mode\": \"fsdp:d2t2\"}", &e);
+  size_t n = tu_check(&s,
+                      "{\"init_from_scratch\": true, \"use_lora\": true, \"fsdp\": "
+                      "{\"memory_efficient_load\": true}, \"world_size\": 0, "
+                      "\"allocation_mode\": \"fsdp:d2t2\"}",
+                      &e);
   assert_true(tu_has(&e, "fsdp.memory_efficient_load", "drop one"));
   assert_true(tu_has(&e, "use_lora", "init_from_scratch"));
   assert_true(tu_has(&e, "model", "is required"));

@@ -78,10 +78,11 @@ static void test_types_and_ranges(void **state) {
   llama_config_t c;
   ty_errlist_t e = TY_ERRLIST_INIT;
   llama_config_init(&c);
-  json_t *j = load("{\"hidden_size\": \"64\", \"num_hidden_layers\": 2.5, \"vocab_size\": -1, "
-                   "\"rms_norm_eps\": 0, \"tie_word_embeddings\": 1, \"torch_dtype\": \"int8\", "
-                   "\"intermediate_size\": 1e30, \"model_type\": \"mistral\", "
-                   "\"architectures\": [\"X\"]}");
+  json_t *j = load(
+      "{\"hidden_size\": \"64\", \"num_hidden_layers\": 2.5, \"vocab_size\": -1, "
+      "\"rms_norm_eps\": 0, \"tie_word_embeddings\": 1, \"torch_dtype\": \"int8\", "
+      "\"intermediate_size\": 1e30, \"model_type\": \"mistral\", "
+      "\"architectures\": [\"X\"]}");
   assert_int_equal(llama_config_from_json(j, &c, "model", true, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model.hidden_size", "must be an integer, got a string"));
   assert_true(tu_has(&e, "model.num_hidden_layers", "must be an integer, got a number"));
