@@ -23,10 +23,10 @@
 
 typedef struct {
   pid_t pid;
-  int out_fd;   /* read end of the rank's stdout */
-  char *buf;    /* everything it wrote to stdout */
+  int out_fd; /* read end of the rank's stdout */
+  char *buf;  /* everything it wrote to stdout */
   size_t len, cap;
-  int status;   /* from waitpid */
+  int status; /* from waitpid */
 } rank_proc_t;
 
 static void load_usage(FILE *f) {
@@ -158,8 +158,7 @@ static int print_rank(const jobspec_t *s, int rank, const rank_proc_t *p) {
   json_t *rep = last_report(p);
   const char *phase = json_string_value(json_object_get(rep, "phase"));
   const char *msg = json_string_value(json_object_get(rep, "message"));
-  bool ok = WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0 && phase &&
-            !strcmp(phase, "done");
+  bool ok = WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0 && phase && !strcmp(phase, "done");
   char why[512];
   if (!ok && (!msg || !*msg)) {
     if (WIFSIGNALED(p->status))
@@ -176,7 +175,7 @@ static int print_rank(const jobspec_t *s, int rank, const rank_proc_t *p) {
   json_t *out = json_pack(
       "{s:i,s:i,s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:f,s:s}", "rank", rank, "world_size", s->world_size,
       "path",
-      s->init_from_scratch ? "init_from_scratch"
+      s->init_from_scratch            ? "init_from_scratch"
       : s->fsdp.memory_efficient_load ? "memory_efficient"
                                       : "standard",
       "status", ok ? "ok" : "failed", "bytes_loaded", loaded, "bytes_total",
@@ -207,15 +206,16 @@ int cmd_load(int argc, char **argv) {
   if (!rc) rc = jobspec_validate(&s, true, &errs);
   if (rc) {
     for (size_t i = 0; i < errs.len; i++)
-      fprintf(stderr, "trainyard load: %s: %s\n", *errs.items[i].field ? errs.items[i].field : "spec",
-              errs.items[i].message);
+      fprintf(stderr, "trainyard load: %s: %s\n",
+              *errs.items[i].field ? errs.items[i].field : "spec", errs.items[i].message);
     ty_errlist_clear(&errs);
     return 2;
   }
   char worker[PATH_MAX + 64];
   if (find_worker(worker, sizeof worker)) {
-    fprintf(stderr, "trainyard load: trainyard-worker not found beside this binary (set "
-                    "TRAINYARD_WORKER to its path)\n");
+    fprintf(stderr,
+            "trainyard load: trainyard-worker not found beside this binary (set "
+            "TRAINYARD_WORKER to its path)\n");
     return 1;
   }
   /* The normalized spec, for the ranks. */

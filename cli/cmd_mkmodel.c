@@ -76,8 +76,7 @@ int cmd_mkmodel(int argc, char **argv) {
     for (size_t k = 0; k < sizeof sizes / sizeof sizes[0] && !known; k++) {
       if (strcmp(a, sizes[k].flag)) continue;
       known = true;
-      if (parse_i64(a, v, 1, INT32_MAX, (int64_t *)(void *)((char *)&cfg + sizes[k].off)))
-        return 2;
+      if (parse_i64(a, v, 1, INT32_MAX, (int64_t *)(void *)((char *)&cfg + sizes[k].off))) return 2;
     }
     if (known) continue;
     if (!strcmp(a, "--out")) {
@@ -109,17 +108,17 @@ int cmd_mkmodel(int argc, char **argv) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   if (llama_config_validate(&cfg, "", &errs)) {
     for (size_t i = 0; i < errs.len; i++)
-      fprintf(stderr, "trainyard mkmodel: --%s: %s\n", errs.items[i].field,
-              errs.items[i].message);
-    fprintf(stderr, "(flags map to config.json: --hidden-size = hidden_size, --layers = "
-                    "num_hidden_layers, --heads = num_attention_heads, ...)\n");
+      fprintf(stderr, "trainyard mkmodel: --%s: %s\n", errs.items[i].field, errs.items[i].message);
+    fprintf(stderr,
+            "(flags map to config.json: --hidden-size = hidden_size, --layers = "
+            "num_hidden_layers, --heads = num_attention_heads, ...)\n");
     ty_errlist_clear(&errs);
     return 2;
   }
   char err[1024];
   uint64_t bytes = 0;
-  int rc = ckpt_write_random(out, &cfg, dtype, (int)shards, (uint64_t)seed, &bytes, err,
-                             sizeof err);
+  int rc =
+      ckpt_write_random(out, &cfg, dtype, (int)shards, (uint64_t)seed, &bytes, err, sizeof err);
   if (rc) {
     fprintf(stderr, "trainyard mkmodel: %s\n", err);
     return 1;

@@ -32,9 +32,9 @@ int ty_dtype_parse(const char *s, ty_dtype_t *out) {
     const char *alias;
     ty_dtype_t t;
   } aliases[] = {
-      {"float32", TY_DTYPE_F32},   {"f32", TY_DTYPE_F32},   {"fp32", TY_DTYPE_F32},
-      {"float", TY_DTYPE_F32},     {"bfloat16", TY_DTYPE_BF16}, {"bf16", TY_DTYPE_BF16},
-      {"float16", TY_DTYPE_F16},   {"f16", TY_DTYPE_F16},   {"fp16", TY_DTYPE_F16},
+      {"float32", TY_DTYPE_F32}, {"f32", TY_DTYPE_F32},       {"fp32", TY_DTYPE_F32},
+      {"float", TY_DTYPE_F32},   {"bfloat16", TY_DTYPE_BF16}, {"bf16", TY_DTYPE_BF16},
+      {"float16", TY_DTYPE_F16}, {"f16", TY_DTYPE_F16},       {"fp16", TY_DTYPE_F16},
       {"half", TY_DTYPE_F16},
   };
   if (!s) return -1;
@@ -62,7 +62,9 @@ static inline float bits_f32(uint32_t u) {
 
 /* Loads are byte-wise little-endian so that unaligned sources (a staging
  * bucket at an odd offset) and big-endian hosts both work. */
-static inline uint16_t load_u16(const unsigned char *p) { return (uint16_t)(p[0] | (p[1] << 8)); }
+static inline uint16_t load_u16(const unsigned char *p) {
+  return (uint16_t)(p[0] | (p[1] << 8));
+}
 
 static inline void store_u16(unsigned char *p, uint16_t v) {
   p[0] = (unsigned char)(v & 0xff);
@@ -97,16 +99,16 @@ static inline uint16_t f32_to_f16(float f) {
     return (uint16_t)(sign | 0x7e00u | ((abs >> 13) & 0x3ffu));
   if (abs >= 0x477ff000u) /* >= 65520 rounds to infinity (max half is 65504) */
     return (uint16_t)(sign | 0x7c00u);
-  if (abs >= 0x38800000u) { /* normal half range (>= 2^-14) */
+  if (abs >= 0x38800000u) {                         /* normal half range (>= 2^-14) */
     uint32_t r = abs + 0xfffu + ((abs >> 13) & 1u); /* round to nearest even */
     return (uint16_t)(sign | ((r - 0x38000000u) >> 13));
   }
   if (abs < 0x33000000u) /* below half the smallest subnormal (2^-25): zero */
     return sign;
   /* Subnormal half: value / 2^-24, rounded to nearest even. */
-  uint32_t exp = abs >> 23;                 /* 102..112 */
+  uint32_t exp = abs >> 23; /* 102..112 */
   uint32_t man = (abs & 0x7fffffu) | 0x800000u;
-  uint32_t shift = 126u - exp;              /* 14..24 */
+  uint32_t shift = 126u - exp; /* 14..24 */
   uint32_t q = man >> shift;
   uint32_t rem = man & ((1u << shift) - 1u);
   uint32_t half = 1u << (shift - 1u);

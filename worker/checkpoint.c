@@ -13,7 +13,7 @@
 #include "common/xalloc.h"
 
 __attribute__((format(printf, 4, 5))) static int ck_fail(char *err, size_t errlen, int code,
-                                                          const char *fmt, ...) {
+                                                         const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -23,10 +23,12 @@ __attribute__((format(printf, 4, 5))) static int ck_fail(char *err, size_t errle
   return code;
 }
 
-static void set_entry(ckpt_tensor_t *t, ckpt_kind_t kind, int layer, const char *name,
-                      int64_t rows, int64_t cols) {
-  if (layer >= 0) snprintf(t->name, sizeof t->name, "model.layers.%d.%s", layer, name);
-  else snprintf(t->name, sizeof t->name, "%s", name);
+static void set_entry(ckpt_tensor_t *t, ckpt_kind_t kind, int layer, const char *name, int64_t rows,
+                      int64_t cols) {
+  if (layer >= 0)
+    snprintf(t->name, sizeof t->name, "model.layers.%d.%s", layer, name);
+  else
+    snprintf(t->name, sizeof t->name, "%s", name);
   t->kind = kind;
   t->layer = layer;
   t->ndim = cols ? 2 : 1;
@@ -48,18 +50,23 @@ int ckpt_layout_init(ckpt_layout_t *l, const llama_config_t *cfg) {
   for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
     if (dims[i] < 1 || dims[i] > (1 << 24)) return TY_EINVAL;
   if (L < 0 || L > (1 << 16)) return TY_EINVAL;
+  /* Every kind's name and shape, from the two lists. */
+  const char *name[CKPT_KIND_COUNT];
+  int64_t rows[CKPT_KIND_COUNT], cols[CKPT_KIND_COUNT];
+#define TY_X(id, nm, r, c) name[CKPT_##id] = nm, rows[CKPT_##id] = (r), cols[CKPT_##id] = (c);
+  CKPT_LAYER_TENSORS(TY_X)
+  CKPT_GLOBAL_TENSORS(TY_X)
+#undef TY_X
   size_t n = 1 + (size_t)L * CKPT_PER_LAYER + 1 + (cfg->tie_word_embeddings ? 0 : 1);
   l->tensors = xcalloc(n, sizeof *l->tensors);
   size_t k = 0;
-  set_entry(&l->tensors[k++], CKPT_EMBED, -1, "model.embed_tokens.weight", V, C);
-  for (int layer = 0; layer < L; layer++) {
-#define TY_X(id, name, rows, cols) set_entry(&l->tensors[k++], CKPT_##id, layer, name, rows, cols);
-    CKPT_LAYER_TENSORS(TY_X)
-#undef TY_X
-  }
-  set_entry(&l->tensors[k++], CKPT_FINAL_NORM, -1, "model.norm.weight", C, 0);
-  if (!cfg->tie_word_embeddings)
-    set_entry(&l->tensors[k++], CKPT_LM_HEAD, -1, "lm_head.weight", V, C);
+  set_entry(&l->tensors[k++], CKPT_EMBED, -1, name[CKPT_EMBED], rows[CKPT_EMBED], cols[CKPT_EMBED]);
+  for (int layer = 0; layer < L; layer++)
+    for (int kind = 0; kind < CKPT_PER_LAYER; kind++)
+      set_entry(&l->tensors[k++], (ckpt_kind_t)kind, layer, name[kind], rows[kind], cols[kind]);
+  for (int kind = CKPT_FINAL_NORM; kind <= CKPT_LM_HEAD; kind++)
+    if (kind != CKPT_LM_HEAD || !cfg->tie_word_embeddings)
+      set_entry(&l->tensors[k++], (ckpt_kind_t)kind, -1, name[kind], rows[kind], cols[kind]);
   l->ntensors = k;
   for (size_t i = 0; i < k; i++)
     l->nparams += (uint64_t)l->tensors[i].rows * (uint64_t)l->tensors[i].cols;
@@ -108,8 +115,8 @@ int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t err
     rc = ck_fail(err, errlen, TY_EINVAL, "%s: not a JSON object", path);
   } else if (llama_config_from_json(root, cfg, "", false, &errs) ||
              llama_config_validate(cfg, "", &errs)) {
-    rc = ck_fail(err, errlen, TY_EINVAL, "%s: %s: %s", path,
-                 errs.len ? errs.items[0].field : "", errs.len ? errs.items[0].message : "invalid");
+    rc = ck_fail(err, errlen, TY_EINVAL, "%s: %s: %s", path, errs.len ? errs.items[0].field : "",
+                 errs.len ? errs.items[0].message : "invalid");
   }
   ty_errlist_clear(&errs);
   json_decref(root);
@@ -137,16 +144,15 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
                      t->name, want);
     if (f->ndim != t->ndim || f->shape[0] != t->rows || (t->ndim == 2 && f->shape[1] != t->cols)) {
       shape_str(have, sizeof have, f->ndim, f->shape);
-      return ck_fail(err, errlen, TY_EINVAL,
-                     "tensor '%s' has shape %s but config.json implies %s", t->name, have, want);
+      return ck_fail(err, errlen, TY_EINVAL, "tensor '%s' has shape %s but config.json implies %s",
+                     t->name, have, want);
     }
     map[i] = f;
   }
   if (st->ntensors != l->ntensors) {
     for (size_t i = 0; i < st->ntensors; i++) {
       bool known = false;
-      for (size_t j = 0; j < l->ntensors && !known; j++)
-        known = map[j] == &st->tensors[i];
+      for (size_t j = 0; j < l->ntensors && !known; j++) known = map[j] == &st->tensors[i];
       if (!known)
         return ck_fail(err, errlen, TY_EINVAL,
                        "tensor '%s' is not part of the Llama layout that config.json describes "

@@ -18,6 +18,7 @@
 #include "api/llama_config.h"
 #include "worker/safetensors.h"
 
+// clang-format off
 /* X(id, name within "model.layers.{i}.", rows, cols); cols 0 = 1-D. */
 #define CKPT_LAYER_TENSORS(X)                          \
   X(ATTN_NORM, "input_layernorm.weight", C, 0)         \
@@ -30,10 +31,11 @@
   X(WUP, "mlp.up_proj.weight", FF, C)                  \
   X(WDOWN, "mlp.down_proj.weight", C, FF)
 
-/* X(id, full name, rows, cols) */
-#define CKPT_GLOBAL_TENSORS(X)                  \
-  X(EMBED, "model.embed_tokens.weight", V, C)   \
-  X(FINAL_NORM, "model.norm.weight", C, 0)      \
+/* X(id, full name, rows, cols); the table puts EMBED first and the others
+ * after the layers. */
+#define CKPT_GLOBAL_TENSORS(X)                \
+  X(EMBED, "model.embed_tokens.weight", V, C) \
+  X(FINAL_NORM, "model.norm.weight", C, 0)    \
   X(LM_HEAD, "lm_head.weight", V, C)
 
 typedef enum {
@@ -42,6 +44,7 @@ typedef enum {
 #undef TY_X
   CKPT_KIND_COUNT
 } ckpt_kind_t;
+// clang-format on
 
 /* Number of tensors per layer. */
 #define CKPT_PER_LAYER ((int)CKPT_EMBED)
@@ -50,17 +53,17 @@ typedef enum {
 typedef struct {
   char name[CKPT_NAME_MAX]; /* Hugging Face name */
   ckpt_kind_t kind;
-  int layer;                /* 0..L-1, or -1 for embed, norm, lm_head */
-  int ndim;                 /* 1 or 2 */
-  int64_t rows, cols;       /* shape [rows, cols] or [rows] (cols = 1) */
-  bool is_norm;             /* RMSNorm weight (initialised to 1) */
+  int layer;          /* 0..L-1, or -1 for embed, norm, lm_head */
+  int ndim;           /* 1 or 2 */
+  int64_t rows, cols; /* shape [rows, cols] or [rows] (cols = 1) */
+  bool is_norm;       /* RMSNorm weight (initialised to 1) */
 } ckpt_tensor_t;
 
 typedef struct {
   llama_config_t cfg;
   ckpt_tensor_t *tensors; /* table order, see above */
   size_t ntensors;
-  uint64_t nparams;       /* sum of rows x cols */
+  uint64_t nparams; /* sum of rows x cols */
 } ckpt_layout_t;
 
 /* Builds the table for cfg (which must pass llama_config_validate).

@@ -17,7 +17,7 @@
 #define CW_CHUNK (1u << 20) /* elements generated per step: 4 MiB of fp32 */
 
 __attribute__((format(printf, 4, 5))) static int cw_fail(char *err, size_t errlen, int code,
-                                                          const char *fmt, ...) {
+                                                         const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -71,8 +71,7 @@ static int write_json(const char *path, json_t *j, char *err, size_t errlen) {
 int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dtype, int shards,
                       uint64_t seed, uint64_t *bytes_out, char *err, size_t errlen) {
   ckpt_layout_t l;
-  if (ckpt_layout_init(&l, cfg))
-    return cw_fail(err, errlen, TY_EINVAL, "model sizes out of range");
+  if (ckpt_layout_init(&l, cfg)) return cw_fail(err, errlen, TY_EINVAL, "model sizes out of range");
   int rc = 0;
   char path[4096];
   float *f32 = NULL;
@@ -110,8 +109,10 @@ int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dty
       hi++;
     }
     char name[64];
-    if (shards == 1) snprintf(name, sizeof name, "%s", ST_SINGLE_NAME);
-    else snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, shards);
+    if (shards == 1)
+      snprintf(name, sizeof name, "%s", ST_SINGLE_NAME);
+    else
+      snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, shards);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     rc = write_file(path, &l, lo, hi, dtype, seed, f32, out, err, errlen);
     for (size_t i = lo; i < hi; i++) json_object_set_new(wm, l.tensors[i].name, json_string(name));
@@ -119,8 +120,8 @@ int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dty
   }
   if (!rc && shards > 1) {
     snprintf(path, sizeof path, "%s/%s", dir, ST_INDEX_NAME);
-    json_t *idx = json_pack("{s:{s:I},s:O}", "metadata", "total_size", (json_int_t)total,
-                            "weight_map", wm);
+    json_t *idx =
+        json_pack("{s:{s:I},s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
     rc = write_json(path, idx, err, errlen);
   }
   if (!rc && bytes_out) *bytes_out = total;

@@ -17,7 +17,7 @@
 #define LOADER_MIN_BUCKET 64 /* bytes; tests use tiny buckets to exercise chunking */
 
 __attribute__((format(printf, 4, 5))) static int ld_fail(char *err, size_t errlen, int code,
-                                                          const char *fmt, ...) {
+                                                         const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -65,8 +65,7 @@ static void convert(ty_dtype_t st, const void *src, ty_dtype_t dt, void *dst, si
 static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
                         char *err, size_t errlen) {
   if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
-    return ld_fail(err, errlen, TY_EINVAL, "rank %d outside world size %d", o->rank,
-                   o->world_size);
+    return ld_fail(err, errlen, TY_EINVAL, "rank %d outside world size %d", o->rank, o->world_size);
   if ((unsigned)o->dtype >= TY_DTYPE_COUNT)
     return ld_fail(err, errlen, TY_EINVAL, "unknown shard dtype %d", (int)o->dtype);
   loader_shard_t *s = xcalloc(1, sizeof *s);
@@ -133,8 +132,7 @@ static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts
   size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
   char *buf = malloc(bucket);
   if (!buf)
-    return ld_fail(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket",
-                   bucket);
+    return ld_fail(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket", bucket);
   const size_t dsz = ty_dtype_size(s->dtype);
   int rc = 0;
   for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
@@ -241,7 +239,7 @@ out:
 int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
                 loader_stats_t *stats, char *err, size_t errlen) {
   *out = NULL;
-  loader_stats_t local, *st = stats ? stats : &local;
+  loader_stats_t local = {0}, *st = stats ? stats : &local;
   memset(st, 0, sizeof *st);
   double t0 = now_s();
   ckpt_t *ck;
@@ -273,7 +271,7 @@ out:
 int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
                         loader_stats_t *stats, char *err, size_t errlen) {
   *out = NULL;
-  loader_stats_t local, *st = stats ? stats : &local;
+  loader_stats_t local = {0}, *st = stats ? stats : &local;
   memset(st, 0, sizeof *st);
   double t0 = now_s();
   loader_shard_t *s;

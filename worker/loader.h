@@ -51,8 +51,8 @@ typedef struct {
   ckpt_layout_t layout; /* the table and its config */
   ty_dtype_t dtype;     /* element type of every shard */
   int rank, world_size;
-  placement_t *pl;      /* borrowed; must outlive the shard */
-  void *base;           /* the one placement allocation */
+  placement_t *pl; /* borrowed; must outlive the shard */
+  void *base;      /* the one placement allocation */
   size_t bytes;
   loader_view_t *views; /* [layout.ntensors], table order */
 } loader_shard_t;
@@ -71,13 +71,13 @@ typedef struct {
 typedef void (*loader_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
 typedef struct {
-  int rank, world_size;      /* 0 <= rank < world_size */
-  ty_dtype_t dtype;          /* shard dtype (the job's dtype) */
-  bool memory_efficient;     /* fsdp.memory_efficient_load */
-  size_t bucket_bytes;       /* fsdp.bucket_mb x 2^20; the staging bucket */
-  uint64_t seed;             /* from-scratch init (train.seed) */
-  placement_t *pl;           /* where the shard goes */
-  loader_progress_fn progress;  /* may be NULL */
+  int rank, world_size;        /* 0 <= rank < world_size */
+  ty_dtype_t dtype;            /* shard dtype (the job's dtype) */
+  bool memory_efficient;       /* fsdp.memory_efficient_load */
+  size_t bucket_bytes;         /* fsdp.bucket_mb x 2^20; the staging bucket */
+  uint64_t seed;               /* from-scratch init (train.seed) */
+  placement_t *pl;             /* where the shard goes */
+  loader_progress_fn progress; /* may be NULL */
   void *progress_ctx;
 } loader_opts_t;
 

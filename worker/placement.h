@@ -30,9 +30,9 @@ typedef struct {
 
 struct placement {
   const placement_ops_t *ops;
-  void *ctx;        /* the backend's own state (device index, stream, ...) */
-  uint64_t in_use;  /* bytes allocated now */
-  uint64_t peak;    /* high-water mark of in_use, in bytes */
+  void *ctx;       /* the backend's own state (device index, stream, ...) */
+  uint64_t in_use; /* bytes allocated now */
+  uint64_t peak;   /* high-water mark of in_use, in bytes */
 };
 
 /* Host memory as the "device". */

@@ -23,7 +23,7 @@
 #define ST_MAX_NELEM (1ull << 50)
 
 __attribute__((format(printf, 4, 5))) static int st_fail(char *err, size_t errlen, int code,
-                                                          const char *fmt, ...) {
+                                                         const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -136,8 +136,7 @@ static int parse_entry(const char *name, const json_t *v, uint64_t data_len, st_
 }
 
 static int check_metadata(const json_t *v, char *err, size_t errlen) {
-  if (!json_is_object(v))
-    return st_fail(err, errlen, TY_EINVAL, "'__metadata__' is not an object");
+  if (!json_is_object(v)) return st_fail(err, errlen, TY_EINVAL, "'__metadata__' is not an object");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)v, key, val) {
@@ -317,7 +316,10 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
   int rc = 0;
   char *dir = xstrdup(index_path);
   char *slash = strrchr(dir, '/');
-  if (slash) *slash = 0; else strcpy(dir, ".");
+  if (slash)
+    *slash = 0;
+  else
+    strcpy(dir, ".");
   const json_t *wm = json_object_get(root, "weight_map");
   if (!json_is_object(root) || !json_is_object(wm)) {
     rc = st_fail(err, errlen, TY_EINVAL, "%s: no 'weight_map' object", index_path);
@@ -330,8 +332,8 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
   json_object_foreach((json_t *)wm, name, v) {
     const char *fn = json_string_value(v);
     if (!fn || !*fn || strchr(fn, '/') || !strcmp(fn, "..") || !strcmp(fn, ".")) {
-      rc = st_fail(err, errlen, TY_EINVAL,
-                   "%s: weight_map['%s'] must name a file beside the index", index_path, name);
+      rc = st_fail(err, errlen, TY_EINVAL, "%s: weight_map['%s'] must name a file beside the index",
+                   index_path, name);
       goto out;
     }
   }
@@ -352,9 +354,9 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
     for (size_t i = 0; i < h.ntensors; i++) {
       const char *want = json_string_value(json_object_get(wm, h.tensors[i].name));
       if (!want || strcmp(want, fn)) {
-        rc = st_fail(err, errlen, TY_EINVAL,
-                     "%s: tensor '%s' is in %s but the index %s", index_path, h.tensors[i].name,
-                     fn, want ? "names another file for it" : "does not list it");
+        rc =
+            st_fail(err, errlen, TY_EINVAL, "%s: tensor '%s' is in %s but the index %s", index_path,
+                    h.tensors[i].name, fn, want ? "names another file for it" : "does not list it");
         st_header_free(&h);
         goto out;
       }

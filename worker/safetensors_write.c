@@ -23,7 +23,7 @@ struct st_writer {
 };
 
 __attribute__((format(printf, 4, 5))) static int wfail(char *err, size_t errlen, int code,
-                                                        const char *fmt, ...) {
+                                                       const char *fmt, ...) {
   if (err && errlen) {
     va_list ap;
     va_start(ap, fmt);
@@ -126,8 +126,8 @@ int st_writer_close(st_writer_t *w, char *err, size_t errlen) {
   if (!w) return 0;
   int rc = 0;
   if (w->written != w->total)
-    rc = wfail(err, errlen, TY_EINVAL, "%s: %llu of %llu data bytes written; file removed",
-               w->path, (unsigned long long)w->written, (unsigned long long)w->total);
+    rc = wfail(err, errlen, TY_EINVAL, "%s: %llu of %llu data bytes written; file removed", w->path,
+               (unsigned long long)w->written, (unsigned long long)w->total);
   FILE *f = w->f;
   w->f = NULL;
   if (fclose(f) && !rc)

@@ -15,7 +15,7 @@
 
 typedef struct {
   const wload_rank_t *who;
-  double last;          /* monotonic seconds of the last "loading" report */
+  double last; /* monotonic seconds of the last "loading" report */
 } wload_progress_t;
 
 static double mono_s(void) {
@@ -35,14 +35,13 @@ static void report(const wload_rank_t *who, const char *phase, const loader_stat
     memstat_t m;
     if (!memstat_read(&m)) host_peak = m.hwm_bytes;
   }
-  json_t *j = json_pack("{s:s,s:i,s:i,s:i,s:s,s:i,s:i,s:n,s:f,s:I,s:I,s:I,s:I,s:f,s:s}",
-                        "job_id", who->job_id, "attempt", who->attempt, "rank", who->rank,
-                        "world_size", who->world_size, "phase", phase, "step", 0,
-                        "total_steps", 0, "loss", "tokens_per_s", 0.0, "bytes_loaded",
-                        (json_int_t)st->bytes_read, "bytes_total", (json_int_t)st->bytes_total,
-                        "host_peak_bytes", (json_int_t)host_peak, "device_peak_bytes",
-                        (json_int_t)st->device_peak_bytes, "load_seconds", st->load_seconds,
-                        "message", message ? message : "");
+  json_t *j = json_pack(
+      "{s:s,s:i,s:i,s:i,s:s,s:i,s:i,s:n,s:f,s:I,s:I,s:I,s:I,s:f,s:s}", "job_id", who->job_id,
+      "attempt", who->attempt, "rank", who->rank, "world_size", who->world_size, "phase", phase,
+      "step", 0, "total_steps", 0, "loss", "tokens_per_s", 0.0, "bytes_loaded",
+      (json_int_t)st->bytes_read, "bytes_total", (json_int_t)st->bytes_total, "host_peak_bytes",
+      (json_int_t)host_peak, "device_peak_bytes", (json_int_t)st->device_peak_bytes, "load_seconds",
+      st->load_seconds, "message", message ? message : "");
   char *line = json_dumps(j, JSON_COMPACT);
   printf("%s\n", line);
   fflush(stdout);
@@ -88,12 +87,11 @@ int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
   report(who, "loading", NULL, NULL);
   loader_shard_t *s = NULL;
   loader_stats_t st;
-  const char *path = spec->init_from_scratch ? "init_from_scratch"
+  const char *path = spec->init_from_scratch            ? "init_from_scratch"
                      : spec->fsdp.memory_efficient_load ? "memory_efficient"
                                                         : "standard";
-  int rc = spec->init_from_scratch
-               ? loader_init_scratch(&spec->model, &o, &s, &st, err, sizeof err)
-               : loader_load(spec->model_path, &o, &s, &st, err, sizeof err);
+  int rc = spec->init_from_scratch ? loader_init_scratch(&spec->model, &o, &s, &st, err, sizeof err)
+                                   : loader_load(spec->model_path, &o, &s, &st, err, sizeof err);
   if (rc) {
     snprintf(msg, sizeof msg, "%s (%s)", err, ty_err_name(rc));
     report(who, "failed", NULL, msg);
@@ -127,8 +125,9 @@ int wload_main(void) {
   if (env_int("TRAINYARD_WORLD_SIZE", 1, 1, 1 << 16, &who.world_size) ||
       env_int("TRAINYARD_RANK", 0, 0, who.world_size - 1, &who.rank) ||
       env_int("TRAINYARD_ATTEMPT", 1, 1, 1 << 30, &who.attempt)) {
-    fprintf(stderr, "trainyard-worker: TRAINYARD_RANK, TRAINYARD_WORLD_SIZE and "
-                    "TRAINYARD_ATTEMPT must be integers with 0 <= rank < world_size\n");
+    fprintf(stderr,
+            "trainyard-worker: TRAINYARD_RANK, TRAINYARD_WORLD_SIZE and "
+            "TRAINYARD_ATTEMPT must be integers with 0 <= rank < world_size\n");
     return 2;
   }
   const char *path = getenv("TRAINYARD_SPEC");
@@ -144,11 +143,14 @@ int wload_main(void) {
   while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
     if (len + n > cap) {
       cap = (len + n) * 2;
-      text = realloc(text, cap);
-      if (!text) {
+      char *grown = realloc(text, cap);
+      if (!grown) {
+        free(text);
         fclose(f);
+        fprintf(stderr, "trainyard-worker: out of memory reading %s\n", path);
         return 2;
       }
+      text = grown;
     }
     memcpy(text + len, buf, n);
     len += n;
@@ -162,8 +164,8 @@ int wload_main(void) {
   free(text);
   if (rc) {
     char msg[1024];
-    snprintf(msg, sizeof msg, "invalid spec %s: %s: %s", path,
-             errs.len ? errs.items[0].field : "", errs.len ? errs.items[0].message : "");
+    snprintf(msg, sizeof msg, "invalid spec %s: %s: %s", path, errs.len ? errs.items[0].field : "",
+             errs.len ? errs.items[0].message : "");
     ty_errlist_clear(&errs);
     report(&who, "failed", NULL, msg);
     return 1;

@@ -45,7 +45,9 @@ static llama_config_t tiny(void) {
   return c;
 }
 
-static void sub(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
+static void sub(char *buf, size_t n, const char *name) {
+  snprintf(buf, n, "%s/%s", g_dir, name);
+}
 
 static void test_layout(void **state) {
   (void)state;
@@ -158,8 +160,10 @@ static void test_write_values_and_shards(void **state) {
       assert_memory_equal(raw, wraw, ft->nbytes);
       ty_dtype_to_f32(dts[k], raw, have, n);
       for (size_t e = 0; e < n; e++) {
-        if (t->is_norm) assert_true(have[e] == 1.0f);
-        else assert_true(have[e] > -0.07f && have[e] < 0.07f && have[e] != 0.0f);
+        if (t->is_norm)
+          assert_true(have[e] == 1.0f);
+        else
+          assert_true(have[e] > -0.07f && have[e] < 0.07f && have[e] != 0.0f);
       }
       free(want), free(have), free(raw), free(wraw);
     }

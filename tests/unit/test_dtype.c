@@ -35,9 +35,12 @@ static uint16_t narrow(ty_dtype_t t, float f) {
 static double f16_reference(uint16_t h) {
   int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
   double v;
-  if (e == 31) v = m ? NAN : INFINITY;
-  else if (e == 0) v = ldexp(m, -24);
-  else v = ldexp(1024 + m, e - 25);
+  if (e == 31)
+    v = m ? NAN : INFINITY;
+  else if (e == 0)
+    v = ldexp(m, -24);
+  else
+    v = ldexp(1024 + m, e - 25);
   return s ? -v : v;
 }
 
@@ -66,8 +69,10 @@ static void test_bf16_exhaustive(void **state) {
     float f = widen(TY_DTYPE_BF16, (uint16_t)h);
     assert_int_equal(bits(f), h << 16); /* bf16 is the top half of an f32 */
     uint16_t back = narrow(TY_DTYPE_BF16, f);
-    if (isnan(f)) assert_true(isnan(widen(TY_DTYPE_BF16, back)));
-    else assert_int_equal(back, h);
+    if (isnan(f))
+      assert_true(isnan(widen(TY_DTYPE_BF16, back)));
+    else
+      assert_int_equal(back, h);
   }
 }
 
@@ -127,7 +132,7 @@ static void test_overflow_and_specials(void **state) {
   assert_int_equal(narrow(TY_DTYPE_F16, -ldexpf(1, -30)), 0x8000);
   assert_int_equal(narrow(TY_DTYPE_BF16, 3.4e38f), 0x7f80); /* above max bf16 -> inf */
   assert_int_equal(narrow(TY_DTYPE_BF16, -INFINITY), 0xff80);
-  assert_int_equal(narrow(TY_DTYPE_BF16, ldexpf(1, -140)), 0x0000 | (bits(ldexpf(1, -140)) >> 16));
+  assert_int_equal(narrow(TY_DTYPE_BF16, ldexpf(1, -140)), bits(ldexpf(1, -140)) >> 16);
   /* A NaN whose payload sits only in the low 16 bits must not become inf. */
   uint32_t snan = 0x7f800001u;
   float f;
@@ -143,8 +148,8 @@ static void test_overflow_and_specials(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_names_and_sizes),      cmocka_unit_test(test_bf16_exhaustive),
-      cmocka_unit_test(test_f16_exhaustive),       cmocka_unit_test(test_round_to_nearest_even),
+      cmocka_unit_test(test_names_and_sizes),       cmocka_unit_test(test_bf16_exhaustive),
+      cmocka_unit_test(test_f16_exhaustive),        cmocka_unit_test(test_round_to_nearest_even),
       cmocka_unit_test(test_overflow_and_specials),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

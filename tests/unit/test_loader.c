@@ -67,8 +67,13 @@ static void test_rows(void **state) {
 
 static loader_shard_t *load_rank(const char *dir, int rank, int world, ty_dtype_t dt, bool eff,
                                  size_t bucket, placement_t *pl, loader_stats_t *st) {
-  loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dt, .memory_efficient = eff,
-                     .bucket_bytes = bucket, .seed = 1, .pl = pl};
+  loader_opts_t o = {.rank = rank,
+                     .world_size = world,
+                     .dtype = dt,
+                     .memory_efficient = eff,
+                     .bucket_bytes = bucket,
+                     .seed = 1,
+                     .pl = pl};
   loader_shard_t *s;
   char err[1024];
   if (loader_load(dir, &o, &s, st, err, sizeof err)) fail_msg("load: %s", err);
@@ -202,8 +207,12 @@ static void test_scratch(void **state) {
       placement_t pl;
       placement_cpu_init(&pl);
       for (int r = 0; r < world; r++) {
-        loader_opts_t o = {.rank = r, .world_size = world, .dtype = dts[d], .bucket_bytes = 64,
-                           .seed = 99, .pl = &pl};
+        loader_opts_t o = {.rank = r,
+                           .world_size = world,
+                           .dtype = dts[d],
+                           .bucket_bytes = 64,
+                           .seed = 99,
+                           .pl = &pl};
         loader_shard_t *s, *f;
         assert_int_equal(loader_init_scratch(&c, &o, &s, NULL, err, sizeof err), 0);
         o.memory_efficient = true;
@@ -240,8 +249,12 @@ static void test_failures(void **state) {
   for (int eff = 0; eff < 2; eff++) {
     placement_t pl;
     placement_cpu_init(&pl);
-    loader_opts_t o = {.rank = 0, .world_size = 2, .dtype = TY_DTYPE_F32,
-                       .memory_efficient = eff, .bucket_bytes = 64, .pl = &pl};
+    loader_opts_t o = {.rank = 0,
+                       .world_size = 2,
+                       .dtype = TY_DTYPE_F32,
+                       .memory_efficient = eff,
+                       .bucket_bytes = 64,
+                       .pl = &pl};
     loader_shard_t *s = (loader_shard_t *)1;
     assert_int_not_equal(loader_load(dir, &o, &s, NULL, err, sizeof err), 0);
     assert_null(s);
@@ -250,11 +263,82 @@ static void test_failures(void **state) {
   }
 }
 
+/* A placement that fails on purpose: alloc number fail_alloc (from 1), or
+ * every copy_in once copies_left reaches 0. Host memory otherwise. */
+typedef struct {
+  int allocs, fail_alloc, copies_left;
+} faulty_t;
+
+static int faulty_alloc(placement_t *p, size_t n, void **out) {
+  faulty_t *f = p->ctx;
+  if (++f->allocs == f->fail_alloc) return TY_EEXHAUSTED;
+  *out = malloc(n ? n : 1);
+  return 0;
+}
+static void faulty_release(placement_t *p, void *ptr, size_t n) {
+  (void)p, (void)n;
+  free(ptr);
+}
+static int faulty_copy_in(placement_t *p, void *dst, size_t off, const void *src, size_t n) {
+  faulty_t *f = p->ctx;
+  if (f->copies_left-- <= 0) return TY_EUNAVAILABLE;
+  memcpy((char *)dst + off, src, n);
+  return 0;
+}
+static int faulty_copy_within(placement_t *p, void *dst, size_t doff, const void *src, size_t soff,
+                              size_t n) {
+  (void)p;
+  memcpy((char *)dst + doff, (const char *)src + soff, n);
+  return 0;
+}
+static const placement_ops_t g_faulty = {"faulty", faulty_alloc, faulty_release, faulty_copy_in,
+                                         faulty_copy_within};
+
+static void test_placement_faults(void **state) {
+  (void)state;
+  char dir[300], err[1024];
+  llama_config_t c = tiny(false);
+  snprintf(dir, sizeof dir, "%s/f", g_dir);
+  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 1, 3, NULL, err, sizeof err), 0);
+  const struct {
+    bool eff, scratch;
+    int fail_alloc, copies;
+    int rc;
+    const char *want;
+  } cases[] = {
+      {true, false, 1, 1000, TY_EEXHAUSTED, "cannot allocate its"},
+      {false, false, 1, 1000, TY_EEXHAUSTED, "cannot place the whole"},
+      {false, false, 2, 1000, TY_EEXHAUSTED, "cannot allocate its"},
+      {true, false, 0, 3, TY_EUNAVAILABLE, "to faulty failed"},
+      {false, false, 0, 3, TY_EUNAVAILABLE, "to faulty failed"},
+      {false, true, 1, 1000, TY_EEXHAUSTED, "cannot allocate its"},
+      {false, true, 0, 3, TY_EUNAVAILABLE, "to faulty failed"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    faulty_t f = {0, cases[i].fail_alloc, cases[i].copies};
+    placement_t pl = {.ops = &g_faulty, .ctx = &f};
+    loader_opts_t o = {.rank = 1,
+                       .world_size = 2,
+                       .dtype = TY_DTYPE_F32,
+                       .memory_efficient = cases[i].eff,
+                       .bucket_bytes = 64,
+                       .pl = &pl};
+    loader_shard_t *s = (loader_shard_t *)1;
+    err[0] = 0;
+    int rc = cases[i].scratch ? loader_init_scratch(&c, &o, &s, NULL, err, sizeof err)
+                              : loader_load(dir, &o, &s, NULL, err, sizeof err);
+    if (rc != cases[i].rc || !strstr(err, cases[i].want))
+      fail_msg("case %zu: rc %d, '%s'", i, rc, err);
+    assert_null(s);
+    assert_int_equal(pl.in_use, 0); /* everything placed was released */
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_rows),  cmocka_unit_test(test_paths_agree),
-      cmocka_unit_test(test_views), cmocka_unit_test(test_scratch),
-      cmocka_unit_test(test_failures),
+      cmocka_unit_test(test_rows),     cmocka_unit_test(test_paths_agree),
+      cmocka_unit_test(test_views),    cmocka_unit_test(test_scratch),
+      cmocka_unit_test(test_failures), cmocka_unit_test(test_placement_faults),
   };
   return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -30,7 +30,9 @@ static int teardown(void **state) {
   return system(cmd) == 0 ? 0 : -1;
 }
 
-static void path_of(char *buf, size_t n, const char *name) { snprintf(buf, n, "%s/%s", g_dir, name); }
+static void path_of(char *buf, size_t n, const char *name) {
+  snprintf(buf, n, "%s/%s", g_dir, name);
+}
 
 /* Writes 8-byte length, header text as given, then data_len bytes 0..255. */
 static void write_raw(const char *name, uint64_t declared_len, const char *hdr, size_t data_len) {
@@ -135,23 +137,26 @@ static void test_malformed_headers(void **state) {
              "shape[0]");
   expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8, TY_EINVAL,
              "shape[0]");
-  expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}",
-             8, TY_EINVAL, "9 dimensions");
-  expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
-             "\"data_offsets\":[0,8]}}",
-             8, TY_EINVAL, "more than 2^50");
+  expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[1,1,1,1,1,1,1,1,2],\"data_offsets\":[0,8]}}", 8,
+             TY_EINVAL, "9 dimensions");
+  expect_bad(
+      "{\"t\":{\"dtype\":\"F32\",\"shape\":[1099511627776,1099511627776],"
+      "\"data_offsets\":[0,8]}}",
+      8, TY_EINVAL, "more than 2^50");
   expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, TY_EINVAL, "data_offsets");
   expect_bad("{\"t\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8,
              TY_EINVAL, "unknown key 'x'");
   expect_bad("{\"t\":{\"dtype\":7,\"shape\":[2],\"data_offsets\":[0,8]}}", 8, TY_EINVAL,
              "'dtype' missing");
   expect_bad("{\"t\":3}", 8, TY_EINVAL, "not an object");
-  expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
-             12, TY_EINVAL, "overlap");
-  expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-             "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
-             20, TY_EINVAL, "hole of 4 bytes");
+  expect_bad(
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}",
+      12, TY_EINVAL, "overlap");
+  expect_bad(
+      "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+      "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[12,20]}}",
+      20, TY_EINVAL, "hole of 4 bytes");
   expect_bad("{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, TY_EINVAL,
              "hole of 4 bytes in the data section before tensor 'a'");
   expect_bad(hdr, 9, TY_EINVAL, "trailing bytes");
@@ -163,9 +168,10 @@ static void test_malformed_headers(void **state) {
              "empty name");
   /* Valid: metadata strings, a scalar, a zero-size tensor, trailing spaces. */
   write_raw("ok.safetensors", 0, "", 0);
-  const char *good = "{\"__metadata__\":{\"format\":\"pt\"},"
-                     "\"s\":{\"dtype\":\"BF16\",\"shape\":[],\"data_offsets\":[0,2]},"
-                     "\"z\":{\"dtype\":\"F16\",\"shape\":[0,4],\"data_offsets\":[2,2]}}   ";
+  const char *good =
+      "{\"__metadata__\":{\"format\":\"pt\"},"
+      "\"s\":{\"dtype\":\"BF16\",\"shape\":[],\"data_offsets\":[0,2]},"
+      "\"z\":{\"dtype\":\"F16\",\"shape\":[0,4],\"data_offsets\":[2,2]}}   ";
   write_raw("ok.safetensors", strlen(good), good, 2);
   char p[512], err[512];
   path_of(p, sizeof p, "ok.safetensors");
@@ -252,8 +258,9 @@ static void test_sharded(void **state) {
   st_ckpt_t *c;
   write_shard("m-1.safetensors", "a", "b", 0);
   write_shard("m-2.safetensors", "c", "d", 100);
-  write_index("{\"metadata\":{\"total_size\":48},\"weight_map\":{\"a\":\"m-1.safetensors\","
-              "\"b\":\"m-1.safetensors\",\"c\":\"m-2.safetensors\",\"d\":\"m-2.safetensors\"}}");
+  write_index(
+      "{\"metadata\":{\"total_size\":48},\"weight_map\":{\"a\":\"m-1.safetensors\","
+      "\"b\":\"m-1.safetensors\",\"c\":\"m-2.safetensors\",\"d\":\"m-2.safetensors\"}}");
   assert_int_equal(st_open(g_dir, &c, err, sizeof err), 0);
   assert_int_equal(c->nfiles, 2);
   assert_int_equal(c->ntensors, 4);
@@ -264,16 +271,19 @@ static void test_sharded(void **state) {
   assert_true(v[0] == 101 && v[1] == 102);
   st_close(c);
 
-  write_index("{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-1.safetensors\","
-              "\"c\":\"m-2.safetensors\"}}");
+  write_index(
+      "{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-1.safetensors\","
+      "\"c\":\"m-2.safetensors\"}}");
   assert_int_equal(st_open(g_dir, &c, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "tensor 'd' is in m-2.safetensors but the index does not list it"));
-  write_index("{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-2.safetensors\","
-              "\"c\":\"m-2.safetensors\",\"d\":\"m-2.safetensors\"}}");
+  write_index(
+      "{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-2.safetensors\","
+      "\"c\":\"m-2.safetensors\",\"d\":\"m-2.safetensors\"}}");
   assert_int_equal(st_open(g_dir, &c, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "'b'"));
-  write_index("{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-1.safetensors\","
-              "\"c\":\"m-2.safetensors\",\"d\":\"m-2.safetensors\",\"e\":\"m-2.safetensors\"}}");
+  write_index(
+      "{\"weight_map\":{\"a\":\"m-1.safetensors\",\"b\":\"m-1.safetensors\","
+      "\"c\":\"m-2.safetensors\",\"d\":\"m-2.safetensors\",\"e\":\"m-2.safetensors\"}}");
   assert_int_equal(st_open(g_dir, &c, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "tensor 'e' is not in m-2.safetensors"));
   write_index("{\"weight_map\":{\"a\":\"../m-1.safetensors\"}}");
