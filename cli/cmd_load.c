@@ -3,16 +3,11 @@
  * JSON line per rank with what it read, held and how long it took. It
  * answers "will this checkpoint fit, and what will each rank hold?". */
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <poll.h>
-#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -20,14 +15,27 @@
 #include "api/jobspec.h"
 #include "cli/commands.h"
 #include "common/xalloc.h"
+#include "worker/launch.h"
 
+/* What each rank said: its last JSON report (stdout line). */
 typedef struct {
-  pid_t pid;
-  int out_fd; /* read end of the rank's stdout */
-  char *buf;  /* everything it wrote to stdout */
-  size_t len, cap;
-  int status; /* from waitpid */
-} rank_proc_t;
+  json_t **last; /* [world_size] */
+} load_ctx_t;
+
+static void on_line(void *ctx, int rank, launch_stream_t stream, const char *line) {
+  load_ctx_t *c = ctx;
+  if (stream == LAUNCH_STDERR) { /* the rank's log: its human lines */
+    fprintf(stderr, "%s\n", line);
+    return;
+  }
+  json_t *j = json_loads(line, 0, NULL);
+  if (!json_is_object(j)) {
+    json_decref(j);
+    return;
+  }
+  json_decref(c->last[rank]);
+  c->last[rank] = j;
+}
 
 static void load_usage(FILE *f) {
   fprintf(f,
@@ -63,122 +71,22 @@ static int find_worker(char *out, size_t n) {
   return access(out, X_OK);
 }
 
-static int spawn_rank(const char *worker, const char *spec_path, const char *job_id, int rank,
-                      int world, rank_proc_t *p) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC)) return -1;
-  pid_t pid = fork();
-  if (pid < 0) {
-    close(fds[0]);
-    close(fds[1]);
-    return -1;
-  }
-  if (pid == 0) {
-    setpgid(0, 0); /* its own process group, as the worker contract says */
-    dup2(fds[1], STDOUT_FILENO);
-    char num[32];
-    setenv("TRAINYARD_SPEC", spec_path, 1);
-    setenv("TRAINYARD_MODE", "load", 1);
-    setenv("TRAINYARD_JOB_ID", job_id, 1);
-    setenv("TRAINYARD_ATTEMPT", "1", 1);
-    snprintf(num, sizeof num, "%d", rank);
-    setenv("TRAINYARD_RANK", num, 1);
-    snprintf(num, sizeof num, "%d", world);
-    setenv("TRAINYARD_WORLD_SIZE", num, 1);
-    char rdv[96];
-    snprintf(rdv, sizeof rdv, "shm:%s", job_id);
-    setenv("TRAINYARD_RENDEZVOUS", rdv, 1);
-    unsetenv("TRAINYARD_REPORT_URL"); /* reports come back on stdout */
-    execl(worker, worker, (char *)NULL);
-    fprintf(stderr, "trainyard load: cannot start %s: %s\n", worker, strerror(errno));
-    _exit(127);
-  }
-  close(fds[1]);
-  p->pid = pid;
-  p->out_fd = fds[0];
-  return 0;
-}
-
-/* Reads every rank's stdout until all have closed it. */
-static void drain(rank_proc_t *r, int n) {
-  struct pollfd *pf = xcalloc((size_t)n, sizeof *pf);
-  int open_fds = n;
-  while (open_fds > 0) {
-    for (int i = 0; i < n; i++) {
-      pf[i].fd = r[i].out_fd;
-      pf[i].events = POLLIN;
-    }
-    if (poll(pf, (nfds_t)n, -1) < 0) {
-      if (errno == EINTR) continue;
-      break;
-    }
-    for (int i = 0; i < n; i++) {
-      if (r[i].out_fd < 0 || !(pf[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
-      char buf[4096];
-      ssize_t k = read(r[i].out_fd, buf, sizeof buf);
-      if (k < 0 && errno == EINTR) continue;
-      if (k <= 0) {
-        close(r[i].out_fd);
-        r[i].out_fd = -1;
-        open_fds--;
-        continue;
-      }
-      if (r[i].len + (size_t)k + 1 > r[i].cap) {
-        r[i].cap = (r[i].len + (size_t)k + 1) * 2;
-        r[i].buf = xrealloc(r[i].buf, r[i].cap);
-      }
-      memcpy(r[i].buf + r[i].len, buf, (size_t)k);
-      r[i].len += (size_t)k;
-      r[i].buf[r[i].len] = 0;
-    }
-  }
-  free(pf);
-}
-
-/* The rank's last report (a JSON object line), or NULL. */
-static json_t *last_report(const rank_proc_t *p) {
-  json_t *last = NULL;
-  if (!p->buf) return NULL;
-  char *save = NULL, *copy = xstrdup(p->buf);
-  for (char *line = strtok_r(copy, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
-    json_t *j = json_loads(line, 0, NULL);
-    if (json_is_object(j)) {
-      json_decref(last);
-      last = j;
-    } else {
-      json_decref(j);
-    }
-  }
-  free(copy);
-  return last;
-}
-
-/* Prints rank r's line; returns 0 when it loaded. */
-static int print_rank(const jobspec_t *s, int rank, const rank_proc_t *p) {
-  json_t *rep = last_report(p);
+/* Prints rank r's line from its last report rep (may be NULL); returns 0
+ * when it loaded. why: the launcher's reason when this rank failed the job. */
+static int print_rank(const jobspec_t *s, int rank, json_t *rep, const char *why) {
   const char *phase = json_string_value(json_object_get(rep, "phase"));
   const char *msg = json_string_value(json_object_get(rep, "message"));
-  bool ok = WIFEXITED(p->status) && WEXITSTATUS(p->status) == 0 && phase && !strcmp(phase, "done");
-  char why[512];
-  if (!ok && (!msg || !*msg)) {
-    if (WIFSIGNALED(p->status))
-      snprintf(why, sizeof why, "killed by signal %d (%s)%s", WTERMSIG(p->status),
-               strsignal(WTERMSIG(p->status)),
-               WTERMSIG(p->status) == SIGKILL ? ": out of memory?" : "");
-    else
-      snprintf(why, sizeof why, "exited with status %d without a report",
-               WIFEXITED(p->status) ? WEXITSTATUS(p->status) : -1);
-    msg = why;
-  }
+  bool ok = phase && !strcmp(phase, "done");
+  if (!ok && (!msg || !*msg || !strcmp(phase ? phase : "", "loading")))
+    msg = why && *why ? why : "stopped before it finished (another rank failed)";
   double secs = json_real_value(json_object_get(rep, "load_seconds"));
   json_int_t loaded = json_integer_value(json_object_get(rep, "bytes_loaded"));
+  const char *path = s->init_from_scratch            ? "init_from_scratch"
+                     : s->fsdp.memory_efficient_load ? "memory_efficient"
+                                                     : "standard";
   json_t *out = json_pack(
       "{s:i,s:i,s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:f,s:s}", "rank", rank, "world_size", s->world_size,
-      "path",
-      s->init_from_scratch            ? "init_from_scratch"
-      : s->fsdp.memory_efficient_load ? "memory_efficient"
-                                      : "standard",
-      "status", ok ? "ok" : "failed", "bytes_loaded", loaded, "bytes_total",
+      "path", path, "status", ok ? "ok" : "failed", "bytes_loaded", loaded, "bytes_total",
       json_integer_value(json_object_get(rep, "bytes_total")), "host_peak_bytes",
       json_integer_value(json_object_get(rep, "host_peak_bytes")), "device_peak_bytes",
       json_integer_value(json_object_get(rep, "device_peak_bytes")), "load_seconds", secs,
@@ -187,8 +95,6 @@ static int print_rank(const jobspec_t *s, int rank, const rank_proc_t *p) {
   printf("%s\n", line);
   free(line);
   json_decref(out);
-  if (!ok) fprintf(stderr, "trainyard load: rank %d failed: %s\n", rank, msg);
-  json_decref(rep);
   return ok ? 0 : -1;
 }
 
@@ -230,25 +136,29 @@ int cmd_load(int argc, char **argv) {
   }
   json_decref(j);
   close(fd);
-  char job_id[64];
-  snprintf(job_id, sizeof job_id, "load-%d", (int)getpid());
-  int world = s.world_size;
-  rank_proc_t *r = xcalloc((size_t)world, sizeof *r);
-  int started = 0;
-  for (; started < world; started++) {
-    if (spawn_rank(worker, spec_path, job_id, started, world, &r[started])) {
-      fprintf(stderr, "trainyard load: cannot start rank %d: %s\n", started, strerror(errno));
-      break;
-    }
-  }
-  drain(r, started);
-  for (int i = 0; i < started; i++)
-    while (waitpid(r[i].pid, &r[i].status, 0) < 0 && errno == EINTR) {
-    }
+  load_ctx_t ctx = {xcalloc((size_t)s.world_size, sizeof(json_t *))};
+  launch_opts_t lo = {.worker = worker,
+                      .world_size = s.world_size,
+                      .spec_path = spec_path,
+                      .mode = "load",
+                      .on_line = on_line,
+                      .ctx = &ctx};
+  launch_result_t res;
+  rc = launch_run(&lo, &res);
   unlink(spec_path);
-  int failed = started < world;
-  for (int i = 0; i < started; i++) failed |= print_rank(&s, i, &r[i]) != 0;
-  for (int i = 0; i < started; i++) free(r[i].buf);
-  free(r);
+  if (rc == TY_EINVAL || rc == TY_EUNAVAILABLE) {
+    fprintf(stderr, "trainyard load: cannot start the ranks: %s\n", res.reason);
+    free(ctx.last);
+    return 1;
+  }
+  int failed = rc != 0;
+  for (int i = 0; i < s.world_size; i++) {
+    failed |= print_rank(&s, i, ctx.last[i], i == res.failed_rank ? res.reason : NULL) != 0;
+    json_decref(ctx.last[i]);
+  }
+  free(ctx.last);
+  if (failed)
+    fprintf(stderr, "trainyard load: %s\n",
+            res.reason[0] ? res.reason : "a rank did not finish loading");
   return failed ? 1 : 0;
 }
