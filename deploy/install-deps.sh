@@ -13,7 +13,7 @@ worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-o
 # nodejs + npm: the build installs the web page's chart library with npm ci.
 build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
             libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)
-test_pkgs=("${build_pkgs[@]}" clang libomp-dev python3 python3-numpy python3-torch python3-grpcio
+test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
            python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium)
 
 case "$group" in

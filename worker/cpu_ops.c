@@ -6,8 +6,13 @@
 
 #include <cblas.h>
 
-/* Below this many floats of work a parallel region costs more than it saves. */
+#include "worker/cpu_pool.h"
+
+/* Below this many floats of work per thread, waking threads costs more
+ * than it saves. */
 #define CPU_PAR_MIN 16384
+/* Rows of `width` floats that make up CPU_PAR_MIN. */
+#define ROWS_MIN(width) ((size_t)(CPU_PAR_MIN / ((width) > 0 ? (width) : 1)) + 1)
 
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int IN, int OUT,
                         float beta) {
@@ -25,49 +30,79 @@ void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const f
                 dweight, IN);
 }
 
-void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
-                         int C, float eps) {
-#pragma omp parallel for if ((size_t)N * C > CPU_PAR_MIN)
-  for (int r = 0; r < N; r++) {
-    const float *x = inp + (size_t)r * C;
-    float *y = out + (size_t)r * C;
+/* The arguments of a row kernel, handed to the pool. */
+typedef struct {
+  float *out, *rstd, *dinp, *dweight, *x, *dx;
+  const float *inp, *weight, *dout, *dresid, *srstd, *cos_t, *sin_t, *a, *b;
+  const int *tokens;
+  int N, C, T, NX, HS, V;
+  float eps, scale;
+} rows_t;
+
+static void rmsnorm_fwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const int C = k->C;
+  for (size_t r = r0; r < r1; r++) {
+    const float *x = k->inp + r * C;
+    float *y = k->out + r * C;
     double ss = 0.0;
     for (int c = 0; c < C; c++) ss += (double)x[c] * x[c];
-    float s = (float)(1.0 / sqrt(ss / C + eps));
-    for (int c = 0; c < C; c++) y[c] = weight[c] * (x[c] * s);
-    rstd[r] = s;
+    float s = (float)(1.0 / sqrt(ss / C + k->eps));
+    for (int c = 0; c < C; c++) y[c] = k->weight[c] * (x[c] * s);
+    k->rstd[r] = s;
+  }
+}
+
+void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,
+                         int C, float eps) {
+  rows_t k = {.out = out, .rstd = rstd, .inp = inp, .weight = weight, .N = N, .C = C, .eps = eps};
+  pool_for((size_t)N, ROWS_MIN(C), rmsnorm_fwd_rows, &k);
+}
+
+/* Columns [c0, c1) of dweight, each summed over rows in order. */
+static void rmsnorm_dw_cols(void *p, size_t c0, size_t c1) {
+  const rows_t *k = p;
+  const int C = k->C;
+  for (int r = 0; r < k->N; r++) {
+    const float *x = k->inp + (size_t)r * C, *dy = k->dout + (size_t)r * C;
+    for (size_t c = c0; c < c1; c++) k->dweight[c] += dy[c] * x[c] * k->srstd[r];
+  }
+}
+
+/* dx = rstd * (w*dy - xhat * mean(w*dy * xhat)), xhat = x * rstd. */
+static void rmsnorm_bwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const int C = k->C;
+  for (size_t r = r0; r < r1; r++) {
+    const float *x = k->inp + r * C, *dy = k->dout + r * C;
+    const float *dres = k->dresid ? k->dresid + r * C : NULL;
+    float *dx = k->dinp + r * C;
+    float s = k->srstd[r];
+    double dot = 0.0;
+    for (int c = 0; c < C; c++) dot += (double)(k->weight[c] * dy[c]) * (x[c] * s);
+    float m = (float)(dot / C);
+    for (int c = 0; c < C; c++) {
+      float g = s * (k->weight[c] * dy[c] - x[c] * s * m);
+      dx[c] = dres ? dres[c] + g : g;
+    }
   }
 }
 
 void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const float *dresid,
                           const float *inp, const float *weight, const float *rstd, int N, int C) {
+  rows_t k = {.dinp = dinp,
+              .dweight = dweight,
+              .dout = dout,
+              .dresid = dresid,
+              .inp = inp,
+              .weight = weight,
+              .srstd = rstd,
+              .N = N,
+              .C = C};
   /* dweight first: dinp may alias dresid, never dout or inp. Columns are
-   * split between threads, so each sum runs over rows in order. */
-  if (dweight) {
-#pragma omp parallel for if ((size_t)N * C > CPU_PAR_MIN)
-    for (int c0 = 0; c0 < C; c0 += 64) {
-      int c1 = c0 + 64 < C ? c0 + 64 : C;
-      for (int r = 0; r < N; r++) {
-        const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
-        for (int c = c0; c < c1; c++) dweight[c] += dy[c] * x[c] * rstd[r];
-      }
-    }
-  }
-  /* dx = rstd * (w*dy - xhat * mean(w*dy * xhat)), xhat = x * rstd. */
-#pragma omp parallel for if ((size_t)N * C > CPU_PAR_MIN)
-  for (int r = 0; r < N; r++) {
-    const float *x = inp + (size_t)r * C, *dy = dout + (size_t)r * C;
-    const float *dres = dresid ? dresid + (size_t)r * C : NULL;
-    float *dx = dinp + (size_t)r * C;
-    float s = rstd[r];
-    double dot = 0.0;
-    for (int c = 0; c < C; c++) dot += (double)(weight[c] * dy[c]) * (x[c] * s);
-    float m = (float)(dot / C);
-    for (int c = 0; c < C; c++) {
-      float g = s * (weight[c] * dy[c] - x[c] * s * m);
-      dx[c] = dres ? dres[c] + g : g;
-    }
-  }
+   * split between threads, so the result does not depend on their number. */
+  if (dweight) pool_for((size_t)C, ROWS_MIN(N), rmsnorm_dw_cols, &k);
+  pool_for((size_t)N, ROWS_MIN(C), rmsnorm_bwd_rows, &k);
 }
 
 void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta) {
@@ -81,23 +116,28 @@ void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta) {
     }
 }
 
-/* sign +1: forward rotation by +angle; -1: the inverse (its transpose). */
-static void rope_apply(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,
-                       int HS, float sign) {
-  int half = HS / 2;
-#pragma omp parallel for if ((size_t)B * T * NX * HS > CPU_PAR_MIN)
-  for (int bt = 0; bt < B * T; bt++) {
-    int t = bt % T;
-    const float *cs = cos_t + (size_t)t * half, *sn = sin_t + (size_t)t * half;
-    for (int h = 0; h < NX; h++) {
-      float *v = x + ((size_t)bt * NX + h) * HS;
+/* k->scale +1: rotation by +angle; -1: the inverse (its transpose). */
+static void rope_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const int half = k->HS / 2;
+  for (size_t bt = r0; bt < r1; bt++) {
+    size_t t = bt % (size_t)k->T;
+    const float *cs = k->cos_t + t * half, *sn = k->sin_t + t * half;
+    for (int h = 0; h < k->NX; h++) {
+      float *v = k->x + (bt * k->NX + h) * k->HS;
       for (int i = 0; i < half; i++) {
-        float x1 = v[i], x2 = v[i + half], s = sign * sn[i];
+        float x1 = v[i], x2 = v[i + half], s = k->scale * sn[i];
         v[i] = x1 * cs[i] - x2 * s;
         v[i + half] = x2 * cs[i] + x1 * s;
       }
     }
   }
+}
+
+static void rope_apply(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,
+                       int HS, float sign) {
+  rows_t k = {.x = x, .cos_t = cos_t, .sin_t = sin_t, .T = T, .NX = NX, .HS = HS, .scale = sign};
+  pool_for((size_t)B * T, ROWS_MIN(NX * HS), rope_rows, &k);
 }
 
 void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,
@@ -108,6 +148,40 @@ void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, i
 void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, int T, int NX,
                        int HS) {
   rope_apply(dx, cos_t, sin_t, B, T, NX, HS, -1.0f);
+}
+
+/* Row i of the scores k->x (T, T): softmax over j <= i, 0 above. */
+static void causal_softmax_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const size_t T = (size_t)k->T;
+  for (size_t i = r0; i < r1; i++) {
+    float *row = k->x + i * T;
+    float mx = row[0];
+    for (size_t j = 1; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
+    float sum = 0.0f;
+    for (size_t j = 0; j <= i; j++) {
+      row[j] = expf(row[j] - mx);
+      sum += row[j];
+    }
+    float inv = 1.0f / sum;
+    for (size_t j = 0; j <= i; j++) row[j] *= inv;
+    for (size_t j = i + 1; j < T; j++) row[j] = 0.0f;
+  }
+}
+
+/* Row i of dS = P * (dP - sum_j P dP), in place over dP (k->x), 0 above
+ * the diagonal; k->a holds P. */
+static void softmax_bwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const size_t T = (size_t)k->T;
+  for (size_t i = r0; i < r1; i++) {
+    const float *pr = k->a + i * T;
+    float *d = k->x + i * T;
+    float dot = 0.0f;
+    for (size_t j = 0; j <= i; j++) dot += pr[j] * d[j];
+    for (size_t j = 0; j <= i; j++) d[j] = pr[j] * (d[j] - dot);
+    for (size_t j = i + 1; j < T; j++) d[j] = 0.0f;
+  }
 }
 
 void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
@@ -123,20 +197,8 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
       /* scores (T, T) = scale * q_h (T, HS) @ k_h (T, HS)^T */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, scale, qh, QD, kh, KVD, 0.0f,
                   P, T);
-#pragma omp parallel for if ((size_t)T * T > CPU_PAR_MIN)
-      for (int i = 0; i < T; i++) {
-        float *row = P + (size_t)i * T;
-        float mx = row[0];
-        for (int j = 1; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
-        float sum = 0.0f;
-        for (int j = 0; j <= i; j++) {
-          row[j] = expf(row[j] - mx);
-          sum += row[j];
-        }
-        float inv = 1.0f / sum;
-        for (int j = 0; j <= i; j++) row[j] *= inv;
-        for (int j = i + 1; j < T; j++) row[j] = 0.0f;
-      }
+      rows_t sk = {.x = P, .T = T};
+      pool_for((size_t)T, ROWS_MIN(T), causal_softmax_rows, &sk);
       /* out_h (T, HS) = P (T, T) @ v_h (T, HS) */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, vh, KVD, 0.0f,
                   out + (size_t)b * T * QD + (size_t)h * HS, QD);
@@ -162,16 +224,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
                   1.0f, dv + kvoff, KVD);
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, 1.0f, dout + qoff, QD,
                   v + kvoff, KVD, 0.0f, dS, T);
-      /* softmax backward: dS = P * (dP - sum_j P dP), zero above the diagonal */
-#pragma omp parallel for if ((size_t)T * T > CPU_PAR_MIN)
-      for (int i = 0; i < T; i++) {
-        const float *p = P + (size_t)i * T;
-        float *d = dS + (size_t)i * T;
-        float dot = 0.0f;
-        for (int j = 0; j <= i; j++) dot += p[j] * d[j];
-        for (int j = 0; j <= i; j++) d[j] = p[j] * (d[j] - dot);
-        for (int j = i + 1; j < T; j++) d[j] = 0.0f;
-      }
+      rows_t sk = {.x = dS, .a = P, .T = T};
+      pool_for((size_t)T, ROWS_MIN(T), softmax_bwd_rows, &sk);
       /* dq_h = scale * dS @ k_h; dk_h += scale * dS^T @ q_h */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, scale, dS, T, k + kvoff, KVD,
                   0.0f, dq + qoff, QD);
@@ -180,64 +234,92 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
     }
 }
 
+/* k->a gate, k->b up, k->out h. */
+static void swiglu_fwd_range(void *p, size_t i0, size_t i1) {
+  const rows_t *k = p;
+  for (size_t i = i0; i < i1; i++) {
+    float g = k->a[i];
+    k->out[i] = g / (1.0f + expf(-g)) * k->b[i];
+  }
+}
+
 void cpu_swiglu_forward(float *h, const float *gate, const float *up, size_t n) {
-#pragma omp parallel for if (n > CPU_PAR_MIN)
-  for (size_t i = 0; i < n; i++) {
-    float g = gate[i];
-    h[i] = g / (1.0f + expf(-g)) * up[i];
+  rows_t k = {.out = h, .a = gate, .b = up};
+  pool_for(n, CPU_PAR_MIN, swiglu_fwd_range, &k);
+}
+
+/* silu'(g) = s (1 + g (1 - s)), s = sigmoid(g); k->dout dh, k->out dgate,
+ * k->dx dup. */
+static void swiglu_bwd_range(void *p, size_t i0, size_t i1) {
+  const rows_t *k = p;
+  for (size_t i = i0; i < i1; i++) {
+    float g = k->a[i], s = 1.0f / (1.0f + expf(-g)), d = k->dout[i];
+    k->out[i] = d * k->b[i] * s * (1.0f + g * (1.0f - s));
+    k->dx[i] = d * g * s;
   }
 }
 
 void cpu_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
                          const float *up, size_t n) {
-  /* silu'(g) = s (1 + g (1 - s)), s = sigmoid(g) */
-#pragma omp parallel for if (n > CPU_PAR_MIN)
-  for (size_t i = 0; i < n; i++) {
-    float g = gate[i], s = 1.0f / (1.0f + expf(-g)), d = dh[i];
-    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
-    dup[i] = d * g * s;
-  }
+  rows_t k = {.out = dgate, .dx = dup, .dout = dh, .a = gate, .b = up};
+  pool_for(n, CPU_PAR_MIN, swiglu_bwd_range, &k);
+}
+
+static void embedding_fwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  for (size_t r = r0; r < r1; r++)
+    memcpy(k->out + r * k->C, k->weight + (size_t)k->tokens[r] * k->C, sizeof(float) * k->C);
 }
 
 void cpu_embedding_forward(float *out, const int *tokens, const float *embed, int N, int C) {
-#pragma omp parallel for if ((size_t)N * C > CPU_PAR_MIN)
-  for (int r = 0; r < N; r++)
-    memcpy(out + (size_t)r * C, embed + (size_t)tokens[r] * C, sizeof(float) * C);
+  rows_t k = {.out = out, .tokens = tokens, .weight = embed, .C = C};
+  pool_for((size_t)N, ROWS_MIN(C), embedding_fwd_rows, &k);
+}
+
+/* Two rows may share a token: threads split columns, not rows. */
+static void embedding_bwd_cols(void *p, size_t c0, size_t c1) {
+  const rows_t *k = p;
+  for (int r = 0; r < k->N; r++) {
+    float *dst = k->dweight + (size_t)k->tokens[r] * k->C;
+    const float *src = k->dout + (size_t)r * k->C;
+    for (size_t c = c0; c < c1; c++) dst[c] += src[c];
+  }
 }
 
 void cpu_embedding_backward(float *dembed, const float *dout, const int *tokens, int N, int C) {
-  /* Two rows may share a token: split columns, not rows, between threads. */
-#pragma omp parallel for if ((size_t)N * C > CPU_PAR_MIN)
-  for (int c0 = 0; c0 < C; c0 += 64) {
-    int c1 = c0 + 64 < C ? c0 + 64 : C;
-    for (int r = 0; r < N; r++) {
-      float *dst = dembed + (size_t)tokens[r] * C;
-      const float *src = dout + (size_t)r * C;
-      for (int c = c0; c < c1; c++) dst[c] += src[c];
-    }
+  rows_t k = {.dweight = dembed, .dout = dout, .tokens = tokens, .N = N, .C = C};
+  pool_for((size_t)C, ROWS_MIN(N), embedding_bwd_cols, &k);
+}
+
+/* k->a logits, k->tokens targets, k->out losses. */
+static void ce_fwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const int V = k->V;
+  for (size_t r = r0; r < r1; r++) {
+    const float *l = k->a + r * V;
+    float mx = l[0];
+    for (int j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
+    double sum = 0.0; /* at least 1: the max's own term */
+    for (int j = 0; j < V; j++) sum += expf(l[j] - mx);
+    k->out[r] = (float)(log(sum) + mx - l[k->tokens[r]]);
   }
 }
 
 double cpu_crossentropy_forward(float *losses, const float *logits, const int *targets, int N,
                                 int V) {
-#pragma omp parallel for if ((size_t)N * V > CPU_PAR_MIN)
-  for (int r = 0; r < N; r++) {
-    const float *l = logits + (size_t)r * V;
-    float mx = l[0];
-    for (int j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
-    double sum = 0.0;
-    for (int j = 0; j < V; j++) sum += expf(l[j] - mx);
-    losses[r] = (float)(log(sum) + mx - l[targets[r]]);
-  }
+  rows_t k = {.out = losses, .a = logits, .tokens = targets, .V = V};
+  pool_for((size_t)N, ROWS_MIN(V), ce_fwd_rows, &k);
   double total = 0.0;
   for (int r = 0; r < N; r++) total += losses[r];
   return total;
 }
 
-void cpu_crossentropy_backward(float *logits, const int *targets, int N, int V, float dloss) {
-#pragma omp parallel for if ((size_t)N * V > CPU_PAR_MIN)
-  for (int r = 0; r < N; r++) {
-    float *l = logits + (size_t)r * V;
+/* k->x logits -> dlogits in place, k->tokens targets, k->scale dloss. */
+static void ce_bwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const int V = k->V;
+  for (size_t r = r0; r < r1; r++) {
+    float *l = k->x + r * V;
     float mx = l[0];
     for (int j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
     double sum = 0.0;
@@ -245,8 +327,13 @@ void cpu_crossentropy_backward(float *logits, const int *targets, int N, int V, 
       l[j] = expf(l[j] - mx);
       sum += l[j];
     }
-    float inv = (float)(1.0 / sum);
-    for (int j = 0; j < V; j++) l[j] *= inv * dloss;
-    l[targets[r]] -= dloss;
+    float inv = (float)(1.0 / sum) * k->scale;
+    for (int j = 0; j < V; j++) l[j] *= inv;
+    l[k->tokens[r]] -= k->scale;
   }
+}
+
+void cpu_crossentropy_backward(float *logits, const int *targets, int N, int V, float dloss) {
+  rows_t k = {.x = logits, .tokens = targets, .V = V, .scale = dloss};
+  pool_for((size_t)N, ROWS_MIN(V), ce_bwd_rows, &k);
 }
