@@ -1,0 +1,353 @@
+/* db.c - opening the database, the ordered migrations, the statement
+ * helpers and THE job state change (db_job_transition); see db.h. */
+#include "db/db_internal.h"
+
+#include <errno.h>
+#include <libgen.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "common/log.h"
+#include "common/xalloc.h"
+
+/* Schema versions, applied in order: migration i brings user_version from i
+ * to i + 1. Never edit a released entry; append a new one. */
+static const char *const g_migrations[] = {
+    /* 1: the first schema. */
+    "CREATE TABLE jobs ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " id TEXT NOT NULL UNIQUE,"
+    " name TEXT NOT NULL,"
+    " state TEXT NOT NULL CHECK (state IN"
+    "  ('queued','starting','running','succeeded','failed','cancelled')),"
+    " reason TEXT NOT NULL DEFAULT '',"
+    " spec TEXT NOT NULL,"
+    " idempotency_key TEXT UNIQUE,"
+    " token TEXT NOT NULL,"
+    " world_size INTEGER NOT NULL CHECK (world_size >= 1),"
+    " device TEXT NOT NULL,"
+    " max_restarts INTEGER NOT NULL DEFAULT 0,"
+    " attempt INTEGER NOT NULL DEFAULT 0,"
+    " created_at REAL NOT NULL, updated_at REAL NOT NULL,"
+    " started_at REAL, finished_at REAL);"
+    "CREATE INDEX jobs_by_state ON jobs(state, seq);"
+    "CREATE TABLE attempts ("
+    " job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    " attempt INTEGER NOT NULL,"
+    " state TEXT NOT NULL,"
+    " reason TEXT NOT NULL DEFAULT '',"
+    " started_at REAL NOT NULL, finished_at REAL,"
+    " PRIMARY KEY (job_id, attempt));"
+    "CREATE TABLE ranks ("
+    " job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,"
+    " pid INTEGER, pid_start INTEGER, log_path TEXT,"
+    " state TEXT NOT NULL DEFAULT 'starting',"
+    " phase TEXT NOT NULL DEFAULT 'starting',"
+    " step INTEGER NOT NULL DEFAULT 0, total_steps INTEGER NOT NULL DEFAULT 0,"
+    " loss REAL, tokens_per_s REAL NOT NULL DEFAULT 0,"
+    " bytes_loaded INTEGER NOT NULL DEFAULT 0, bytes_total INTEGER NOT NULL DEFAULT 0,"
+    " host_peak_bytes INTEGER NOT NULL DEFAULT 0, device_peak_bytes INTEGER NOT NULL DEFAULT 0,"
+    " load_seconds REAL NOT NULL DEFAULT 0,"
+    " message TEXT NOT NULL DEFAULT '', exit_code INTEGER,"
+    " reports INTEGER NOT NULL DEFAULT 0, last_report_at REAL, finished_at REAL,"
+    " PRIMARY KEY (job_id, attempt, rank),"
+    " FOREIGN KEY (job_id, attempt) REFERENCES attempts(job_id, attempt) ON DELETE CASCADE);"
+    "CREATE TABLE metrics ("
+    " job_id TEXT NOT NULL, attempt INTEGER NOT NULL, rank INTEGER NOT NULL,"
+    " step INTEGER NOT NULL, loss REAL, tokens_per_s REAL NOT NULL, t REAL NOT NULL,"
+    " PRIMARY KEY (job_id, attempt, rank, step),"
+    " FOREIGN KEY (job_id, attempt, rank) REFERENCES ranks(job_id, attempt, rank)"
+    "  ON DELETE CASCADE);"
+    "CREATE TABLE events ("
+    " seq INTEGER PRIMARY KEY AUTOINCREMENT,"
+    " job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
+    " t REAL NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL);"
+    "CREATE INDEX events_by_job ON events(job_id, seq);",
+};
+#define N_MIGRATIONS ((int)(sizeof g_migrations / sizeof g_migrations[0]))
+
+static const char *const g_state_names[] = {
+#define TY_X(id, name) name,
+    DB_JOB_STATES(TY_X)
+#undef TY_X
+};
+
+const char *db_state_name(int state) {
+  return state >= 0 && state < DB_JOB_STATE_COUNT ? g_state_names[state] : NULL;
+}
+
+int db_state_parse(const char *name) {
+  for (int i = 0; i < DB_JOB_STATE_COUNT; i++)
+    if (!strcmp(name, g_state_names[i])) return i;
+  return -1;
+}
+
+bool db_state_final(int state) { return (DB_MASK_FINAL & DB_MASK(state)) != 0; }
+int db_schema_version(void) { return N_MIGRATIONS; }
+
+double db_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+int dbi_err(db_t *db, int rc, const char *what) {
+  ty_error("sqlite: %s: %s (%d)", what, sqlite3_errmsg(db->conn), rc);
+  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) return TY_EUNAVAILABLE;
+  if (rc == SQLITE_FULL || rc == SQLITE_IOERR) return TY_EUNAVAILABLE;
+  if (rc == SQLITE_CORRUPT) return TY_EDATALOSS;
+  return TY_EINTERNAL;
+}
+
+int dbi_prepare(db_t *db, const char *sql, sqlite3_stmt **st) {
+  int rc = sqlite3_prepare_v2(db->conn, sql, -1, st, NULL);
+  return rc == SQLITE_OK ? 0 : dbi_err(db, rc, sql);
+}
+
+int dbi_exec(db_t *db, const char *sql) {
+  char *err = NULL;
+  int rc = sqlite3_exec(db->conn, sql, NULL, NULL, &err);
+  if (rc == SQLITE_OK) return 0;
+  ty_error("sqlite: %s: %s", sql, err ? err : "?");
+  sqlite3_free(err);
+  return rc == SQLITE_BUSY ? TY_EUNAVAILABLE : TY_EINTERNAL;
+}
+
+char *dbi_text_dup(sqlite3_stmt *st, int col) {
+  const unsigned char *t = sqlite3_column_text(st, col);
+  return t ? xstrdup((const char *)t) : NULL;
+}
+
+void dbi_text_copy(sqlite3_stmt *st, int col, char *buf, size_t size) {
+  const unsigned char *t = sqlite3_column_text(st, col);
+  snprintf(buf, size, "%s", t ? (const char *)t : "");
+}
+
+int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *data) {
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db, "INSERT INTO events(job_id, t, type, data) VALUES (?,?,?,?)", &st);
+  if (rc) return rc;
+  char *text = json_dumps(data, JSON_COMPACT);
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  sqlite3_bind_double(st, 2, db_now());
+  sqlite3_bind_text(st, 3, type, -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 4, text ? text : "{}", -1, SQLITE_TRANSIENT);
+  free(text);
+  rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert event");
+  return sqlite3_last_insert_rowid(db->conn);
+}
+
+/* mkdir -p of the directory that holds path. */
+static int make_parent_dir(const char *path, char *msg, size_t msgsz) {
+  char *copy = xstrdup(path);
+  char *dir = dirname(copy);
+  char buf[4096];
+  snprintf(buf, sizeof buf, "%s", dir);
+  free(copy);
+  for (char *p = buf + 1; *p; p++) {
+    if (*p != '/') continue;
+    *p = '\0';
+    if (mkdir(buf, 0755) && errno != EEXIST) goto fail;
+    *p = '/';
+  }
+  if (mkdir(buf, 0755) && errno != EEXIST) goto fail;
+  return 0;
+fail:
+  if (msg) snprintf(msg, msgsz, "cannot create directory %s: %s", buf, strerror(errno));
+  return TY_EUNAVAILABLE;
+}
+
+static int migrate(db_t *db, char *msg, size_t msgsz) {
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db, "PRAGMA user_version", &st);
+  if (rc) return rc;
+  int version = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
+  sqlite3_finalize(st);
+  if (version > N_MIGRATIONS) {
+    if (msg)
+      snprintf(msg, msgsz,
+               "the database has schema version %d but this trainyardd knows only up to %d; "
+               "run a newer trainyardd or point --db at another file",
+               version, N_MIGRATIONS);
+    return TY_EPRECONDITION;
+  }
+  for (int v = version; v < N_MIGRATIONS; v++) {
+    char pragma[64];
+    snprintf(pragma, sizeof pragma, "PRAGMA user_version = %d", v + 1);
+    if ((rc = dbi_exec(db, "BEGIN IMMEDIATE"))) return rc;
+    if ((rc = dbi_exec(db, g_migrations[v])) || (rc = dbi_exec(db, pragma))) {
+      dbi_exec(db, "ROLLBACK");
+      if (msg) snprintf(msg, msgsz, "schema migration %d failed (see the log)", v + 1);
+      return rc;
+    }
+    if ((rc = dbi_exec(db, "COMMIT"))) return rc;
+    ty_info("database: applied schema version %d", v + 1);
+  }
+  return 0;
+}
+
+int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
+  *out = NULL;
+  int rc = make_parent_dir(path, msg, msgsz);
+  if (rc) return rc;
+  db_t *db = xcalloc(1, sizeof *db);
+  pthread_mutex_init(&db->lock, NULL);
+  int src = sqlite3_open_v2(path, &db->conn,
+                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                            NULL);
+  if (src != SQLITE_OK) {
+    if (msg) snprintf(msg, msgsz, "cannot open database %s: %s", path, sqlite3_errstr(src));
+    db_close(db);
+    return TY_EUNAVAILABLE;
+  }
+  sqlite3_busy_timeout(db->conn, 5000);
+  /* WAL: readers never block the writer; synchronous=NORMAL keeps every
+   * committed transaction across a crash of the process (only a power loss
+   * can drop the newest ones). */
+  if ((rc = dbi_exec(db, "PRAGMA journal_mode = WAL")) ||
+      (rc = dbi_exec(db, "PRAGMA synchronous = NORMAL")) ||
+      (rc = dbi_exec(db, "PRAGMA foreign_keys = ON"))) {
+    if (msg) snprintf(msg, msgsz, "cannot configure database %s (see the log)", path);
+    db_close(db);
+    return rc;
+  }
+  if ((rc = migrate(db, msg, msgsz))) {
+    db_close(db);
+    return rc;
+  }
+  *out = db;
+  return 0;
+}
+
+void db_close(db_t *db) {
+  if (!db) return;
+  if (db->conn) sqlite3_close_v2(db->conn);
+  pthread_mutex_destroy(&db->lock);
+  free(db);
+}
+
+/* The attempt's final state for a job state left from starting/running. */
+static const char *attempt_outcome(int to) {
+  switch (to) {
+    case DB_JOB_SUCCEEDED: return "succeeded";
+    case DB_JOB_CANCELLED: return "cancelled";
+    default: return "failed";
+  }
+}
+
+/* Steps of a transition inside the open transaction; see db_job_transition. */
+static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, const char *reason,
+                         int *cur, int *attempt_out) {
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db, "SELECT state, attempt, world_size FROM jobs WHERE id = ?", &st);
+  if (rc) return rc;
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  if (sqlite3_step(st) != SQLITE_ROW) {
+    sqlite3_finalize(st);
+    return TY_ENOTFOUND;
+  }
+  char from_name[16];
+  dbi_text_copy(st, 0, from_name, sizeof from_name);
+  int attempt = sqlite3_column_int(st, 1), world = sqlite3_column_int(st, 2);
+  sqlite3_finalize(st);
+  int from = db_state_parse(from_name);
+  if (cur) *cur = from;
+  if (from < 0 || !(from_mask & DB_MASK(from))) return TY_EPRECONDITION;
+  double now = db_now();
+
+  if ((DB_MASK_ACTIVE & DB_MASK(from)) && !(DB_MASK_ACTIVE & DB_MASK(to))) {
+    if ((rc = dbi_prepare(db,
+                          "UPDATE attempts SET state = ?, reason = ?, finished_at = ?"
+                          " WHERE job_id = ? AND attempt = ?",
+                          &st)))
+      return rc;
+    sqlite3_bind_text(st, 1, attempt_outcome(to), -1, SQLITE_STATIC);
+    sqlite3_bind_text(st, 2, reason, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 3, now);
+    sqlite3_bind_text(st, 4, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 5, attempt);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return dbi_err(db, rc, "close attempt");
+  }
+  if (to == DB_JOB_STARTING) {
+    attempt++;
+    if ((rc = dbi_prepare(db, "INSERT INTO attempts(job_id, attempt, state, started_at)"
+                              " VALUES (?, ?, 'running', ?)", &st)))
+      return rc;
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, attempt);
+    sqlite3_bind_double(st, 3, now);
+    rc = sqlite3_step(st);
+    sqlite3_finalize(st);
+    if (rc != SQLITE_DONE) return dbi_err(db, rc, "open attempt");
+    if ((rc = dbi_prepare(db, "INSERT INTO ranks(job_id, attempt, rank) VALUES (?, ?, ?)", &st)))
+      return rc;
+    for (int r = 0; r < world; r++) {
+      sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+      sqlite3_bind_int(st, 2, attempt);
+      sqlite3_bind_int(st, 3, r);
+      rc = sqlite3_step(st);
+      sqlite3_reset(st);
+      if (rc != SQLITE_DONE) {
+        sqlite3_finalize(st);
+        return dbi_err(db, rc, "insert rank");
+      }
+    }
+    sqlite3_finalize(st);
+  }
+  if ((rc = dbi_prepare(db,
+                        "UPDATE jobs SET state = ?, reason = ?, updated_at = ?, attempt = ?,"
+                        " started_at = CASE WHEN ? AND started_at IS NULL THEN ? ELSE started_at END,"
+                        " finished_at = CASE WHEN ? THEN ? ELSE NULL END WHERE id = ?",
+                        &st)))
+    return rc;
+  sqlite3_bind_text(st, 1, db_state_name(to), -1, SQLITE_STATIC);
+  sqlite3_bind_text(st, 2, reason, -1, SQLITE_STATIC);
+  sqlite3_bind_double(st, 3, now);
+  sqlite3_bind_int(st, 4, attempt);
+  sqlite3_bind_int(st, 5, to == DB_JOB_RUNNING);
+  sqlite3_bind_double(st, 6, now);
+  sqlite3_bind_int(st, 7, db_state_final(to));
+  sqlite3_bind_double(st, 8, now);
+  sqlite3_bind_text(st, 9, id, -1, SQLITE_STATIC);
+  rc = sqlite3_step(st);
+  sqlite3_finalize(st);
+  if (rc != SQLITE_DONE) return dbi_err(db, rc, "update job state");
+
+  json_t *ev = json_pack("{s:s, s:s, s:s, s:i}", "from", from_name, "to", db_state_name(to),
+                         "reason", reason, "attempt", attempt);
+  int64_t seq = dbi_event_append(db, id, "state", ev);
+  json_decref(ev);
+  if (seq < 0) return (int)seq;
+  if (attempt_out) *attempt_out = attempt;
+  return 0;
+}
+
+int db_job_transition(db_t *db, const char *id, unsigned from_mask, int to, const char *reason,
+                      int *cur, int *attempt) {
+  if (!db_state_name(to)) return TY_EINVAL;
+  pthread_mutex_lock(&db->lock);
+  int rc = dbi_exec(db, "BEGIN IMMEDIATE");
+  if (!rc) {
+    rc = tx_transition(db, id, from_mask, to, reason ? reason : "", cur, attempt);
+    int end = dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");
+    if (!rc) rc = end;
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
+int dbi_created_event(db_t *db, const char *id, const char *reason) {
+  json_t *ev = json_pack("{s:n, s:s, s:s, s:i}", "from", "to", "queued", "reason", reason,
+                         "attempt", 0);
+  int64_t seq = dbi_event_append(db, id, "state", ev);
+  json_decref(ev);
+  return seq < 0 ? (int)seq : 0;
+}

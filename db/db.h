@@ -1,0 +1,163 @@
+/* db.h - trainyardd's state in SQLite: jobs, attempts, ranks, metrics and
+ * events, schema versions applied in order (PRAGMA user_version).
+ *
+ * One connection, guarded by a mutex, serves every thread. Every change of a
+ * job's state goes through db_job_transition(), which writes the new state
+ * and its event (with the reason) in one transaction. Values read from
+ * SQLite are copied before a statement is reset; every struct or JSON value
+ * returned is the caller's. */
+#ifndef TY_DB_DB_H
+#define TY_DB_DB_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "api/errors.h"
+
+typedef struct db db_t;
+
+/* Job states, in the order of DESIGN.md's "Progress". */
+#define DB_JOB_STATES(X) \
+  X(QUEUED, "queued") X(STARTING, "starting") X(RUNNING, "running") \
+  X(SUCCEEDED, "succeeded") X(FAILED, "failed") X(CANCELLED, "cancelled")
+typedef enum {
+#define TY_X(id, name) DB_JOB_##id,
+  DB_JOB_STATES(TY_X)
+#undef TY_X
+  DB_JOB_STATE_COUNT
+} db_job_state_t;
+#define DB_MASK(st) (1u << (st))
+#define DB_MASK_ACTIVE (DB_MASK(DB_JOB_STARTING) | DB_MASK(DB_JOB_RUNNING))
+#define DB_MASK_FINAL \
+  (DB_MASK(DB_JOB_SUCCEEDED) | DB_MASK(DB_JOB_FAILED) | DB_MASK(DB_JOB_CANCELLED))
+
+/* "queued", ...; NULL for a value out of range. */
+const char *db_state_name(int state);
+/* The state for a name, or -1. */
+int db_state_parse(const char *name);
+bool db_state_final(int state);
+
+#define DB_ID_MAX 40
+#define DB_TOKEN_MAX 72
+
+/* One job row. Strings without a size are heap copies owned by the struct
+ * (freed by db_job_free); reason and spec are never NULL once read. */
+typedef struct {
+  int64_t seq;                 /* insertion order; pages and FIFO follow it */
+  char id[DB_ID_MAX];
+  char *name;
+  int state;                   /* db_job_state_t */
+  char *reason;                /* why the job is in its state */
+  char *spec;                  /* normalized spec JSON (jobspec_to_json) */
+  char *idempotency_key;       /* NULL when the submit carried none */
+  char token[DB_TOKEN_MAX];    /* the per-job token of the internal endpoints */
+  int world_size;
+  char device[8];              /* "cpu" or "cuda", resolved at submit */
+  int max_restarts;
+  int attempt;                 /* attempts started so far (0 while first queued) */
+  double created_at, updated_at, started_at, finished_at; /* unix seconds; 0 unset */
+} db_job_t;
+
+void db_job_free(db_job_t *j);
+void db_jobs_free(db_job_t **jobs, size_t n);
+
+/* Opens (creating when missing, with its parent directory) and migrates the
+ * database at path. On failure returns a TY_E* code and, when msg is not
+ * NULL, a description in msg (msgsz bytes). */
+int db_open(const char *path, db_t **out, char *msg, size_t msgsz);
+void db_close(db_t *db);
+/* The schema version this build applies (the last migration). */
+int db_schema_version(void);
+
+/* Inserts a new job in state queued, with its "submitted" event, in one
+ * transaction. j->id, name, spec, token, world_size, device, max_restarts
+ * and (optionally) idempotency_key are read; seq and the times are filled.
+ * When idempotency_key is already used, nothing is written and TY_EEXISTS
+ * is returned with the existing job in *existing (the caller's). */
+int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing);
+
+/* TY_ENOTFOUND when no job has that id. */
+int db_job_get(db_t *db, const char *id, db_job_t **out);
+
+/* Jobs whose state is in state_mask (0: every state), newest first, with
+ * seq < before_seq (0: from the newest), at most limit. *out is an array of
+ * *n jobs, freed with db_jobs_free. */
+int db_job_list(db_t *db, unsigned state_mask, int64_t before_seq, int limit, db_job_t ***out,
+                size_t *n);
+/* The same, oldest first (the scheduler's FIFO order), seq > after_seq. */
+int db_job_list_fifo(db_t *db, unsigned state_mask, int64_t after_seq, int limit,
+                     db_job_t ***out, size_t *n);
+
+/* Counts per state (counts has DB_JOB_STATE_COUNT entries). */
+int db_job_count_by_state(db_t *db, int64_t *counts);
+
+/* THE state change. In one transaction: checks that the job's current state
+ * is in from_mask (TY_EPRECONDITION with the current state in *cur
+ * otherwise; TY_ENOTFOUND for an unknown job), writes the new state and
+ * reason, and appends a "state" event {from, to, reason, attempt}.
+ * Entering starting opens a new attempt (attempt + 1) with world_size rank
+ * rows; leaving starting or running closes the open attempt with the same
+ * reason. *cur (optional) receives the state found; *attempt (optional) the
+ * job's attempt number after the change. */
+int db_job_transition(db_t *db, const char *id, unsigned from_mask, int to, const char *reason,
+                      int *cur, int *attempt);
+
+/* Rank bookkeeping of the open attempt. pid_start is the process start time
+ * (clock ticks since boot, /proc/<pid>/stat field 22): with the pid it names
+ * the process even after a restart of the server. */
+int db_rank_spawned(db_t *db, const char *id, int attempt, int rank, int pid, int64_t pid_start,
+                    const char *log_path);
+/* state is "exited" (status 0), "failed" or "stopped"; message says why.
+ * Appends a "rank" event. */
+int db_rank_finished(db_t *db, const char *id, int attempt, int rank, const char *state,
+                     int exit_code, const char *message);
+
+/* One progress report of a rank (DESIGN.md "Worker contract"). */
+typedef struct {
+  int attempt, rank, world_size;
+  char phase[16];
+  int64_t step, total_steps;
+  double loss;                 /* NaN when not yet known */
+  double tokens_per_s;
+  int64_t bytes_loaded, bytes_total, host_peak_bytes, device_peak_bytes;
+  double load_seconds;
+  char message[512];
+} db_report_t;
+
+/* Writes a report into the rank's row; appends a metrics point when the
+ * step of a training report is new, and a "progress" event when the phase
+ * or the step changed (a plain heartbeat appends nothing). TY_ENOTFOUND when
+ * the attempt or rank does not exist; TY_EPRECONDITION when the rank has
+ * already finished. *progressed (optional) tells whether an event was
+ * written. */
+int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progressed);
+
+/* The live ranks of every job in starting or running (for recovery): calls
+ * fn once per rank row without a finish, with its pid and pid_start. */
+typedef void (*db_live_rank_fn)(const char *id, int attempt, int rank, int pid,
+                                int64_t pid_start, void *ctx);
+int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx);
+
+/* JSON views (new objects, the caller's). */
+/* {"job_id","attempt","ranks":[{rank, state, phase, step, ...}]}: the
+ * given attempt, or the newest when attempt <= 0. */
+int db_ranks_json(db_t *db, const char *id, int attempt, json_t **out);
+/* {"job_id","attempt","ranks":[{"rank", "steps":[..], "loss":[..],
+ * "tokens_per_s":[..], "t":[..]}]} */
+int db_metrics_json(db_t *db, const char *id, int attempt, json_t **out);
+/* Events of job id with seq > after_seq, oldest first, at most limit: an
+ * array of {"seq","job_id","t","type","data"}. *last_seq receives the seq
+ * of the last one (after_seq when none). */
+int db_events_json(db_t *db, const char *id, int64_t after_seq, int limit, json_t **out,
+                   int64_t *last_seq);
+/* The log file of a rank of an attempt (newest when attempt <= 0), as a
+ * new string. */
+int db_rank_log_path(db_t *db, const char *id, int attempt, int rank, char **out);
+
+/* Seconds since the epoch, with sub-second precision. */
+double db_now(void);
+
+#endif
