@@ -1,0 +1,47 @@
+/* report.h - a rank's progress reports (DESIGN.md "Progress" and "Worker
+ * contract"). Each report goes as one JSON object by HTTP POST to
+ * TRAINYARD_REPORT_URL with "Authorization: Bearer $TRAINYARD_TOKEN", or,
+ * when TRAINYARD_REPORT_URL is unset, as one JSON line on stdout; the same
+ * report is also written to stderr as the human-readable line:
+ *   [rank 1/2] load  512.0/1024.0 MiB  host-peak 70 MiB
+ *   [rank 1/2] train step 40/200 loss 2.314  1530 tok/s  host-peak 212 MiB
+ *
+ * One reporter per process (a rank is one process). Not thread-safe: call
+ * from one thread. */
+#ifndef TY_WORKER_REPORT_H
+#define TY_WORKER_REPORT_H
+
+#include <stdint.h>
+
+/* One report. job_id, attempt, rank and world_size come from the
+ * environment (report_open); phase is one of "starting", "loading",
+ * "training", "saving", "done", "failed". loss is NaN while unknown (sent as
+ * null). message (may be NULL) says why, for "failed". */
+typedef struct {
+  const char *phase;
+  int64_t step, total_steps;
+  double loss;
+  double tokens_per_s;
+  int64_t bytes_loaded, bytes_total;
+  int64_t host_peak_bytes, device_peak_bytes;
+  double load_seconds;
+  const char *message;
+} report_t;
+
+/* Reads TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, TRAINYARD_RANK,
+ * TRAINYARD_WORLD_SIZE, TRAINYARD_REPORT_URL and TRAINYARD_TOKEN. Returns 0,
+ * or TY_EINVAL when a variable that is set is malformed (a message names it
+ * on stderr). Calling it again re-reads the environment. */
+int report_open(void);
+
+/* Sends one report. Returns 0; TY_EPRECONDITION when the server answered
+ * that this attempt is over (the rank should stop); TY_EUNAVAILABLE when the
+ * server could not be reached or refused the report (the rank may go on:
+ * reports are heartbeats and the next one may pass). Never blocks more than
+ * a few seconds. */
+int report_send(const report_t *r);
+
+/* Releases what report_open holds. */
+void report_close(void);
+
+#endif
