@@ -312,7 +312,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
   sqlite3_bind_text(st, 2, reason, -1, SQLITE_STATIC);
   sqlite3_bind_double(st, 3, now);
   sqlite3_bind_int(st, 4, attempt);
-  sqlite3_bind_int(st, 5, to == DB_JOB_RUNNING);
+  sqlite3_bind_int(st, 5, to == DB_JOB_STARTING);
   sqlite3_bind_double(st, 6, now);
   sqlite3_bind_int(st, 7, db_state_final(to));
   sqlite3_bind_double(st, 8, now);

@@ -1,0 +1,20 @@
+/* recovery.h - what trainyardd does at start with the state a previous
+ * instance left (after kill -9, a crash or a power loss): no job stays in a
+ * non-final state it can never leave, and no rank of a previous instance
+ * keeps running unwatched. */
+#ifndef TY_SERVER_RECOVERY_H
+#define TY_SERVER_RECOVERY_H
+
+#include "server/config.h"
+
+typedef struct svc svc_t;
+
+/* Before the scheduler starts: every rank process of a job in starting or
+ * running that is still alive (same pid and start time) gets SIGTERM, then
+ * SIGKILL after the grace period; every such rank is recorded as stopped,
+ * with the reason. Each such job is queued again while its max_restarts
+ * allows, else failed, each change an event with its reason. Queued jobs
+ * stay queued. Returns the number of jobs recovered, or a TY_E* code. */
+int recovery_run(svc_t *svc, const srv_config_t *cfg);
+
+#endif

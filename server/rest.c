@@ -1,0 +1,415 @@
+/* rest.c - the REST front end: THE route table, matching (404 versus 405
+ * with Allow), bearer-token auth, body limits (413), request counters,
+ * /healthz and /metrics; see rest.h. Job handlers live in rest_jobs.c and
+ * rest_events.c. */
+#include "server/rest_internal.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/log.h"
+#include "common/xalloc.h"
+#include "server/service.h"
+
+static enum MHD_Result h_healthz(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+
+/* THE route table: method, path pattern, handler, body limit, auth. */
+static const rest_route_t g_routes[] = {
+    {"POST", "/v1/jobs", rest_h_submit, -1, AUTH_API},
+    {"GET", "/v1/jobs", rest_h_list, 0, AUTH_API},
+    {"POST", "/v1/jobs:validate", rest_h_validate, -1, AUTH_API},
+    {"GET", "/v1/jobs/{id}", rest_h_get, 0, AUTH_API},
+    {"POST", "/v1/jobs/{id}:cancel", rest_h_cancel, 4096, AUTH_API},
+    {"GET", "/v1/jobs/{id}/ranks", rest_h_ranks, 0, AUTH_API},
+    {"GET", "/v1/jobs/{id}/metrics", rest_h_metrics, 0, AUTH_API},
+    {"GET", "/v1/jobs/{id}/events", rest_h_events, 0, AUTH_API},
+    {"GET", "/v1/jobs/{id}/ranks/{rank}/log", rest_h_log, 0, AUTH_API},
+    {"POST", "/v1/internal/jobs/{id}/report", rest_h_report, 65536, AUTH_JOB},
+    {"GET", "/healthz", h_healthz, 0, AUTH_NONE},
+    {"GET", "/metrics", h_prometheus, 0, AUTH_API},
+};
+#define N_ROUTES (sizeof g_routes / sizeof g_routes[0])
+
+/* Request counters for /metrics: per route (plus one row for requests that
+ * matched none), a few distinct statuses each. */
+#define STATUS_SLOTS 12
+typedef struct {
+  int status;
+  long long count;
+} status_count_t;
+static status_count_t g_counts[N_ROUTES + 1][STATUS_SLOTS];
+static pthread_mutex_t g_counts_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void count_request(const rest_route_t *route, int status) {
+  size_t row = route ? (size_t)(route - g_routes) : N_ROUTES;
+  pthread_mutex_lock(&g_counts_lock);
+  for (int i = 0; i < STATUS_SLOTS; i++) {
+    status_count_t *sc = &g_counts[row][i];
+    if (sc->status == status || sc->status == 0) {
+      sc->status = status;
+      sc->count++;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g_counts_lock);
+}
+
+/* Matches path against pattern, capturing "{name}" segments (no '/' or
+ * ':'; at most 127 bytes) into params. */
+static bool match(const char *pattern, const char *path, char params[][128]) {
+  int np = 0;
+  while (*pattern) {
+    if (*pattern == '{') {
+      pattern = strchr(pattern, '}');
+      if (!pattern) return false;
+      pattern++;
+      size_t len = strcspn(path, "/:");
+      if (len == 0 || len >= 128 || np >= REST_MAX_PARAMS) return false;
+      memcpy(params[np], path, len);
+      params[np++][len] = '\0';
+      path += len;
+    } else if (*pattern++ != *path++) {
+      return false;
+    }
+  }
+  return *path == '\0';
+}
+
+const char *rest_bearer(struct MHD_Connection *c) {
+  const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization");
+  if (!h || strncasecmp(h, "Bearer ", 7)) return NULL;
+  h += 7;
+  while (*h == ' ') h++;
+  return *h ? h : NULL;
+}
+
+/* Whether token is one of the comma-separated API tokens. Every entry is
+ * compared in full, so the time taken says nothing about the match. */
+static bool api_token_ok(const char *tokens, const char *token) {
+  bool ok = false;
+  size_t tl = strlen(token);
+  for (const char *p = tokens; *p;) {
+    while (*p == ',' || *p == ' ') p++;
+    size_t len = strcspn(p, ", ");
+    if (len) {
+      unsigned char diff = len != tl;
+      for (size_t i = 0; i < len && i < tl; i++) diff |= (unsigned char)(p[i] ^ token[i]);
+      ok |= diff == 0;
+    }
+    p += len;
+  }
+  return ok;
+}
+
+static bool auth_required(const srv_config_t *cfg) {
+  for (const char *p = cfg->tokens; *p; p++)
+    if (*p != ',' && *p != ' ') return true;
+  return false;
+}
+
+enum MHD_Result rest_queue(struct MHD_Connection *c, rest_req_t *q, int status,
+                           struct MHD_Response *resp) {
+  q->status = status;
+  MHD_add_response_header(resp, "Cache-Control", "no-store");
+  MHD_add_response_header(resp, "X-Content-Type-Options", "nosniff");
+  enum MHD_Result ret = MHD_queue_response(c, (unsigned)status, resp);
+  MHD_destroy_response(resp);
+  return ret;
+}
+
+enum MHD_Result rest_send_text(struct MHD_Connection *c, rest_req_t *q, int status,
+                               const char *content_type, char *text) {
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+  MHD_add_response_header(resp, "Content-Type", content_type);
+  return rest_queue(c, q, status, resp);
+}
+
+enum MHD_Result rest_send_json(struct MHD_Connection *c, rest_req_t *q, int status, json_t *body) {
+  char *text = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  if (!text) text = xstrdup("{}");
+  size_t n = strlen(text);
+  text = xrealloc(text, n + 2);
+  text[n] = '\n';
+  text[n + 1] = '\0';
+  return rest_send_text(c, q, status, "application/json", text);
+}
+
+enum MHD_Result rest_send_error(struct MHD_Connection *c, rest_req_t *q, int code,
+                                const char *message, const ty_errlist_t *details) {
+  return rest_send_json(c, q, ty_err_http_status(code), ty_error_json(code, message, details));
+}
+
+/* A body over its limit: RESOURCE_EXHAUSTED is the code, and 413 (not the
+ * code's usual 429) says which resource. */
+static enum MHD_Result send_too_large(struct MHD_Connection *c, rest_req_t *q, const char *msg) {
+  return rest_send_json(c, q, MHD_HTTP_CONTENT_TOO_LARGE, ty_error_json(TY_EEXHAUSTED, msg, NULL));
+}
+
+bool rest_query_int(struct MHD_Connection *c, const char *name, int64_t min, int64_t max,
+                    int64_t *out, ty_errlist_t *errs) {
+  const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
+  if (!v) return true;
+  char *end;
+  long long x = strtoll(v, &end, 10);
+  if (!*v || *end || x < min || x > max) {
+    ty_errlist_add(errs, name, "must be an integer between %lld and %lld, got '%s'",
+                   (long long)min, (long long)max, v);
+    return false;
+  }
+  *out = x;
+  return true;
+}
+
+/* The first call of a request: route, auth and Content-Length checks. An
+ * error is queued at once (MHD then skips the body). */
+static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
+                                  const char *url, const char *method) {
+  char allow[128] = "";
+  bool path_known = false;
+  for (size_t i = 0; i < N_ROUTES; i++) {
+    char params[REST_MAX_PARAMS][128];
+    if (!match(g_routes[i].pattern, url, params)) continue;
+    path_known = true;
+    bool same = !strcmp(method, g_routes[i].method) ||
+                (!strcmp(method, "HEAD") && !strcmp(g_routes[i].method, "GET"));
+    if (same && !q->route) {
+      q->route = &g_routes[i];
+      memcpy(q->params, params, sizeof params);
+    }
+    if (!strstr(allow, g_routes[i].method)) {
+      if (*allow) strcat(allow, ", ");
+      strcat(allow, g_routes[i].method);
+      if (!strcmp(g_routes[i].method, "GET")) strcat(allow, ", HEAD");
+    }
+  }
+  if (!path_known) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "no such resource: %.200s (the API lives under /v1)", url);
+    return rest_send_error(c, q, TY_ENOTFOUND, msg, NULL);
+  }
+  if (!q->route) {
+    char msg[300];
+    snprintf(msg, sizeof msg, "%s is not allowed on %.200s; allowed: %s", method, url, allow);
+    json_t *body = ty_error_json(TY_EUNIMPLEMENTED, msg, NULL);
+    char *text = json_dumps(body, JSON_COMPACT);
+    json_decref(body);
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+    MHD_add_response_header(resp, "Content-Type", "application/json");
+    MHD_add_response_header(resp, "Allow", allow);
+    return rest_queue(c, q, MHD_HTTP_METHOD_NOT_ALLOWED, resp);
+  }
+  if (q->route->auth == AUTH_API && auth_required(r->cfg)) {
+    const char *tok = rest_bearer(c);
+    if (!tok || !api_token_ok(r->cfg->tokens, tok)) {
+      struct MHD_Response *resp;
+      json_t *body = ty_error_json(TY_EUNAUTHENTICATED,
+                                   tok ? "the bearer token is not valid for this server"
+                                       : "this server needs 'Authorization: Bearer <token>'",
+                                   NULL);
+      char *text = json_dumps(body, JSON_COMPACT);
+      json_decref(body);
+      resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+      MHD_add_response_header(resp, "Content-Type", "application/json");
+      MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"trainyard\"");
+      return rest_queue(c, q, MHD_HTTP_UNAUTHORIZED, resp);
+    }
+  }
+  int64_t limit = q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit;
+  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+  if (cl && strtoll(cl, NULL, 10) > limit) {
+    char msg[200];
+    snprintf(msg, sizeof msg, "the request body (%s bytes) is over this route's limit of %lld bytes",
+             cl, (long long)limit);
+    return send_too_large(c, q, msg);
+  }
+  return MHD_YES;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+  rest_t *r = cls;
+  rest_req_t *q = *con_cls;
+  if (!q) {
+    q = xcalloc(1, sizeof *q);
+    *con_cls = q;
+    return first_call(r, c, q, url, method);
+  }
+  if (q->status) return MHD_YES; /* an early error is queued; the body is dropped */
+  if (*upload_data_size) {
+    int64_t limit = q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit;
+    if (!q->body_too_big && (int64_t)(q->body_len + *upload_data_size) <= limit) {
+      q->body = xrealloc(q->body, q->body_len + *upload_data_size + 1);
+      memcpy(q->body + q->body_len, upload_data, *upload_data_size);
+      q->body_len += *upload_data_size;
+      q->body[q->body_len] = '\0';
+    } else {
+      q->body_too_big = true;
+    }
+    *upload_data_size = 0;
+    return MHD_YES;
+  }
+  if (q->body_too_big) {
+    char msg[160];
+    snprintf(msg, sizeof msg, "the request body is over this route's limit of %lld bytes",
+             (long long)(q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit));
+    return send_too_large(c, q, msg);
+  }
+  return q->route->fn(r, c, q);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+  rest_req_t *q = *con_cls;
+  if (!q) return;
+  count_request(q->route, q->status ? q->status : 500);
+  free(q->body);
+  free(q);
+  *con_cls = NULL;
+}
+
+static enum MHD_Result h_healthz(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
+  svc_stats_t st;
+  if (svc_stats(r->svc, &st))
+    return rest_send_error(c, q, TY_EUNAVAILABLE, "the database cannot be read", NULL);
+  return rest_send_json(c, q, 200, json_pack("{s:s, s:i}", "status", "ok", "schema_version",
+                                             db_schema_version()));
+}
+
+static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void append(char **buf, size_t *len, size_t *cap, const char *fmt, ...) {
+  for (;;) {
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(*buf + *len, *cap - *len, fmt, ap);
+    va_end(ap);
+    if (n >= 0 && (size_t)n < *cap - *len) {
+      *len += (size_t)n;
+      return;
+    }
+    *cap = *cap * 2 + (size_t)(n > 0 ? n : 0);
+    *buf = xrealloc(*buf, *cap);
+  }
+}
+
+static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
+  svc_stats_t st;
+  if (svc_stats(r->svc, &st))
+    return rest_send_error(c, q, TY_EUNAVAILABLE, "the database cannot be read", NULL);
+  size_t len = 0, cap = 4096;
+  char *b = xmalloc(cap);
+  b[0] = '\0';
+  append(&b, &len, &cap, "# HELP trainyard_jobs Jobs by state.\n# TYPE trainyard_jobs gauge\n");
+  for (int s = 0; s < DB_JOB_STATE_COUNT; s++)
+    append(&b, &len, &cap, "trainyard_jobs{state=\"%s\"} %lld\n", db_state_name(s),
+           (long long)st.jobs[s]);
+  append(&b, &len, &cap,
+         "# HELP trainyard_ranks_running Rank processes running now.\n"
+         "# TYPE trainyard_ranks_running gauge\ntrainyard_ranks_running %lld\n"
+         "# HELP trainyard_reports_ingested_total Progress reports accepted.\n"
+         "# TYPE trainyard_reports_ingested_total counter\n"
+         "trainyard_reports_ingested_total %lld\n"
+         "# HELP trainyard_reports_rejected_total Progress reports refused.\n"
+         "# TYPE trainyard_reports_rejected_total counter\n"
+         "trainyard_reports_rejected_total %lld\n"
+         "# HELP trainyard_http_requests_total HTTP requests by route and status.\n"
+         "# TYPE trainyard_http_requests_total counter\n",
+         (long long)st.ranks_running, (long long)st.reports_ingested,
+         (long long)st.reports_rejected);
+  pthread_mutex_lock(&g_counts_lock);
+  for (size_t i = 0; i <= N_ROUTES; i++)
+    for (int k = 0; k < STATUS_SLOTS && g_counts[i][k].status; k++)
+      append(&b, &len, &cap, "trainyard_http_requests_total{route=\"%s %s\",status=\"%d\"} %lld\n",
+             i < N_ROUTES ? g_routes[i].method : "", i < N_ROUTES ? g_routes[i].pattern : "other",
+             g_counts[i][k].status, g_counts[i][k].count);
+  pthread_mutex_unlock(&g_counts_lock);
+  return rest_send_text(c, q, 200, "text/plain; version=0.0.4", b);
+}
+
+__attribute__((format(printf, 2, 0))) static void mhd_log(void *cls, const char *fmt,
+                                                          va_list ap) {
+  char msg[512];
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  size_t n = strlen(msg);
+  while (n && msg[n - 1] == '\n') msg[--n] = '\0';
+  ty_warn("http: %s", msg);
+}
+
+/* Parses "host:port" / "[v6]:port" into a socket address. */
+static int parse_listen(const char *listen, struct sockaddr_storage *ss, bool *v6, char *msg,
+                        size_t msgsz) {
+  char host[256];
+  const char *port;
+  if (listen[0] == '[') {
+    const char *end = strchr(listen, ']');
+    if (!end || end[1] != ':') goto bad;
+    snprintf(host, sizeof host, "%.*s", (int)(end - listen - 1), listen + 1);
+    port = end + 2;
+  } else {
+    const char *colon = strrchr(listen, ':');
+    if (!colon) goto bad;
+    snprintf(host, sizeof host, "%.*s", (int)(colon - listen), listen);
+    port = colon + 1;
+  }
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICSERV;
+  if (getaddrinfo(host, port, &hints, &res) || !res) goto bad;
+  memcpy(ss, res->ai_addr, res->ai_addrlen);
+  *v6 = res->ai_family == AF_INET6;
+  freeaddrinfo(res);
+  return 0;
+bad:
+  snprintf(msg, msgsz, "listen address '%s' is not host:port (e.g. 127.0.0.1:8080)", listen);
+  return TY_EINVAL;
+}
+
+int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, char *msg,
+               size_t msgsz) {
+  struct sockaddr_storage ss;
+  bool v6;
+  int rc = parse_listen(cfg->listen, &ss, &v6, msg, msgsz);
+  if (rc) return rc;
+  rest_t *r = xcalloc(1, sizeof *r);
+  r->svc = svc;
+  r->cfg = cfg;
+  /* The connection's memory pool holds the request head; twice the head
+   * limit leaves room for MHD's own bookkeeping. */
+  size_t mem = (size_t)cfg->max_header * 2;
+  if (mem < 32768) mem = 32768;
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+                   MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+  r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER,
+                            mhd_log, r, MHD_OPTION_SOCK_ADDR, &ss,
+                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_NOTIFY_COMPLETED,
+                            on_completed, r, MHD_OPTION_END);
+  if (!r->mhd) {
+    snprintf(msg, msgsz, "cannot listen on %s (address in use, or not this host's?)",
+             cfg->listen);
+    free(r);
+    return TY_EUNAVAILABLE;
+  }
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(r->mhd, MHD_DAEMON_INFO_BIND_PORT);
+  *port = info ? info->port : 0;
+  *out = r;
+  return 0;
+}
+
+void rest_stop(rest_t *r) {
+  if (!r) return;
+  atomic_store(&r->stopping, true);
+  MHD_stop_daemon(r->mhd);
+  free(r);
+}

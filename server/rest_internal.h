@@ -1,0 +1,78 @@
+/* rest_internal.h - what rest.c (routing, auth, limits, counters) shares
+ * with the handler files rest_*.c. Not for use elsewhere. */
+#ifndef TY_SERVER_REST_INTERNAL_H
+#define TY_SERVER_REST_INTERNAL_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include <jansson.h>
+#include <microhttpd.h>
+
+#include "api/errors.h"
+#include "server/config.h"
+#include "server/rest.h"
+
+#define REST_MAX_PARAMS 4
+
+/* One request's state, from its first call to its completion callback. */
+typedef struct {
+  const struct route_s *route;
+  char params[REST_MAX_PARAMS][128]; /* path captures, in pattern order */
+  char *body;                        /* request body, NUL-terminated; owned */
+  size_t body_len;
+  bool body_too_big;
+  int status;                        /* HTTP status sent (for /metrics) */
+} rest_req_t;
+
+typedef enum MHD_Result (*rest_handler_fn)(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+
+typedef enum { AUTH_NONE, AUTH_API, AUTH_JOB } rest_auth_t;
+
+typedef struct route_s {
+  const char *method;
+  const char *pattern; /* "{name}" captures one segment up to '/' or ':' */
+  rest_handler_fn fn;
+  int64_t body_limit;  /* bytes; -1: the server's max_body */
+  rest_auth_t auth;    /* AUTH_JOB: the job's own token, checked by the handler */
+} rest_route_t;
+
+struct rest {
+  svc_t *svc;
+  const srv_config_t *cfg;
+  struct MHD_Daemon *mhd;
+  atomic_bool stopping;
+};
+
+/* Response helpers: each queues its response, records the status in q and
+ * returns what MHD_queue_response returned. */
+enum MHD_Result rest_send_json(struct MHD_Connection *c, rest_req_t *q, int status, json_t *body);
+/* The error model: {"error": {code, message, details}}; status from code. */
+enum MHD_Result rest_send_error(struct MHD_Connection *c, rest_req_t *q, int code,
+                                const char *message, const ty_errlist_t *details);
+enum MHD_Result rest_send_text(struct MHD_Connection *c, rest_req_t *q, int status,
+                               const char *content_type, char *text /* freed */);
+enum MHD_Result rest_queue(struct MHD_Connection *c, rest_req_t *q, int status,
+                           struct MHD_Response *resp);
+
+/* Handlers (rest_jobs.c, rest_events.c). */
+enum MHD_Result rest_h_submit(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_validate(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_list(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_get(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_ranks(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_report(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_events(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+
+/* The token of "Authorization: Bearer <token>", or NULL. */
+const char *rest_bearer(struct MHD_Connection *c);
+/* Parses an optional integer query argument; false (with an error in
+ * errs) when present but not an integer in [min, max]. */
+bool rest_query_int(struct MHD_Connection *c, const char *name, int64_t min, int64_t max,
+                    int64_t *out, ty_errlist_t *errs);
+
+#endif

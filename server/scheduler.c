@@ -1,0 +1,475 @@
+/* scheduler.c - FIFO queue over the rank slots, the watchdog and the
+ * outcome of every attempt; see scheduler.h. The thread owns every run_t;
+ * other threads touch them only under s->lock. Lock order: s->lock, then
+ * the service's (database) locks; the service never calls in here while
+ * holding its own. */
+#include "server/scheduler.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/xalloc.h"
+#include "server/dispatch.h"
+#include "server/service.h"
+
+#define TICK_S 0.1
+
+typedef struct {
+  dispatch_rank_t proc;
+  bool started;            /* the process was created */
+  bool exited, recorded;   /* reaped; its finish written to the database */
+  int status;              /* wait status once exited */
+  bool signalled;          /* we sent it SIGTERM or SIGKILL */
+  double last_report;      /* monotonic seconds: any report */
+  double last_progress;    /* monotonic seconds: phase, step or bytes changed */
+  char phase[16];
+  int64_t step, bytes_loaded;
+  char fail_msg[512];      /* message of its last "failed" report */
+} srank_t;
+
+typedef struct run {
+  char id[DB_ID_MAX];
+  int attempt, world, max_restarts;
+  bool gpu;
+  srank_t *ranks;
+  bool decided;            /* the job's state for this attempt is written */
+  bool stopping;           /* SIGTERM sent; SIGKILL at kill_at */
+  double kill_at;
+  bool killed;
+  struct run *next;
+} run_t;
+
+typedef struct cancel_req {
+  char id[DB_ID_MAX];
+  struct cancel_req *next;
+} cancel_req_t;
+
+struct sched {
+  svc_t *svc;
+  const srv_config_t *cfg;
+  char url_base[256];
+  char worker[PATH_MAX];
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  bool wake, quit, started;
+  pthread_t thread;
+  run_t *runs;
+  cancel_req_t *cancels;
+  int64_t cpu_used, gpu_used;
+};
+
+static double mono_now(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+/* The default worker: trainyard-worker in the directory of this binary. */
+static void default_worker(char *out, size_t size) {
+  char self[PATH_MAX - 32];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    snprintf(out, size, "trainyard-worker");
+    return;
+  }
+  self[n] = '\0';
+  char *slash = strrchr(self, '/');
+  if (slash) *slash = '\0';
+  snprintf(out, size, "%s/trainyard-worker", self);
+}
+
+int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_base,
+                 sched_t **out, char *msg, size_t msgsz) {
+  sched_t *s = xcalloc(1, sizeof *s);
+  s->svc = svc;
+  s->cfg = cfg;
+  snprintf(s->url_base, sizeof s->url_base, "%s", report_url_base);
+  if (*cfg->worker)
+    snprintf(s->worker, sizeof s->worker, "%s", cfg->worker);
+  else
+    default_worker(s->worker, sizeof s->worker);
+  if (access(s->worker, X_OK))
+    ty_warn("the worker program %s cannot be run (%s): jobs will fail until it can (--worker)",
+            s->worker, strerror(errno));
+  pthread_mutex_init(&s->lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->cond, &ca);
+  pthread_condattr_destroy(&ca);
+  (void)msg;
+  (void)msgsz;
+  *out = s;
+  return 0;
+}
+
+int sched_fits(const srv_config_t *cfg, const char *device, int world_size, char *msg,
+               size_t msgsz) {
+  bool gpu = !strcmp(device, "cuda");
+  int64_t slots = gpu ? cfg->gpus : cfg->cpu_slots;
+  if (world_size <= slots) return 0;
+  snprintf(msg, msgsz,
+           "%d %s ranks can never run on this server: it has %lld %s (%s); lower world_size",
+           world_size, gpu ? "GPU" : "CPU", (long long)slots,
+           gpu ? "GPUs" : "CPU rank slots", gpu ? "--gpus" : "--cpu_slots");
+  return TY_EINVAL;
+}
+
+int64_t sched_ranks_running(sched_t *s) {
+  pthread_mutex_lock(&s->lock);
+  int64_t n = 0;
+  for (run_t *r = s->runs; r; r = r->next)
+    for (int i = 0; i < r->world; i++) n += r->ranks[i].started && !r->ranks[i].exited;
+  pthread_mutex_unlock(&s->lock);
+  return n;
+}
+
+void sched_wake(sched_t *s) {
+  pthread_mutex_lock(&s->lock);
+  s->wake = true;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+void sched_cancel(sched_t *s, const char *id) {
+  cancel_req_t *c = xcalloc(1, sizeof *c);
+  snprintf(c->id, sizeof c->id, "%s", id);
+  pthread_mutex_lock(&s->lock);
+  c->next = s->cancels;
+  s->cancels = c;
+  s->wake = true;
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+}
+
+void sched_note_report(sched_t *s, const char *id, const db_report_t *rep) {
+  pthread_mutex_lock(&s->lock);
+  for (run_t *r = s->runs; r; r = r->next) {
+    if (strcmp(r->id, id) || r->attempt != rep->attempt || rep->rank >= r->world) continue;
+    srank_t *k = &r->ranks[rep->rank];
+    double now = mono_now();
+    k->last_report = now;
+    if (strcmp(k->phase, rep->phase) || k->step != rep->step ||
+        k->bytes_loaded != rep->bytes_loaded) {
+      k->last_progress = now;
+      snprintf(k->phase, sizeof k->phase, "%s", rep->phase);
+      k->step = rep->step;
+      k->bytes_loaded = rep->bytes_loaded;
+    }
+    if (!strcmp(rep->phase, "failed") && rep->message[0])
+      snprintf(k->fail_msg, sizeof k->fail_msg, "%s", rep->message);
+  }
+  pthread_mutex_unlock(&s->lock);
+}
+
+/* SIGTERM to every live rank of r; SIGKILL follows after the grace period. */
+static void begin_stop(sched_t *s, run_t *r) {
+  if (r->stopping) return;
+  r->stopping = true;
+  r->kill_at = mono_now() + s->cfg->grace;
+  for (int i = 0; i < r->world; i++) {
+    srank_t *k = &r->ranks[i];
+    if (!k->started || k->exited) continue;
+    k->signalled = true;
+    dispatch_signal(k->proc.pid, k->proc.start_ticks, SIGTERM);
+  }
+}
+
+/* Decides a failed attempt: queued again while max_restarts allows, else
+ * failed; then stops the ranks. */
+static void fail_attempt(sched_t *s, run_t *r, const char *why) {
+  if (!r->decided) {
+    r->decided = true;
+    char reason[1024];
+    int to;
+    if (r->attempt <= r->max_restarts) {
+      to = DB_JOB_QUEUED;
+      snprintf(reason, sizeof reason, "attempt %d failed: %s; retrying (restart %d of %d)",
+               r->attempt, why, r->attempt, r->max_restarts);
+    } else {
+      to = DB_JOB_FAILED;
+      snprintf(reason, sizeof reason, "%s", why);
+      if (r->max_restarts > 0)
+        snprintf(reason, sizeof reason, "attempt %d failed: %s (max_restarts %d used up)",
+                 r->attempt, why, r->max_restarts);
+    }
+    int rc = svc_transition(s->svc, r->id, DB_MASK_ACTIVE, to, reason, NULL, NULL);
+    if (rc && rc != TY_EPRECONDITION)
+      ty_error("job %s: cannot record the failure (%s): %s", r->id, ty_err_name(rc), reason);
+  }
+  begin_stop(s, r);
+}
+
+/* Why a rank ended, from its wait status and its last failed report. */
+static void exit_reason(const srank_t *k, int rank, char *out, size_t size, int *code) {
+  if (WIFEXITED(k->status)) {
+    *code = WEXITSTATUS(k->status);
+    if (k->fail_msg[0])
+      snprintf(out, size, "rank %d failed: %s", rank, k->fail_msg);
+    else
+      snprintf(out, size, "rank %d exited with status %d", rank, *code);
+  } else {
+    int sig = WIFSIGNALED(k->status) ? WTERMSIG(k->status) : 0;
+    *code = 128 + sig;
+    snprintf(out, size, "rank %d was killed by signal %d (%s)%s%s", rank, sig, strsignal(sig),
+             k->fail_msg[0] ? ": " : "", k->fail_msg);
+  }
+}
+
+/* Reaps exited children into their ranks. */
+static void reap(sched_t *s) {
+  for (;;) {
+    int status;
+    pid_t pid = waitpid(-1, &status, WNOHANG);
+    if (pid <= 0) return;
+    for (run_t *r = s->runs; r; r = r->next)
+      for (int i = 0; i < r->world; i++)
+        if (r->ranks[i].started && r->ranks[i].proc.pid == pid) {
+          r->ranks[i].exited = true;
+          r->ranks[i].status = status;
+        }
+  }
+}
+
+static void write_spec_file(const char *path, const char *spec) {
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  fputs(spec, f);
+  fputc('\n', f);
+  fclose(f);
+}
+
+/* Starts the job's next attempt; false when it could not be moved to
+ * starting (cancelled meanwhile). */
+static bool start_attempt(sched_t *s, const db_job_t *j) {
+  int attempt;
+  char why[128];
+  snprintf(why, sizeof why, "%d %s slot%s free: starting the ranks", j->world_size,
+           !strcmp(j->device, "cuda") ? "GPU" : "CPU", j->world_size == 1 ? "" : "s");
+  if (svc_transition(s->svc, j->id, DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, why, NULL,
+                     &attempt))
+    return false;
+  run_t *r = xcalloc(1, sizeof *r);
+  snprintf(r->id, sizeof r->id, "%s", j->id);
+  r->attempt = attempt;
+  r->world = j->world_size;
+  r->max_restarts = j->max_restarts;
+  r->gpu = !strcmp(j->device, "cuda");
+  r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
+  r->next = s->runs;
+  s->runs = r;
+  if (r->gpu)
+    s->gpu_used += r->world;
+  else
+    s->cpu_used += r->world;
+
+  char dir[2048], spec_path[2200], url[512], rdv[128];
+  snprintf(dir, sizeof dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, attempt);
+  snprintf(spec_path, sizeof spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
+  snprintf(url, sizeof url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
+  snprintf(rdv, sizeof rdv, "shm:ty-%s-%d", j->id, attempt);
+  int mk = dispatch_mkdirs(dir);
+  if (!mk) write_spec_file(spec_path, j->spec);
+  double now = mono_now();
+  for (int i = 0; i < r->world; i++) {
+    char log_path[2300], msg[2600];
+    snprintf(log_path, sizeof log_path, "%s/rank-%d.log", dir, i);
+    dispatch_spec_t sp = {s->worker, spec_path, j->id, attempt, i, r->world, rdv, url,
+                          j->token, log_path, s->cfg->log_max};
+    int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
+    if (mk) snprintf(msg, sizeof msg, "cannot create %s: %s", dir, strerror(-mk));
+    if (rc) {
+      char reason[2700];
+      snprintf(reason, sizeof reason, "cannot start rank %d: %s", i, msg);
+      fail_attempt(s, r, reason);
+      return true;
+    }
+    srank_t *k = &r->ranks[i];
+    k->started = true;
+    k->last_report = k->last_progress = now;
+    snprintf(k->phase, sizeof k->phase, "starting");
+    svc_rank_spawned(s->svc, j->id, attempt, i, k->proc.pid, k->proc.start_ticks, log_path);
+  }
+  return true;
+}
+
+/* Starts queued jobs, oldest first, while the oldest fits the free slots
+ * (strict FIFO: a large job at the head is never overtaken). */
+static void start_queued(sched_t *s) {
+  for (;;) {
+    db_job_t **jobs;
+    size_t n;
+    if (db_job_list_fifo(svc_db(s->svc), DB_MASK(DB_JOB_QUEUED), 0, 1, &jobs, &n)) return;
+    if (n == 0) {
+      db_jobs_free(jobs, n);
+      return;
+    }
+    db_job_t *j = jobs[0];
+    bool gpu = !strcmp(j->device, "cuda");
+    int64_t free_slots = gpu ? s->cfg->gpus - s->gpu_used : s->cfg->cpu_slots - s->cpu_used;
+    bool go = j->world_size <= free_slots;
+    if (go) start_attempt(s, j);
+    db_jobs_free(jobs, n);
+    if (!go) return;
+  }
+}
+
+/* Everything one tick does for one run; returns true when it is over (every
+ * rank exited and recorded) and can be freed. */
+static bool step_run(sched_t *s, run_t *r, double now) {
+  int live = 0;
+  for (int i = 0; i < r->world; i++) {
+    srank_t *k = &r->ranks[i];
+    if (!k->started) continue;
+    if (!k->exited) {
+      live++;
+      continue;
+    }
+    if (k->recorded) continue;
+    k->recorded = true;
+    char why[800];
+    int code;
+    exit_reason(k, i, why, sizeof why, &code);
+    bool ok = WIFEXITED(k->status) && code == 0;
+    const char *state = ok ? "exited" : (k->signalled ? "stopped" : "failed");
+    svc_rank_finished(s->svc, r->id, r->attempt, i, state, code, ok ? "" : why);
+    if (!ok && !r->decided) fail_attempt(s, r, why);
+  }
+  if (!r->decided && !r->stopping) {
+    for (int i = 0; i < r->world && !r->decided; i++) {
+      srank_t *k = &r->ranks[i];
+      if (!k->started || k->exited) continue;
+      char why[256];
+      if (now - k->last_report > s->cfg->heartbeat_timeout) {
+        snprintf(why, sizeof why, "rank %d sent no report for %.1f s (heartbeat_timeout)", i,
+                 now - k->last_report);
+        fail_attempt(s, r, why);
+      } else if (now - k->last_progress > s->cfg->progress_timeout) {
+        snprintf(why, sizeof why,
+                 "rank %d made no progress for %.1f s (phase %s, step %lld; progress_timeout)",
+                 i, now - k->last_progress, k->phase, (long long)k->step);
+        fail_attempt(s, r, why);
+      }
+    }
+  }
+  if (r->stopping && !r->killed && now >= r->kill_at) {
+    r->killed = true;
+    for (int i = 0; i < r->world; i++)
+      if (r->ranks[i].started && !r->ranks[i].exited) {
+        ty_warn("job %s rank %d ignored SIGTERM for %.1f s: SIGKILL", r->id, i, s->cfg->grace);
+        dispatch_signal(r->ranks[i].proc.pid, r->ranks[i].proc.start_ticks, SIGKILL);
+      }
+  }
+  if (live) return false;
+  if (!r->decided) {
+    char why[128];
+    snprintf(why, sizeof why, "all %d rank%s finished", r->world, r->world == 1 ? "" : "s");
+    r->decided = true;
+    svc_transition(s->svc, r->id, DB_MASK_ACTIVE, DB_JOB_SUCCEEDED, why, NULL, NULL);
+  }
+  /* Stragglers a rank left in its group get the same end. */
+  for (int i = 0; i < r->world; i++)
+    if (r->ranks[i].started) {
+      if (dispatch_group_alive(r->ranks[i].proc.pid)) killpg(r->ranks[i].proc.pid, SIGKILL);
+      dispatch_release(&r->ranks[i].proc);
+    }
+  return true;
+}
+
+static void handle_cancels(sched_t *s) {
+  while (s->cancels) {
+    cancel_req_t *c = s->cancels;
+    s->cancels = c->next;
+    for (run_t *r = s->runs; r; r = r->next)
+      if (!strcmp(r->id, c->id)) {
+        r->decided = true; /* the service already wrote cancelled */
+        begin_stop(s, r);
+      }
+    free(c);
+  }
+}
+
+static void tick(sched_t *s) {
+  handle_cancels(s);
+  reap(s);
+  double now = mono_now();
+  for (run_t **pp = &s->runs; *pp;) {
+    run_t *r = *pp;
+    if (step_run(s, r, now)) {
+      *pp = r->next;
+      if (r->gpu)
+        s->gpu_used -= r->world;
+      else
+        s->cpu_used -= r->world;
+      free(r->ranks);
+      free(r);
+    } else {
+      pp = &r->next;
+    }
+  }
+  if (!s->quit) start_queued(s);
+}
+
+static void *sched_main(void *arg) {
+  sched_t *s = arg;
+  pthread_mutex_lock(&s->lock);
+  for (;;) {
+    tick(s);
+    if (s->quit && !s->runs) break;
+    if (!s->wake) {
+      struct timespec until;
+      clock_gettime(CLOCK_MONOTONIC, &until);
+      until.tv_nsec += (long)(TICK_S * 1e9);
+      if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+      }
+      pthread_cond_timedwait(&s->cond, &s->lock, &until);
+    }
+    s->wake = false;
+  }
+  pthread_mutex_unlock(&s->lock);
+  return NULL;
+}
+
+int sched_start(sched_t *s) {
+  if (pthread_create(&s->thread, NULL, sched_main, s)) return TY_EINTERNAL;
+  s->started = true;
+  return 0;
+}
+
+void sched_shutdown(sched_t *s) {
+  if (!s->started) return;
+  pthread_mutex_lock(&s->lock);
+  s->quit = true;
+  for (run_t *r = s->runs; r; r = r->next) {
+    char why[160];
+    snprintf(why, sizeof why, "trainyardd shut down while attempt %d ran; its ranks were stopped",
+             r->attempt);
+    fail_attempt(s, r, why);
+  }
+  pthread_cond_signal(&s->cond);
+  pthread_mutex_unlock(&s->lock);
+  pthread_join(s->thread, NULL);
+  s->started = false;
+}
+
+void sched_free(sched_t *s) {
+  if (!s) return;
+  while (s->cancels) {
+    cancel_req_t *c = s->cancels;
+    s->cancels = c->next;
+    free(c);
+  }
+  pthread_mutex_destroy(&s->lock);
+  pthread_cond_destroy(&s->cond);
+  free(s);
+}

@@ -1,0 +1,42 @@
+/* scheduler.h - the FIFO queue over this host's rank slots and the life of
+ * every attempt: start its ranks (server/dispatch.c), watch them (exit
+ * status, heartbeats, a step that stops advancing), stop them (SIGTERM,
+ * then SIGKILL after the grace period) and report the outcome through the
+ * service's state changes. One thread; every other entry point only queues
+ * work for it and wakes it. */
+#ifndef TY_SERVER_SCHEDULER_H
+#define TY_SERVER_SCHEDULER_H
+
+#include <stdint.h>
+
+#include "db/db.h"
+#include "server/config.h"
+
+typedef struct svc svc_t;
+typedef struct sched sched_t;
+
+/* report_url_base: "http://127.0.0.1:8080" (the ranks append
+ * /v1/internal/jobs/<id>/report). cfg and svc are borrowed. */
+int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_base,
+                 sched_t **out, char *msg, size_t msgsz);
+int sched_start(sched_t *s);
+/* Stops every running attempt (their jobs are requeued or failed, with the
+ * reason), waits for the ranks and joins the thread. */
+void sched_shutdown(sched_t *s);
+void sched_free(sched_t *s);
+
+/* A job was queued: look at the queue now. */
+void sched_wake(sched_t *s);
+/* A job's state became cancelled: stop its ranks, if any. */
+void sched_cancel(sched_t *s, const char *id);
+/* A rank reported: a heartbeat, and progress when the phase, step or bytes
+ * loaded changed. */
+void sched_note_report(sched_t *s, const char *id, const db_report_t *r);
+
+/* Slots: whether a job of world_size ranks on device ("cpu"/"cuda") could
+ * ever run here; 0, or TY_EINVAL with msg saying why. */
+int sched_fits(const srv_config_t *cfg, const char *device, int world_size, char *msg,
+               size_t msgsz);
+int64_t sched_ranks_running(sched_t *s);
+
+#endif

@@ -1,0 +1,519 @@
+/* service.c - the service layer of trainyardd; see service.h. Every job
+ * state change passes through svc_transition (db_job_transition). */
+#include "server/service.h"
+
+#include <fcntl.h>
+#include <math.h>
+#include <stdarg.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/log.h"
+#include "common/xalloc.h"
+#include "server/scheduler.h"
+
+#define PAGE_DEFAULT 50
+#define ROOTS_MAX 32
+
+struct svc {
+  const srv_config_t *cfg;
+  db_t *db;
+  sched_t *sched;
+  pthread_mutex_t ev_lock;
+  pthread_cond_t ev_cond;
+  uint64_t ev_gen;             /* bumped on every new event (under ev_lock) */
+  atomic_llong reports_ok, reports_bad;
+  char *roots_buf, *out_roots_buf; /* storage of the root lists below */
+  const char *read_roots[2 * ROOTS_MAX + 1];
+  const char *write_roots[ROOTS_MAX + 1];
+};
+
+/* Splits a colon-separated list in place into list (NULL-terminated, at
+ * most max entries); returns the count. */
+static size_t split_roots(char *buf, const char **list, size_t max) {
+  size_t n = 0;
+  for (char *save = NULL, *tok = strtok_r(buf, ":", &save); tok && n < max;
+       tok = strtok_r(NULL, ":", &save))
+    list[n++] = tok;
+  list[n] = NULL;
+  return n;
+}
+
+int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
+  svc_t *s = xcalloc(1, sizeof *s);
+  s->cfg = cfg;
+  pthread_mutex_init(&s->ev_lock, NULL);
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&s->ev_cond, &ca);
+  pthread_condattr_destroy(&ca);
+  /* Outputs may be read by later jobs, so the write roots are readable. */
+  s->roots_buf = xstrdup(cfg->roots);
+  s->out_roots_buf = xstrdup(cfg->output_roots);
+  size_t nr = split_roots(s->roots_buf, s->read_roots, ROOTS_MAX);
+  size_t nw = split_roots(s->out_roots_buf, s->write_roots, ROOTS_MAX);
+  for (size_t i = 0; i < nw; i++) s->read_roots[nr + i] = s->write_roots[i];
+  s->read_roots[nr + nw] = NULL;
+  int rc = db_open(cfg->db, &s->db, msg, msgsz);
+  if (rc) {
+    svc_close(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+void svc_close(svc_t *s) {
+  if (!s) return;
+  db_close(s->db);
+  pthread_mutex_destroy(&s->ev_lock);
+  pthread_cond_destroy(&s->ev_cond);
+  free(s->roots_buf);
+  free(s->out_roots_buf);
+  free(s);
+}
+
+void svc_set_scheduler(svc_t *s, sched_t *sched) { s->sched = sched; }
+db_t *svc_db(svc_t *s) { return s->db; }
+const srv_config_t *svc_config(svc_t *s) { return s->cfg; }
+
+static void set_msg(char *msg, size_t msgsz, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void set_msg(char *msg, size_t msgsz, const char *fmt, ...) {
+  if (!msg || !msgsz) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, msgsz, fmt, ap);
+  va_end(ap);
+}
+
+static void notify(svc_t *s) {
+  pthread_mutex_lock(&s->ev_lock);
+  s->ev_gen++;
+  pthread_cond_broadcast(&s->ev_cond);
+  pthread_mutex_unlock(&s->ev_lock);
+}
+
+uint64_t svc_event_generation(svc_t *s) {
+  pthread_mutex_lock(&s->ev_lock);
+  uint64_t g = s->ev_gen;
+  pthread_mutex_unlock(&s->ev_lock);
+  return g;
+}
+
+uint64_t svc_wait_events(svc_t *s, uint64_t seen, double timeout_s) {
+  struct timespec until;
+  clock_gettime(CLOCK_MONOTONIC, &until);
+  double t = until.tv_sec + until.tv_nsec / 1e9 + timeout_s;
+  until.tv_sec = (time_t)t;
+  until.tv_nsec = (long)((t - (double)until.tv_sec) * 1e9);
+  pthread_mutex_lock(&s->ev_lock);
+  while (s->ev_gen == seen)
+    if (pthread_cond_timedwait(&s->ev_cond, &s->ev_lock, &until)) break;
+  uint64_t g = s->ev_gen;
+  pthread_mutex_unlock(&s->ev_lock);
+  return g;
+}
+
+/* Makes a relative path absolute against the working directory. */
+static void absolutize(char *path, size_t size) {
+  if (!*path || path[0] == '/') return;
+  char cwd[JOBSPEC_PATH_MAX], joined[2 * JOBSPEC_PATH_MAX + 2];
+  if (!getcwd(cwd, sizeof cwd)) return;
+  const char *rel = path;
+  while (rel[0] == '.' && rel[1] == '/') rel += 2;
+  snprintf(joined, sizeof joined, "%s/%s", cwd, rel);
+  if (strlen(joined) < size) memcpy(path, joined, strlen(joined) + 1);
+}
+
+/* "cpu" or "cuda": what device auto means on this host. */
+static const char *resolve_device(const svc_t *s, const jobspec_t *spec) {
+  if (spec->device == JOBSPEC_DEVICE_CUDA) return "cuda";
+  if (spec->device == JOBSPEC_DEVICE_CPU) return "cpu";
+  return s->cfg->gpus > 0 ? "cuda" : "cpu";
+}
+
+int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_t msgsz) {
+  size_t before = errs->len;
+  if (jobspec_validate(spec, true, errs) == 0) {
+    /* Paths are checked and stored absolute: ranks may run elsewhere. */
+    absolutize(spec->model_path, sizeof spec->model_path);
+    absolutize(spec->data.path, sizeof spec->data.path);
+    absolutize(spec->output_dir, sizeof spec->output_dir);
+    jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL};
+    jobspec_check_roots(spec, &roots, errs);
+    jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
+    char why[256];
+    if (sched_fits(s->cfg, resolve_device(s, spec), spec->world_size, why, sizeof why))
+      ty_errlist_add(errs, "world_size", "%s", why);
+  }
+  if (errs->len > before) {
+    set_msg(msg, msgsz, "the job spec is invalid (%zu problem%s; see details)",
+            errs->len - before, errs->len - before == 1 ? "" : "s");
+    return TY_EINVAL;
+  }
+  return 0;
+}
+
+/* 128 random bits as hex (2 * n + 1 bytes of out). */
+static void random_hex(char *out, size_t nbytes) {
+  unsigned char buf[32];
+  if (nbytes > sizeof buf) nbytes = sizeof buf;
+  int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+  ssize_t got = fd >= 0 ? read(fd, buf, nbytes) : -1;
+  if (fd >= 0) close(fd);
+  if (got != (ssize_t)nbytes) {
+    /* /dev/urandom is always there on Linux; a failure here is fatal. */
+    ty_error("cannot read /dev/urandom");
+    abort();
+  }
+  for (size_t i = 0; i < nbytes; i++) sprintf(out + 2 * i, "%02x", buf[i]);
+}
+
+int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t **out,
+               bool *created, ty_errlist_t *errs, char *msg, size_t msgsz) {
+  *out = NULL;
+  *created = false;
+  int rc = svc_validate(s, spec, errs, msg, msgsz);
+  if (rc) return rc;
+  if (idempotency_key && strlen(idempotency_key) > 255) {
+    ty_errlist_add(errs, "Idempotency-Key", "at most 255 characters");
+    set_msg(msg, msgsz, "the Idempotency-Key header is too long");
+    return TY_EINVAL;
+  }
+  db_job_t j = {0};
+  char idhex[17];
+  random_hex(idhex, 8);
+  snprintf(j.id, sizeof j.id, "j-%s", idhex);
+  random_hex(j.token, 32);
+  j.name = spec->name;
+  j.spec = jobspec_dumps(spec, false);
+  j.idempotency_key = idempotency_key && *idempotency_key ? (char *)idempotency_key : NULL;
+  j.world_size = spec->world_size;
+  snprintf(j.device, sizeof j.device, "%s", resolve_device(s, spec));
+  j.max_restarts = spec->max_restarts;
+  db_job_t *existing = NULL;
+  rc = db_job_insert(s->db, &j, &existing);
+  if (rc == TY_EEXISTS) {
+    json_t *a = json_loads(existing->spec, 0, NULL), *b = json_loads(j.spec, 0, NULL);
+    bool same = a && b && json_equal(a, b);
+    json_decref(a);
+    json_decref(b);
+    if (same) {
+      *out = existing;
+      rc = 0;
+    } else {
+      set_msg(msg, msgsz,
+              "Idempotency-Key '%s' was used for job %s with a different spec; use a new key "
+              "for a new job",
+              idempotency_key, existing->id);
+      db_job_free(existing);
+    }
+  } else if (rc == 0) {
+    *created = true;
+    rc = db_job_get(s->db, j.id, out);
+    ty_info("job %s (%s) queued: %d %s rank%s", j.id, spec->name, j.world_size, j.device,
+            j.world_size == 1 ? "" : "s");
+    notify(s);
+    if (s->sched) sched_wake(s->sched);
+  } else {
+    set_msg(msg, msgsz, "the job could not be stored (see the server log)");
+  }
+  free(j.spec);
+  free(j.reason);
+  return rc;
+}
+
+int svc_get(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz) {
+  int rc = db_job_get(s->db, id, out);
+  if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
+  return rc;
+}
+
+int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_token,
+             db_job_t ***out, size_t *n, char **next_token, ty_errlist_t *errs, char *msg,
+             size_t msgsz) {
+  *out = NULL;
+  *n = 0;
+  *next_token = NULL;
+  unsigned mask = 0;
+  if (states && *states) {
+    char *copy = xstrdup(states);
+    for (char *save = NULL, *tok = strtok_r(copy, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+      int st = db_state_parse(tok);
+      if (st < 0)
+        ty_errlist_add(errs, "state",
+                       "unknown state '%s' (use queued, starting, running, succeeded, failed or "
+                       "cancelled, comma-separated)",
+                       tok);
+      else
+        mask |= DB_MASK(st);
+    }
+    free(copy);
+  }
+  if (page_size < 0 || page_size > s->cfg->page_max)
+    ty_errlist_add(errs, "page_size", "must be between 1 and %lld, got %lld",
+                   (long long)s->cfg->page_max, (long long)page_size);
+  int64_t before = 0;
+  if (page_token && *page_token) {
+    char *end;
+    long long v = page_token[0] == 'p' ? strtoll(page_token + 1, &end, 16) : -1;
+    if (v <= 0 || *end)
+      ty_errlist_add(errs, "page_token",
+                     "not a page token of this server (pass next_page_token unchanged)");
+    before = v;
+  }
+  if (errs->len) {
+    set_msg(msg, msgsz, "invalid list request (see details)");
+    return TY_EINVAL;
+  }
+  int limit = page_size ? (int)page_size : PAGE_DEFAULT;
+  if (limit > s->cfg->page_max) limit = (int)s->cfg->page_max;
+  /* One more row than asked tells whether a next page exists. */
+  int rc = db_job_list(s->db, mask, before, limit + 1, out, n);
+  if (rc) return rc;
+  if (*n > (size_t)limit) {
+    db_job_free((*out)[limit]);
+    *n = (size_t)limit;
+    char tok[32];
+    snprintf(tok, sizeof tok, "p%llx", (unsigned long long)(*out)[limit - 1]->seq);
+    *next_token = xstrdup(tok);
+  }
+  return 0;
+}
+
+int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, char *msg,
+               size_t msgsz) {
+  if (out) *out = NULL;
+  int cur;
+  int rc = svc_transition(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED,
+                          reason && *reason ? reason : "cancelled by a client", &cur, NULL);
+  if (rc == TY_ENOTFOUND) {
+    set_msg(msg, msgsz, "no job with id '%s'", id);
+    return rc;
+  }
+  if (rc == TY_EPRECONDITION && cur == DB_JOB_CANCELLED) rc = 0;
+  if (rc == TY_EPRECONDITION) {
+    set_msg(msg, msgsz, "job %s already %s; only queued or running jobs can be cancelled", id,
+            db_state_name(cur));
+    return rc;
+  }
+  if (rc) return rc;
+  if ((DB_MASK_ACTIVE & DB_MASK(cur)) && s->sched) sched_cancel(s->sched, id);
+  return out ? db_job_get(s->db, id, out) : 0;
+}
+
+/* Fills a report from JSON, adding one error per bad field. */
+static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs) {
+  memset(r, 0, sizeof *r);
+  r->loss = NAN;
+  if (!json_is_object(o)) {
+    ty_errlist_add(errs, "", "a report is one JSON object (DESIGN.md \"Worker contract\")");
+    return;
+  }
+  struct {
+    const char *key;
+    int64_t *dst;
+    bool required;
+  } ints[] = {{"step", &r->step, false},           {"total_steps", &r->total_steps, false},
+              {"bytes_loaded", &r->bytes_loaded, false}, {"bytes_total", &r->bytes_total, false},
+              {"host_peak_bytes", &r->host_peak_bytes, false},
+              {"device_peak_bytes", &r->device_peak_bytes, false}};
+  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+    json_t *v = json_object_get(o, ints[i].key);
+    if (!v || json_is_null(v)) continue;
+    if (!json_is_integer(v) || json_integer_value(v) < 0)
+      ty_errlist_add(errs, ints[i].key, "must be a non-negative integer");
+    else
+      *ints[i].dst = json_integer_value(v);
+  }
+  struct {
+    const char *key;
+    int *dst;
+  } small[] = {{"attempt", &r->attempt}, {"rank", &r->rank}, {"world_size", &r->world_size}};
+  for (size_t i = 0; i < 3; i++) {
+    json_t *v = json_object_get(o, small[i].key);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
+      ty_errlist_add(errs, small[i].key, "required, a non-negative integer");
+    else
+      *small[i].dst = (int)json_integer_value(v);
+  }
+  struct {
+    const char *key;
+    double *dst;
+  } reals[] = {{"loss", &r->loss}, {"tokens_per_s", &r->tokens_per_s},
+               {"load_seconds", &r->load_seconds}};
+  for (size_t i = 0; i < 3; i++) {
+    json_t *v = json_object_get(o, reals[i].key);
+    if (!v || json_is_null(v)) continue;
+    if (!json_is_number(v))
+      ty_errlist_add(errs, reals[i].key, "must be a number or null");
+    else
+      *reals[i].dst = json_number_value(v);
+  }
+  static const char *const phases[] = {"starting", "loading", "training", "saving", "done",
+                                       "failed"};
+  const char *ph = json_string_value(json_object_get(o, "phase"));
+  bool ok = false;
+  for (size_t i = 0; ph && i < 6; i++) ok |= !strcmp(ph, phases[i]);
+  if (!ok)
+    ty_errlist_add(errs, "phase",
+                   "required, one of starting, loading, training, saving, done, failed");
+  else
+    snprintf(r->phase, sizeof r->phase, "%s", ph);
+  const char *m = json_string_value(json_object_get(o, "message"));
+  if (m) snprintf(r->message, sizeof r->message, "%s", m);
+}
+
+/* Constant-time string comparison, so the token cannot be guessed by
+ * timing. */
+static bool token_equal(const char *a, const char *b) {
+  size_t la = strlen(a), lb = strlen(b);
+  unsigned char diff = la != lb;
+  for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned char)(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,
+               ty_errlist_t *errs, char *msg, size_t msgsz) {
+  db_job_t *j = NULL;
+  int rc = db_job_get(s->db, id, &j);
+  if (rc == TY_ENOTFOUND || (rc == 0 && (!token || !token_equal(token, j->token)))) {
+    /* Unknown job or wrong token: the same answer, so ids cannot be probed. */
+    set_msg(msg, msgsz, "a report needs the job's own token (TRAINYARD_TOKEN)");
+    rc = TY_EUNAUTHENTICATED;
+    goto out;
+  }
+  if (rc) goto out;
+  db_report_t r;
+  report_from_json(report, &r, errs);
+  if (errs->len) {
+    set_msg(msg, msgsz, "malformed report (see details)");
+    rc = TY_EINVAL;
+    goto out;
+  }
+  if (!(DB_MASK_ACTIVE & DB_MASK(j->state)) || r.attempt != j->attempt) {
+    set_msg(msg, msgsz, "job %s is %s (attempt %d); this rank of attempt %d should stop", id,
+            db_state_name(j->state), j->attempt, r.attempt);
+    rc = TY_EPRECONDITION;
+    goto out;
+  }
+  bool progressed = false;
+  rc = db_report_ingest(s->db, id, &r, &progressed);
+  if (rc == TY_ENOTFOUND) {
+    ty_errlist_add(errs, "rank", "job %s has ranks 0..%d", id, j->world_size - 1);
+    set_msg(msg, msgsz, "no such rank");
+    rc = TY_EINVAL;
+  } else if (rc == TY_EPRECONDITION) {
+    set_msg(msg, msgsz, "rank %d of attempt %d has already finished", r.rank, r.attempt);
+  }
+  if (rc) goto out;
+  if (s->sched) sched_note_report(s->sched, id, &r);
+  if (j->state == DB_JOB_STARTING && strcmp(r.phase, "starting")) {
+    char why[64];
+    snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
+    svc_transition(s, id, DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING, why, NULL, NULL);
+  }
+  if (progressed) notify(s);
+out:
+  atomic_fetch_add(rc ? &s->reports_bad : &s->reports_ok, 1);
+  db_job_free(j);
+  return rc;
+}
+
+int svc_events(svc_t *s, const char *id, int64_t after_seq, int limit, json_t **out,
+               int64_t *last_seq, bool *final, char *msg, size_t msgsz) {
+  db_job_t *j;
+  int rc = svc_get(s, id, &j, msg, msgsz);
+  if (rc) return rc;
+  *final = db_state_final(j->state);
+  db_job_free(j);
+  return db_events_json(s->db, id, after_seq, limit, out, last_seq);
+}
+
+int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
+  int rc = db_ranks_json(s->db, id, attempt, out);
+  if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
+  return rc;
+}
+
+int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
+  int rc = db_metrics_json(s->db, id, attempt, out);
+  if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
+  return rc;
+}
+
+int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
+                 size_t msgsz) {
+  db_job_t *j;
+  int rc = svc_get(s, id, &j, msg, msgsz);
+  if (rc) return rc;
+  db_job_free(j);
+  rc = db_rank_log_path(s->db, id, attempt, rank, out);
+  if (rc == TY_ENOTFOUND)
+    set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id,
+            rank, attempt);
+  return rc;
+}
+
+static json_t *time_json(double t) {
+  if (t <= 0) return json_null();
+  time_t sec = (time_t)t;
+  struct tm tm;
+  gmtime_r(&sec, &tm);
+  char buf[40], out[48];
+  strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%S", &tm);
+  snprintf(out, sizeof out, "%s.%03dZ", buf, (int)((t - (double)sec) * 1000));
+  return json_string(out);
+}
+
+json_t *svc_job_json(const db_job_t *j) {
+  json_t *spec = json_loads(j->spec, 0, NULL);
+  json_t *o = json_pack(
+      "{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:o, s:o, s:o, s:o, s:o}", "id", j->id, "name",
+      j->name, "state", db_state_name(j->state), "reason", j->reason, "attempt", j->attempt,
+      "world_size", j->world_size, "device", j->device, "max_restarts", j->max_restarts,
+      "created_at", time_json(j->created_at), "updated_at", time_json(j->updated_at),
+      "started_at", time_json(j->started_at), "finished_at", time_json(j->finished_at), "spec",
+      spec ? spec : json_object());
+  if (j->idempotency_key)
+    json_object_set_new(o, "idempotency_key", json_string(j->idempotency_key));
+  return o;
+}
+
+int svc_stats(svc_t *s, svc_stats_t *out) {
+  memset(out, 0, sizeof *out);
+  out->ranks_running = s->sched ? sched_ranks_running(s->sched) : 0;
+  out->reports_ingested = atomic_load(&s->reports_ok);
+  out->reports_rejected = atomic_load(&s->reports_bad);
+  return db_job_count_by_state(s->db, out->jobs);
+}
+
+int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
+                   int *cur, int *attempt) {
+  int rc = db_job_transition(s->db, id, from_mask, to, reason, cur, attempt);
+  if (rc == 0) {
+    ty_info("job %s -> %s: %s", id, db_state_name(to), reason);
+    notify(s);
+  }
+  return rc;
+}
+
+int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
+                     int64_t pid_start, const char *log_path) {
+  return db_rank_spawned(s->db, id, attempt, rank, pid, pid_start, log_path);
+}
+
+int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const char *state,
+                      int exit_code, const char *message) {
+  int rc = db_rank_finished(s->db, id, attempt, rank, state, exit_code, message);
+  if (rc == 0) notify(s);
+  return rc;
+}

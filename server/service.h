@@ -1,0 +1,112 @@
+/* service.h - trainyardd's service layer: the only place that changes job
+ * state. REST (server/rest.c) and gRPC call these functions and hold no
+ * logic of their own; the scheduler reports what its processes did through
+ * svc_transition and the rank functions.
+ *
+ * Conventions: functions return 0 or a negative TY_E* code; msg (msgsz
+ * bytes, may be NULL) receives a sentence for the error model's "message";
+ * errs (may be NULL) receives field details. Returned jobs and JSON values
+ * are the caller's. */
+#ifndef TY_SERVER_SERVICE_H
+#define TY_SERVER_SERVICE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "api/errors.h"
+#include "api/jobspec.h"
+#include "db/db.h"
+#include "server/config.h"
+
+typedef struct svc svc_t;
+typedef struct sched sched_t;
+
+/* Opens the database named by cfg (borrowed; it must outlive the service). */
+int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz);
+void svc_close(svc_t *s);
+/* The scheduler that starts and stops ranks (borrowed). Until one is set,
+ * submits are stored and stay queued. */
+void svc_set_scheduler(svc_t *s, sched_t *sched);
+db_t *svc_db(svc_t *s);
+const srv_config_t *svc_config(svc_t *s);
+
+/* Every rule a submit checks, without storing anything: the spec's own
+ * rules with filesystem checks, the roots, the devices and whether the job
+ * could ever fit this server's slots. Relative paths in spec are made
+ * absolute (against the server's working directory). */
+int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_t msgsz);
+
+/* Validates and stores a job in state queued. idempotency_key (NULL or "")
+ * makes the submit repeatable: the same key with the same spec returns the
+ * job stored first (*created = false); with a different spec TY_EEXISTS. */
+int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t **out,
+               bool *created, ty_errlist_t *errs, char *msg, size_t msgsz);
+
+int svc_get(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz);
+
+/* A page of jobs, newest first. states: comma-separated state names (NULL
+ * or "": every state). page_size: 0 for the default (50), at most
+ * cfg->page_max. page_token: NULL/"" for the first page, else a
+ * next_page_token returned before. *next_token is NULL on the last page,
+ * else a new string (the caller's). */
+int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_token,
+             db_job_t ***out, size_t *n, char **next_token, ty_errlist_t *errs, char *msg,
+             size_t msgsz);
+
+/* Cancels a queued or running job: queued ones are final at once; running
+ * ones are final too, and their ranks are stopped (SIGTERM, then SIGKILL
+ * after the grace period), freeing their slots. Cancelling a cancelled job
+ * is a no-op; a job that already succeeded or failed gives
+ * TY_EPRECONDITION. *out (optional) receives the job after the change. */
+int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, char *msg,
+               size_t msgsz);
+
+/* A rank's progress report (DESIGN.md "Worker contract"), authorized by the
+ * job's own token. TY_EUNAUTHENTICATED for a wrong token, TY_EINVAL for a
+ * malformed report (details in errs), TY_EPRECONDITION when the report's
+ * attempt is not the job's open one (the rank should stop). */
+int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,
+               ty_errlist_t *errs, char *msg, size_t msgsz);
+
+/* Events of a job after seq (see db_events_json); *final is true when the
+ * job was in a final state before the read, so nothing follows. */
+int svc_events(svc_t *s, const char *id, int64_t after_seq, int limit, json_t **out,
+               int64_t *last_seq, bool *final, char *msg, size_t msgsz);
+/* A counter bumped on every new event; svc_wait_events blocks until it
+ * differs from seen or timeout_s passes, and returns its value. */
+uint64_t svc_event_generation(svc_t *s);
+uint64_t svc_wait_events(svc_t *s, uint64_t seen, double timeout_s);
+
+int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz);
+int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz);
+/* The path of a rank's log file (a new string). */
+int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
+                 size_t msgsz);
+
+/* The API view of a job (a new object): id, name, state, reason, attempt,
+ * world_size, device, max_restarts, times (RFC 3339, null when unset) and
+ * the normalized spec. */
+json_t *svc_job_json(const db_job_t *j);
+
+/* Figures for /metrics. */
+typedef struct {
+  int64_t jobs[DB_JOB_STATE_COUNT];
+  int64_t ranks_running;
+  int64_t reports_ingested;
+  int64_t reports_rejected;
+} svc_stats_t;
+int svc_stats(svc_t *s, svc_stats_t *out);
+
+/* For the scheduler: THE job state change (db_job_transition) followed by a
+ * wake-up of every event waiter. */
+int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
+                   int *cur, int *attempt);
+/* For the scheduler: a rank's process started or finished (with an event). */
+int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
+                     int64_t pid_start, const char *log_path);
+int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const char *state,
+                      int exit_code, const char *message);
+
+#endif

@@ -1,0 +1,20 @@
+# The control server's suites: integration tests of trainyardd over loopback
+# with real clients (python3-requests), ranks played by ty_test_worker.
+if(TRAINYARD_WORKER_ONLY OR NOT TARGET trainyardd)
+  return()
+endif()
+add_executable(ty_test_worker ${CMAKE_CURRENT_SOURCE_DIR}/worker/ty_test_worker.c)
+target_link_libraries(ty_test_worker PRIVATE ty_worker)
+
+find_package(Python3 COMPONENTS Interpreter)
+if(Python3_FOUND)
+  file(GLOB TY_SERVER_SUITES CONFIGURE_DEPENDS
+       ${CMAKE_CURRENT_SOURCE_DIR}/integration/test_server_*.py)
+  foreach(script ${TY_SERVER_SUITES})
+    get_filename_component(suite ${script} NAME_WE)
+    string(REGEX REPLACE "^test_" "" suite ${suite})
+    add_test(NAME integration/${suite} COMMAND ${Python3_EXECUTABLE} ${script})
+    set_tests_properties(integration/${suite} PROPERTIES LABELS integration TIMEOUT 300
+                         ENVIRONMENT "${TY_TEST_ENV}")
+  endforeach()
+endif()

@@ -1,0 +1,303 @@
+"""test_server_api.py - the REST API of trainyardd over loopback with a real
+client (requests): errors, auth, limits, idempotency, pagination, events,
+metrics and concurrent submissions."""
+import concurrent.futures
+import os
+import sys
+import time
+import unittest
+
+import requests
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tyserver import Server  # noqa: E402
+
+TOKEN = "s3cret-token"
+
+
+class Api(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        # No CPU slot is free for 2-rank jobs, so submitted jobs stay queued
+        # and the API can be examined without workers.
+        cls.srv = Server(tokens=TOKEN + ",other-token", extra=["--cpu-slots", "1"]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.cleanup()
+
+    def submit(self, spec, **kw):
+        return self.srv.post("/v1/jobs", spec, **kw)
+
+    def test_submit_get_and_queued_fifo(self):
+        r = self.submit(self.srv.spec(world_size=1, name="queued-one", train={"steps": 5}))
+        # world_size 1 fits the single slot, so the job starts.
+        self.assertEqual(r.status_code, 201, r.text)
+        job = r.json()
+        self.assertEqual(r.headers["Location"], "/v1/jobs/" + job["id"])
+        self.assertEqual(job["spec"]["world_size"], 1)
+        self.assertTrue(job["spec"]["model_path"].startswith("/"))
+        got = self.srv.get("/v1/jobs/" + job["id"]).json()
+        self.assertEqual(got["id"], job["id"])
+        self.srv.wait_state(job["id"], ["succeeded"])
+
+    def test_job_that_can_never_fit_is_rejected(self):
+        r = self.submit(self.srv.spec(world_size=2))
+        self.assertEqual(r.status_code, 400, r.text)
+        err = r.json()["error"]
+        self.assertEqual(err["code"], "INVALID_ARGUMENT")
+        fields = {d["field"]: d["message"] for d in err["details"]}
+        self.assertIn("world_size", fields)
+        self.assertIn("CPU rank slots", fields["world_size"])
+
+    def test_invalid_specs_give_400_with_field_details(self):
+        s = self.srv.spec(world_size=1)
+        cases = [
+            ({**s, "lora_rnak": 4}, "lora_rnak"),                                 # unknown field
+            ({**s, "world_size": 0}, "world_size"),                               # range
+            ({**s, "train": {"lr": -1}}, "train.lr"),                             # range
+            ({**s, "init_from_scratch": True, "model_path": ""}, "model"),       # scratch needs model
+            ({**s, "fsdp": {"memory_efficient_load": True}, "init_from_scratch": True,
+              "model_path": ""}, "fsdp.memory_efficient_load"),                   # contradiction
+            ({**s, "allocation_mode": "fsdp:d1t2"}, "allocation_mode"),           # unsupported
+            ({**s, "model_path": "/etc"}, "model_path"),                          # outside roots
+            ({**s, "output_dir": "/tmp/elsewhere-out"}, "output_dir"),            # outside roots
+            ({**s, "model_path": "models/missing"}, "model_path"),                # missing path
+            ({**s, "device": "cuda"}, "device"),                                  # no GPUs here
+            ({**s, "world_size": "two"}, "world_size"),                           # wrong type
+        ]
+        for spec, field in cases:
+            r = self.submit(spec)
+            self.assertEqual(r.status_code, 400, (field, r.text))
+            err = r.json()["error"]
+            self.assertEqual(err["code"], "INVALID_ARGUMENT")
+            self.assertIn(field, [d["field"] for d in err["details"]], (field, err))
+            for d in err["details"]:
+                self.assertTrue(d["message"])
+        # Not JSON at all.
+        r = requests.post(self.srv.url + "/v1/jobs", data="{nope", headers=self.srv.headers())
+        self.assertEqual(r.status_code, 400)
+        self.assertTrue(r.json()["error"]["details"])
+        # Validate answers the same without storing anything.
+        before = len(self.srv.get("/v1/jobs?page_size=500").json()["jobs"])
+        r = self.srv.post("/v1/jobs:validate", {**s, "world_size": 0})
+        self.assertEqual(r.status_code, 400)
+        r = self.srv.post("/v1/jobs:validate", s)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertTrue(r.json()["valid"])
+        self.assertEqual(len(self.srv.get("/v1/jobs?page_size=500").json()["jobs"]), before)
+
+    def test_auth(self):
+        r = requests.get(self.srv.url + "/v1/jobs")
+        self.assertEqual(r.status_code, 401)
+        self.assertEqual(r.json()["error"]["code"], "UNAUTHENTICATED")
+        self.assertIn("Bearer", r.headers["WWW-Authenticate"])
+        self.assertEqual(self.srv.get("/v1/jobs", token="wrong").status_code, 401)
+        self.assertEqual(self.srv.get("/v1/jobs", token="other-token").status_code, 200)
+        # A cookie is no credential.
+        r = requests.get(self.srv.url + "/v1/jobs", cookies={"token": TOKEN})
+        self.assertEqual(r.status_code, 401)
+        self.assertEqual(requests.get(self.srv.url + "/healthz").status_code, 200)
+
+    def test_404_405_413(self):
+        r = self.srv.get("/v1/nothing")
+        self.assertEqual(r.status_code, 404)
+        self.assertEqual(r.json()["error"]["code"], "NOT_FOUND")
+        r = self.srv.get("/v1/jobs/j-doesnotexist")
+        self.assertEqual(r.status_code, 404)
+        self.assertIn("j-doesnotexist", r.json()["error"]["message"])
+        r = requests.delete(self.srv.url + "/v1/jobs", headers=self.srv.headers())
+        self.assertEqual(r.status_code, 405)
+        self.assertEqual(r.headers["Allow"], "POST, GET, HEAD")
+        r = requests.put(self.srv.url + "/healthz")
+        self.assertEqual(r.status_code, 405)
+        big = {"name": "x" * (2 << 20)}
+        r = self.submit(big)
+        self.assertEqual(r.status_code, 413)
+        self.assertEqual(r.json()["error"]["code"], "RESOURCE_EXHAUSTED")
+        # Chunked, so no Content-Length announces it.
+        r = requests.post(self.srv.url + "/v1/jobs", headers=self.srv.headers(),
+                          data=iter([b"{\"name\": \"" + b"x" * (1 << 20), b"y" * (1 << 20), b"\"}"]))
+        self.assertEqual(r.status_code, 413)
+        r = requests.get(self.srv.url + "/healthz", headers={"X-Big": "h" * 40000})
+        self.assertIn(r.status_code, (413, 431))
+
+    def test_idempotency_key(self):
+        spec = self.srv.spec(world_size=1, name="idem", train={"steps": 3})
+        h = {"Idempotency-Key": "key-1"}
+        a = self.submit(spec, headers=h)
+        b = self.submit(spec, headers=h)
+        self.assertEqual(a.status_code, 201, a.text)
+        self.assertEqual(b.status_code, 200, b.text)
+        self.assertEqual(a.json()["id"], b.json()["id"])
+        c = self.submit({**spec, "train": {"steps": 4}}, headers=h)
+        self.assertEqual(c.status_code, 409, c.text)
+        self.assertEqual(c.json()["error"]["code"], "ALREADY_EXISTS")
+        self.assertIn(a.json()["id"], c.json()["error"]["message"])
+
+    def test_pagination_and_filters(self):
+        ids = set()
+        for i in range(7):
+            ids.add(self.submit(self.srv.spec(world_size=1, name="page%d" % i,
+                                              train={"steps": 2})).json()["id"])
+        seen, token, pages = [], None, 0
+        while True:
+            q = "/v1/jobs?page_size=3" + ("&page_token=" + token if token else "")
+            body = self.srv.get(q).json()
+            self.assertLessEqual(len(body["jobs"]), 3)
+            seen += [j["id"] for j in body["jobs"]]
+            pages += 1
+            token = body["next_page_token"]
+            if not token:
+                break
+        self.assertEqual(len(seen), len(set(seen)))
+        self.assertTrue(ids <= set(seen))
+        self.assertGreaterEqual(pages, 3)
+        for j in self.srv.get("/v1/jobs?state=queued,starting").json()["jobs"]:
+            self.assertIn(j["state"], ("queued", "starting"))
+        r = self.srv.get("/v1/jobs?state=bogus")
+        self.assertEqual(r.status_code, 400)
+        self.assertEqual(r.json()["error"]["details"][0]["field"], "state")
+        self.assertEqual(self.srv.get("/v1/jobs?page_token=zz").status_code, 400)
+        self.assertEqual(self.srv.get("/v1/jobs?page_size=0").status_code, 400)
+        self.assertEqual(self.srv.get("/v1/jobs?page_size=100000").status_code, 400)
+
+    def test_concurrent_submissions_stored_once(self):
+        spec = self.srv.spec(world_size=1, name="conc", train={"steps": 1})
+
+        def client(c):
+            s = requests.Session()
+            out = []
+            for i in range(25):
+                r = s.post(self.srv.url + "/v1/jobs", json=spec, timeout=30,
+                           headers={**self.srv.headers(), "Idempotency-Key": "c%d-%d" % (c, i)})
+                out.append((r.status_code, r.json()["id"]))
+            return out
+
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            results = [x for f in [ex.submit(client, c) for c in range(8)] for x in f.result()]
+        self.assertEqual(len(results), 200)
+        self.assertTrue(all(code == 201 for code, _ in results))
+        ids = {i for _, i in results}
+        self.assertEqual(len(ids), 200)
+        listed = set()
+        token = None
+        while True:
+            body = self.srv.get("/v1/jobs?page_size=500" + ("&page_token=" + token if token else "")).json()
+            listed |= {j["id"] for j in body["jobs"] if j["name"] == "conc"}
+            token = body["next_page_token"]
+            if not token:
+                break
+        self.assertEqual(listed, ids)
+        # Cancelling the queue behind the single slot frees it for the rest.
+        for i in ids:
+            r = self.srv.post("/v1/jobs/%s:cancel" % i)
+            # Those that already ran cannot be cancelled any more.
+            self.assertIn(r.status_code, (200, 412), r.text)
+
+    def test_cancel_queued_and_events_resume(self):
+        # Two ranks never fit one slot... but such a job is rejected; so fill
+        # the slot with a slow job and queue one behind it.
+        slow = self.submit(self.srv.spec(world_size=1, name="slow-blocker",
+                                         train={"steps": 40})).json()
+        queued = self.submit(self.srv.spec(world_size=1, name="behind", train={"steps": 2})).json()
+        r = self.srv.post("/v1/jobs/%s:cancel" % queued["id"], {"reason": "not needed"})
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["state"], "cancelled")
+        self.assertIn("not needed", r.json()["reason"])
+        # Cancelling again is a no-op; an unknown job is 404.
+        self.assertEqual(self.srv.post("/v1/jobs/%s:cancel" % queued["id"]).status_code, 200)
+        self.assertEqual(self.srv.post("/v1/jobs/j-nope:cancel").status_code, 404)
+        done = self.srv.wait_state(slow["id"], ["succeeded"], timeout=30)
+        r = self.srv.post("/v1/jobs/%s:cancel" % done["id"])
+        self.assertEqual(r.status_code, 412)
+        self.assertEqual(r.json()["error"]["code"], "FAILED_PRECONDITION")
+
+        # The whole stream of the finished job, then a resume from the middle.
+        r = self.srv.get("/v1/jobs/%s/events" % slow["id"], stream=True, timeout=20)
+        self.assertEqual(r.headers["Content-Type"], "text/event-stream")
+        events = parse_sse(r.text)
+        seqs = [int(e["id"]) for e in events]
+        self.assertEqual(seqs, sorted(seqs))
+        states = [e["data"]["data"]["to"] for e in events if e["event"] == "state"]
+        self.assertEqual(states, ["queued", "starting", "running", "succeeded"])
+        steps = [e["data"]["data"]["step"] for e in events
+                 if e["event"] == "progress" and e["data"]["data"]["phase"] == "training"]
+        self.assertEqual(steps, list(range(1, 41)))
+        mid = events[len(events) // 2]["id"]
+        r = requests.get(self.srv.url + "/v1/jobs/%s/events" % slow["id"], timeout=20,
+                         headers={**self.srv.headers(), "Last-Event-ID": mid})
+        rest = parse_sse(r.text)
+        self.assertEqual([e["id"] for e in rest], [e["id"] for e in events if int(e["id"]) > int(mid)])
+
+        ranks = self.srv.get("/v1/jobs/%s/ranks" % slow["id"]).json()
+        self.assertEqual(ranks["ranks"][0]["state"], "exited")
+        self.assertEqual(ranks["ranks"][0]["step"], 40)
+        m = self.srv.get("/v1/jobs/%s/metrics" % slow["id"]).json()
+        self.assertEqual(m["ranks"][0]["steps"], list(range(1, 41)))
+        self.assertGreater(m["ranks"][0]["loss"][0], m["ranks"][0]["loss"][-1])
+        log = self.srv.get("/v1/jobs/%s/ranks/0/log" % slow["id"])
+        self.assertEqual(log.status_code, 200)
+        self.assertIn("[rank 0/1] train step 40/40", log.text)
+        self.assertEqual(self.srv.get("/v1/jobs/%s/ranks/5/log" % slow["id"]).status_code, 404)
+
+    def test_live_events_follow_a_running_job(self):
+        job = self.submit(self.srv.spec(world_size=1, name="live-slow",
+                                        train={"steps": 10})).json()
+        t0 = time.time()
+        r = self.srv.get("/v1/jobs/%s/events" % job["id"], stream=True, timeout=30)
+        events = []
+        for ev in iter_sse(r):
+            events.append(ev)
+        self.assertEqual(events[-1]["data"]["data"]["to"], "succeeded")
+        self.assertLess(time.time() - t0, 25)
+
+    def test_internal_report_needs_the_job_token(self):
+        job = self.submit(self.srv.spec(world_size=1, name="tok", train={"steps": 2})).json()
+        rep = {"attempt": 1, "rank": 0, "world_size": 1, "phase": "training", "step": 1}
+        path = "/v1/internal/jobs/%s/report" % job["id"]
+        # The API token is not the job's token.
+        self.assertEqual(self.srv.post(path, rep).status_code, 401)
+        self.assertEqual(self.srv.post("/v1/internal/jobs/j-nope/report", rep).status_code, 401)
+
+    def test_prometheus_and_healthz(self):
+        self.srv.get("/v1/jobs")
+        self.srv.get("/v1/jobs/j-missing")
+        text = self.srv.get("/metrics").text
+        self.assertIn('trainyard_jobs{state="queued"}', text)
+        self.assertIn("trainyard_ranks_running", text)
+        self.assertIn("trainyard_reports_ingested_total", text)
+        self.assertIn('trainyard_http_requests_total{route="GET /v1/jobs/{id}",status="404"}', text)
+        self.assertIn('route="GET /v1/jobs",status="200"', text)
+        h = requests.get(self.srv.url + "/healthz").json()
+        self.assertEqual(h["status"], "ok")
+
+
+def parse_sse(text):
+    events = []
+    for block in text.split("\n\n"):
+        ev = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            k, _, v = line.partition(": ")
+            ev[k] = v
+        if "data" in ev:
+            import json
+            ev["data"] = json.loads(ev["data"])
+            events.append(ev)
+    return events
+
+
+def iter_sse(resp):
+    buf = ""
+    for chunk in resp.iter_content(chunk_size=None, decode_unicode=True):
+        buf += chunk
+        while "\n\n" in buf:
+            block, buf = buf.split("\n\n", 1)
+            for ev in parse_sse(block + "\n\n"):
+                yield ev
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

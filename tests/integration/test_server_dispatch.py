@@ -1,0 +1,154 @@
+"""test_server_dispatch.py - trainyardd's scheduler and dispatcher with real
+rank processes (ty_test_worker following the worker contract): success,
+rank failures and crashes with their reasons and no orphans, the watchdog,
+cancel of queued and running jobs, max_restarts, FIFO slots, capped logs."""
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tyserver import Server, group_alive  # noqa: E402
+
+
+class Dispatch(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server().start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.cleanup()
+
+    def run_job(self, name, states, steps=10, world_size=2, **over):
+        r = self.srv.post("/v1/jobs", self.srv.spec(name=name, steps=steps, world_size=world_size,
+                                                    **over))
+        self.assertEqual(r.status_code, 201, r.text)
+        return self.srv.wait_state(r.json()["id"], states, timeout=30)
+
+    def rank_pids(self, job_id):
+        return [r["pid"] for r in self.srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
+                if r["pid"]]
+
+    def assert_no_orphans(self, job_id):
+        pids = self.rank_pids(job_id)
+        self.assertTrue(pids)
+        deadline = time.time() + 5
+        while time.time() < deadline and any(group_alive(p) for p in pids):
+            time.sleep(0.05)
+        self.assertFalse([p for p in pids if group_alive(p)], "rank process groups still alive")
+
+    def test_success_two_ranks(self):
+        job = self.run_job("ok", ["succeeded", "failed"], steps=12)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        self.assertEqual(job["attempt"], 1)
+        for rank in (0, 1):
+            self.assertTrue(os.path.exists(os.path.join(self.srv.dir, "runs", "ok",
+                                                        "rank%d.done" % rank)))
+        ranks = self.srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]
+        self.assertEqual([r["state"] for r in ranks], ["exited", "exited"])
+        self.assertEqual([r["phase"] for r in ranks], ["done", "done"])
+        self.assertEqual([r["exit_code"] for r in ranks], [0, 0])
+        self.assertTrue(all(r["host_peak_bytes"] > 0 for r in ranks))
+        log = self.srv.get("/v1/jobs/%s/ranks/1/log" % job["id"]).text
+        self.assertIn("[rank 1/2] train step 12/12 loss", log)
+        self.assertIn("[rank 1/2] load", log)
+
+    def test_rank_failure_stops_the_others_with_the_reason(self):
+        job = self.run_job("fail1at3-slow", ["failed"], steps=50)
+        self.assertEqual(job["reason"], "rank 1 failed: injected failure at step 3")
+        ranks = self.srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]
+        self.assertEqual(ranks[1]["state"], "failed")
+        self.assertEqual(ranks[1]["exit_code"], 3)
+        self.assert_no_orphans(job["id"])
+        # The job's state is written first; the stopped rank is recorded when
+        # it has been reaped.
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            ranks = self.srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]
+            if ranks[0]["state"] != "running":
+                break
+            time.sleep(0.05)
+        self.assertEqual(ranks[0]["state"], "stopped")
+
+    def test_rank_crash(self):
+        job = self.run_job("crash0at2-child-slow", ["failed"], steps=50)
+        self.assertIn("rank 0 was killed by signal 6", job["reason"])
+        # The crashed rank's child and the other rank (and its child) are gone.
+        self.assert_no_orphans(job["id"])
+
+    def test_watchdog_catches_a_stuck_step(self):
+        job = self.run_job("hang1at2", ["failed"], steps=20)
+        self.assertIn("rank 1 made no progress", job["reason"])
+        self.assertIn("step 1", job["reason"])
+        self.assert_no_orphans(job["id"])
+
+    def test_heartbeat_timeout(self):
+        job = self.run_job("silent0", ["failed"], steps=5, world_size=1)
+        self.assertIn("rank 0 sent no report", job["reason"])
+        self.assert_no_orphans(job["id"])
+
+    def test_cancel_running_frees_slots_even_when_sigterm_is_ignored(self):
+        r = self.srv.post("/v1/jobs", self.srv.spec(name="ignoreterm-child-slow", steps=200,
+                                                    world_size=4))
+        job_id = r.json()["id"]
+        self.srv.wait_state(job_id, ["running"])
+        behind = self.srv.post("/v1/jobs", self.srv.spec(name="behind", steps=2,
+                                                         world_size=4)).json()
+        time.sleep(0.3)
+        self.assertEqual(self.srv.get("/v1/jobs/" + behind["id"]).json()["state"], "queued")
+        t0 = time.time()
+        r = self.srv.post("/v1/jobs/%s:cancel" % job_id)
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json()["state"], "cancelled")
+        self.assert_no_orphans(job_id)
+        # SIGKILL came after the 0.5 s grace period, not at once.
+        self.assertGreater(time.time() - t0, 0.4)
+        done = self.srv.wait_state(behind["id"], ["succeeded"])
+        self.assertEqual(done["attempt"], 1)
+        ranks = self.srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
+        self.assertEqual({r["state"] for r in ranks}, {"stopped"})
+        self.assertEqual({r["exit_code"] for r in ranks}, {128 + 9})
+
+    def test_max_restarts_retries(self):
+        job = self.run_job("flaky", ["succeeded", "failed"], steps=5, max_restarts=1)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        self.assertEqual(job["attempt"], 2)
+        events = self.srv.get("/v1/jobs/%s/events" % job["id"], timeout=20).text
+        self.assertIn("attempt 1 failed: rank 0 failed: injected failure at step 1; retrying "
+                      "(restart 1 of 1)", events)
+        first = self.srv.get("/v1/jobs/%s/ranks?attempt=1" % job["id"]).json()
+        self.assertEqual(first["ranks"][0]["state"], "failed")
+
+    def test_max_restarts_used_up(self):
+        job = self.run_job("fail0at1", ["failed"], steps=5, world_size=1, max_restarts=2)
+        self.assertEqual(job["attempt"], 3)
+        self.assertIn("max_restarts 2 used up", job["reason"])
+
+    def test_fifo_order(self):
+        a = self.srv.post("/v1/jobs", self.srv.spec(name="fifo-a-slow", steps=8,
+                                                    world_size=3)).json()
+        b = self.srv.post("/v1/jobs", self.srv.spec(name="fifo-b", steps=2, world_size=2)).json()
+        c = self.srv.post("/v1/jobs", self.srv.spec(name="fifo-c", steps=2, world_size=1)).json()
+        jobs = [self.srv.wait_state(j["id"], ["succeeded"]) for j in (a, b, c)]
+        # c fits beside a, but never overtakes b, which waits for a.
+        self.assertGreaterEqual(jobs[1]["started_at"], jobs[0]["finished_at"][:19])
+        self.assertGreaterEqual(jobs[2]["started_at"], jobs[1]["started_at"])
+
+
+class LogCap(unittest.TestCase):
+    def test_log_is_capped(self):
+        srv = Server(extra=["--log-max", "8192"]).start()
+        try:
+            r = srv.post("/v1/jobs", srv.spec(name="chatty", steps=30, world_size=1))
+            job = srv.wait_state(r.json()["id"], ["succeeded", "failed"])
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            log = srv.get("/v1/jobs/%s/ranks/0/log" % job["id"]).text
+            self.assertLess(len(log), 8192 + 200)
+            self.assertIn("log capped at 8192 bytes", log)
+        finally:
+            srv.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

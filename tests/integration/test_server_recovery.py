@@ -1,0 +1,74 @@
+"""test_server_recovery.py - kill -9 of trainyardd while jobs run, then a
+restart: no acknowledged job is lost, none stays in a non-final state it
+cannot leave, surviving ranks are stopped, each change an event with its
+reason. Also a clean shutdown (SIGTERM) with a running job."""
+import os
+import signal
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(__file__))
+from tyserver import Server, group_alive  # noqa: E402
+
+
+class Recovery(unittest.TestCase):
+    def test_kill_9_and_restart(self):
+        srv = Server()
+        try:
+            srv.start()
+            # Ranks that outlive the server (they ignore SIGPIPE on their log).
+            once = srv.post("/v1/jobs", srv.spec(name="nopipe-slow-once", steps=300)).json()
+            retry = srv.post("/v1/jobs", srv.spec(name="nopipe-slow-retry", steps=20,
+                                                  max_restarts=1)).json()
+            queued = srv.post("/v1/jobs", srv.spec(name="waiting", steps=3,
+                                                   world_size=4)).json()
+            for j in (once, retry):
+                srv.wait_state(j["id"], ["running"])
+            pids = [r["pid"] for j in (once, retry)
+                    for r in srv.get("/v1/jobs/%s/ranks" % j["id"]).json()["ranks"]]
+            self.assertEqual(len(pids), 4)
+            srv.stop(signal.SIGKILL)
+            time.sleep(0.3)
+            self.assertTrue(all(group_alive(p) for p in pids), "ranks should outlive the kill")
+
+            srv.start()
+            self.assertFalse([p for p in pids if group_alive(p)], "old ranks still running")
+            j1 = srv.get("/v1/jobs/" + once["id"]).json()
+            self.assertEqual(j1["state"], "failed")
+            self.assertIn("trainyardd restarted while attempt 1 ran", j1["reason"])
+            ranks = srv.get("/v1/jobs/%s/ranks" % once["id"]).json()["ranks"]
+            self.assertEqual({r["state"] for r in ranks}, {"stopped"})
+            self.assertTrue(all("trainyardd restarted" in r["message"] for r in ranks))
+            # The job with a restart left runs again and finishes; the queued
+            # one was never lost and runs after it.
+            j2 = srv.wait_state(retry["id"], ["succeeded"], timeout=30)
+            self.assertEqual(j2["attempt"], 2)
+            srv.wait_state(queued["id"], ["succeeded"], timeout=30)
+            events = srv.get("/v1/jobs/%s/events" % retry["id"], timeout=20).text
+            self.assertIn("trainyardd restarted while attempt 1 ran; its ranks were stopped; "
+                          "retrying (restart 1 of 1)", events)
+            listed = {j["id"] for j in srv.get("/v1/jobs").json()["jobs"]}
+            self.assertEqual(listed, {once["id"], retry["id"], queued["id"]})
+        finally:
+            srv.cleanup()
+
+    def test_clean_shutdown_stops_ranks(self):
+        srv = Server()
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="slow-shutdown", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            self.assertEqual(srv.stop(signal.SIGTERM), 0)
+            self.assertFalse([p for p in pids if group_alive(p)])
+            srv.start()
+            j = srv.get("/v1/jobs/" + job["id"]).json()
+            self.assertEqual(j["state"], "failed")
+            self.assertIn("trainyardd shut down while attempt 1 ran", j["reason"])
+        finally:
+            srv.cleanup()
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)

@@ -1,0 +1,139 @@
+"""tyserver.py - runs a real trainyardd for the integration suites.
+
+Each Server gets its own temporary directory (database, state, a model
+directory and a data file for specs to name), a free loopback port and the
+test worker (ty_test_worker) as its rank program. Binaries come from
+TRAINYARD_BIN_DIR (set by ctest)."""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+import requests
+
+BIN = os.environ.get("TRAINYARD_BIN_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
+TRAINYARDD = os.path.join(BIN, "server", "trainyardd")
+TEST_WORKER = os.path.join(BIN, "tests", "ty_test_worker")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, tokens="", extra=None, workdir=None, port=None):
+        self.dir = workdir or tempfile.mkdtemp(prefix="ty-it-")
+        self.port = port or free_port()
+        self.url = "http://127.0.0.1:%d" % self.port
+        self.tokens = tokens
+        self.extra = extra or []
+        self.proc = None
+        os.makedirs(os.path.join(self.dir, "models", "tiny"), exist_ok=True)
+        with open(os.path.join(self.dir, "models", "tiny", "config.json"), "w") as f:
+            json.dump({"hidden_size": 64}, f)
+        with open(os.path.join(self.dir, "train.txt"), "w") as f:
+            f.write("hello trainyard\n" * 64)
+        self.log = open(os.path.join(self.dir, "trainyardd.log"), "ab")
+
+    def args(self):
+        return [TRAINYARDD, "--listen", "127.0.0.1:%d" % self.port,
+                "--db", os.path.join(self.dir, "var", "ty.db"),
+                "--state-dir", os.path.join(self.dir, "var"),
+                "--roots", self.dir, "--output-roots", self.dir,
+                "--worker", TEST_WORKER, "--cpu-slots", "4", "--grace", "0.5",
+                "--heartbeat-timeout", "2", "--progress-timeout", "3.5"] + self.extra
+
+    def start(self):
+        env = dict(os.environ)
+        env.pop("TRAINYARD_TOKENS", None)
+        if self.tokens:
+            env["TRAINYARD_TOKENS"] = self.tokens
+        self.proc = subprocess.Popen(self.args(), cwd=self.dir, env=env, stdout=self.log,
+                                     stderr=self.log)
+        deadline = time.time() + 15
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError("trainyardd exited with %s; log:\n%s" %
+                                   (self.proc.returncode, self.read_log()))
+            try:
+                if requests.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.05)
+        raise RuntimeError("trainyardd did not answer /healthz; log:\n" + self.read_log())
+
+    def read_log(self):
+        self.log.flush()
+        with open(os.path.join(self.dir, "trainyardd.log"), errors="replace") as f:
+            return f.read()[-6000:]
+
+    def stop(self, sig=signal.SIGTERM, timeout=20):
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(timeout=timeout)
+        return self.proc.returncode if self.proc else None
+
+    def cleanup(self):
+        """Stops the server; a clean stop must exit 0 (a sanitizer report
+        makes it fail)."""
+        rc = self.stop()
+        log = self.read_log()
+        self.log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        if rc not in (0, None):
+            raise RuntimeError("trainyardd exited with %s at shutdown; log:\n%s" % (rc, log))
+
+    def spec(self, name="tiny", steps=20, world_size=2, **over):
+        s = {"name": name, "model_path": "models/tiny", "world_size": world_size,
+             "use_lora": True, "data": {"path": "train.txt"},
+             "train": {"steps": steps}, "output_dir": "runs/" + name}
+        s.update(over)
+        return s
+
+    def headers(self, token=None):
+        tok = token if token is not None else (self.tokens.split(",")[0] if self.tokens else None)
+        return {"Authorization": "Bearer " + tok} if tok else {}
+
+    def post(self, path, body=None, token=None, **kw):
+        return requests.post(self.url + path, json=body, headers={**self.headers(token),
+                                                                  **kw.pop("headers", {})},
+                             timeout=kw.pop("timeout", 10), **kw)
+
+    def get(self, path, token=None, **kw):
+        return requests.get(self.url + path, headers=self.headers(token),
+                            timeout=kw.pop("timeout", 10), **kw)
+
+    def wait_state(self, job_id, states, timeout=20):
+        deadline = time.time() + timeout
+        job = None
+        while time.time() < deadline:
+            job = self.get("/v1/jobs/" + job_id).json()
+            if job["state"] in states:
+                return job
+            time.sleep(0.05)
+        raise AssertionError("job %s stayed %s (%s), wanted %s; log:\n%s" %
+                             (job_id, job and job["state"], job and job["reason"], states,
+                              self.read_log()))
+
+
+def group_alive(pgid):
+    """True when a process group still has a member that is not a zombie."""
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % pid) as f:
+                stat = f.read()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+            return True
+    return False
