@@ -75,12 +75,14 @@ int comm_failed_rank(const comm_t *c);
 int comm_all_gather(comm_t *c, const float *send, float *recv, const size_t *counts);
 
 /* send: sum(counts) elements (block r is destined for rank r). recv:
- * counts[rank] elements, the sum over ranks of their block `rank`, added in
- * rank order (so every world size rounds the same way for a given N). recv
- * may be send's own block (in place). */
+ * counts[rank] elements, the sum over ranks of their block `rank`. shm adds
+ * in rank order ((r0 + r1) + r2 ...), so a run is bitwise repeatable; NCCL
+ * chooses its own order. recv may be send's own block (in place). */
 int comm_reduce_scatter(comm_t *c, const float *send, float *recv, const size_t *counts);
 
-/* In place: buf[count] becomes the element-wise sum over ranks. */
+/* In place: buf[count] becomes the element-wise sum over ranks; with shm
+ * every rank gets bitwise the same values (each element is summed once, in
+ * rank order, by one rank). */
 int comm_all_reduce(comm_t *c, float *buf, size_t count);
 
 /* In place: every rank's buf[count] becomes root's. */

@@ -265,7 +265,11 @@ static void reap(launch_t *L) {
     rank_t *k = &L->ranks[r];
     if (k->pid <= 0) continue;
     int st;
-    if (waitpid(k->pid, &st, WNOHANG) != k->pid) continue;
+    pid_t w = waitpid(k->pid, &st, WNOHANG);
+    if (w < 0 && errno == ECHILD) /* reaped by someone else: status unknown */
+      st = W_EXITCODE(255, 0);
+    else if (w != k->pid)
+      continue;
     k->pid = 0;
     L->live--;
     kill(-k->pgid, SIGKILL); /* whatever it started in its group */
@@ -468,6 +472,14 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   sigaddset(&mask, SIGTERM);
   sigaddset(&mask, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &mask, &old);
+  /* With SIGCHLD ignored (or SA_NOCLDWAIT) the kernel reaps the ranks
+   * itself and their exit statuses are lost: default it while we run. */
+  struct sigaction chld_old, chld_dfl;
+  memset(&chld_dfl, 0, sizeof chld_dfl);
+  chld_dfl.sa_handler = SIG_DFL;
+  sigaction(SIGCHLD, NULL, &chld_old);
+  int chld_changed = chld_old.sa_handler == SIG_IGN || (chld_old.sa_flags & SA_NOCLDWAIT);
+  if (chld_changed) sigaction(SIGCHLD, &chld_dfl, NULL);
   int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
   int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
   if (sfd < 0 || devnull < 0) {
@@ -495,6 +507,7 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   if (is_shm) comm_shm_remove(rdv);
   if (sfd >= 0) close(sfd);
   if (devnull >= 0) close(devnull);
+  if (chld_changed) sigaction(SIGCHLD, &chld_old, NULL);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   for (int r = 0; r < L.world; r++) {
     free(L.ranks[r].buf[0]);

@@ -211,6 +211,27 @@ static void test_rank_fails_others_ignore_sigterm(void **state) {
   run_failing("stubborn", 400);
 }
 
+/* A caller that ignores SIGCHLD (as servers often do) still gets the exit
+ * statuses, and its disposition back. */
+static void test_sigchld_ignored(void **state) {
+  (void)state;
+  struct sigaction ign, prev, now;
+  memset(&ign, 0, sizeof ign);
+  ign.sa_handler = SIG_IGN;
+  sigaction(SIGCHLD, &ign, &prev);
+  seen_t seen;
+  launch_opts_t o = opts_for(2, "fail", &seen, NULL);
+  setenv("TY_TESTWORKER_RANK", "1", 1);
+  launch_result_t res;
+  fresh_piddir();
+  assert_int_equal(launch_run(&o, &res), TY_EABORTED);
+  assert_int_equal(res.failed_rank, 1);
+  assert_int_equal(res.exit_code, 3);
+  sigaction(SIGCHLD, &prev, &now);
+  assert_true(now.sa_handler == SIG_IGN);
+  assert_int_equal(check_pids_gone(2000), 3);
+}
+
 static void test_sigint_forwarded(void **state) {
   (void)state;
   seen_t seen;
@@ -352,6 +373,7 @@ int main(void) {
       cmocka_unit_test(test_success),
       cmocka_unit_test(test_rank_fails),
       cmocka_unit_test(test_rank_fails_others_ignore_sigterm),
+      cmocka_unit_test(test_sigchld_ignored),
       cmocka_unit_test(test_sigint_forwarded),
       cmocka_unit_test(test_rank_killed_mid_collective),
       cmocka_unit_test(test_silent_rank),
