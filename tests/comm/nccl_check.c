@@ -1,0 +1,121 @@
+/* nccl_check.c - the NCCL backend on real GPUs (ctest label gpu): one rank
+ * per visible device (at most 4), each collective with uneven counts on
+ * device buffers, results copied back and checked exactly. Exits 77 (ctest
+ * skip) where no CUDA device is visible. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+
+#include "worker/comm.h"
+
+#define SKIP 77
+
+/* Exact in fp32: small integers whose sums over 4 ranks stay below 2^24. */
+static float val(int rank, size_t i) {
+  return (float)((rank * 7919 + (long)i * 31) % 4099);
+}
+
+#define CHECK(cond, ...)                           \
+  do {                                             \
+    if (!(cond)) {                                 \
+      fprintf(stderr, "nccl_check rank %d: ", me); \
+      fprintf(stderr, __VA_ARGS__);                \
+      fputc('\n', stderr);                         \
+      return 1;                                    \
+    }                                              \
+  } while (0)
+
+static int run_rank(const char *rdv, int me, int world) {
+  comm_t *c;
+  char err[512];
+  if (comm_open(&c, rdv, me, world, err, sizeof err)) {
+    fprintf(stderr, "nccl_check rank %d: %s\n", me, err);
+    return 1;
+  }
+  CHECK(!strcmp(comm_backend(c), "nccl"), "backend %s", comm_backend(c));
+  const size_t rows = 100003, re = 3, total = rows * re;
+  size_t counts[4], first, n;
+  comm_shard_counts(rows, re, world, counts);
+  comm_shard_rows(rows, world, me, &first, &n);
+  size_t mine = n * re;
+  float *h = malloc(total * sizeof(float)), *d_all, *d_mine;
+  CHECK(cudaMalloc((void **)&d_all, total * sizeof(float)) == cudaSuccess, "cudaMalloc");
+  CHECK(cudaMalloc((void **)&d_mine, mine * sizeof(float)) == cudaSuccess, "cudaMalloc");
+
+  /* all_gather */
+  for (size_t i = 0; i < mine; i++) h[i] = val(0, first * re + i);
+  cudaMemcpy(d_mine, h, mine * sizeof(float), cudaMemcpyHostToDevice);
+  CHECK(comm_all_gather(c, d_mine, d_all, counts) == 0, "all_gather: %s", comm_error(c));
+  cudaMemcpy(h, d_all, total * sizeof(float), cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < total; i++) CHECK(h[i] == val(0, i), "all_gather [%zu] = %g", i, h[i]);
+
+  /* reduce_scatter */
+  for (size_t i = 0; i < total; i++) h[i] = val(me, i);
+  cudaMemcpy(d_all, h, total * sizeof(float), cudaMemcpyHostToDevice);
+  CHECK(comm_reduce_scatter(c, d_all, d_mine, counts) == 0, "reduce_scatter: %s", comm_error(c));
+  cudaMemcpy(h, d_mine, mine * sizeof(float), cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < mine; i++) {
+    float want = 0;
+    for (int r = 0; r < world; r++) want += val(r, first * re + i);
+    CHECK(h[i] == want, "reduce_scatter [%zu] = %g, want %g", i, h[i], want);
+  }
+
+  /* all_reduce, broadcast, barrier */
+  for (size_t i = 0; i < total; i++) h[i] = val(me, i);
+  cudaMemcpy(d_all, h, total * sizeof(float), cudaMemcpyHostToDevice);
+  CHECK(comm_all_reduce(c, d_all, total) == 0, "all_reduce: %s", comm_error(c));
+  cudaMemcpy(h, d_all, total * sizeof(float), cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < total; i++) {
+    float want = 0;
+    for (int r = 0; r < world; r++) want += val(r, i);
+    CHECK(h[i] == want, "all_reduce [%zu] = %g, want %g", i, h[i], want);
+  }
+  int root = world - 1;
+  for (size_t i = 0; i < total; i++) h[i] = me == root ? val(9, i) : -1.0f;
+  cudaMemcpy(d_all, h, total * sizeof(float), cudaMemcpyHostToDevice);
+  CHECK(comm_broadcast(c, d_all, total, root) == 0, "broadcast: %s", comm_error(c));
+  cudaMemcpy(h, d_all, total * sizeof(float), cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < total; i++) CHECK(h[i] == val(9, i), "broadcast [%zu] = %g", i, h[i]);
+  CHECK(comm_barrier(c) == 0, "barrier: %s", comm_error(c));
+
+  cudaFree(d_all);
+  cudaFree(d_mine);
+  free(h);
+  comm_close(c);
+  return 0;
+}
+
+int main(void) {
+  /* Count devices in a child: CUDA must not be initialised before fork. */
+  pid_t probe = fork();
+  if (probe == 0) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+    _exit(n > 4 ? 4 : n);
+  }
+  int st, world = 0;
+  if (probe > 0 && waitpid(probe, &st, 0) == probe && WIFEXITED(st)) world = WEXITSTATUS(st);
+  if (world < 1) {
+    printf("nccl_check: skipped: no CUDA device visible\n");
+    return SKIP;
+  }
+  char dir[] = "/tmp/ty-nccl-check-XXXXXX";
+  if (!mkdtemp(dir)) return 1;
+  char rdv[128];
+  snprintf(rdv, sizeof rdv, "nccl:file:%s/id", dir);
+  pid_t pids[4];
+  for (int r = 0; r < world; r++) {
+    pids[r] = fork();
+    if (pids[r] == 0) _exit(run_rank(rdv, r, world));
+  }
+  int bad = 0;
+  for (int r = 0; r < world; r++)
+    bad |= waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st);
+  rmdir(dir);
+  printf("nccl_check: %d rank%s: %s\n", world, world == 1 ? "" : "s", bad ? "FAILED" : "ok");
+  return bad ? 1 : 0;
+}
