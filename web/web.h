@@ -7,10 +7,10 @@
 #include <stddef.h>
 
 typedef struct {
-  const char *path;                 /* URL path: "/" or "/assets/<file>" */
-  const unsigned char *data;        /* the file's bytes (static; also NUL-terminated) */
-  size_t len;                       /* bytes in data, without the NUL */
-  const char *content_type;         /* e.g. "text/javascript; charset=utf-8" */
+  const char *path;          /* URL path: "/" or "/assets/<file>" */
+  const unsigned char *data; /* the file's bytes (static; also NUL-terminated) */
+  size_t len;                /* bytes in data, without the NUL */
+  const char *content_type;  /* e.g. "text/javascript; charset=utf-8" */
 } web_asset_t;
 
 /* The asset served at path (the URL path without its query), or NULL.
@@ -22,7 +22,7 @@ const web_asset_t *web_assets(size_t *n);
 
 /* The Content-Security-Policy the page is written to run under: only its
  * own scripts, styles and API. */
-#define WEB_CSP                                                                  \
+#define WEB_CSP                                                                    \
   "default-src 'self'; img-src 'self' data:; object-src 'none'; base-uri 'none'; " \
   "form-action 'none'; frame-ancestors 'none'"
 

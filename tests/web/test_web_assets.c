@@ -75,9 +75,9 @@ static int check_refs(const web_asset_t *a, const char *key, const char *prefix)
 
 static void test_references_resolve(void **state) {
   const web_asset_t *index = web_asset_find("/");
-  assert_int_equal(check_refs(index, "src=\"", "/assets/") +
-                       check_refs(index, "href=\"", "/assets/"),
-                   4); /* uPlot js + css, app.css, app.js */
+  assert_int_equal(
+      check_refs(index, "src=\"", "/assets/") + check_refs(index, "href=\"", "/assets/"),
+      4); /* uPlot js + css, app.css, app.js */
   size_t n, imports = 0;
   const web_asset_t *all = web_assets(&n);
   for (size_t i = 0; i < n; i++)

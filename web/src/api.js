@@ -4,6 +4,7 @@
 // an Authorization header) with Last-Event-ID resume after a drop.
 
 const TOKEN_KEY = 'trainyard.token';
+const TAIL_READS = 30; // re-reads of a final job's stream while ranks stop
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -62,11 +63,14 @@ export async function api(method, path, body, opts = {}) {
 
 // Follows GET /v1/jobs/{id}/events. handlers.onEvent({id, type, data}) for
 // each event in order; handlers.onStatus('live' | 'reconnecting' | 'ended',
-// detail). The server ends the stream after the job's final event; any
-// other end or error reconnects with Last-Event-ID, so nothing is missed or
-// repeated. Returns {close()}.
+// detail). The server ends the stream after the job's final state change;
+// any other end or error reconnects with Last-Event-ID, so nothing is missed
+// or repeated. Ranks still stopping write their last events after that
+// change: while handlers.pending() says some are, the stream is read again
+// (from the last id) every second, a bounded number of times. Returns
+// {close(), lastId, drop()}.
 export function followEvents(jobId, handlers) {
-  const ctl = { closed: false, abort: null, lastId: null };
+  const ctl = { closed: false, abort: null, lastId: null, final: false };
   const url = '/v1/jobs/' + encodeURIComponent(jobId) + '/events';
   let delay = 500;
 
@@ -86,7 +90,6 @@ export function followEvents(jobId, handlers) {
     delay = 500;
     const reader = resp.body.pipeThrough(new TextDecoderStream()).getReader();
     let buf = '';
-    let sawFinal = false;
     for (;;) {
       const { value, done } = await reader.read();
       if (done) break;
@@ -101,19 +104,25 @@ export function followEvents(jobId, handlers) {
         if (ev.id !== null) ctl.lastId = ev.id;
         let data = null;
         try { data = JSON.parse(ev.data); } catch (_) { data = ev.data; }
-        if (ev.type === 'state' && data && data.data && isFinalState(data.data.to)) sawFinal = true;
+        if (ev.type === 'state' && data && data.data && isFinalState(data.data.to)) ctl.final = true;
         if (!ctl.closed) handlers.onEvent({ id: ev.id, type: ev.type, data });
       }
     }
-    return sawFinal;
+    // A normal end: the job is final (else the server or a proxy dropped us).
+    return ctl.final;
   }
 
   async function loop() {
+    let tails = 0;
     while (!ctl.closed) {
       try {
         if (await once()) {
-          handlers.onStatus && handlers.onStatus('ended');
-          return;
+          if (!handlers.pending || !handlers.pending() || ++tails > TAIL_READS) {
+            handlers.onStatus && handlers.onStatus('ended');
+            return;
+          }
+          await new Promise((r) => setTimeout(r, 1000));
+          continue;
         }
       } catch (e) {
         if (ctl.closed) return;

@@ -219,10 +219,18 @@ export function mountJob(root, id) {
     } catch (_) { /* the next event retries */ }
   }, 150);
 
+  let finalLog = false;
   const refreshJob = debounce(async () => {
     try {
       job = await api('GET', base);
-      if (!gone) renderHead();
+      if (gone) return;
+      renderHead();
+      // The ranks' last lines land as they stop: read the log once more.
+      if (isFinal(job.state) && !finalLog) {
+        finalLog = true;
+        clearTimeout(logTimer);
+        logTimer = setTimeout(loadLog, 1000);
+      }
     } catch (_) { /* the next event retries */ }
   }, 150);
 
@@ -269,7 +277,8 @@ export function mountJob(root, id) {
     }
     if (ev.type === 'rank') {
       const row = ranks.get(x.rank);
-      if (row && x.attempt === attempt) Object.assign(row, { state: x.state, message: x.message });
+      if (row && x.attempt === attempt)
+        Object.assign(row, { state: x.state, message: x.message, finished_at: ev.data.t || 1 });
       refreshRanks();
     }
     addTimeline(ev);
@@ -332,7 +341,10 @@ export function mountJob(root, id) {
       renderRanks();
       renderLogTabs();
       loadLog();
-      stream = followEvents(id, { onEvent, onStatus });
+      // A final job's ranks may still be stopping: their events follow.
+      const pending = () => [...ranks.values()].some((r) => (r.pid || r.state === 'running') &&
+                                                          !r.finished_at);
+      stream = followEvents(id, { onEvent, onStatus, pending });
       window.tyJobView = { id, seen, stream, lossChart, tpsChart };
     } catch (e) {
       if (gone) return;
