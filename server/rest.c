@@ -32,6 +32,8 @@ static const rest_route_t g_routes[] = {
     {"POST", "/v1/internal/jobs/{id}/report", rest_h_report, 65536, AUTH_JOB},
     {"GET", "/healthz", h_healthz, 0, AUTH_NONE},
     {"GET", "/metrics", h_prometheus, 0, AUTH_API},
+    {"GET", "/", rest_h_web, 0, AUTH_NONE},
+    {"GET", "/assets/{file}", rest_h_web, 0, AUTH_NONE},
 };
 #define N_ROUTES (sizeof g_routes / sizeof g_routes[0])
 

@@ -67,6 +67,7 @@ enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *
 enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_report(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_events(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_web(rest_t *r, struct MHD_Connection *c, rest_req_t *q); /* rest_web.c */
 
 /* The token of "Authorization: Bearer <token>", or NULL. */
 const char *rest_bearer(struct MHD_Connection *c);

@@ -1,5 +1,6 @@
 # The status page: its embedded files (label unit, so the sanitizer build
-# runs it too).
+# runs it too) and the page in headless Chromium against a real trainyardd
+# (label web), with screenshots left in tests/web-artifacts/.
 if(TRAINYARD_WORKER_ONLY OR NOT TARGET ty_web)
   return()
 endif()
@@ -9,3 +10,10 @@ add_test(NAME unit/test_web_assets COMMAND test_web_assets)
 set_tests_properties(unit/test_web_assets PROPERTIES LABELS unit TIMEOUT 60
                      ENVIRONMENT "${TY_TEST_ENV}")
 
+# The browser test needs the server and the test worker (tests/cmake/server.cmake).
+find_program(TY_NODE node)
+if(TARGET trainyardd AND TARGET ty_test_worker AND TY_NODE)
+  add_test(NAME web/page COMMAND ${TY_NODE} ${CMAKE_CURRENT_SOURCE_DIR}/web/page_test.js)
+  set_tests_properties(web/page PROPERTIES LABELS web TIMEOUT 180 RUN_SERIAL TRUE
+                       ENVIRONMENT "${TY_TEST_ENV};NODE_PATH=${TY_WEB_NODE_MODULES}")
+endif()

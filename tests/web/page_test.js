@@ -1,0 +1,256 @@
+// page_test.js - the status page in a real headless Chromium (Debian's
+// chromium, driven by playwright-core) against a real trainyardd whose ranks
+// are played by ty_test_worker. The server requires a token, so the page
+// must ask for one. Checks: the jobs list; a running job's rank rows and
+// charts updating; the event stream resuming after forced drops with no
+// event missed or repeated; cancel from the page; an invalid spec's field
+// error shown as it is typed; a valid submit running to success; the page
+// at phone width; no console errors. Screenshots go to
+// $TRAINYARD_BIN_DIR/tests/web-artifacts.
+//
+//   node page_test.js        (ctest sets TRAINYARD_BIN_DIR and NODE_PATH)
+'use strict';
+
+const assert = require('node:assert/strict');
+const { spawn } = require('node:child_process');
+const fs = require('node:fs');
+const net = require('node:net');
+const os = require('node:os');
+const path = require('node:path');
+const { chromium } = require('playwright-core');
+
+const BIN = process.env.TRAINYARD_BIN_DIR || path.join(__dirname, '../../build');
+const TRAINYARDD = path.join(BIN, 'server', 'trainyardd');
+const WORKER = path.join(BIN, 'tests', 'ty_test_worker');
+const CHROMIUM = process.env.TRAINYARD_CHROMIUM || '/usr/bin/chromium';
+const ART = path.join(BIN, 'tests', 'web-artifacts');
+const TOKEN = 'web-test-token-' + process.pid;
+const PHONE = { width: 390, height: 844 };
+
+function freePort() {
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
+    s.on('error', reject);
+  });
+}
+
+const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
+
+async function waitFor(what, fn, timeoutMs = 15000) {
+  const end = Date.now() + timeoutMs;
+  let last;
+  while (Date.now() < end) {
+    try { last = await fn(); if (last) return last; } catch (e) { last = e; }
+    await sleep(100);
+  }
+  throw new Error('timed out waiting for ' + what + (last instanceof Error ? ': ' + last.message : ''));
+}
+
+// A trainyardd in its own directory with a model directory and a data file
+// for specs to name.
+async function startServer(dir) {
+  for (const f of [TRAINYARDD, WORKER, CHROMIUM])
+    if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
+  fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
+  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), '{"hidden_size": 64}\n');
+  fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(64));
+  const port = await freePort();
+  const log = fs.openSync(path.join(dir, 'trainyardd.log'), 'a');
+  const env = Object.assign({}, process.env, { TRAINYARD_TOKENS: TOKEN });
+  const proc = spawn(TRAINYARDD, [
+    '--listen', '127.0.0.1:' + port, '--db', path.join(dir, 'var', 'ty.db'),
+    '--state-dir', path.join(dir, 'var'), '--roots', dir, '--output-roots', dir,
+    '--worker', WORKER, '--cpu-slots', '4', '--grace', '0.5'], { cwd: dir, env, stdio: ['ignore', log, log] });
+  const url = 'http://127.0.0.1:' + port;
+  await waitFor('trainyardd /healthz', async () => {
+    if (proc.exitCode !== null) throw new Error('trainyardd exited: ' + proc.exitCode);
+    return (await fetch(url + '/healthz')).ok;
+  });
+  return { url, proc, dir };
+}
+
+async function call(srv, method, p, body) {
+  const r = await fetch(srv.url + p, {
+    method, headers: { Authorization: 'Bearer ' + TOKEN, 'Content-Type': 'application/json' },
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  return { status: r.status, body: text ? JSON.parse(text) : null };
+}
+
+// Every event id of a final job, read in one go (the stream ends after the
+// final event).
+async function allEventIds(srv, id) {
+  const r = await fetch(srv.url + '/v1/jobs/' + id + '/events',
+                        { headers: { Authorization: 'Bearer ' + TOKEN } });
+  assert.equal(r.status, 200);
+  const text = await r.text();
+  return [...text.matchAll(/^id: (\d+)$/gm)].map((m) => m[1]);
+}
+
+function spec(name, steps) {
+  return { name, model_path: 'models/tiny', world_size: 2, use_lora: true,
+           fsdp: { memory_efficient_load: true }, data: { path: 'train.txt' },
+           train: { steps }, output_dir: 'runs/' + name };
+}
+
+async function main() {
+  fs.rmSync(ART, { recursive: true, force: true });
+  fs.mkdirSync(ART, { recursive: true });
+  const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'ty-web-'));
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), 'ty-web-profile-'));
+  const srv = await startServer(dir);
+  let ctx = null;
+  const problems = [];
+  let failed = false;
+  try {
+    // "slow": 100 ms a step, so the job runs ~30 s unless cancelled.
+    const running = await call(srv, 'POST', '/v1/jobs', spec('web-watch-slow', 300));
+    assert.equal(running.status, 201, JSON.stringify(running.body));
+    const jobId = running.body.id;
+
+    ctx = await chromium.launchPersistentContext(profile, {
+      executablePath: CHROMIUM, headless: true, viewport: { width: 1280, height: 900 },
+      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+             '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    });
+    const page = ctx.pages()[0] || await ctx.newPage();
+    // Console errors fail the test, except Chromium's own line for a
+    // response the page asked for and handles: 401 (it then asks for the
+    // token) and 400 (the validation errors it shows).
+    page.on('console', (m) => {
+      if (m.type() !== 'error' && m.type() !== 'warning') return;
+      if (/Failed to load resource: the server responded with a status of 40[01]/.test(m.text())) return;
+      problems.push('console ' + m.type() + ': ' + m.text());
+    });
+    page.on('pageerror', (e) => problems.push('page error: ' + e.message));
+
+    // 1. The page asks for the token, then lists the job.
+    await page.goto(srv.url + '/');
+    await page.locator('#token-dialog[open]').waitFor({ timeout: 10000 });
+    await page.screenshot({ path: path.join(ART, 'token.png') });
+    await page.fill('#token-input', TOKEN);
+    await page.click('#token-dialog button[type=submit]');
+    const row = page.locator(`tr[data-id="${jobId}"]`);
+    await row.waitFor({ timeout: 10000 });
+    await waitFor('the job listed as running', async () => (await row.getAttribute('data-state')) === 'running');
+    assert.equal(await page.evaluate(() => sessionStorage.getItem('trainyard.token')), TOKEN);
+    assert.equal((await ctx.cookies()).length, 0, 'the page must not use cookies');
+    await page.screenshot({ path: path.join(ART, 'jobs.png') });
+
+    // 2. The job page: rank rows and charts advance while it trains.
+    await row.locator('a').click();
+    await page.locator('#ranks tr[data-rank="1"]').waitFor({ timeout: 10000 });
+    const stepOf = (r) => page.locator(`#ranks tr[data-rank="${r}"]`).getAttribute('data-step').then(Number);
+    const s0 = await waitFor('rank 0 training', async () => {
+      const ph = await page.locator('#ranks tr[data-rank="0"]').getAttribute('data-phase');
+      return ph === 'training' && (await stepOf(0)) > 0 ? stepOf(0) : 0;
+    });
+    const points = () => page.evaluate(() => [0, 1].map((r) => window.tyJobView.lossChart.count(r) +
+                                                              window.tyJobView.tpsChart.count(r)));
+    const p0 = await points();
+    await waitFor('rank 0 step advancing', async () => (await stepOf(0)) >= s0 + 10);
+    await waitFor('rank 1 step advancing', async () => (await stepOf(1)) >= s0 + 5);
+    const p1 = await points();
+    assert.ok(p1[0] > p0[0] && p1[1] > p0[1], `chart points must grow: ${p0} -> ${p1}`);
+    assert.ok(await page.locator('#chart-loss canvas').count() > 0, 'the loss chart is drawn');
+    assert.ok(await page.locator('#chart-tps canvas').count() > 0, 'the throughput chart is drawn');
+    assert.match(await page.textContent('#mem-note'), /full model: 2\.00 MiB/,
+                 'peaks are drawn against the full model (2 ranks x 1 MiB read each)');
+    assert.ok(await page.locator('#timeline li.state').count() >= 2, 'state changes are on the timeline');
+    await waitFor('the rank log', async () => /\[rank 0\/2\]|rank 0/.test(await page.textContent('#log')));
+
+    // 3. The stream resumes after drops (Last-Event-ID) without gaps.
+    for (let i = 0; i < 3; i++) {
+      const before = await page.evaluate(() => window.tyJobView.seen.length);
+      await page.evaluate(() => window.tyJobView.stream.drop());
+      await waitFor('events after a drop', async () =>
+        (await page.evaluate(() => window.tyJobView.seen.length)) > before + 2);
+    }
+    await page.screenshot({ path: path.join(ART, 'job-running.png'), fullPage: true });
+
+    // 4. Cancel from the page.
+    await page.click('#cancel');
+    await page.click('#cancel-yes');
+    await waitFor('the cancelled badge', async () =>
+      (await page.textContent('#job-head .badge')) === 'cancelled');
+    const after = await call(srv, 'GET', '/v1/jobs/' + jobId);
+    assert.equal(after.body.state, 'cancelled');
+    assert.match(after.body.reason, /from the web page/);
+    await waitFor('the stream to end', async () => (await page.textContent('#live')) === 'final');
+    const want = await allEventIds(srv, jobId);
+    const got = await page.evaluate(() => window.tyJobView.seen);
+    assert.deepEqual(got, want, 'the page saw every event exactly once, in order');
+    await page.screenshot({ path: path.join(ART, 'job-cancelled.png'), fullPage: true });
+
+    // 5. Submit form: an invalid value gets its error next to its field.
+    await page.goto(srv.url + '/#/submit');
+    await page.fill('#f-model_path', 'models/tiny');
+    await page.fill('#f-data-path', 'train.txt');
+    await page.fill('#f-train-lr', '-1');
+    await waitFor('the train.lr error', async () =>
+      (await page.textContent('#f-train-lr-error')).length > 0);
+    assert.equal(await page.getAttribute('#f-train-lr', 'aria-invalid'), 'true');
+    assert.equal(await page.textContent('#f-model_path-error'), '', 'a valid field shows no error');
+    await page.screenshot({ path: path.join(ART, 'submit-invalid.png'), fullPage: true });
+    await page.fill('#f-extra', '{"trian": {}}');
+    await waitFor('the unknown field error', async () =>
+      /trian/.test(await page.textContent('#f-extra-error')));
+
+    // ...and a valid spec is accepted and runs to success.
+    await page.fill('#f-extra', '');
+    await page.fill('#f-train-lr', '0.001');
+    await page.fill('#f-name', 'web-form');
+    await page.fill('#f-world_size', '2');
+    await page.fill('#f-train-steps', '15');
+    await page.fill('#f-output_dir', 'runs/web-form');
+    await waitFor('the valid verdict', async () =>
+      /valid/.test(await page.textContent('#verdict')) &&
+      (await page.getAttribute('#verdict', 'class')).includes('good'));
+    await page.click('#submit-btn');
+    await page.waitForURL(/#\/jobs\//, { timeout: 10000 });
+    await waitFor('the submitted job to succeed', async () =>
+      (await page.textContent('#job-head .badge')) === 'succeeded', 30000);
+    await waitFor('both ranks done', async () =>
+      (await page.locator('#ranks tr[data-phase="done"]').count()) === 2);
+
+    // 6. Phone width: nothing wider than the screen; the key parts visible.
+    await page.setViewportSize(PHONE);
+    await page.goto(srv.url + '/#/jobs/' + jobId);
+    await page.locator('#ranks tr[data-rank="1"]').waitFor();
+    await page.locator('#chart-loss canvas').waitFor();
+    const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflow <= 0, 'the job page fits the phone width (overflow ' + overflow + ' px)');
+    assert.ok(await page.locator('#job-head h1').isVisible());
+    assert.ok(await page.locator('#ranks').isVisible());
+    await page.screenshot({ path: path.join(ART, 'phone-job.png'), fullPage: true });
+    await page.goto(srv.url + '/#/');
+    await page.locator(`tr[data-id="${jobId}"]`).waitFor();
+    const overflowList = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflowList <= 0, 'the jobs list fits the phone width (overflow ' + overflowList + ' px)');
+    await page.screenshot({ path: path.join(ART, 'phone-jobs.png'), fullPage: true });
+    await page.goto(srv.url + '/#/submit');
+    await page.locator('#f-name').waitFor();
+    const overflowForm = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
+    assert.ok(overflowForm <= 0, 'the form fits the phone width (overflow ' + overflowForm + ' px)');
+
+    assert.deepEqual(problems, [], 'no console errors');
+    console.log('web page test passed; screenshots in ' + ART);
+  } catch (e) {
+    failed = true;
+    throw e;
+  } finally {
+    if (ctx) await ctx.close();
+    srv.proc.kill('SIGTERM');
+    await new Promise((r) => { if (srv.proc.exitCode !== null) r(); else srv.proc.on('exit', r); });
+    fs.rmSync(profile, { recursive: true, force: true });
+    if (failed) console.log('server directory kept: ' + dir);
+    else fs.rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+main().catch((e) => {
+  console.error('web page test FAILED: ' + (e.stack || e.message));
+  process.exitCode = 1;
+});
