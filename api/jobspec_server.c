@@ -7,12 +7,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 /* The absolute, canonical form of path (relative to base), following
- * symbolic links and ".." through the part that exists. Returns 0, or -1
- * when the part that does not exist yet holds "." or ".." (which could
- * still step out once created). out has PATH_MAX bytes. */
+ * symbolic links and ".." through the part that exists. Returns 0; -1 when
+ * the part that does not exist yet holds "." or ".." (which could still
+ * step out once created); -2 when it starts at a symbolic link that points
+ * nowhere (or in a loop). out has PATH_MAX bytes. */
 static int resolve(const char *path, const char *base, char *out) {
   char abs[PATH_MAX * 2], cwd[PATH_MAX];
   if (path[0] == '/') {
@@ -32,6 +34,14 @@ static int resolve(const char *path, const char *base, char *out) {
     snprintf(head, sizeof head, "%.*s", (int)n, abs);
     if (!realpath(n == 1 && abs[0] == '/' ? "/" : head, out)) continue;
     const char *rest = abs + n;
+    /* The first missing component must really be missing: a dangling
+     * symbolic link there would let a worker create files wherever it
+     * points. */
+    struct stat st;
+    const char *first = rest + strspn(rest, "/");
+    char probe[PATH_MAX * 2 + 2];
+    snprintf(probe, sizeof probe, "%s/%.*s", n == 1 ? "" : head, (int)strcspn(first, "/"), first);
+    if (lstat(probe, &st) == 0) return -2;
     for (const char *p = rest; *p;) {
       while (*p == '/') p++;
       const char *e = strchr(p, '/');
@@ -74,7 +84,15 @@ static void check_one_root(const char *field, const char *path, bool write,
                            const jobspec_roots_t *r, ty_errlist_t *errs) {
   char res[PATH_MAX], list[1024];
   if (!path[0]) return;
-  if (resolve(path, r->base, res) != 0) {
+  int rc = resolve(path, r->base, res);
+  if (rc == -2) {
+    ty_errlist_add(errs, field,
+                   "%s passes through a symbolic link that points nowhere; remove the link or "
+                   "give a plain path inside the roots",
+                   path);
+    return;
+  }
+  if (rc != 0) {
     ty_errlist_add(errs, field,
                    "%s cannot be resolved safely (a part that does not exist yet "
                    "holds '.' or '..'); give a plain path inside the roots",

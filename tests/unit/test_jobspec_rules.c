@@ -330,6 +330,19 @@ static void test_paths_in_roots(void **state) {
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
   assert_true(tu_has(&e, "output_dir", "cannot be resolved safely"));
   ty_errlist_clear(&e);
+  /* A dangling link inside the output root pointing out of it. */
+  char link[600], target[600];
+  snprintf(target, sizeof target, "%s/secret/new", g_tmp);
+  snprintf(link, sizeof link, "%s/runs/dangling", g_tmp);
+  assert_int_equal(symlink(target, link), 0);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"models/tiny\", \"output_dir\": "
+                            "\"runs/dangling/out\"}",
+                            &e),
+                   0);
+  assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "output_dir", "symbolic link that points nowhere"));
+  ty_errlist_clear(&e);
   /* Absolute paths; no roots at all allows nothing. */
   char text[600];
   snprintf(text, sizeof text,
