@@ -117,7 +117,8 @@ static void views_set(const model_t *m, model_weights_t *w, float *base) {
   assert(t == m->tensors + m->n_tensors);
 }
 
-static size_t acts_floats(const model_dims_t *d, size_t N, size_t T, bool backward) {
+static size_t acts_floats(const model_dims_t *d, size_t N, size_t T, size_t LS, size_t RS,
+                          bool backward) {
   size_t total = 0;
 #define TY_X(field, n, bw) \
   if (!(bw) || backward) total += (n);
@@ -130,13 +131,16 @@ static int acts_create(model_t *m) {
   const model_dims_t *d = &m->d;
   size_t N = (size_t)m->B * m->T, T = (size_t)m->T;
   bool backward = m->mode != MODEL_EVAL;
+  size_t LS = backward ? (size_t)d->L : 1, RS = backward ? (size_t)d->L + 1 : 2;
   model_acts_t *a = calloc(1, sizeof *a);
   if (!a) return TY_EEXHAUSTED;
   m->acts = a;
+  a->layer_slots = (int)LS;
+  a->res_slots = (int)RS;
   a->tokens = malloc(sizeof(int) * N);
   a->targets = malloc(sizeof(int) * N);
-  a->bytes = sizeof(float) * acts_floats(d, N, T, backward) + 2 * sizeof(int) * N;
-  a->block = malloc(sizeof(float) * acts_floats(d, N, T, backward));
+  a->bytes = sizeof(float) * acts_floats(d, N, T, LS, RS, backward) + 2 * sizeof(int) * N;
+  a->block = malloc(sizeof(float) * acts_floats(d, N, T, LS, RS, backward));
   if (!a->tokens || !a->targets || !a->block) return TY_EEXHAUSTED;
   float *p = a->block;
 #define TY_X(field, n, bw) \
@@ -151,8 +155,10 @@ static int acts_create(model_t *m) {
   return 0;
 }
 
-int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
-                 char *err, size_t errlen) {
+/* own: allocate the parameter (and gradient) buffers; else the caller
+ * supplies every weight to the stage functions. */
+static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                  bool own, char *err, size_t errlen) {
   *out = NULL;
   model_dims_t d;
   int rc = model_dims_from_config(&d, cfg, err, errlen);
@@ -174,14 +180,13 @@ int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_m
   rc = TY_EEXHAUSTED;
   if (!m->tensors || !m->w.layers || !m->dw.layers) goto fail_alloc;
   table_build(m);
-  m->params = calloc(m->n_params, sizeof(float));
-  if (!m->params) goto fail_alloc;
-  if (mode == MODEL_TRAIN_FULL) {
+  if (own && !(m->params = calloc(m->n_params, sizeof(float)))) goto fail_alloc;
+  if (own && mode == MODEL_TRAIN_FULL) {
     m->grads = calloc(m->n_params, sizeof(float));
     if (!m->grads) goto fail_alloc;
   }
   for (int i = 0; i < m->n_tensors; i++) {
-    m->tensors[i].data = m->params + m->tensors[i].offset;
+    m->tensors[i].data = m->params ? m->params + m->tensors[i].offset : NULL;
     m->tensors[i].grad = m->grads ? m->grads + m->tensors[i].offset : NULL;
   }
   views_set(m, &m->w, m->params);
@@ -196,6 +201,33 @@ fail_alloc:
        m->n_params, B, T);
   model_free(m);
   return rc;
+}
+
+int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                 char *err, size_t errlen) {
+  return create(out, cfg, B, T, mode, true, err, errlen);
+}
+
+int model_create_unowned(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                         char *err, size_t errlen) {
+  return create(out, cfg, B, T, mode, false, err, errlen);
+}
+
+size_t model_layer_floats(const model_dims_t *d) {
+  size_t n = 0;
+#define TY_X(field, suffix, rows, cols) n += (size_t)(rows) * (size_t)((cols) != 0 ? (cols) : 1);
+  MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
+  return n;
+}
+
+void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w) {
+  float *p = base;
+#define TY_X(field, suffix, rows, cols) \
+  w->field = p;                         \
+  p += (size_t)(rows) * (size_t)((cols) != 0 ? (cols) : 1);
+  MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
 }
 
 void model_free(model_t *m) {
@@ -226,6 +258,8 @@ const model_tensor_t *model_find_tensor(const model_t *m, const char *name) {
 
 int model_fill(model_t *m, model_fill_fn fn, void *ctx, char *err, size_t errlen) {
   char why[256];
+  if (!m->params)
+    return fail(err, errlen, TY_EPRECONDITION, "model_fill: the model holds no parameter buffer");
   for (int i = 0; i < m->n_tensors; i++) {
     const model_tensor_t *t = &m->tensors[i];
     why[0] = '\0';
@@ -236,6 +270,7 @@ int model_fill(model_t *m, model_fill_fn fn, void *ctx, char *err, size_t errlen
 }
 
 void model_init_random(model_t *m, uint64_t seed, float std) {
+  assert(m->params); /* an unowned model has no buffer to fill */
   rng_t r;
   rng_seed(&r, seed);
   for (int i = 0; i < m->n_tensors; i++) {

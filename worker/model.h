@@ -126,6 +126,20 @@ int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_m
                  char *err, size_t errlen);
 void model_free(model_t *m);
 
+/* The same without the parameter and gradient buffers (params, grads, the
+ * views in w and dw and each tensor's data and grad are NULL; offsets still
+ * describe the full layout): for a rank that holds only its shards and
+ * hands every weight to the stage functions below (FSDP). model_forward,
+ * model_backward, model_fill and model_init_random need the buffers. */
+int model_create_unowned(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                         char *err, size_t errlen);
+
+/* Floats of one layer's tensors, and views of a buffer holding them
+ * contiguously in MODEL_LAYER_TENSORS order (the order they have inside
+ * params): a reused buffer for one all-gathered layer, or its gradients. */
+size_t model_layer_floats(const model_dims_t *d);
+void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w);
+
 /* Bytes of the activation and scratch buffers (for memory reports). */
 size_t model_activation_bytes(const model_t *m);
 

@@ -9,25 +9,28 @@
 #include "worker/model.h"
 
 /* X(field, floats, needed_for): sizes are expressions over the dims d, the
- * allocated rows N = B*T, and T; needed_for 0 = always, 1 = only with a
- * backward pass. Per-layer buffers are indexed with a layer stride of
- * (their size / L). */
+ * allocated rows N = B*T, T, the layer slots LS and residual slots RS;
+ * needed_for 0 = always, 1 = only with a backward pass. The shapes below
+ * are for training (LS = L, RS = L + 1): the backward pass needs every
+ * layer's activations. Forward only (MODEL_EVAL) keeps one layer's (LS = 1)
+ * and two residual slots used in turn (RS = 2): layer l then reads slot
+ * l % LS and writes residual slot (l + 1) % RS. */
 /* clang-format off */
 #define MODEL_ACTS(X)                                                           \
-  X(res, (size_t)(d->L + 1) * N * d->C, 0) /* (L+1, B, T, C) residual stream */ \
-  X(ln1, N * d->L * d->C, 0)               /* (L, B, T, C) */                   \
-  X(rstd1, N * d->L, 0)                    /* (L, B, T) */                      \
-  X(q, N * d->L * d->NH * d->HS, 0)        /* (L, B, T, QD) after rotary */     \
-  X(k, N * d->L * d->NKV * d->HS, 0)       /* (L, B, T, KVD) after rotary */    \
-  X(v, N * d->L * d->NKV * d->HS, 0)       /* (L, B, T, KVD) */                 \
-  X(att, N * d->L * d->NH * T, 0)          /* (L, B, NH, T, T) probabilities */ \
-  X(atty, N * d->L * d->NH * d->HS, 0)     /* (L, B, T, QD) */                  \
-  X(mid, N * d->L * d->C, 0)               /* (L, B, T, C) after attention */   \
-  X(ln2, N * d->L * d->C, 0)               /* (L, B, T, C) */                   \
-  X(rstd2, N * d->L, 0)                    /* (L, B, T) */                      \
-  X(gate, N * d->L * d->FF, 0)             /* (L, B, T, FF) */                  \
-  X(up, N * d->L * d->FF, 0)               /* (L, B, T, FF) */                  \
-  X(h, N * d->L * d->FF, 0)                /* (L, B, T, FF) silu(gate)*up */    \
+  X(res, RS * N * d->C, 0)           /* (L+1, B, T, C) residual stream */ \
+  X(ln1, N * LS * d->C, 0)               /* (L, B, T, C) */                   \
+  X(rstd1, N * LS, 0)                    /* (L, B, T) */                      \
+  X(q, N * LS * d->NH * d->HS, 0)        /* (L, B, T, QD) after rotary */     \
+  X(k, N * LS * d->NKV * d->HS, 0)       /* (L, B, T, KVD) after rotary */    \
+  X(v, N * LS * d->NKV * d->HS, 0)       /* (L, B, T, KVD) */                 \
+  X(att, N * LS * d->NH * T, 0)          /* (L, B, NH, T, T) probabilities */ \
+  X(atty, N * LS * d->NH * d->HS, 0)     /* (L, B, T, QD) */                  \
+  X(mid, N * LS * d->C, 0)               /* (L, B, T, C) after attention */   \
+  X(ln2, N * LS * d->C, 0)               /* (L, B, T, C) */                   \
+  X(rstd2, N * LS, 0)                    /* (L, B, T) */                      \
+  X(gate, N * LS * d->FF, 0)             /* (L, B, T, FF) */                  \
+  X(up, N * LS * d->FF, 0)               /* (L, B, T, FF) */                  \
+  X(h, N * LS * d->FF, 0)                /* (L, B, T, FF) silu(gate)*up */    \
   X(lnf, N * d->C, 0)                      /* (B, T, C) */                      \
   X(rstdf, N, 0)                           /* (B, T) */                         \
   X(logits, N * d->V, 0)                   /* (B, T, V) */                      \
@@ -51,7 +54,9 @@ struct model_acts {
   int *tokens;  /* (B, T) of the last forward */
   int *targets; /* (B, T) */
   bool has_targets;
-  float *block; /* the one allocation behind every buffer below */
+  int layer_slots; /* LS */
+  int res_slots;   /* RS */
+  float *block;    /* the one allocation behind every buffer below */
   size_t bytes;
 #define TY_X(field, n, bw) float *field;
   MODEL_ACTS(TY_X)

@@ -62,20 +62,22 @@ int model_embed_forward(model_t *m, const float *embed_tokens, const int *tokens
   return 0;
 }
 
-/* Layer l's slices of the per-layer buffers (layer stride = allocated N). */
-#define LAYER(buf, width) (a->buf + (size_t)l * NA * (width))
+/* Layer l's slices of the per-layer buffers (slot stride = allocated rows
+ * NA times the width), and residual slot r. */
+#define LAYER(buf, width) (a->buf + (size_t)(l % a->layer_slots) * NA * (width))
+#define RES(r) (a->res + (size_t)((r) % a->res_slots) * NA * d->C)
 
 void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora) {
   const model_dims_t *d = &m->d;
   model_acts_t *a = m->acts;
   const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
   const size_t NA = (size_t)m->B * m->T;
-  const float *res = LAYER(res, C);
-  float *res_next = LAYER(res, C) + NA * C;
+  const float *res = RES(l);
+  float *res_next = RES(l + 1);
   float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
-  float *att = a->att + (size_t)l * NA * d->NH * m->T;
+  float *att = LAYER(att, (size_t)d->NH * m->T);
 
   cpu_rmsnorm_forward(ln1, LAYER(rstd1, 1), res, w->input_layernorm, n, C, d->eps);
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_Q, q, ln1, w->q_proj, n, C, QD, 0.0f);
@@ -100,7 +102,8 @@ double model_head_forward(model_t *m, const float *norm, const float *lm_head) {
   const model_dims_t *d = &m->d;
   model_acts_t *a = m->acts;
   const int n = m->b * m->t;
-  const float *res = a->res + (size_t)d->L * m->B * m->T * d->C;
+  const size_t NA = (size_t)m->B * m->T;
+  const float *res = RES(d->L);
   cpu_rmsnorm_forward(a->lnf, a->rstdf, res, norm, n, d->C, d->eps);
   cpu_matmul_forward(a->logits, a->lnf, lm_head, n, d->C, d->V, 0.0f);
   m->loss = 0.0;
@@ -115,7 +118,8 @@ void model_head_backward(model_t *m, const float *norm, const float *lm_head, fl
   model_acts_t *a = m->acts;
   const int n = m->b * m->t;
   assert(a->has_targets && m->mode != MODEL_EVAL);
-  const float *res = a->res + (size_t)d->L * m->B * m->T * d->C;
+  const size_t NA = (size_t)m->B * m->T;
+  const float *res = RES(d->L);
   cpu_crossentropy_backward(a->logits, a->targets, n, d->V, loss_scale / n);
   cpu_matmul_backward(a->dln, dlm_head, a->logits, a->lnf, lm_head, n, d->C, d->V, 0.0f);
   cpu_rmsnorm_backward(a->dres, dnorm, a->dln, NULL, res, norm, a->rstdf, n, d->C);
@@ -129,11 +133,11 @@ void model_layer_backward(model_t *m, int l, const model_layer_t *w, const model
   const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
   const size_t NA = (size_t)m->B * m->T;
   if (!dw) dw = &frozen;
-  const float *res = LAYER(res, C);
+  const float *res = RES(l);
   const float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   const float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
-  const float *att = a->att + (size_t)l * NA * d->NH * m->T;
+  const float *att = LAYER(att, (size_t)d->NH * m->T);
   /* a->dres holds d(loss)/d(res[l+1]) on entry and d(loss)/d(res[l]) on exit. */
 
   proj_backward(lora, l, JOBSPEC_TARGET_BIT_DOWN, a->dh, dw->down_proj, a->dres, h, w->down_proj, n,
@@ -169,6 +173,11 @@ void model_embed_backward(model_t *m, float *dembed_tokens) {
 
 int model_forward(model_t *m, const int *tokens, const int *targets, int b, int t, lora_t *lora,
                   double *loss, char *err, size_t errlen) {
+  if (!m->params) {
+    if (err && errlen)
+      snprintf(err, errlen, "model_forward: the model holds no parameters; use the stages");
+    return TY_EPRECONDITION;
+  }
   int rc = model_embed_forward(m, m->w.embed_tokens, tokens, targets, b, t, err, errlen);
   if (rc) return rc;
   for (int l = 0; l < m->d.L; l++) model_layer_forward(m, l, &m->w.layers[l], lora);
@@ -178,7 +187,7 @@ int model_forward(model_t *m, const int *tokens, const int *targets, int b, int 
 }
 
 void model_backward(model_t *m, lora_t *lora, float loss_scale) {
-  assert(m->mode != MODEL_EVAL);
+  assert(m->mode != MODEL_EVAL && m->params);
   model_head_backward(m, m->w.norm, m->w.lm_head, m->dw.norm, m->dw.lm_head, loss_scale);
   for (int l = m->d.L - 1; l >= 0; l--)
     model_layer_backward(m, l, &m->w.layers[l], m->grads ? &m->dw.layers[l] : NULL, lora);

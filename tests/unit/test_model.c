@@ -352,6 +352,81 @@ static void test_fill_and_bad_input(void **state) {
   assert_null(m);
 }
 
+/* The stages over one reused layer buffer (as FSDP feeds them, a layer
+ * gathered at a time, its gradients in a reused buffer too) give exactly
+ * what model_forward / model_backward give over the model's own buffer. */
+static void test_stages_with_gathered_layers(void **state) {
+  (void)state;
+  model_t *m = tiny_model(false, 2, MODEL_TRAIN_FULL), *u;
+  llama_config_t c = tiny_config(false, 2);
+  char err[256];
+  assert_int_equal(model_create_unowned(&u, &c, TB, TT, MODEL_TRAIN_FULL, err, sizeof err), 0);
+  assert_null(u->params);
+  assert_null(u->grads);
+  assert_null(u->tensors[0].data);
+  int tok[TB * TT], tgt[TB * TT];
+  make_batch(tok, tgt, 6, m->d.V);
+  assert_int_equal(model_forward(u, tok, tgt, TB, TT, NULL, NULL, err, sizeof err),
+                   TY_EPRECONDITION);
+
+  double loss_ref = loss_of(m, NULL, tok, tgt);
+  model_zero_grad(m);
+  model_backward(m, NULL, 1.0f);
+  const size_t nl = (size_t)TB * TT * m->d.V, lf = model_layer_floats(&m->d);
+  const size_t C = (size_t)m->d.C, V = (size_t)m->d.V;
+  float *lb = malloc(sizeof(float) * lf), *lg = malloc(sizeof(float) * lf);
+  float *logits = malloc(sizeof(float) * nl);
+  float *dembed = calloc(V * C, sizeof(float)), *dnorm = calloc(C, sizeof(float));
+  float *dhead = calloc(V * C, sizeof(float));
+  model_layer_t w, dw;
+  model_layer_views(&m->d, lb, &w);
+  model_layer_views(&m->d, lg, &dw);
+  /* Layer l occupies lf floats of params from its first tensor. */
+  assert_int_equal(m->tensors[1 + 9].offset - m->tensors[1].offset, lf);
+
+  assert_int_equal(model_embed_forward(u, m->w.embed_tokens, tok, tgt, TB, TT, err, sizeof err), 0);
+  for (int l = 0; l < m->d.L; l++) {
+    memcpy(lb, m->params + m->tensors[1 + 9 * l].offset, sizeof(float) * lf);
+    model_layer_forward(u, l, &w, NULL);
+  }
+  double loss = model_head_forward(u, m->w.norm, m->w.lm_head);
+  assert_true(loss == loss_ref);
+  memcpy(logits, u->logits, sizeof(float) * nl);
+  model_head_backward(u, m->w.norm, m->w.lm_head, dnorm, dhead, 1.0f);
+  for (int l = m->d.L - 1; l >= 0; l--) {
+    memcpy(lb, m->params + m->tensors[1 + 9 * l].offset, sizeof(float) * lf);
+    memset(lg, 0, sizeof(float) * lf);
+    model_layer_backward(u, l, &w, &dw, NULL);
+    assert_memory_equal(lg, m->grads + m->tensors[1 + 9 * l].offset, sizeof(float) * lf);
+  }
+  model_embed_backward(u, dembed);
+  assert_memory_equal(dembed, m->dw.embed_tokens, sizeof(float) * V * C);
+  assert_memory_equal(dnorm, m->dw.norm, sizeof(float) * C);
+  assert_memory_equal(dhead, m->dw.lm_head, sizeof(float) * V * C);
+  free(lb);
+  free(lg);
+  free(logits);
+  free(dembed);
+  free(dnorm);
+  free(dhead);
+  model_free(u);
+  model_free(m);
+}
+
+/* Forward only keeps one layer of activations, and computes the same. */
+static void test_eval_matches_train(void **state) {
+  (void)state;
+  model_t *e = tiny_model(false, 2, MODEL_EVAL), *f = tiny_model(false, 2, MODEL_TRAIN_FULL);
+  int tok[TB * TT], tgt[TB * TT];
+  make_batch(tok, tgt, 12, e->d.V);
+  double le = loss_of(e, NULL, tok, tgt), lf = loss_of(f, NULL, tok, tgt);
+  assert_true(le == lf);
+  assert_memory_equal(e->logits, f->logits, sizeof(float) * TB * TT * e->d.V);
+  assert_true(model_activation_bytes(e) < model_activation_bytes(f) / 2);
+  model_free(e);
+  model_free(f);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fd_untied_gqa),
@@ -362,6 +437,8 @@ int main(void) {
       cmocka_unit_test(test_grad_accumulates),
       cmocka_unit_test(test_tensor_table),
       cmocka_unit_test(test_fill_and_bad_input),
+      cmocka_unit_test(test_stages_with_gathered_layers),
+      cmocka_unit_test(test_eval_matches_train),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
