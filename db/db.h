@@ -135,6 +135,10 @@ typedef struct {
  * written. */
 int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progressed);
 
+/* How many started ranks of the job's newest attempt have not finished yet
+ * (their end is still to be recorded). */
+int db_job_unfinished_ranks(db_t *db, const char *id, int *n);
+
 /* The live ranks of every job in starting or running (for recovery): calls
  * fn once per rank row without a finish, with its pid and pid_start. */
 typedef void (*db_live_rank_fn)(const char *id, int attempt, int rank, int pid,

@@ -174,6 +174,24 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   return rc;
 }
 
+int db_job_unfinished_ranks(db_t *db, const char *id, int *n) {
+  *n = 0;
+  pthread_mutex_lock(&db->lock);
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db,
+                       "SELECT count(*) FROM ranks r JOIN jobs j"
+                       " ON j.id = r.job_id AND j.attempt = r.attempt"
+                       " WHERE j.id = ? AND r.pid IS NOT NULL AND r.finished_at IS NULL",
+                       &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) *n = sqlite3_column_int(st, 0);
+    sqlite3_finalize(st);
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
 int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx) {
   /* Copy the rows out first: fn may call back into db. */
   typedef struct {

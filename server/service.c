@@ -435,6 +435,11 @@ int svc_events(svc_t *s, const char *id, int64_t after_seq, int limit, json_t **
   if (rc) return rc;
   *final = db_state_final(j->state);
   db_job_free(j);
+  int live = 0;
+  if (*final && (rc = db_job_unfinished_ranks(s->db, id, &live))) return rc;
+  /* The ranks of a cancelled or failed attempt stop after the state
+   * change; their "rank" events still belong to the stream. */
+  if (live) *final = false;
   return db_events_json(s->db, id, after_seq, limit, out, last_seq);
 }
 

@@ -70,8 +70,9 @@ int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, cha
 int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,
                ty_errlist_t *errs, char *msg, size_t msgsz);
 
-/* Events of a job after seq (see db_events_json); *final is true when the
- * job was in a final state before the read, so nothing follows. */
+/* Events of a job after seq (see db_events_json); *final is true when,
+ * before the read, the job was in a final state and every rank process of
+ * its last attempt had its end recorded: nothing follows these events. */
 int svc_events(svc_t *s, const char *id, int64_t after_seq, int limit, json_t **out,
                int64_t *last_seq, bool *final, char *msg, size_t msgsz);
 /* A counter bumped on every new event; svc_wait_events blocks until it

@@ -109,6 +109,12 @@ class Dispatch(unittest.TestCase):
         ranks = self.srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
         self.assertEqual({r["state"] for r in ranks}, {"stopped"})
         self.assertEqual({r["exit_code"] for r in ranks}, {128 + 9})
+        # The stream goes on past the final state until every rank's end is
+        # recorded.
+        text = self.srv.get("/v1/jobs/%s/events" % job_id, timeout=20).text
+        tail = text[text.index('"to":"cancelled"'):]
+        self.assertEqual(tail.count("event: rank"), 4)
+        self.assertEqual(tail.count('"state":"stopped"'), 4)
 
     def test_max_restarts_retries(self):
         job = self.run_job("flaky", ["succeeded", "failed"], steps=5, max_restarts=1)
