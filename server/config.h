@@ -29,7 +29,7 @@
     "CPU ranks that may run at once (0: the number of online CPUs)")                       \
   X(gpus, INT, "0", 0, 64, "TRAINYARD_GPUS", "GPUs on this host (one rank each)")          \
   X(worker, STR, "", 0, 0, "TRAINYARD_WORKER_BIN",                                         \
-    "rank program (default: trainyard-worker next to trainyardd)")                         \
+    "rank program (default: trainyard-worker beside trainyardd, or ../worker/ in a build tree)")                         \
   X(grace, SEC, "10", 0.05, 3600, "TRAINYARD_GRACE",                                       \
     "seconds between SIGTERM and SIGKILL when ranks are stopped")                          \
   X(heartbeat_timeout, SEC, "60", 0.2, 86400, "TRAINYARD_HEARTBEAT_TIMEOUT",               \

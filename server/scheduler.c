@@ -72,7 +72,8 @@ static double mono_now(void) {
   return (double)ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-/* The default worker: trainyard-worker in the directory of this binary. */
+/* The default worker: trainyard-worker in the directory of this binary (an
+ * installed layout), else in ../worker/ beside it (the build tree). */
 static void default_worker(char *out, size_t size) {
   char self[PATH_MAX - 32];
   ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
@@ -83,7 +84,8 @@ static void default_worker(char *out, size_t size) {
   self[n] = '\0';
   char *slash = strrchr(self, '/');
   if (slash) *slash = '\0';
-  snprintf(out, size, "%s/trainyard-worker", self);
+  snprintf(out, size, "%s/../worker/trainyard-worker", self);
+  if (access(out, X_OK)) snprintf(out, size, "%s/trainyard-worker", self);
 }
 
 int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_base,

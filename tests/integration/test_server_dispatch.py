@@ -3,12 +3,13 @@ rank processes (ty_test_worker following the worker contract): success,
 rank failures and crashes with their reasons and no orphans, the watchdog,
 cancel of queued and running jobs, max_restarts, FIFO slots, capped logs."""
 import os
+import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import Server, group_alive  # noqa: E402
+from tyserver import BIN, Server, group_alive  # noqa: E402
 
 
 class Dispatch(unittest.TestCase):
@@ -140,6 +141,36 @@ class Dispatch(unittest.TestCase):
         # c fits beside a, but never overtakes b, which waits for a.
         self.assertGreaterEqual(jobs[1]["started_at"], jobs[0]["finished_at"][:19])
         self.assertGreaterEqual(jobs[2]["started_at"], jobs[1]["started_at"])
+
+
+class RealWorker(unittest.TestCase):
+    """The default rank program (trainyard-worker beside trainyardd in the
+    build tree) trains a LoRA job to completion with its adapter on disk."""
+
+    def test_lora_job_writes_the_adapter(self):
+        srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
+                                         "--progress-timeout", "120"]).start()
+        try:
+            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
+                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
+                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
+                            "--vocab-size", "256"], cwd=srv.dir, check=True,
+                           capture_output=True)
+            spec = srv.spec(name="real-lora", steps=8, model_path="models/small",
+                            fsdp={"memory_efficient_load": True}, lora_rank=4,
+                            data={"path": "train.txt", "seq_len": 16},
+                            train={"steps": 8, "micro_batch_size": 2})
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=120)
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            out = os.path.join(srv.dir, "runs", "real-lora")
+            self.assertTrue(os.path.exists(os.path.join(out, "adapter_config.json")))
+            self.assertTrue(os.path.exists(os.path.join(out, "adapter_model.safetensors")))
+            log = srv.get("/v1/jobs/%s/ranks/1/log" % job["id"]).text
+            self.assertIn("[rank 1/2] train step 8/8", log)
+        finally:
+            srv.cleanup()
 
 
 class LogCap(unittest.TestCase):

@@ -27,12 +27,13 @@ def free_port():
 
 
 class Server:
-    def __init__(self, tokens="", extra=None, workdir=None, port=None):
+    def __init__(self, tokens="", extra=None, workdir=None, port=None, worker=TEST_WORKER):
         self.dir = workdir or tempfile.mkdtemp(prefix="ty-it-")
         self.port = port or free_port()
         self.url = "http://127.0.0.1:%d" % self.port
         self.tokens = tokens
         self.extra = extra or []
+        self.worker = worker
         self.proc = None
         os.makedirs(os.path.join(self.dir, "models", "tiny"), exist_ok=True)
         with open(os.path.join(self.dir, "models", "tiny", "config.json"), "w") as f:
@@ -46,8 +47,9 @@ class Server:
                 "--db", os.path.join(self.dir, "var", "ty.db"),
                 "--state-dir", os.path.join(self.dir, "var"),
                 "--roots", self.dir, "--output-roots", self.dir,
-                "--worker", TEST_WORKER, "--cpu-slots", "4", "--grace", "0.5",
-                "--heartbeat-timeout", "2", "--progress-timeout", "3.5"] + self.extra
+                "--cpu-slots", "4", "--grace", "0.5",
+                "--heartbeat-timeout", "2", "--progress-timeout", "3.5"] + \
+            (["--worker", self.worker] if self.worker else []) + self.extra
 
     def start(self):
         env = dict(os.environ)
