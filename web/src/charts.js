@@ -64,6 +64,7 @@ export class RankChart {
                  ranks.every((r, i) => r === this.ranks[i]);
     if (same) {
       this.plot.setData(table);
+      this.showLatest(this.plot);
       return;
     }
     if (this.plot) this.plot.destroy();
@@ -77,6 +78,8 @@ export class RankChart {
       scales: { x: { time: false } },
       axes: [{ label: 'step', size: 36, labelSize: 14 },
              { size: 54, values: (u, vals) => vals.map((v) => fmt(v)) }],
+      // Without the cursor over the chart, the legend shows the newest step.
+      hooks: { setLegend: [(u) => { if (u.legend.idx == null) this.showLatest(u); }] },
       series: [{ label: 'step' },
                ...ranks.map((r) => ({ label: 'rank ' + r, stroke: rankColor(r), width: 1.5,
                                       spanGaps: true, value: (u, v) => (v === null ? '–' : fmt(v)),
@@ -84,6 +87,19 @@ export class RankChart {
     };
     this.host.replaceChildren();
     this.plot = new uPlot(opts, table, this.host);
+    this.showLatest(this.plot);
+  }
+
+  // Each series' newest point in the legend (ranks may be a step apart).
+  showLatest(u) {
+    const n = u.data[0].length;
+    if (!n || u.cursor.left >= 0) return;
+    const idxs = u.data.map((col) => {
+      let i = col.length - 1;
+      while (i > 0 && col[i] === null) i--;
+      return i;
+    });
+    u.setLegend({ idxs }, false);
   }
 
   width() { return Math.max(240, Math.floor(this.host.clientWidth || 300)); }

@@ -67,7 +67,8 @@ export function mountJob(root, id) {
          el('div', { class: 'row wrap' }, el('h2', {}, 'Log'), logTabs), logPre)));
 
   const lossChart = new RankChart(lossHost, 'loss', (v) => fmtNum(v, 3));
-  const tpsChart = new RankChart(tpsHost, 'tokens/s', (v) => fmtRate(v));
+  const tpsChart = new RankChart(tpsHost, 'tokens/s',
+                                 (v) => (v >= 10000 ? (v / 1000).toFixed(1) + 'k' : String(Math.round(v))));
   lossChart.draw();
   tpsChart.draw();
 
@@ -307,8 +308,11 @@ export function mountJob(root, id) {
   async function loadLog() {
     clearTimeout(logTimer);
     for (const b of logTabs.children) b.classList.toggle('on', Number(b.dataset.rank) === logRank);
+    const row = ranks.get(logRank);
     if (!job || job.attempt < 1) {
       logPre.textContent = 'no log yet: the job has not started';
+    } else if (row && row.pid === null && !row.reports && isFinal(job.state)) {
+      logPre.textContent = 'no log: rank ' + logRank + ' was never started';
     } else {
       try {
         let text = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + job.attempt,
