@@ -222,11 +222,13 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
     case PROTOBUF_C_TYPE_SFIXED64:
     case PROTOBUF_C_TYPE_UINT64:
     case PROTOBUF_C_TYPE_FIXED64: {
-      if (!json_is_integer(v)) {
+      /* An integral real (SQLite REAL columns, 1e3) counts as an integer. */
+      double d = json_is_real(v) ? json_real_value(v) : 0.5;
+      if (!json_is_integer(v) && !(d == floor(d) && fabs(d) < 9e18)) {
         ty_errlist_add(errs, path, "must be an integer, got %s", kind(v));
         return -1;
       }
-      i = json_integer_value(v);
+      i = json_is_integer(v) ? json_integer_value(v) : (json_int_t)d;
       bool u = f->type == PROTOBUF_C_TYPE_UINT32 || f->type == PROTOBUF_C_TYPE_FIXED32 ||
                f->type == PROTOBUF_C_TYPE_UINT64 || f->type == PROTOBUF_C_TYPE_FIXED64;
       bool w64 = elem_size(f->type) == 8;

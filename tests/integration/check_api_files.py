@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""check_api_files.py OPENAPI PROTO - the API description files agree with
+"""check_api_files.py OPENAPI PROTO [SERVER_ROUTES_C] - the API description files agree with
 each other and with DESIGN.md: the OpenAPI document parses as YAML, every
 $ref resolves, every REST endpoint of DESIGN.md is there, each schema that
 mirrors a protobuf message has exactly that message's fields, the job states
-match, and the service has its six RPCs (WatchJob server-streaming)."""
+match, the service has its six RPCs (WatchJob server-streaming), and, when
+the server's route table is given, the document has exactly its routes."""
 import re
 import sys
 
@@ -23,6 +24,7 @@ want = {
     ("/v1/jobs/{id}/ranks", "get"), ("/v1/jobs/{id}/metrics", "get"),
     ("/v1/jobs/{id}/events", "get"), ("/v1/jobs/{id}/ranks/{rank}/log", "get"),
     ("/healthz", "get"), ("/metrics", "get"), ("/", "get"),
+    ("/v1/internal/jobs/{id}/report", "post"),
 }
 have = {(p, m) for p, ops in doc["paths"].items() for m in ops}
 for p, m in sorted(want - have):
@@ -70,12 +72,14 @@ def proto_fields(message):
 
 schemas = doc["components"]["schemas"]
 for name in ["JobSpec", "LlamaConfig", "FsdpConfig", "DataConfig", "TrainConfig", "Job",
-             "Attempt", "RankProgress", "JobEvent", "FieldError"]:
+             "Attempt", "RankProgress", "JobEvent", "EventData", "FieldError"]:
     a, b = set(schemas[name]["properties"]), proto_fields(name)
     if a != b:
         problems.append(f"{name}: openapi only {sorted(a - b)}, proto only {sorted(b - a)}")
 if set(schemas["JobList"]["properties"]) != proto_fields("ListJobsResponse"):
     problems.append("JobList differs from ListJobsResponse")
+if set(schemas["ValidateResult"]["properties"]) != proto_fields("ValidateJobResponse"):
+    problems.append("ValidateResult differs from ValidateJobResponse")
 
 states = re.findall(r"JOB_STATE_(\w+) = [1-9]", proto)
 if [s.lower() for s in states] != schemas["JobState"]["enum"]:
@@ -93,6 +97,16 @@ if not re.search(r"rpc WatchJob\(WatchJobRequest\) returns \(stream \w+\);", pro
     problems.append("proto: WatchJob is not server-streaming")
 if proto_fields("WatchJobRequest") != {"job_id", "after_seq"}:
     problems.append("proto: WatchJobRequest must have job_id and after_seq")
+
+if len(sys.argv) > 3:
+    import os
+    if os.path.exists(sys.argv[3]):
+        routes = set(re.findall(r'\{"(GET|POST|PUT|DELETE|PATCH)", "([^"]+)"', open(sys.argv[3]).read()))
+        routes = {(p, m.lower()) for m, p in routes}
+        for p, m in sorted(routes - have):
+            problems.append(f"server route {m.upper()} {p} is not in openapi.yaml")
+        for p, m in sorted(have - routes):
+            problems.append(f"openapi.yaml has {m.upper()} {p}, which the server does not route")
 
 for p in problems:
     print("FAIL:", p)

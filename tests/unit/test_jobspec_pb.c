@@ -182,43 +182,82 @@ static void test_pbjson_job_and_enums(void **state) {
   assert_int_equal(v, TRAINYARD__V1__JOB_STATE__JOB_STATE_FAILED);
   assert_int_equal(pbjson_enum_value(&trainyard__v1__job_state__descriptor, "paused", &v), -1);
 
-  const char *text =
-      "{\"id\": \"j1\", \"state\": \"running\", \"created_unix_ms\": 1700000000000, "
-      "\"attempts\": [{\"number\": 1, \"state\": \"failed\", \"reason\": \"rank 1 exited 9\"}, "
-      "{\"number\": 2, \"state\": \"running\", \"resumed_from_step\": 50}], "
-      "\"ranks\": [{\"rank\": 0, \"phase\": \"training\", \"loss\": 2.5, \"host_peak_bytes\": "
-      "73400320, \"load_seconds\": 1.25}]}";
-  json_t *j = json_loads(text, 0, NULL);
+  /* A job as the REST API writes it, with its normalized spec. */
+  jobspec_t spec;
   ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(tu_check(&spec, "{\"model_path\": \"m\", \"use_lora\": true}", &e), 0);
+  json_t *j =
+      json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:s, s:s, s:s, s:n, s:o}", "id", "j1",
+                "name", "job", "state", "running", "reason", "all ranks started", "attempt", 2,
+                "world_size", 1, "device", "cpu", "max_restarts", 1, "created_at",
+                "2026-01-02T03:04:05.006Z", "updated_at", "2026-01-02T03:04:06.000Z", "started_at",
+                "2026-01-02T03:04:05.500Z", "finished_at", "spec", jobspec_to_json(&spec));
   Trainyard__V1__Job *job =
       (Trainyard__V1__Job *)pbjson_to_message(j, &trainyard__v1__job__descriptor, "", &e);
   assert_non_null(job);
   assert_string_equal(job->id, "j1");
   assert_true(job->has_state);
   assert_int_equal(job->state, TRAINYARD__V1__JOB_STATE__JOB_STATE_RUNNING);
-  assert_int_equal(job->n_attempts, 2);
-  assert_int_equal(job->attempts[1]->resumed_from_step, 50);
-  assert_int_equal(job->ranks[0]->phase, TRAINYARD__V1__PHASE__PHASE_TRAINING);
-  assert_int_equal(job->ranks[0]->host_peak_bytes, 73400320);
-  assert_false(job->has_finished_unix_ms);
-  assert_null(job->spec);
-  json_t *back = pbjson_from_message(&job->base, "", &e);
-  assert_true(json_equal(j, back));
+  assert_int_equal(job->attempt, 2);
+  assert_null(job->finished_at); /* null: not set */
+  assert_non_null(job->spec);
+  jobspec_t back;
+  jobspec_init(&back);
+  assert_int_equal(jobspec_from_pb(&back, job->spec, &e), 0);
+  assert_int_equal(jobspec_validate(&back, false, &e), 0);
+  assert_memory_equal(&spec, &back, sizeof spec);
+  json_t *again = pbjson_from_message(&job->base, "", &e);
+  json_object_del(j, "finished_at"); /* null and absent are the same */
+  json_object_del(json_object_get(j, "spec"), "model");
+  assert_true(json_equal(j, again));
   assert_int_equal(e.len, 0);
-  json_decref(back);
+  json_decref(again);
   trainyard__v1__job__free_unpacked(job, NULL);
   json_decref(j);
 
+  /* An event and a rank row as the server stores them (REAL columns). */
   j = json_loads(
-      "{\"id\": 5, \"state\": \"paused\", \"nope\": 1, \"attempts\": [{\"number\": "
-      "4294967296}], \"ranks\": {}}",
+      "{\"seq\": 12, \"job_id\": \"j1\", \"t\": 1767323045.25, \"type\": "
+      "\"progress\", \"data\": {\"attempt\": 1, \"rank\": 1, \"world_size\": 2, "
+      "\"phase\": \"loading\", \"step\": 0, \"bytes_loaded\": 1048576, "
+      "\"host_peak_bytes\": 73400320, \"load_seconds\": 1.5, \"loss\": null}}",
+      0, NULL);
+  Trainyard__V1__JobEvent *ev = (Trainyard__V1__JobEvent *)pbjson_to_message(
+      j, &trainyard__v1__job_event__descriptor, "", &e);
+  assert_non_null(ev);
+  assert_int_equal(ev->seq, 12);
+  assert_int_equal(ev->data->phase, TRAINYARD__V1__PHASE__PHASE_LOADING);
+  assert_int_equal(ev->data->host_peak_bytes, 73400320);
+  assert_false(ev->data->has_loss);
+  trainyard__v1__job_event__free_unpacked(ev, NULL);
+  json_decref(j);
+  j = json_loads(
+      "{\"job_id\": \"j1\", \"attempt\": 1, \"ranks\": [{\"rank\": 0, \"state\": "
+      "\"running\", \"phase\": \"training\", \"pid\": 4242, \"step\": 3, \"loss\": "
+      "2.5, \"tokens_per_s\": 100.0, \"reports\": 7, \"last_report_at\": 1767323045.0, "
+      "\"exit_code\": null, \"finished_at\": null, \"host_peak_bytes\": 1.0e6}]}",
+      0, NULL);
+  Trainyard__V1__Attempt *att =
+      (Trainyard__V1__Attempt *)pbjson_to_message(j, &trainyard__v1__attempt__descriptor, "", &e);
+  assert_non_null(att);
+  assert_int_equal(att->n_ranks, 1);
+  assert_int_equal(att->ranks[0]->pid, 4242);
+  assert_int_equal(att->ranks[0]->host_peak_bytes, 1000000); /* integral real */
+  assert_false(att->ranks[0]->has_exit_code);
+  trainyard__v1__attempt__free_unpacked(att, NULL);
+  json_decref(j);
+
+  j = json_loads(
+      "{\"id\": 5, \"state\": \"paused\", \"nope\": 1, \"attempt\": 4294967296, "
+      "\"spec\": {\"target_modules\": {}}, \"world_size\": 1.5}",
       0, NULL);
   assert_null(pbjson_to_message(j, &trainyard__v1__job__descriptor, "", &e));
   assert_true(tu_has(&e, "id", "must be a string"));
   assert_true(tu_has(&e, "state", "unknown value paused"));
   assert_true(tu_has(&e, "nope", "unknown field"));
-  assert_true(tu_has(&e, "attempts[0].number", "out of range"));
-  assert_true(tu_has(&e, "ranks", "must be a list"));
+  assert_true(tu_has(&e, "attempt", "out of range"));
+  assert_true(tu_has(&e, "spec.target_modules", "must be a list"));
+  assert_true(tu_has(&e, "world_size", "must be an integer, got a number"));
   json_decref(j);
   ty_errlist_clear(&e);
 }
