@@ -1,0 +1,12 @@
+# The gRPC API's suites: integration tests of trainyardd's trainyard.v1
+# service with Debian's python3-grpcio and protoc-generated classes (the
+# server's test worker plays the ranks), and the gRPC benchmark.
+if(TRAINYARD_WORKER_ONLY OR NOT TARGET trainyardd
+   OR NOT EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/integration/tyserver.py)
+  return()
+endif()
+set(TY_GRPC_PY /usr/bin/python3)
+add_test(NAME integration/grpc_api
+         COMMAND ${TY_GRPC_PY} ${CMAKE_CURRENT_SOURCE_DIR}/grpc/test_grpc_api.py)
+set_tests_properties(integration/grpc_api PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")
