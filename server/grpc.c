@@ -34,7 +34,7 @@
 /* Open WatchJob streams at most; more get RESOURCE_EXHAUSTED. */
 #define GSRV_MAX_STREAMS 4096
 /* How often (ms) the thread looks at the event generation when idle. */
-#define GSRV_TICK_MS 20
+#define GSRV_TICK_MS 10
 /* Seconds unary calls get to finish at shutdown before being cancelled. */
 #define GSRV_GRACE_S 2
 

@@ -10,3 +10,8 @@ add_test(NAME integration/grpc_api
          COMMAND ${TY_GRPC_PY} ${CMAKE_CURRENT_SOURCE_DIR}/grpc/test_grpc_api.py)
 set_tests_properties(integration/grpc_api PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# Benchmark (label bench, not run by CI): GetJob calls/s and WatchJob fan-out.
+add_test(NAME bench/grpc
+         COMMAND ${TY_GRPC_PY} ${CMAKE_CURRENT_SOURCE_DIR}/bench/grpc/bench_grpc.py)
+set_tests_properties(bench/grpc PROPERTIES LABELS bench TIMEOUT 600 ENVIRONMENT "${TY_TEST_ENV}")
