@@ -44,7 +44,9 @@
     "concurrent client connections")                                                       \
   X(log_max, INT, "16777216", 4096, 1099511627776, "TRAINYARD_LOG_MAX",                    \
     "bytes kept of each rank's log file (the rest is dropped, with a note)")               \
-  X(page_max, INT, "500", 1, 10000, "TRAINYARD_PAGE_MAX", "largest page of GET /v1/jobs")
+  X(page_max, INT, "500", 1, 10000, "TRAINYARD_PAGE_MAX", "largest page of GET /v1/jobs")    \
+  X(grpc_listen, STR, "", 0, 0, "TRAINYARD_GRPC_LISTEN",                                   \
+    "address:port of the gRPC API (trainyard.v1.Trainyard); empty: no gRPC")
 
 typedef struct {
 #define TY_X_STR char *

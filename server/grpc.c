@@ -184,12 +184,20 @@ static void call_finish(gcall_t *c, int code, const char *msg, const ty_errlist_
   call_start(c, ops, n, &c->t_status);
 }
 
+/* Whether any API token is configured (entries are separated by commas
+ * or spaces, as for REST). */
+static bool auth_required(const char *tokens) {
+  for (const char *p = tokens; *p; p++)
+    if (*p != ',' && *p != ' ') return true;
+  return false;
+}
+
 /* Whether the call carries a valid API token (or none is needed). Every
  * configured token is compared in full, so the time taken does not say how
  * much of a guess was right. */
 static bool call_authorized(gcall_t *c, char *msg, size_t msgsz) {
   const char *tokens = c->g->cfg->tokens;
-  if (!tokens || !*tokens) return true;
+  if (!auth_required(tokens)) return true;
   char value[1024];
   const char *tok = NULL;
   if (gwire_metadata_get(&c->md, "authorization", value, sizeof value)) tok = gwire_bearer(value);
@@ -200,15 +208,14 @@ static bool call_authorized(gcall_t *c, char *msg, size_t msgsz) {
   size_t tl = strlen(tok);
   bool ok = false;
   for (const char *p = tokens; *p;) {
-    const char *end = strchr(p, ',');
-    size_t len = end ? (size_t)(end - p) : strlen(p);
+    while (*p == ',' || *p == ' ') p++;
+    size_t len = strcspn(p, ", ");
     if (len) {
-      unsigned diff = (unsigned)(len ^ tl);
-      for (size_t i = 0; i < len; i++)
-        diff |= (unsigned char)(p[i] ^ (i < tl ? tok[i] : 0));
+      unsigned diff = len != tl;
+      for (size_t i = 0; i < len && i < tl; i++) diff |= (unsigned char)(p[i] ^ tok[i]);
       ok |= diff == 0;
     }
-    p += len + (end ? 1 : 0);
+    p += len;
   }
   if (!ok) snprintf(msg, msgsz, "the bearer token is not valid for this server");
   return ok;
@@ -444,7 +451,7 @@ static void *gsrv_thread(void *arg) {
 int gsrv_start(svc_t *svc, const srv_config_t *cfg, const char *listen, gsrv_t **out, int *port,
                char *msg, size_t msgsz) {
   *out = NULL;
-  if (!srv_config_is_loopback(listen) && !*cfg->tokens) {
+  if (!srv_config_is_loopback(listen) && !auth_required(cfg->tokens)) {
     snprintf(msg, msgsz,
              "--grpc-listen %s is not a loopback address; give an API token (--tokens) or "
              "listen on 127.0.0.1",

@@ -7,6 +7,7 @@
 
 #include "common/log.h"
 #include "server/config.h"
+#include "server/grpc.h"
 #include "server/recovery.h"
 #include "server/rest.h"
 #include "server/scheduler.h"
@@ -58,6 +59,7 @@ int main(int argc, char **argv) {
 
   svc_t *svc = NULL;
   rest_t *rest = NULL;
+  gsrv_t *grpc = NULL;
   sched_t *sched = NULL;
   int rc = svc_open(&cfg, &svc, msg, sizeof msg);
   if (rc) goto fail;
@@ -75,12 +77,18 @@ int main(int argc, char **argv) {
     snprintf(msg, sizeof msg, "cannot start the scheduler thread");
     goto fail;
   }
+  if (*cfg.grpc_listen) {
+    int gport;
+    if ((rc = gsrv_start(svc, &cfg, cfg.grpc_listen, &grpc, &gport, msg, sizeof msg))) goto fail;
+    ty_info("trainyardd gRPC listening on %s (port %d)", cfg.grpc_listen, gport);
+  }
   ty_info("trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s)", base, cfg.db,
           (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off");
   int sig = 0;
   sigdelset(&set, SIGPIPE);
   sigwait(&set, &sig);
   ty_info("trainyardd: signal %d, shutting down", sig);
+  gsrv_stop(grpc);
   rest_stop(rest);
   sched_shutdown(sched);
   sched_free(sched);
@@ -89,6 +97,7 @@ int main(int argc, char **argv) {
   return 0;
 fail:
   fprintf(stderr, "trainyardd: %s\n", msg);
+  gsrv_stop(grpc);
   rest_stop(rest);
   if (sched) {
     sched_shutdown(sched);
