@@ -3,10 +3,10 @@
  * own: every decision (validation, state, pagination, idempotency) is the
  * service's, so gRPC and REST answer alike.
  *
- * Answers are built as the JSON the REST API would send, reshaped to the
- * message's field names, and turned into messages by api/pbjson; the job
- * spec goes through api/jobspec_pb, the one converter of specs. */
-#include <math.h>
+ * Answers are the JSON the REST API sends, turned into messages by
+ * api/pbjson (trainyard.proto mirrors that JSON field for field), so both
+ * front ends return the same job; request specs go through api/jobspec_pb,
+ * the one converter of specs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,28 +18,11 @@
 #include "server/grpc_internal.h"
 #include "server/grpc_wire.h"
 
-/* Unix seconds (0: unset) as milliseconds, or JSON null. */
-static json_t *ms_json(double t) {
-  return t > 0 ? json_integer((json_int_t)llround(t * 1000.0)) : json_null();
-}
-
-/* The keys of src that are fields of d, copied into a new object; values
- * that are null are left out (unset). */
-static json_t *pick_fields(const json_t *src, const ProtobufCMessageDescriptor *d) {
-  json_t *o = json_object();
-  const char *key;
-  json_t *v;
-  json_object_foreach((json_t *)src, key, v) {
-    if (!json_is_null(v) && protobuf_c_message_descriptor_get_field_by_name(d, key))
-      json_object_set(o, key, v);
-  }
-  return o;
-}
-
-/* A message from JSON built here; a failure is a mismatch between the
- * service's JSON and trainyard.proto, so it is INTERNAL with the reason. */
-static ProtobufCMessage *to_message(json_t *j, const ProtobufCMessageDescriptor *d, char *msg,
-                                    size_t msgsz) {
+/* A message from the service's JSON (the REST body); a failure is a
+ * mismatch between that JSON and trainyard.proto, so it is INTERNAL with
+ * the reason. */
+static ProtobufCMessage *to_message(const json_t *j, const ProtobufCMessageDescriptor *d,
+                                    char *msg, size_t msgsz) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   ProtobufCMessage *m = pbjson_to_message(j, d, "", &errs);
   if (!m)
@@ -49,56 +32,20 @@ static ProtobufCMessage *to_message(json_t *j, const ProtobufCMessageDescriptor 
   return m;
 }
 
-/* The trainyard.v1.Job of a job row, with the ranks of its current
- * attempt. The caller frees it with trainyard__v1__job__free_unpacked. */
-static Trainyard__V1__Job *job_pb(svc_t *svc, const db_job_t *j, char *msg, size_t msgsz) {
-  json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:o, s:o, s:o}", "id", j->id, "name", j->name,
-                        "state", db_state_name(j->state), "reason", j->reason,
-                        "created_unix_ms", ms_json(j->created_at), "started_unix_ms",
-                        ms_json(j->started_at), "finished_unix_ms", ms_json(j->finished_at));
-  if (j->idempotency_key) json_object_set_new(o, "idempotency_key", json_string(j->idempotency_key));
-  json_t *ranks = NULL;
-  if (j->attempt > 0 && svc_ranks(svc, j->id, j->attempt, &ranks, NULL, 0) == 0) {
-    json_t *arr = json_array(), *r;
-    size_t i;
-    json_array_foreach(json_object_get(ranks, "ranks"), i, r) {
-      json_t *p = pick_fields(r, &trainyard__v1__rank_progress__descriptor);
-      json_object_set_new(p, "job_id", json_string(j->id));
-      json_object_set_new(p, "attempt", json_integer(j->attempt));
-      json_object_set_new(p, "world_size", json_integer(j->world_size));
-      double t = json_number_value(json_object_get(r, "last_report_at"));
-      if (t > 0) json_object_set_new(p, "updated_unix_ms", ms_json(t));
-      json_array_append_new(arr, p);
-    }
-    json_object_set_new(o, "ranks", arr);
-    json_decref(ranks);
-  }
+/* The trainyard.v1.Job of a job row: the REST API's JSON of the job
+ * (svc_job_json) as a message. The caller frees it with
+ * trainyard__v1__job__free_unpacked. */
+static Trainyard__V1__Job *job_pb(const db_job_t *j, char *msg, size_t msgsz) {
+  json_t *o = svc_job_json(j);
   Trainyard__V1__Job *m =
       (Trainyard__V1__Job *)to_message(o, &trainyard__v1__job__descriptor, msg, msgsz);
   json_decref(o);
-  if (!m) return NULL;
-  /* The stored spec is the normalized JSON; its message comes from the one
-   * spec converter. */
-  jobspec_t spec;
-  jobspec_init(&spec);
-  ty_errlist_t errs = TY_ERRLIST_INIT;
-  if (jobspec_parse_json(&spec, j->spec, strlen(j->spec), &errs) == 0)
-    m->spec = jobspec_to_pb(&spec);
-  else
-    snprintf(msg, msgsz, "job %s has a stored spec that no longer parses: %s", j->id,
-             errs.len ? errs.items[0].message : "?");
-  ty_errlist_clear(&errs);
-  if (!m->spec) {
-    trainyard__v1__job__free_unpacked(m, NULL);
-    return NULL;
-  }
   return m;
 }
 
 /* Packs a job row as a bare Job (GetJob, CancelJob). */
-static int job_reply(svc_t *svc, const db_job_t *j, grpc_byte_buffer **resp, char *msg,
-                     size_t msgsz) {
-  Trainyard__V1__Job *m = job_pb(svc, j, msg, msgsz);
+static int job_reply(const db_job_t *j, grpc_byte_buffer **resp, char *msg, size_t msgsz) {
+  Trainyard__V1__Job *m = job_pb(j, msg, msgsz);
   if (!m) return TY_EINTERNAL;
   *resp = gwire_pack(&m->base);
   trainyard__v1__job__free_unpacked(m, NULL);
@@ -136,7 +83,7 @@ static int m_submit(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
   int rc = svc_submit(svc, &spec, req->idempotency_key, &job, &created, errs, msg, msgsz);
   if (rc) return rc;
   Trainyard__V1__SubmitJobResponse out = TRAINYARD__V1__SUBMIT_JOB_RESPONSE__INIT;
-  out.job = job_pb(svc, job, msg, msgsz);
+  out.job = job_pb(job, msg, msgsz);
   out.has_existing = true;
   out.existing = !created;
   db_job_free(job);
@@ -156,6 +103,8 @@ static int m_validate(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer *
   }
   if (svc_validate(svc, &spec, errs, msg, msgsz)) return TY_EINVAL;
   Trainyard__V1__ValidateJobResponse out = TRAINYARD__V1__VALIDATE_JOB_RESPONSE__INIT;
+  out.has_valid = true;
+  out.valid = true;
   out.spec = jobspec_to_pb(&spec);
   *resp = gwire_pack(&out.base);
   trainyard__v1__job_spec__free_unpacked(out.spec, NULL);
@@ -169,7 +118,7 @@ static int m_get(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **resp
   db_job_t *job;
   int rc = svc_get(svc, req->job_id, &job, msg, msgsz);
   if (rc) return rc;
-  rc = job_reply(svc, job, resp, msg, msgsz);
+  rc = job_reply(job, resp, msg, msgsz);
   db_job_free(job);
   return rc;
 }
@@ -208,7 +157,7 @@ static int m_list(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **res
   Trainyard__V1__ListJobsResponse out = TRAINYARD__V1__LIST_JOBS_RESPONSE__INIT;
   out.jobs = n ? xcalloc(n, sizeof *out.jobs) : NULL;
   for (size_t i = 0; i < n && !rc; i++) {
-    out.jobs[i] = job_pb(svc, jobs[i], msg, msgsz);
+    out.jobs[i] = job_pb(jobs[i], msg, msgsz);
     if (!out.jobs[i]) rc = TY_EINTERNAL;
     else out.n_jobs++;
   }
@@ -231,7 +180,7 @@ static int m_cancel(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
   db_job_t *job = NULL;
   int rc = svc_cancel(svc, req->job_id, reason, &job, msg, msgsz);
   if (rc) return rc;
-  rc = job_reply(svc, job, resp, msg, msgsz);
+  rc = job_reply(job, resp, msg, msgsz);
   db_job_free(job);
   return rc;
 }
@@ -263,28 +212,10 @@ static int w_open(svc_t *svc, const ProtobufCMessage *rq, void **state, ty_errli
   return 0;
 }
 
-/* One stored event ({"seq","job_id","t","type","data"}) as a JobEvent. */
+/* One stored event ({"seq","job_id","t","type","data"}, the SSE event's
+ * data) as a JobEvent. */
 static grpc_byte_buffer *event_pack(const json_t *ev, char *msg, size_t msgsz) {
-  const json_t *data = json_object_get(ev, "data");
-  const char *type = json_string_value(json_object_get(ev, "type"));
-  char *payload = json_dumps(data ? data : json_null(), JSON_COMPACT | JSON_ENCODE_ANY);
-  json_t *o = json_pack("{s:O, s:O, s:s, s:o, s:s}", "seq", json_object_get(ev, "seq"), "job_id",
-                        json_object_get(ev, "job_id"), "type", type ? type : "", "time_unix_ms",
-                        ms_json(json_number_value(json_object_get(ev, "t"))), "payload_json",
-                        payload ? payload : "null");
-  free(payload);
-  const char *reason = json_string_value(json_object_get(data, "reason"));
-  if (reason) json_object_set_new(o, "reason", json_string(reason));
-  if (type && !strcmp(type, "state")) {
-    json_t *to = json_object_get(data, "to");
-    if (json_is_string(to)) json_object_set(o, "state", to);
-  } else if (type && (!strcmp(type, "progress") || !strcmp(type, "rank"))) {
-    json_t *p = pick_fields(data, &trainyard__v1__rank_progress__descriptor);
-    json_object_set(p, "job_id", json_object_get(ev, "job_id"));
-    json_object_set_new(o, "progress", p);
-  }
-  ProtobufCMessage *m = to_message(o, &trainyard__v1__job_event__descriptor, msg, msgsz);
-  json_decref(o);
+  ProtobufCMessage *m = to_message(ev, &trainyard__v1__job_event__descriptor, msg, msgsz);
   if (!m) return NULL;
   grpc_byte_buffer *bb = gwire_pack(m);
   protobuf_c_message_free_unpacked(m, NULL);
