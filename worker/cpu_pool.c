@@ -4,11 +4,15 @@
 #include <pthread.h>
 #include <sched.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #define POOL_MAX 256
 
+/* Serialises starting the pool. */
+static pthread_mutex_t start_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static struct {
-  pthread_once_t once;
+  pid_t pid;            /* the process whose threads these are; 0 before the start */
   pthread_mutex_t call; /* one pool_for at a time */
   pthread_mutex_t mu;
   pthread_cond_t go, done;
@@ -18,17 +22,7 @@ static struct {
   pool_fn fn;
   void *ctx;
   size_t n;
-} P = {PTHREAD_ONCE_INIT,
-       PTHREAD_MUTEX_INITIALIZER,
-       PTHREAD_MUTEX_INITIALIZER,
-       PTHREAD_COND_INITIALIZER,
-       PTHREAD_COND_INITIALIZER,
-       1,
-       0,
-       0,
-       NULL,
-       NULL,
-       0};
+} P;
 
 static void share(int i, size_t n, int nt, size_t *b, size_t *e) {
   *b = n * (size_t)i / (size_t)nt;
@@ -54,7 +48,15 @@ static void *pool_main(void *arg) {
   return NULL;
 }
 
+/* A forked child has none of its parent's threads: it starts its own
+ * pool (with fresh locks, whatever state the parent's were in). */
 static void pool_start(void) {
+  pthread_mutex_init(&P.call, NULL);
+  pthread_mutex_init(&P.mu, NULL);
+  pthread_cond_init(&P.go, NULL);
+  pthread_cond_init(&P.done, NULL);
+  P.gen = 0;
+  P.pending = 0;
   int n = 1;
   const char *env = getenv("TRAINYARD_THREADS");
   if (env && atoi(env) >= 1) {
@@ -79,7 +81,15 @@ static void pool_start(void) {
 }
 
 int pool_threads(void) {
-  pthread_once(&P.once, pool_start);
+  pid_t me = getpid();
+  if (__atomic_load_n(&P.pid, __ATOMIC_ACQUIRE) != me) {
+    pthread_mutex_lock(&start_mu);
+    if (P.pid != me) {
+      pool_start();
+      __atomic_store_n(&P.pid, me, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&start_mu);
+  }
   return P.nthreads;
 }
 

@@ -4,8 +4,8 @@
  * default wait policy), competing on every core with OpenBLAS's threads that
  * run the next matrix product; on a busy host that halved the step rate.
  * These threads sleep on a condition variable as soon as their share is
- * done. One pool per process, started at first use; calls from several
- * threads at once are serialised. */
+ * done. One pool per process (a forked child starts its own), started at
+ * first use; calls from several threads at once are serialised. */
 #ifndef TY_WORKER_CPU_POOL_H
 #define TY_WORKER_CPU_POOL_H
 

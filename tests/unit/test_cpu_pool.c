@@ -7,6 +7,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmocka.h>
 
 #include "worker/cpu_pool.h"
@@ -51,8 +54,29 @@ static void test_small_runs_inline(void **state) {
   free(c.hits);
 }
 
+/* A child forked after the pool started gets a pool of its own. */
+static void test_after_fork(void **state) {
+  (void)state;
+  ctx_t c = {calloc(100000, sizeof(int)), 0};
+  pool_for(100000, 1, mark, &c);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    alarm(20); /* a child waiting on its parent's threads would hang */
+    pool_for(100000, 1, mark, &c);
+    for (int i = 0; i < 100000; i++)
+      if (c.hits[i] != 2) _exit(1);
+    _exit(0);
+  }
+  int st = 0;
+  assert_int_equal(waitpid(pid, &st, 0), pid);
+  assert_true(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+  free(c.hits);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_covers_once),
-                                     cmocka_unit_test(test_small_runs_inline)};
+                                     cmocka_unit_test(test_small_runs_inline),
+                                     cmocka_unit_test(test_after_fork)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
