@@ -173,8 +173,7 @@ int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *
   return 0;
 }
 
-int outputs_write_model(const char *dir, const model_t *m, const llama_config_t *cfg, char *err,
-                        size_t errlen) {
+int outputs_write_config(const char *dir, const llama_config_t *cfg, char *err, size_t errlen) {
   int rc = train_mkdirs(dir, err, errlen);
   if (rc) return rc;
   char path[PATH_MAX];
@@ -188,6 +187,14 @@ int outputs_write_model(const char *dir, const model_t *m, const llama_config_t 
     return TY_EPERM;
   }
   json_decref(j);
+  return 0;
+}
+
+int outputs_write_model(const char *dir, const model_t *m, const llama_config_t *cfg, char *err,
+                        size_t errlen) {
+  int rc = outputs_write_config(dir, cfg, err, errlen);
+  if (rc) return rc;
+  char path[PATH_MAX];
   st_desc_t *descs = xcalloc((size_t)m->n_tensors, sizeof *descs);
   for (int i = 0; i < m->n_tensors; i++) {
     const model_tensor_t *t = &m->tensors[i];

@@ -33,6 +33,10 @@ int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_mo
 int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *err,
                          size_t errlen);
 
+/* Writes config.json (cfg, with torch_dtype float32) into dir (created
+ * when missing). */
+int outputs_write_config(const char *dir, const llama_config_t *cfg, char *err, size_t errlen);
+
 /* Writes config.json (cfg) and model.safetensors (every tensor of m's
  * table) into dir (created when missing). */
 int outputs_write_model(const char *dir, const model_t *m, const llama_config_t *cfg, char *err,

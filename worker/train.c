@@ -27,8 +27,16 @@ static void split_windows(const int32_t *win, int b, int T, int *inputs, int *ta
     }
 }
 
-int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window,
-               void *ctx, double *loss, int64_t *tokens_out, char *err, size_t errlen) {
+/* The forward pass of the model's own weights or of the shards. */
+static int forward(model_t *m, fsdp_t *f, lora_t *lora, const int *inputs, const int *targets,
+                   int b, int T, double *loss, char *err, size_t errlen) {
+  if (f) return fsdp_forward(f, inputs, targets, b, T, lora, loss, err, errlen);
+  return model_forward(m, inputs, targets, b, T, lora, loss, err, errlen);
+}
+
+static int eval_loop(model_t *model, fsdp_t *f, lora_t *lora, int T, int64_t n,
+                     train_window_fn window, void *ctx, double *loss, int64_t *tokens_out,
+                     char *err, size_t errlen) {
   const int B = model->B;
   if (T > model->T || n < 1) {
     snprintf(err, errlen, "evaluation of %lld windows of %d tokens on a model built for %d",
@@ -46,7 +54,7 @@ int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn w
     if (rc) break;
     split_windows(win, b, T, inputs, targets);
     double l = 0;
-    rc = model_forward(model, inputs, targets, b, T, lora, &l, err, errlen);
+    rc = forward(model, f, lora, inputs, targets, b, T, &l, err, errlen);
     sum += l * b * T;
   }
   free(win);
@@ -56,6 +64,11 @@ int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn w
   *loss = sum / ((double)n * T);
   if (tokens_out) *tokens_out = n * T;
   return 0;
+}
+
+int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window,
+               void *ctx, double *loss, int64_t *tokens_out, char *err, size_t errlen) {
+  return eval_loop(model, NULL, lora, T, n, window, ctx, loss, tokens_out, err, errlen);
 }
 
 typedef struct {
@@ -72,12 +85,18 @@ static void trained_span(const train_args_t *a, float **params, float **grads, s
     *params = a->lora->params;
     *grads = a->lora->grads;
     *n = a->lora->n_params;
+  } else if (a->fsdp) {
+    *params = fsdp_params(a->fsdp);
+    *grads = fsdp_grads(a->fsdp);
+    *n = fsdp_span(a->fsdp);
   } else {
     *params = a->model->params;
     *grads = a->model->grads;
     *n = a->model->n_params;
   }
 }
+
+static void exclude_decay(void *ctx, size_t off, size_t len) { optim_exclude_decay(ctx, off, len); }
 
 static void report(const train_args_t *a, const train_progress_t *p) {
   if (a->progress) a->progress(a->progress_ctx, p);
@@ -90,8 +109,8 @@ static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, s
   if (a->eval_windows < n) n = a->eval_windows;
   if (n < 1) return 0;
   eval_ctx_t ctx = {d};
-  return train_eval(a->model, a->lora, a->spec->data.seq_len, n, eval_window, &ctx, loss, NULL,
-                    err, errlen);
+  return eval_loop(a->model, a->fsdp, a->lora, a->spec->data.seq_len, n, eval_window, &ctx, loss,
+                   NULL, err, errlen);
 }
 
 int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errlen) {
@@ -100,6 +119,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const int T = s->data.seq_len, B = s->train.micro_batch_size, A = s->train.grad_accum;
   const int rank = comm_rank(a->comm), world = comm_world_size(a->comm);
   const int64_t steps = s->train.steps;
+  /* Each rank holds different shards: sharded full training. */
+  const bool sharded = a->fsdp && !a->lora && world > 1;
   const int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
   memset(res, 0, sizeof *res);
   res->eval_loss_start = res->eval_loss_end = NAN;
@@ -135,12 +156,14 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   }
   /* Norm gains take no weight decay (the usual convention); the adapters'
    * matrices all do. */
-  if (!a->lora)
+  if (!a->lora && a->fsdp)
+    fsdp_each_norm(a->fsdp, exclude_decay, o);
+  else if (!a->lora)
     for (int i = 0; i < m->n_tensors; i++)
       if (m->tensors[i].ndim == 1) optim_exclude_decay(o, m->tensors[i].offset, m->tensors[i].numel);
 
   int64_t start = 0;
-  rc = train_state_resume(s->output_dir, d, o, params, n, &start, err, errlen);
+  rc = train_state_resume(s->output_dir, a->comm, d, o, params, n, sharded, &start, err, errlen);
   if (rc) goto out;
   res->start_step = start;
   if (start > 0) {
@@ -168,22 +191,31 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       if (rc) goto out;
       split_windows(win, B, T, inputs, targets);
       double l = 0;
-      rc = model_forward(m, inputs, targets, B, T, a->lora, &l, err, errlen);
+      rc = forward(m, a->fsdp, a->lora, inputs, targets, B, T, &l, err, errlen);
+      if (!rc && a->fsdp) rc = fsdp_backward(a->fsdp, a->lora, loss_scale, err, errlen);
+      else if (!rc) model_backward(m, a->lora, loss_scale);
       if (rc) goto out;
-      model_backward(m, a->lora, loss_scale);
       loss_sum += l;
     }
-    float lossbuf = (float)(loss_sum * loss_scale);
+    /* lossbuf: this rank's share of the mean loss, then the squared norm
+     * of its gradient shard when the span is sharded. */
+    float lossbuf[2] = {(float)(loss_sum * loss_scale), 0.0f};
+    double sumsq = optim_sumsq(grads, n);
     if (world > 1) {
-      /* Sum of every rank's gradients of (its loss share): the gradient of
-       * the mean loss over the global batch. */
-      if ((rc = comm_all_reduce(a->comm, grads, n)) || (rc = comm_all_reduce(a->comm, &lossbuf, 1))) {
+      /* A replicated span sums every rank's gradients of its loss share:
+       * the gradient of the mean loss over the global batch. Shards were
+       * summed by the backward pass's reduce-scatter already. */
+      lossbuf[1] = (float)sumsq;
+      if ((!sharded && (rc = comm_all_reduce(a->comm, grads, n))) ||
+          (rc = comm_all_reduce(a->comm, lossbuf, 2))) {
         snprintf(err, errlen, "step %lld: %s", (long long)step + 1, comm_error(a->comm));
         goto out;
       }
+      if (sharded) sumsq = lossbuf[1];
+      else sumsq = optim_sumsq(grads, n);
     }
-    double loss = world > 1 ? (double)lossbuf : loss_sum * loss_scale;
-    double norm = sqrt(optim_sumsq(grads, n));
+    double loss = world > 1 ? (double)lossbuf[0] : loss_sum * loss_scale;
+    double norm = sqrt(sumsq);
     if (!isfinite(loss) || !isfinite(norm)) {
       snprintf(err, errlen, "step %lld: the %s is not finite (loss %g, gradient norm %g); lower "
                "train.lr or set train.grad_clip", (long long)step + 1,
@@ -204,7 +236,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     int every = s->train.checkpoint_every;
     bool periodic = every > 0 && (step + 1) % every == 0 && step + 1 < steps;
     if (periodic || (step + 1 == stop && stop < steps)) {
-      rc = train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, err, errlen);
+      rc = train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, sharded, err,
+                            errlen);
       if (rc) goto out;
       char msg[96];
       snprintf(msg, sizeof msg, "checkpoint of step %lld written", (long long)step + 1);

@@ -5,10 +5,12 @@
  * checkpoints from which a later run resumes with the same losses.
  *
  * What is trained is one flat span of floats: the model's own parameter
- * buffer (full training) or the adapters' (LoRA). Every rank holds the same
- * span, so the gradients are all-reduced (summed) through the communicator
- * and each rank applies the same update; the caller builds the model and
- * the adapters, the loop never allocates inside a step. */
+ * buffer or this rank's shards of it (full training), or the adapters'
+ * (LoRA). A replicated span (adapters, or a whole model on every rank) has
+ * its gradients all-reduced (summed) and every rank applies the same
+ * update; sharded full training (fsdp) reduce-scatters them inside the
+ * backward pass and each rank updates its own shards. The caller builds
+ * the model, shards and adapters; the loop never allocates inside a step. */
 #ifndef TY_WORKER_TRAIN_H
 #define TY_WORKER_TRAIN_H
 
@@ -19,6 +21,7 @@
 #include "api/jobspec.h"
 #include "worker/comm.h"
 #include "worker/data.h"
+#include "worker/fsdp.h"
 #include "worker/lora.h"
 #include "worker/model.h"
 
@@ -41,7 +44,9 @@ typedef void (*train_progress_fn)(void *ctx, const train_progress_t *p);
 typedef struct {
   const jobspec_t *spec; /* validated; borrowed */
   comm_t *comm;          /* this rank's communicator; borrowed */
-  model_t *model;        /* created for (micro_batch_size, seq_len) and filled; borrowed */
+  model_t *model;        /* created for (micro_batch_size, seq_len); borrowed */
+  fsdp_t *fsdp;          /* the base weights' shards (then model's own buffers are unused),
+                          * or NULL: model holds filled weights; borrowed */
   lora_t *lora;          /* the adapters for a LoRA job, else NULL; borrowed */
   train_progress_fn progress; /* may be NULL */
   void *progress_ctx;

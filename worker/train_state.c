@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,15 +51,45 @@ int train_mkdirs(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
-/* Removes a checkpoint directory: only the files this module writes, then
- * the directory (rmdir fails, harmlessly, if a user put anything else in). */
+/* Removes a checkpoint directory: only the files this module writes
+ * (state*), then the directory (rmdir fails, harmlessly, if a user put
+ * anything else in). */
 static void remove_ckpt_dir(const char *dir) {
+  DIR *dh = opendir(dir);
+  struct dirent *e;
   char p[PATH_MAX];
-  pathf(p, "%s/%s", dir, STATE_TENSORS);
-  unlink(p);
-  pathf(p, "%s/%s", dir, STATE_JSON);
-  unlink(p);
+  while (dh && (e = readdir(dh))) {
+    if (strncmp(e->d_name, "state", 5) != 0) continue;
+    pathf(p, "%s/%s", dir, e->d_name);
+    unlink(p);
+  }
+  if (dh) closedir(dh);
   rmdir(dir);
+}
+
+/* The tensor file of a rank: state.safetensors when the span is replicated,
+ * state-rank<r>.safetensors when each rank holds its own shard. */
+static void tensors_path(char *out, const char *dir, bool sharded, int rank) {
+  if (sharded)
+    pathf(out, "%s/state-rank%d.safetensors", dir, rank);
+  else
+    pathf(out, "%s/%s", dir, STATE_TENSORS);
+}
+
+/* Every rank learns whether any rank failed (status 0 = fine). */
+static int agree(comm_t *comm, int rc, int64_t step, char *err, size_t errlen) {
+  if (comm_world_size(comm) == 1) return rc;
+  float status = rc ? 1.0f : 0.0f;
+  if (comm_all_reduce(comm, &status, 1) != 0) {
+    snprintf(err, errlen, "checkpoint of step %lld: %s", (long long)step, comm_error(comm));
+    return TY_EABORTED;
+  }
+  if (status != 0 && !rc) {
+    snprintf(err, errlen, "another rank failed to write the checkpoint of step %lld",
+             (long long)step);
+    return TY_EABORTED;
+  }
+  return rc;
 }
 
 /* The step of a "step-NNNNNNNN" name, or -1 for any other name. */
@@ -75,45 +106,58 @@ static int write_json(const char *path, json_t *obj, char *err, size_t errlen) {
   return rc ? TY_EPERM : 0;
 }
 
-static int write_state(const char *dir, const data_t *d, const optim_t *o, const float *params,
-                       size_t n, int64_t step, int world, char *err, size_t errlen) {
-  char path[PATH_MAX];
+static int write_tensors(const char *path, const optim_t *o, const float *params, size_t n,
+                         char *err, size_t errlen) {
   st_desc_t descs[3] = {{"params", TY_DTYPE_F32, 1, {(int64_t)n}},
                         {"exp_avg", TY_DTYPE_F32, 1, {(int64_t)n}},
                         {"exp_avg_sq", TY_DTYPE_F32, 1, {(int64_t)n}}};
-  pathf(path, "%s/%s", dir, STATE_TENSORS);
   st_writer_t *w;
   int rc = st_writer_open(path, descs, 3, NULL, &w, err, errlen);
   if (rc) return rc;
   const float *parts[3] = {params, o->m, o->v};
   for (int i = 0; i < 3 && !rc; i++) rc = st_writer_write(w, parts[i], n * sizeof(float), err, errlen);
   int rc2 = st_writer_close(w, err, errlen);
-  if (rc || rc2) return rc ? rc : rc2;
+  return rc ? rc : rc2;
+}
+
+static int write_json_state(const char *dir, const data_t *d, const optim_t *o, size_t n,
+                            int64_t step, int world, bool sharded, char *err, size_t errlen) {
+  char path[PATH_MAX];
   data_position_t pos;
   data_position_at(d, step, &pos);
-  json_t *j = json_pack("{sI sI sI si s{sI sI sI sI si}}", "step", (json_int_t)step,
+  json_t *j = json_pack("{sI sI sI si sb s{sI sI sI sI si}}", "step", (json_int_t)step,
                         "optimizer_step", (json_int_t)o->t, "n", (json_int_t)n, "world_size",
-                        world, "data", "seed", (json_int_t)pos.seed, "num_tokens",
-                        (json_int_t)pos.num_tokens, "num_train_windows",
+                        world, "sharded", sharded, "data", "seed", (json_int_t)pos.seed,
+                        "num_tokens", (json_int_t)pos.num_tokens, "num_train_windows",
                         (json_int_t)pos.num_train_windows, "global_batch",
                         (json_int_t)pos.global_batch, "seq_len", pos.seq_len);
   pathf(path, "%s/%s", dir, STATE_JSON);
-  rc = write_json(path, j, err, errlen);
+  int rc = write_json(path, j, err, errlen);
   json_decref(j);
   return rc;
 }
 
 int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, const optim_t *o,
-                     const float *params, size_t n, int64_t step, char *err, size_t errlen) {
+                     const float *params, size_t n, int64_t step, bool sharded, char *err,
+                     size_t errlen) {
+  const int rank = comm_rank(comm), world = comm_world_size(comm);
+  char root[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX], path[PATH_MAX];
+  pathf(root, "%s/checkpoints", output_dir);
+  pathf(tmp, "%s/step-%08lld.tmp", root, (long long)step);
+  pathf(final, "%s/step-%08lld", root, (long long)step);
   int rc = 0;
-  if (comm_rank(comm) == 0) {
-    char root[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX];
-    pathf(root, "%s/checkpoints", output_dir);
-    pathf(tmp, "%s/step-%08lld.tmp", root, (long long)step);
-    pathf(final, "%s/step-%08lld", root, (long long)step);
+  if (rank == 0) {
     remove_ckpt_dir(tmp); /* left by a run that died while writing */
     rc = train_mkdirs(tmp, err, errlen);
-    if (!rc) rc = write_state(tmp, d, o, params, n, step, comm_world_size(comm), err, errlen);
+  }
+  if ((rc = agree(comm, rc, step, err, errlen))) return rc;
+  if (sharded || rank == 0) {
+    tensors_path(path, tmp, sharded, rank);
+    rc = write_tensors(path, o, params, n, err, errlen);
+  }
+  if ((rc = agree(comm, rc, step, err, errlen))) return rc;
+  if (rank == 0) {
+    rc = write_json_state(tmp, d, o, n, step, world, sharded, err, errlen);
     if (!rc) {
       remove_ckpt_dir(final);
       if (rename(tmp, final) != 0) {
@@ -138,20 +182,7 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
       if (dh) closedir(dh);
     }
   }
-  /* Rank 0's failure must reach every rank: its status rides on the
-   * barrier's companion all-reduce. */
-  if (comm_world_size(comm) > 1) {
-    float status = rc ? 1.0f : 0.0f;
-    if (comm_all_reduce(comm, &status, 1) != 0) {
-      snprintf(err, errlen, "checkpoint of step %lld: %s", (long long)step, comm_error(comm));
-      return TY_EABORTED;
-    }
-    if (status != 0 && !rc) {
-      snprintf(err, errlen, "rank 0 failed to write the checkpoint of step %lld", (long long)step);
-      rc = TY_EABORTED;
-    }
-  }
-  return rc;
+  return agree(comm, rc, step, err, errlen);
 }
 
 static int64_t json_int(const json_t *o, const char *key) {
@@ -169,8 +200,9 @@ static int load_tensor(const st_ckpt_t *c, const char *name, float *dst, size_t 
   return st_read(c, t, 0, dst, n * sizeof(float), err, errlen);
 }
 
-int train_state_resume(const char *output_dir, const data_t *d, optim_t *o, float *params,
-                       size_t n, int64_t *step, char *err, size_t errlen) {
+int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, optim_t *o,
+                       float *params, size_t n, bool sharded, int64_t *step, char *err,
+                       size_t errlen) {
   *step = 0;
   char root[PATH_MAX], dir[PATH_MAX], path[PATH_MAX];
   pathf(root, "%s/checkpoints", output_dir);
@@ -201,7 +233,16 @@ int train_state_resume(const char *output_dir, const data_t *d, optim_t *o, floa
                          .global_batch = json_int(jd, "global_batch"),
                          .seq_len = (int)json_int(jd, "seq_len")};
   int64_t t = json_int(j, "optimizer_step"), jn = json_int(j, "n");
+  int64_t world = json_int(j, "world_size");
+  bool was_sharded = json_is_true(json_object_get(j, "sharded"));
   json_decref(j);
+  if (sharded != was_sharded || (sharded && world != comm_world_size(comm))) {
+    snprintf(err, errlen, "checkpoint %s holds %s state of %lld ranks; this run has %d ranks "
+             "%s: resume with the same world_size or use a new output_dir", dir,
+             was_sharded ? "sharded" : "replicated", (long long)world, comm_world_size(comm),
+             sharded ? "with sharded state" : "with replicated state");
+    return TY_EPRECONDITION;
+  }
   if (pos.step != best || t < 0 || jn != (int64_t)n) {
     snprintf(err, errlen, "checkpoint %s was written for %lld trained values at step %lld; this "
              "run trains %zu (a different model, use_lora or lora settings): use a new "
@@ -210,7 +251,7 @@ int train_state_resume(const char *output_dir, const data_t *d, optim_t *o, floa
   }
   int rc = data_position_check(d, &pos, err, errlen);
   if (rc) return rc;
-  pathf(path, "%s/%s", dir, STATE_TENSORS);
+  tensors_path(path, dir, sharded, comm_rank(comm));
   st_ckpt_t *c;
   rc = st_open(path, &c, err, errlen);
   if (rc) return rc;

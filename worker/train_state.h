@@ -4,15 +4,19 @@
  *
  * Layout under OUTPUT_DIR/checkpoints/:
  *   step-00000050/state.safetensors   F32 tensors "params", "exp_avg",
- *                                     "exp_avg_sq", each [n]
+ *                                     "exp_avg_sq", each [n] (a replicated
+ *                                     span: LoRA, or one rank)
+ *   step-00000050/state-rank<r>.safetensors  the same for rank r's shard
+ *                                     (sharded full training)
  *   step-00000050/state.json          {"step", "optimizer_step", "n",
- *                                     "world_size", "data": {seed, num_tokens,
+ *                                     "world_size", "sharded", "data": {seed, num_tokens,
  *                                     num_train_windows, global_batch, seq_len}}
  * A checkpoint is written into step-N.tmp and renamed when complete, so a
  * directory named step-N is always whole; older ones are then removed. */
 #ifndef TY_WORKER_TRAIN_STATE_H
 #define TY_WORKER_TRAIN_STATE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -21,17 +25,20 @@
 #include "worker/optim.h"
 
 /* Writes the checkpoint of `step` (steps completed). Every rank calls it;
- * rank 0 writes (the span is replicated) and the others wait at a barrier,
- * so no rank runs ahead of a checkpoint that might fail. */
+ * with sharded every rank writes its own span, else rank 0 writes the
+ * replicated one. Each stage ends with every rank learning whether any
+ * failed, so no rank runs ahead of a checkpoint that might fail. */
 int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, const optim_t *o,
-                     const float *params, size_t n, int64_t step, char *err, size_t errlen);
+                     const float *params, size_t n, int64_t step, bool sharded, char *err,
+                     size_t errlen);
 
 /* Finds the newest complete checkpoint under output_dir/checkpoints and, if
  * there is one, loads params[n] and the optimizer's moments and step from
  * it after checking that it was written for this span size and data
  * layout; *step is then the step to continue at (else 0, nothing loaded). */
-int train_state_resume(const char *output_dir, const data_t *d, optim_t *o, float *params,
-                       size_t n, int64_t *step, char *err, size_t errlen);
+int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, optim_t *o,
+                       float *params, size_t n, bool sharded, int64_t *step, char *err,
+                       size_t errlen);
 
 /* Creates dir and its missing parents (mkdir -p). */
 int train_mkdirs(const char *dir, char *err, size_t errlen);

@@ -11,6 +11,8 @@
 
 #include "common/log.h"
 #include "worker/comm.h"
+#include "worker/fsdp.h"
+#include "worker/loader.h"
 #include "worker/lora.h"
 #include "worker/memstat.h"
 #include "worker/model.h"
@@ -138,10 +140,13 @@ static void on_progress(void *ctx, const train_progress_t *p) {
 }
 
 /* Builds the model the spec asks for: its shape from the checkpoint's
- * config.json or from spec.model, its weights from the checkpoint or the
- * seeded initialisation. */
-static int build_model(const jobspec_t *s, llama_config_t *cfg, model_t **m, char *err,
-                       size_t errlen) {
+ * config.json or from spec.model. One rank fills the model's own buffer
+ * from the checkpoint or the seeded initialisation; several ranks leave it
+ * untouched and load only their shards (the loader's standard or
+ * memory-efficient path, as fsdp.memory_efficient_load says), in float32,
+ * the compute type. */
+static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
+                       model_t **m, fsdp_t **f, char *err, size_t errlen) {
   int rc = 0;
   if (s->init_from_scratch) {
     *cfg = s->model;
@@ -153,11 +158,20 @@ static int build_model(const jobspec_t *s, llama_config_t *cfg, model_t **m, cha
     rc = model_create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
                       s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
   if (rc) return rc;
-  if (s->init_from_scratch) {
+  if (comm_world_size(comm) == 1) {
+    if (!s->init_from_scratch) return model_io_load(*m, s->model_path, err, errlen);
     model_io_init_scratch(*m, s->train.seed);
     return 0;
   }
-  return model_io_load(*m, s->model_path, err, errlen);
+  loader_opts_t o = {.rank = comm_rank(comm), .world_size = comm_world_size(comm),
+                     .dtype = TY_DTYPE_F32, .memory_efficient = s->fsdp.memory_efficient_load,
+                     .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20, .seed = s->train.seed,
+                     .pl = pl};
+  loader_shard_t *shard;
+  rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, NULL, err, errlen)
+                            : loader_load(s->model_path, &o, &shard, NULL, err, errlen);
+  if (rc) return rc;
+  return fsdp_create(f, *m, comm, shard, !s->use_lora, err, errlen);
 }
 
 int worker_train_main(const worker_env_t *e) {
@@ -166,8 +180,11 @@ int worker_train_main(const worker_env_t *e) {
   reporter_t rep = {e, 0};
   comm_t *comm = NULL;
   model_t *m = NULL;
+  fsdp_t *f = NULL;
   lora_t *lo = NULL;
   llama_config_t cfg;
+  placement_t pl;
+  placement_cpu_init(&pl);
   emit(&rep, "starting", 0, NAN, 0, "");
   int rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
   if (!rc) {
@@ -176,7 +193,7 @@ int worker_train_main(const worker_env_t *e) {
   }
   if (!rc) {
     emit(&rep, "loading", 0, NAN, 0, spec.init_from_scratch ? "initialising" : spec.model_path);
-    rc = build_model(&spec, &cfg, &m, err, sizeof err);
+    rc = build_model(&spec, comm, &pl, &cfg, &m, &f, err, sizeof err);
   }
   if (!rc && spec.use_lora) {
     rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err,
@@ -185,15 +202,19 @@ int worker_train_main(const worker_env_t *e) {
   }
   train_result_t res;
   if (!rc) {
-    train_args_t a = {.spec = &spec, .comm = comm, .model = m, .lora = lo,
+    train_args_t a = {.spec = &spec, .comm = comm, .model = m, .fsdp = f, .lora = lo,
                       .progress = on_progress, .progress_ctx = &rep, .eval_windows = 16};
     rc = train_run(&a, &res, err, sizeof err);
   }
-  if (!rc && comm_rank(comm) == 0) {
-    emit(&rep, "saving", res.steps_done, res.last_loss, 0, spec.output_dir);
-    rc = spec.use_lora ? outputs_write_adapter(spec.output_dir, lo, spec.model_path, err,
-                                               sizeof err)
-                       : outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
+  if (!rc) {
+    /* Every rank takes part in gathering sharded weights; rank 0 writes. */
+    if (comm_rank(comm) == 0) emit(&rep, "saving", res.steps_done, res.last_loss, 0, spec.output_dir);
+    if (spec.use_lora && comm_rank(comm) == 0)
+      rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
+    else if (!spec.use_lora && f)
+      rc = fsdp_write_model(f, spec.output_dir, &cfg, err, sizeof err);
+    else if (!spec.use_lora && comm_rank(comm) == 0)
+      rc = outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
   }
   if (!rc) {
     char msg[160] = "";
@@ -206,6 +227,7 @@ int worker_train_main(const worker_env_t *e) {
     ty_error("%s", err);
   }
   lora_free(lo);
+  fsdp_free(f);
   model_free(m);
   comm_close(comm);
   return rc ? 1 : 0;

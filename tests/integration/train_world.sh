@@ -3,7 +3,8 @@
 # global batch of 8 windows, 1, 2 and 4 ranks give the same per-step losses
 # (LoRA on a mkmodel checkpoint, and full training from scratch); kill -9 of
 # one rank mid-run fails the job within 5 s with no orphan process and no
-# shared memory left.
+# shared memory left; each rank's host peak for the sharded training state
+# (weights, gradients, AdamW moments) falls as 1/N.
 #
 # Tolerance: 1e-5 relative. The ranks see the same windows (data.h), so the
 # only differences are the order of fp32 additions: the all-reduce sums the
@@ -65,6 +66,60 @@ assert a[-1] < a[0], a
 PY
   done
 done
+
+# Resume of sharded state: a rerun in the same output_dir resumes from the
+# checkpoint of step 4 (each rank reads its own shard of the weights and
+# AdamW moments) and repeats steps 5-8 with the same losses.
+for mode in full lora; do
+  if [ "$mode" = lora ]; then args=("${lora[@]}"); else args=("${full[@]}"); fi
+  for run in 1 2; do
+    "$ty" train "${common[@]}" "${args[@]}" --world_size 2 --train.micro_batch_size 4 \
+      --train.checkpoint_every 4 --output_dir "$tmp/resume-$mode" --json \
+      >"$tmp/resume-$mode-$run.out" 2>"$tmp/resume-$mode-$run.log" ||
+      { cat "$tmp/resume-$mode-$run.log" >&2; fail "resume $mode run $run"; }
+  done
+  grep -q "resumed from the checkpoint of step 4" "$tmp/resume-$mode-2.log" || fail "$mode: no resume"
+  python3 - "$tmp/resume-$mode-1.out" "$tmp/resume-$mode-2.out" "$mode" <<'PY'
+import json, sys
+def losses(path):
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path))
+            if r["rank"] == 1 and r["phase"] == "training" and r["loss"] is not None}
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert sorted(b) == [5, 6, 7, 8], sorted(b)
+assert all(a[s] == b[s] for s in b), (a, b)
+print(f"# {sys.argv[3]}: 2 ranks resumed at step 4, steps 5-8 identical (last {b[8]:.6f})")
+PY
+done
+
+# Host peak per rank against world size, full training of a 14M-parameter
+# model whose state (4 floats per weight: 230 MB) dominates the process.
+big=(--init_from_scratch true --model '{"hidden_size": 384, "intermediate_size": 1024,
+     "num_hidden_layers": 8, "num_attention_heads": 6, "num_key_value_heads": 2,
+     "vocab_size": 256}' --data.path "$data" --data.seq_len 16 --train.micro_batch_size 1
+     --train.steps 2 --fsdp.bucket_mb 1)
+for w in 1 2 4; do
+  "$ty" train "${big[@]}" --world_size "$w" --output_dir "$tmp/peak-$w" --json \
+    >"$tmp/peak-$w.out" 2>"$tmp/peak-$w.log" || { cat "$tmp/peak-$w.log" >&2; fail "peak run $w"; }
+done
+python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+C, FF, L, NH, NKV, V = 384, 1024, 8, 6, 2, 256
+HS = C // NH
+P = V * C * 2 + C + L * (2 * C + 2 * C * NH * HS + 2 * C * NKV * HS + 3 * C * FF)
+S = 16 * P                      # params, gradients, exp_avg, exp_avg_sq in fp32
+layer = 4 * (2 * C * NH * HS + 2 * C * NKV * HS + 3 * C * FF)
+margin = 2 * layer + 24 * 2**20  # two gathered-unit buffers and allocator slack
+peak = {}
+for w in (1, 2, 4):
+    reps = [json.loads(l) for l in open(f"{tmp}/peak-{w}.out")]
+    peak[w] = max(r["host_peak_bytes"] for r in reps)
+for w in (2, 4):
+    bound = peak[1] - S * (1 - 1 / w) + margin
+    print(f"# host peak: world {w}: {peak[w] / 2**20:.0f} MiB per rank, bound {bound / 2**20:.0f} "
+          f"MiB (world 1: {peak[1] / 2**20:.0f} MiB; sharded state {S / 2**20:.0f} MiB / {w})")
+    assert peak[w] <= bound, (w, peak)
+PY
 
 # kill -9 of rank 1 in the middle of a 2-rank run.
 "$ty" train "${common[@]}" "${full[@]}" --world_size 2 --train.micro_batch_size 4 \
