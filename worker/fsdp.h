@@ -8,9 +8,8 @@
  * shards (so AdamW's moments are sharded too); LoRA leaves the base frozen
  * and its replicated adapters are all-reduced by the caller.
  *
- * The model_t passed in provides the activations and the layer functions;
- * its own parameter and gradient buffers are never touched (calloc'd pages
- * that stay untouched are not resident, so they cost address space only). */
+ * The model_t passed in (model_create_unowned) provides the activations
+ * and the layer functions; it has no parameter or gradient buffer. */
 #ifndef TY_WORKER_FSDP_H
 #define TY_WORKER_FSDP_H
 

@@ -141,8 +141,8 @@ static void on_progress(void *ctx, const train_progress_t *p) {
 
 /* Builds the model the spec asks for: its shape from the checkpoint's
  * config.json or from spec.model. One rank fills the model's own buffer
- * from the checkpoint or the seeded initialisation; several ranks leave it
- * untouched and load only their shards (the loader's standard or
+ * from the checkpoint or the seeded initialisation; several ranks create
+ * the model without one and load only their shards (the loader's standard or
  * memory-efficient path, as fsdp.memory_efficient_load says), in float32,
  * the compute type. */
 static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
@@ -154,9 +154,12 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
     llama_config_init(cfg);
     rc = model_io_read_config(s->model_path, cfg, err, errlen);
   }
+  /* Several ranks: no whole-model buffers, only activations. */
+  int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
+      comm_world_size(comm) == 1 ? model_create : model_create_unowned;
   if (!rc)
-    rc = model_create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
-                      s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
+    rc = create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
+                s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
   if (rc) return rc;
   if (comm_world_size(comm) == 1) {
     if (!s->init_from_scratch) return model_io_load(*m, s->model_path, err, errlen);
