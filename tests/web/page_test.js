@@ -208,6 +208,8 @@ async function main() {
     await waitFor('the valid verdict', async () =>
       /valid/.test(await page.textContent('#verdict')) &&
       (await page.getAttribute('#verdict', 'class')).includes('good'));
+    assert.match(await page.textContent('#normalized'), /"output_dir": "[^"]*runs\/web-form"/,
+                 'the normalized spec is shown');
     await page.click('#submit-btn');
     await page.waitForURL(/#\/jobs\//, { timeout: 10000 });
     await waitFor('the submitted job to succeed', async () =>

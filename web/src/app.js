@@ -16,8 +16,13 @@ let unmount = null;
 
 // --- token ----------------------------------------------------------------
 // One dialog shared by every request that got 401: they all wait for it.
+// Dismissed (Escape): requests fail with their 401 message instead of
+// asking again, until the Token button is used.
 let pendingAuth = null;
+let dismissed = false;
 function askToken(why) {
+  tokenBtn.hidden = false;
+  if (dismissed) return Promise.resolve();
   if (pendingAuth) return pendingAuth;
   document.getElementById('token-why').textContent = why;
   tokenInput.value = '';
@@ -25,7 +30,6 @@ function askToken(why) {
     const done = () => {
       dialog.removeEventListener('close', done);
       pendingAuth = null;
-      tokenBtn.hidden = !getToken();
       resolve();
     };
     dialog.addEventListener('close', done);
@@ -35,9 +39,11 @@ function askToken(why) {
   return pendingAuth;
 }
 onAuthNeeded(askToken);
+dialog.addEventListener('cancel', () => { dismissed = true; });
 tokenForm.addEventListener('submit', (e) => {
   e.preventDefault();
   setToken(tokenInput.value.trim());
+  dismissed = false;
   dialog.close();
 });
 document.getElementById('token-clear').addEventListener('click', () => {
@@ -45,7 +51,10 @@ document.getElementById('token-clear').addEventListener('click', () => {
   dialog.close();
 });
 tokenBtn.hidden = !getToken();
-tokenBtn.addEventListener('click', () => askToken('Change or forget the API token.'));
+tokenBtn.addEventListener('click', () => {
+  dismissed = false;
+  askToken('Change or forget the API token.').then(route);
+});
 
 // --- server status ------------------------------------------------------------
 async function health() {

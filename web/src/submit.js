@@ -135,8 +135,12 @@ export function mountSubmit(root) {
     el('label', { for: 'f-extra' }, 'extra fields (JSON, merged over the form)'), extra, extraErr));
 
   const verdict = el('p', { class: 'verdict', id: 'verdict', role: 'status' });
+  const normalized = el('pre', { class: 'spec-json', id: 'normalized' });
+  const preview = el('details', { class: 'full', hidden: true },
+                     el('summary', {}, 'the spec as the server would run it'), normalized);
   const submitBtn = el('button', { type: 'submit', class: 'primary', id: 'submit-btn' }, 'Submit');
-  form.append(el('div', { class: 'row full' }, verdict, el('span', { class: 'grow' }), submitBtn));
+  form.append(el('div', { class: 'row full' }, verdict, el('span', { class: 'grow' }), submitBtn),
+              preview);
   root.replaceChildren(el('section', { class: 'card' }, el('h1', {}, 'New job'),
     el('p', { class: 'muted small' }, 'Fields left empty take the server\'s defaults. ' +
       'The spec is checked as you type, with the same rules as a submit.'), form));
@@ -173,6 +177,7 @@ export function mountSubmit(root) {
   }
 
   function showErrors(details, message) {
+    preview.hidden = true;
     const per = new Map();
     const rest = [];
     for (const d of details) {
@@ -211,9 +216,11 @@ export function mountSubmit(root) {
     verdict.className = 'verdict';
     verdict.textContent = 'checking…';
     try {
-      await api('POST', '/v1/jobs:validate', s);
+      const r = await api('POST', '/v1/jobs:validate', s);
       if (my !== seq) return;
       showErrors([]);
+      normalized.textContent = JSON.stringify(r.spec, null, 2);
+      preview.hidden = false;
     } catch (e) {
       if (my !== seq) return;
       if (e instanceof ApiError && e.status === 400) showErrors(e.details.length ? e.details
