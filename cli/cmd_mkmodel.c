@@ -107,11 +107,22 @@ int cmd_mkmodel(int argc, char **argv) {
   cfg.torch_dtype = dtype;
   ty_errlist_t errs = TY_ERRLIST_INIT;
   if (llama_config_validate(&cfg, "", &errs)) {
-    for (size_t i = 0; i < errs.len; i++)
-      fprintf(stderr, "trainyard mkmodel: --%s: %s\n", errs.items[i].field, errs.items[i].message);
-    fprintf(stderr,
-            "(flags map to config.json: --hidden-size = hidden_size, --layers = "
-            "num_hidden_layers, --heads = num_attention_heads, ...)\n");
+    /* Name the flag, not the config.json field it sets. */
+    static const char *const field_flag[][2] = {
+        {"hidden_size", "--hidden-size"},
+        {"intermediate_size", "--intermediate-size"},
+        {"num_hidden_layers", "--layers"},
+        {"num_attention_heads", "--heads"},
+        {"num_key_value_heads", "--kv-heads"},
+        {"vocab_size", "--vocab-size"},
+        {"head_dim", "--head-dim"},
+    };
+    for (size_t i = 0; i < errs.len; i++) {
+      const char *flag = errs.items[i].field;
+      for (size_t k = 0; k < sizeof field_flag / sizeof field_flag[0]; k++)
+        if (!strcmp(flag, field_flag[k][0])) flag = field_flag[k][1];
+      fprintf(stderr, "trainyard mkmodel: %s: %s\n", flag, errs.items[i].message);
+    }
     ty_errlist_clear(&errs);
     return 2;
   }

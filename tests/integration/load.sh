@@ -73,4 +73,12 @@ rc=$?
 set -e
 [ $rc = 2 ] || fail "invalid spec exit status $rc"
 grep -q "world_size" "$tmp/inv.err" || fail "invalid spec message: $(cat "$tmp/inv.err")"
+# mkmodel refuses a shape the model cannot have, naming the flag.
+set +e
+"$ty" mkmodel --out "$tmp/x" --hidden-size 12 --intermediate-size 7 --layers 1 --heads 3 \
+  --kv-heads 2 --vocab-size 5 2>"$tmp/mk.err"
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q -- "--kv-heads: must divide" "$tmp/mk.err" || fail "mkmodel bad shape: $rc"
+[ ! -e "$tmp/x" ] || fail "mkmodel wrote a directory for a bad shape"
 echo "load integration: ok"
