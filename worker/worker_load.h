@@ -22,7 +22,7 @@ typedef struct {
  * loading it reports phase "loading" at most once a second; at the end one
  * "done" report with bytes_loaded, bytes_total, host_peak_bytes,
  * device_peak_bytes and load_seconds (or one "failed" report with the
- * reason): each a JSON line on stdout plus the human line on stderr.
+ * reason), through worker/report.h (report_open must have been called).
  * Returns the process exit status (0, or 1 after a "failed" report). */
 int wload_run(const jobspec_t *spec, const wload_rank_t *who);
 
