@@ -150,7 +150,9 @@ void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B,
   rope_apply(dx, cos_t, sin_t, B, T, NX, HS, -1.0f);
 }
 
-/* Row i of the scores k->x (T, T): softmax over j <= i, 0 above. */
+/* Row i of the scores k->x (T, T): softmax over j <= i, 0 above; k->out[i]
+ * receives the row's log-sum-exp, from which the backward pass rebuilds
+ * the probabilities instead of keeping a (T, T) matrix per head. */
 static void causal_softmax_rows(void *p, size_t r0, size_t r1) {
   const rows_t *k = p;
   const size_t T = (size_t)k->T;
@@ -165,6 +167,20 @@ static void causal_softmax_rows(void *p, size_t r0, size_t r1) {
     }
     float inv = 1.0f / sum;
     for (size_t j = 0; j <= i; j++) row[j] *= inv;
+    for (size_t j = i + 1; j < T; j++) row[j] = 0.0f;
+    k->out[i] = mx + logf(sum);
+  }
+}
+
+/* Row i of the probabilities rebuilt from the scores k->x and the saved
+ * log-sum-exp k->a: exp(s - lse) for j <= i, 0 above. */
+static void causal_probs_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  const size_t T = (size_t)k->T;
+  for (size_t i = r0; i < r1; i++) {
+    float *row = k->x + i * T;
+    const float lse = k->a[i];
+    for (size_t j = 0; j <= i; j++) row[j] = expf(row[j] - lse);
     for (size_t j = i + 1; j < T; j++) row[j] = 0.0f;
   }
 }
@@ -184,20 +200,20 @@ static void softmax_bwd_rows(void *p, size_t r0, size_t r1) {
   }
 }
 
-void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                           int B, int T, int NH, int NKV, int HS) {
+void cpu_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
+                           const float *v, int B, int T, int NH, int NKV, int HS) {
   const int QD = NH * HS, KVD = NKV * HS, group = NH / NKV;
   const float scale = 1.0f / sqrtf((float)HS);
+  float *P = scratch; /* (T, T) */
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const float *qh = q + (size_t)b * T * QD + (size_t)h * HS;
       const float *kh = k + (size_t)b * T * KVD + (size_t)(h / group) * HS;
       const float *vh = v + (size_t)b * T * KVD + (size_t)(h / group) * HS;
-      float *P = att + ((size_t)b * NH + h) * T * T;
       /* scores (T, T) = scale * q_h (T, HS) @ k_h (T, HS)^T */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, scale, qh, QD, kh, KVD, 0.0f,
                   P, T);
-      rows_t sk = {.x = P, .T = T};
+      rows_t sk = {.x = P, .out = lse + ((size_t)b * NH + h) * T, .T = T};
       pool_for((size_t)T, ROWS_MIN(T), causal_softmax_rows, &sk);
       /* out_h (T, HS) = P (T, T) @ v_h (T, HS) */
       cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, vh, KVD, 0.0f,
@@ -206,10 +222,11 @@ void cpu_attention_forward(float *out, float *att, const float *q, const float *
 }
 
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *att, const float *q, const float *k, const float *v, int B,
+                            const float *lse, const float *q, const float *k, const float *v, int B,
                             int T, int NH, int NKV, int HS) {
   const int QD = NH * HS, KVD = NKV * HS, group = NH / NKV;
   const float scale = 1.0f / sqrtf((float)HS);
+  float *P = scratch, *dS = scratch + (size_t)T * T; /* (T, T) each */
   /* Heads of one group add into the same dk, dv. */
   memset(dk, 0, sizeof(float) * (size_t)B * T * KVD);
   memset(dv, 0, sizeof(float) * (size_t)B * T * KVD);
@@ -217,8 +234,11 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
     for (int h = 0; h < NH; h++) {
       size_t qoff = (size_t)b * T * QD + (size_t)h * HS;
       size_t kvoff = (size_t)b * T * KVD + (size_t)(h / group) * HS;
-      const float *P = att + ((size_t)b * NH + h) * T * T;
-      float *dS = scratch;
+      /* P rebuilt: scale * q_h @ k_h^T, then exp(s - lse) */
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, HS, scale, q + qoff, QD, k + kvoff,
+                  KVD, 0.0f, P, T);
+      rows_t pk = {.x = P, .a = lse + ((size_t)b * NH + h) * T, .T = T};
+      pool_for((size_t)T, ROWS_MIN(T), causal_probs_rows, &pk);
       /* dv_h (T, HS) += P^T @ dout_h; dP (T, T) = dout_h @ v_h^T */
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, HS, T, 1.0f, P, T, dout + qoff, QD,
                   1.0f, dv + kvoff, KVD);
@@ -301,6 +321,7 @@ static void ce_fwd_rows(void *p, size_t r0, size_t r1) {
     for (int j = 1; j < V; j++) mx = l[j] > mx ? l[j] : mx;
     double sum = 0.0; /* at least 1: the max's own term */
     for (int j = 0; j < V; j++) sum += expf(l[j] - mx);
+    /* cppcheck-suppress invalidFunctionArg ; V >= 1, so sum >= 1 */
     k->out[r] = (float)(log(sum) + mx - l[k->tokens[r]]);
   }
 }

@@ -43,14 +43,16 @@ void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B,
                        int HS);
 
 /* Causal grouped-query attention. q (B, T, NH*HS), k and v (B, T, NKV*HS);
- * query head h reads kv head h / (NH/NKV). att (B, NH, T, T) receives the
- * softmax probabilities (upper triangle 0), out (B, T, NH*HS) the mix. */
-void cpu_attention_forward(float *out, float *att, const float *q, const float *k, const float *v,
-                           int B, int T, int NH, int NKV, int HS);
+ * query head h reads kv head h / (NH/NKV). out (B, T, NH*HS) receives the
+ * mix, lse (B, NH, T) each score row's log-sum-exp: the backward pass
+ * rebuilds the probabilities from it, so no (T, T) matrix per head is kept.
+ * scratch holds T*T floats. */
+void cpu_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
+                           const float *v, int B, int T, int NH, int NKV, int HS);
 /* dq (B, T, NH*HS), dk and dv (B, T, NKV*HS) are written; scratch holds
- * T*T floats. */
+ * 2*T*T floats. */
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *att, const float *q, const float *k, const float *v, int B,
+                            const float *lse, const float *q, const float *k, const float *v, int B,
                             int T, int NH, int NKV, int HS);
 
 /* h (n) = silu(gate) * up, elementwise over n = N*FF values. */

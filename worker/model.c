@@ -139,8 +139,9 @@ static int acts_create(model_t *m) {
   a->res_slots = (int)RS;
   a->tokens = malloc(sizeof(int) * N);
   a->targets = malloc(sizeof(int) * N);
-  a->bytes = sizeof(float) * acts_floats(d, N, T, LS, RS, backward) + 2 * sizeof(int) * N;
-  a->block = malloc(sizeof(float) * acts_floats(d, N, T, LS, RS, backward));
+  const size_t floats = acts_floats(d, N, T, LS, RS, backward);
+  a->bytes = sizeof(float) * floats + 2 * sizeof(int) * N;
+  a->block = malloc(sizeof(float) * floats);
   if (!a->tokens || !a->targets || !a->block) return TY_EEXHAUSTED;
   float *p = a->block;
 #define TY_X(field, n, bw) \
@@ -150,6 +151,7 @@ static int acts_create(model_t *m) {
   }
   MODEL_ACTS(TY_X)
 #undef TY_X
+  assert(p == a->block + floats);
   cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta);
   m->logits = a->logits;
   return 0;
@@ -228,6 +230,7 @@ void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w) {
   p += (size_t)(rows) * (size_t)((cols) != 0 ? (cols) : 1);
   MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
+  assert(p == base + model_layer_floats(d));
 }
 
 void model_free(model_t *m) {

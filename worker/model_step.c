@@ -77,7 +77,7 @@ void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora
   float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
-  float *att = LAYER(att, (size_t)d->NH * m->T);
+  float *lse = LAYER(lse, d->NH);
 
   cpu_rmsnorm_forward(ln1, LAYER(rstd1, 1), res, w->input_layernorm, n, C, d->eps);
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_Q, q, ln1, w->q_proj, n, C, QD, 0.0f);
@@ -85,7 +85,7 @@ void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_V, v, ln1, w->v_proj, n, C, KVD, 0.0f);
   cpu_rope_forward(q, a->rope_cos, a->rope_sin, m->b, m->t, d->NH, d->HS);
   cpu_rope_forward(k, a->rope_cos, a->rope_sin, m->b, m->t, d->NKV, d->HS);
-  cpu_attention_forward(atty, att, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
+  cpu_attention_forward(atty, lse, a->scores, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
   /* mid = res + atty @ o^T: the residual is copied first, the product added. */
   memcpy(mid, res, sizeof(float) * n * C);
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_O, mid, atty, w->o_proj, n, QD, C, 1.0f);
@@ -137,7 +137,7 @@ void model_layer_backward(model_t *m, int l, const model_layer_t *w, const model
   const float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   const float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
-  const float *att = LAYER(att, (size_t)d->NH * m->T);
+  const float *lse = LAYER(lse, d->NH);
   /* a->dres holds d(loss)/d(res[l+1]) on entry and d(loss)/d(res[l]) on exit. */
 
   proj_backward(lora, l, JOBSPEC_TARGET_BIT_DOWN, a->dh, dw->down_proj, a->dres, h, w->down_proj, n,
@@ -152,7 +152,7 @@ void model_layer_backward(model_t *m, int l, const model_layer_t *w, const model
 
   proj_backward(lora, l, JOBSPEC_TARGET_BIT_O, a->datty, dw->o_proj, a->dmid, atty, w->o_proj, n,
                 QD, C, 0.0f);
-  cpu_attention_backward(a->dq, a->dk, a->dv, a->dscores, a->datty, att, q, k, v, m->b, m->t, d->NH,
+  cpu_attention_backward(a->dq, a->dk, a->dv, a->dscores, a->datty, lse, q, k, v, m->b, m->t, d->NH,
                          d->NKV, d->HS);
   cpu_rope_backward(a->dq, a->rope_cos, a->rope_sin, m->b, m->t, d->NH, d->HS);
   cpu_rope_backward(a->dk, a->rope_cos, a->rope_sin, m->b, m->t, d->NKV, d->HS);
