@@ -98,8 +98,11 @@ static void trained_span(const train_args_t *a, float **params, float **grads, s
 
 static void exclude_decay(void *ctx, size_t off, size_t len) { optim_exclude_decay(ctx, off, len); }
 
-static void report(const train_args_t *a, const train_progress_t *p) {
-  if (a->progress) a->progress(a->progress_ctx, p);
+static int report(const train_args_t *a, const train_progress_t *p, char *err, size_t errlen) {
+  if (!a->progress || a->progress(a->progress_ctx, p) == 0) return 0;
+  snprintf(err, errlen, "stopped at step %lld: the attempt was ended from outside",
+           (long long)p->step);
+  return TY_ECANCELLED;
 }
 
 /* Held-out loss over up to eval_windows windows; NAN when there are none. */
@@ -169,10 +172,10 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   if (start > 0) {
     char msg[96];
     snprintf(msg, sizeof msg, "resumed from the checkpoint of step %lld", (long long)start);
-    train_progress_t p = {.phase = "training", .step = start, .total_steps = steps,
+    train_progress_t p = {.phase = "loading", .step = start, .total_steps = steps,
                           .loss = NAN, .lr = NAN, .grad_norm = NAN, .eval_loss = NAN,
                           .message = msg};
-    report(a, &p);
+    if ((rc = report(a, &p, err, errlen))) goto out;
   }
 
   rc = held_out(a, d, &res->eval_loss_start, err, errlen);
@@ -232,7 +235,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     train_progress_t p = {.phase = "training", .step = step + 1, .total_steps = steps,
                           .loss = loss, .tokens_per_s = dt > 0 ? (double)A * B * T / dt : 0,
                           .lr = lr, .grad_norm = norm, .eval_loss = NAN, .message = ""};
-    report(a, &p);
+    if ((rc = report(a, &p, err, errlen))) goto out;
     int every = s->train.checkpoint_every;
     bool periodic = every > 0 && (step + 1) % every == 0 && step + 1 < steps;
     if (periodic || (step + 1 == stop && stop < steps)) {
@@ -243,7 +246,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       snprintf(msg, sizeof msg, "checkpoint of step %lld written", (long long)step + 1);
       p.message = msg;
       p.phase = "saving";
-      report(a, &p);
+      if ((rc = report(a, &p, err, errlen))) goto out;
     }
   }
   rc = held_out(a, d, &res->eval_loss_end, err, errlen);

@@ -28,7 +28,7 @@
 /* One report of the loop (the caller turns it into DESIGN.md's progress
  * report and log line). */
 typedef struct {
-  const char *phase;     /* "training", "saving", "done" */
+  const char *phase;     /* "loading" (a checkpoint resumed), "training", "saving" */
   int64_t step;          /* steps completed */
   int64_t total_steps;
   double loss;           /* mean loss of the last step over the global batch */
@@ -39,7 +39,9 @@ typedef struct {
   const char *message;   /* "" or what happened (resumed, checkpoint written) */
 } train_progress_t;
 
-typedef void (*train_progress_fn)(void *ctx, const train_progress_t *p);
+/* Returns 0 to go on; anything else stops the run (train_run then
+ * returns TY_ECANCELLED), as when the server ends the attempt. */
+typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
 
 typedef struct {
   const jobspec_t *spec; /* validated; borrowed */

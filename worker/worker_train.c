@@ -18,6 +18,7 @@
 #include "worker/model.h"
 #include "worker/model_io.h"
 #include "worker/outputs.h"
+#include "worker/report.h"
 #include "worker/train.h"
 
 static int env_int(const char *name, int dflt, int lo, int *out, char *err, size_t errlen) {
@@ -92,51 +93,43 @@ int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
   return rc;
 }
 
-/* --- Progress: one JSON report per line on stdout, the human-readable
- * line on stderr (DESIGN.md "Progress"). --- */
+/* --- Progress through worker/report.h: to the server, or one JSON line on
+ * stdout, and the human-readable line on stderr. --- */
 
 typedef struct {
-  const worker_env_t *env;
   int64_t total_steps;
+  bool stop;            /* the server said this attempt is over */
+  int rank, world;
 } reporter_t;
 
-static void emit(const reporter_t *r, const char *phase, int64_t step, double loss, double tps,
-                 const char *message) {
+static void emit(reporter_t *r, const char *phase, int64_t step, double loss, double tps,
+                 const loader_stats_t *ls, const char *message) {
   memstat_t ms;
   memstat_read(&ms);
-  json_t *j = json_pack("{ss si si si ss sI sI so sf sI sI sI sI sf ss}", "job_id",
-                        r->env->job_id, "attempt", r->env->attempt, "rank", r->env->rank,
-                        "world_size", r->env->world_size, "phase", phase, "step",
-                        (json_int_t)step, "total_steps", (json_int_t)r->total_steps, "loss",
-                        isfinite(loss) ? json_real(loss) : json_null(), "tokens_per_s", tps,
-                        "bytes_loaded", (json_int_t)0, "bytes_total", (json_int_t)0,
-                        "host_peak_bytes", (json_int_t)ms.hwm_bytes, "device_peak_bytes",
-                        (json_int_t)0, "load_seconds", 0.0, "message", message ? message : "");
-  char *line = json_dumps(j, JSON_COMPACT);
-  printf("%s\n", line);
-  fflush(stdout);
-  free(line);
-  json_decref(j);
-  char lossbuf[32] = "";
-  if (isfinite(loss)) snprintf(lossbuf, sizeof lossbuf, " loss %.4f", loss);
-  if (!strcmp(phase, "training"))
-    fprintf(stderr, "[rank %d/%d] train step %lld/%lld%s  %.0f tok/s  host-peak %.0f MiB%s%s\n",
-            r->env->rank, r->env->world_size, (long long)step, (long long)r->total_steps,
-            lossbuf, tps, ms.hwm_bytes / 1048576.0, message && *message ? "  " : "",
-            message ? message : "");
-  else
-    fprintf(stderr, "[rank %d/%d] %s%s%s  host-peak %.0f MiB\n", r->env->rank,
-            r->env->world_size, phase, message && *message ? ": " : "", message ? message : "",
-            ms.hwm_bytes / 1048576.0);
+  report_t rep = {.phase = phase, .step = step, .total_steps = r->total_steps, .loss = loss,
+                  .tokens_per_s = tps, .host_peak_bytes = (int64_t)ms.hwm_bytes,
+                  .message = message ? message : ""};
+  if (ls) {
+    rep.bytes_loaded = (int64_t)ls->bytes_read;
+    rep.bytes_total = (int64_t)ls->bytes_total;
+    rep.device_peak_bytes = (int64_t)ls->device_peak_bytes;
+    rep.load_seconds = ls->load_seconds;
+  }
+  if (report_send(&rep) == TY_EPRECONDITION) r->stop = true;
 }
 
-static void on_progress(void *ctx, const train_progress_t *p) {
+static int on_progress(void *ctx, const train_progress_t *p) {
+  reporter_t *r = ctx;
   char msg[256];
   snprintf(msg, sizeof msg, "%s", p->message);
   if (isfinite(p->eval_loss))
     snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
              p->eval_loss);
-  emit(ctx, p->phase, p->step, p->loss, p->tokens_per_s, msg);
+  emit(r, p->phase, p->step, p->loss, p->tokens_per_s, NULL, msg);
+  /* The report's own line shows no message while loading or training:
+   * events (resumed, checkpoint written) get a log line of their own. */
+  if (*msg) fprintf(stderr, "[rank %d/%d] %s\n", r->rank, r->world, msg);
+  return r->stop ? TY_ECANCELLED : 0;
 }
 
 /* Builds the model the spec asks for: its shape from the checkpoint's
@@ -146,7 +139,7 @@ static void on_progress(void *ctx, const train_progress_t *p) {
  * memory-efficient path, as fsdp.memory_efficient_load says), in float32,
  * the compute type. */
 static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
-                       model_t **m, fsdp_t **f, char *err, size_t errlen) {
+                       model_t **m, fsdp_t **f, loader_stats_t *ls, char *err, size_t errlen) {
   int rc = 0;
   if (s->init_from_scratch) {
     *cfg = s->model;
@@ -171,8 +164,8 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
                      .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20, .seed = s->train.seed,
                      .pl = pl};
   loader_shard_t *shard;
-  rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, NULL, err, errlen)
-                            : loader_load(s->model_path, &o, &shard, NULL, err, errlen);
+  rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
+                            : loader_load(s->model_path, &o, &shard, ls, err, errlen);
   if (rc) return rc;
   return fsdp_create(f, *m, comm, shard, !s->use_lora, err, errlen);
 }
@@ -180,7 +173,7 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {e, 0};
+  reporter_t rep = {0, false, e->rank, e->world_size};
   comm_t *comm = NULL;
   model_t *m = NULL;
   fsdp_t *f = NULL;
@@ -188,15 +181,23 @@ int worker_train_main(const worker_env_t *e) {
   llama_config_t cfg;
   placement_t pl;
   placement_cpu_init(&pl);
-  emit(&rep, "starting", 0, NAN, 0, "");
-  int rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
+  loader_stats_t ls = {0};
+  int rc = report_open();
+  if (rc) {
+    snprintf(err, sizeof err, "the reporting environment is malformed (see above)");
+    return 1;
+  }
+  emit(&rep, "starting", 0, NAN, 0, NULL, "");
+  rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
   if (!rc) {
     rep.total_steps = spec.train.steps;
     rc = comm_open_env(&comm, err, sizeof err);
   }
   if (!rc) {
-    emit(&rep, "loading", 0, NAN, 0, spec.init_from_scratch ? "initialising" : spec.model_path);
-    rc = build_model(&spec, comm, &pl, &cfg, &m, &f, err, sizeof err);
+    emit(&rep, "loading", 0, NAN, 0, NULL,
+         spec.init_from_scratch ? "initialising" : spec.model_path);
+    rc = build_model(&spec, comm, &pl, &cfg, &m, &f, &ls, err, sizeof err);
+    if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
   }
   if (!rc && spec.use_lora) {
     rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err,
@@ -211,7 +212,8 @@ int worker_train_main(const worker_env_t *e) {
   }
   if (!rc) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
-    if (comm_rank(comm) == 0) emit(&rep, "saving", res.steps_done, res.last_loss, 0, spec.output_dir);
+    if (comm_rank(comm) == 0)
+      emit(&rep, "saving", res.steps_done, res.last_loss, 0, NULL, spec.output_dir);
     if (spec.use_lora && comm_rank(comm) == 0)
       rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
     else if (!spec.use_lora && f)
@@ -224,14 +226,15 @@ int worker_train_main(const worker_env_t *e) {
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
                res.eval_loss_end);
-    emit(&rep, "done", res.steps_done, res.last_loss, 0, msg);
+    emit(&rep, "done", res.steps_done, res.last_loss, 0, f ? &ls : NULL, msg);
   } else {
-    emit(&rep, "failed", 0, NAN, 0, err);
+    emit(&rep, "failed", 0, NAN, 0, NULL, err);
     ty_error("%s", err);
   }
   lora_free(lo);
   fsdp_free(f);
   model_free(m);
   comm_close(comm);
+  report_close();
   return rc ? 1 : 0;
 }

@@ -92,9 +92,10 @@ typedef struct {
   int n;
 } rates_t;
 
-static void on_progress(void *ctx, const train_progress_t *p) {
+static int on_progress(void *ctx, const train_progress_t *p) {
   rates_t *r = ctx;
   if (!strcmp(p->phase, "training") && p->tokens_per_s > 0 && r->n < 64) r->tps[r->n++] = p->tokens_per_s;
+  return 0;
 }
 
 static int cmp_double(const void *a, const void *b) {

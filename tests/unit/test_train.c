@@ -130,10 +130,11 @@ typedef struct {
   int reports;
 } losses_t;
 
-static void record(void *ctx, const train_progress_t *p) {
+static int record(void *ctx, const train_progress_t *p) {
   losses_t *l = ctx;
   if (!strcmp(p->phase, "training") && isfinite(p->loss) && p->step < 256) l->loss[p->step] = p->loss;
   l->reports++;
+  return 0;
 }
 
 static train_result_t run(const jobspec_t *s, model_t *m, lora_t *lo, int64_t stop, losses_t *l) {
