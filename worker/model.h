@@ -168,8 +168,10 @@ void model_zero_grad(model_t *m);
 /* tokens, targets (b, t) row-major token ids; targets may be NULL (logits
  * only). lora may be NULL. Writes m->logits (b, t, V) and, with targets,
  * *loss (may be NULL) = m->loss = the mean of the b*t next-token losses.
- * Returns 0, or TY_EINVAL when b, t exceed the allocation or an id is
- * outside [0, V) (err names its position). */
+ * Returns 0, TY_EINVAL when b, t exceed the allocation or an id is outside
+ * [0, V) (err names its position), or TY_EPRECONDITION for an unowned
+ * model. lora must have been created for this model. One thread at a time
+ * per model (and per lora). */
 int model_forward(model_t *m, const int *tokens, const int *targets, int b, int t, lora_t *lora,
                   double *loss, char *err, size_t errlen);
 /* Backward of loss_scale * (mean loss) of the last forward (which must
