@@ -4,8 +4,9 @@
 // must ask for one. Checks: the jobs list; a running job's rank rows and
 // charts updating; the event stream resuming after forced drops with no
 // event missed or repeated; cancel from the page; an invalid spec's field
-// error shown as it is typed; a valid submit running to success; the page
-// at phone width; no console errors. Screenshots go to
+// error shown as it is typed; a valid submit running to success; a
+// restarted job's second attempt; the page at phone width; no console
+// errors. Screenshots go to
 // $TRAINYARD_BIN_DIR/tests/web-artifacts.
 //
 //   node page_test.js        (ctest sets TRAINYARD_BIN_DIR and NODE_PATH)
@@ -105,6 +106,20 @@ async function main() {
   const problems = [];
   let failed = false;
   try {
+    // The files are served without a token, typed, under a strict CSP;
+    // unknown ones get the API's 404 error.
+    const index = await fetch(srv.url + '/');
+    assert.equal(index.status, 200);
+    assert.match(index.headers.get('content-type'), /^text\/html/);
+    assert.match(index.headers.get('content-security-policy'), /default-src 'self'/);
+    const js = await fetch(srv.url + '/assets/uPlot.min.js');
+    assert.equal(js.status, 200);
+    assert.match(js.headers.get('content-type'), /^text\/javascript/);
+    const missing = await fetch(srv.url + '/assets/nope.js');
+    assert.equal(missing.status, 404);
+    assert.equal((await missing.json()).error.code, 'NOT_FOUND');
+    assert.equal((await fetch(srv.url + '/v1/jobs')).status, 401, 'the API itself needs the token');
+
     // "slow": 100 ms a step, so the job runs ~30 s unless cancelled.
     const running = await call(srv, 'POST', '/v1/jobs', spec('web-watch-slow', 300));
     assert.equal(running.status, 201, JSON.stringify(running.body));
@@ -125,6 +140,10 @@ async function main() {
       problems.push('console ' + m.type() + ': ' + m.text());
     });
     page.on('pageerror', (e) => problems.push('page error: ' + e.message));
+    // Which request a "Failed to load resource" line was about.
+    page.on('response', (r) => {
+      if (r.status() >= 402) problems.push('HTTP ' + r.status() + ' for ' + r.url());
+    });
 
     // 1. The page asks for the token, then lists the job.
     await page.goto(srv.url + '/');
@@ -217,7 +236,24 @@ async function main() {
     await waitFor('both ranks done', async () =>
       (await page.locator('#ranks tr[data-phase="done"]').count()) === 2);
 
-    // 6. Phone width: nothing wider than the screen; the key parts visible.
+    // 6. A restarted job ("flaky": rank 0 fails in attempt 1) shows its
+    // second attempt only, and the restart on the timeline.
+    const flaky = await call(srv, 'POST', '/v1/jobs', Object.assign(spec('web-flaky', 12),
+                                                                    { max_restarts: 1 }));
+    assert.equal(flaky.status, 201, JSON.stringify(flaky.body));
+    await page.goto(srv.url + '/#/jobs/' + flaky.body.id);
+    await waitFor('the flaky job to succeed', async () =>
+      (await page.textContent('#job-head .badge')) === 'succeeded', 30000);
+    await waitFor('both ranks of attempt 2 done', async () =>
+      (await page.locator('#ranks tr[data-phase="done"]').count()) === 2);
+    await waitFor('the header to show attempt 2', async () =>
+      /attempt\s*2 of 2/.test(await page.textContent('#job-head')));
+    assert.match(await page.textContent('#timeline'), /injected failure at step 1/);
+    assert.match(await page.textContent('#timeline'), /starting \(attempt 2\)/);
+    const flakyPoints = await page.evaluate(() => [0, 1].map((r) => window.tyJobView.lossChart.count(r)));
+    assert.deepEqual(flakyPoints, [12, 12], 'the charts hold attempt 2\'s 12 steps per rank');
+
+    // 7. Phone width: nothing wider than the screen; the key parts visible.
     await page.setViewportSize(PHONE);
     await page.goto(srv.url + '/#/jobs/' + jobId);
     await page.locator('#ranks tr[data-rank="1"]').waitFor();

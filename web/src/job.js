@@ -240,18 +240,21 @@ export function mountJob(root, id) {
     const d = ev.data || {};
     const x = d.data || {};
     let text = null, cls = ev.type;
+    // Restarts: later attempts' lines say which attempt they belong to.
+    const att = x.attempt > 1 ? ' (attempt ' + x.attempt + ')' : '';
     if (ev.type === 'state') {
-      text = (x.from || 'new') + ' → ' + x.to + (x.reason ? ': ' + x.reason : '');
+      text = (x.from || 'new') + ' → ' + x.to + (x.to === 'starting' ? att : '') +
+             (x.reason ? ': ' + x.reason : '');
       cls += ' s-' + x.to;
     } else if (ev.type === 'rank') {
-      text = 'rank ' + x.rank + ' ' + x.state +
+      text = 'rank ' + x.rank + att + ' ' + x.state +
              (x.exit_code !== undefined ? ' (exit ' + x.exit_code + ')' : '') +
              (x.message ? ': ' + x.message : '');
     } else if (ev.type === 'progress') {
       const key = x.attempt + '/' + x.rank;
       if (lastPhase.get(key) === x.phase) return;
       lastPhase.set(key, x.phase);
-      text = 'rank ' + x.rank + ' ' + x.phase + (x.message ? ': ' + x.message : '');
+      text = 'rank ' + x.rank + att + ' ' + x.phase + (x.message ? ': ' + x.message : '');
     } else {
       text = ev.type;
     }
@@ -268,9 +271,10 @@ export function mountJob(root, id) {
     if (ev.type === 'progress') applyReport(x);
     if (ev.type === 'state') {
       if (x.attempt > attempt && x.to === 'starting') newAttempt(x.attempt);
-      if (job) {
+      if (job) { // until refreshJob brings the whole job
         job.state = x.to;
         job.reason = x.reason;
+        job.attempt = Math.max(job.attempt, x.attempt || 0);
         renderHead();
       }
       refreshJob();
@@ -308,14 +312,16 @@ export function mountJob(root, id) {
   async function loadLog() {
     clearTimeout(logTimer);
     for (const b of logTabs.children) b.classList.toggle('on', Number(b.dataset.rank) === logRank);
+    // A rank has a log once its process was started (it then has a pid).
     const row = ranks.get(logRank);
-    if (!job || job.attempt < 1) {
+    if (!job || attempt < 1 || !row) {
       logPre.textContent = 'no log yet: the job has not started';
-    } else if (row && row.pid === null && !row.reports && isFinal(job.state)) {
-      logPre.textContent = 'no log: rank ' + logRank + ' was never started';
+    } else if (row.pid === null && !row.reports) {
+      logPre.textContent = 'no log: rank ' + logRank +
+                           (isFinal(job.state) ? ' was never started' : ' has not started yet');
     } else {
       try {
-        let text = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + job.attempt,
+        let text = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + attempt,
                              undefined, { text: true });
         if (text.length > LOG_KEEP) text = '…\n' + text.slice(-LOG_KEEP);
         const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
