@@ -32,6 +32,8 @@ bool client_init(client_t *c, int *argc, char **argv) {
   const char *s = getenv("TRAINYARD_SERVER"), *t = getenv("TRAINYARD_TOKEN");
   set_str(c->server, sizeof c->server, s && *s ? s : CLIENT_DEFAULT_SERVER);
   set_str(c->token, sizeof c->token, t ? t : "");
+  const char *g = getenv("TRAINYARD_GRPC");
+  set_str(c->grpc, sizeof c->grpc, g ? g : "");
   int out = 1;
   for (int i = 1; i < *argc; i++) {
     const char *v;
@@ -39,6 +41,8 @@ bool client_init(client_t *c, int *argc, char **argv) {
       set_str(c->server, sizeof c->server, v);
     else if (client_flag(*argc, argv, &i, "--token", &v))
       set_str(c->token, sizeof c->token, v);
+    else if (client_flag(*argc, argv, &i, "--grpc", &v))
+      set_str(c->grpc, sizeof c->grpc, v);
     else
       argv[out++] = argv[i];
   }

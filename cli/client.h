@@ -15,10 +15,11 @@
 typedef struct {
   char server[1024]; /* base URL, no trailing '/' */
   char token[512];   /* "" when none */
+  char grpc[256];    /* --grpc HOST:PORT: submit, get and watch use gRPC; "" for REST */
 } client_t;
 
-/* Fills c from the environment, then removes "--server URL", "--token T"
- * (and their "=" forms) from argv, compacting it; *argc is updated.
+/* Fills c from the environment, then removes "--server URL", "--token T",
+ * "--grpc HOST:PORT" (and their "=" forms) from argv, compacting it; *argc is updated.
  * Returns false (with a message on stderr) when a value is missing. */
 bool client_init(client_t *c, int *argc, char **argv);
 

@@ -8,6 +8,7 @@
 #include "api/jobspec.h"
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/grpc_client.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -16,10 +17,30 @@ static void usage(FILE *f) {
           "and queues the job. Prints the job id; exit 1 with every error otherwise.\n\n"
           "  --server URL            trainyardd (default $TRAINYARD_SERVER or %s)\n"
           "  --token TOKEN           API token (default $TRAINYARD_TOKEN)\n"
+          "  --grpc HOST:PORT        use the gRPC API there (default $TRAINYARD_GRPC)\n"
           "  --idempotency-key KEY   resubmitting with the same key returns the same job\n"
           "  --json                  print the job as JSON\n"
           "  --watch                 follow the job until it ends (as trainyard watch)\n",
           CLIENT_DEFAULT_SERVER);
+}
+
+/* POST /v1/jobs: 0 with *job (the caller's) and the HTTP status, or 1. */
+static int submit_rest(const client_t *c, const jobspec_t *spec, const char *key, long *status,
+                       json_t **job) {
+  json_t *body = jobspec_to_json(spec);
+  char keyhdr[600];
+  const char *headers[2] = {NULL, NULL};
+  if (key) {
+    snprintf(keyhdr, sizeof keyhdr, "Idempotency-Key: %s", key);
+    headers[0] = keyhdr;
+  }
+  int rc = client_json(c, "POST", "/v1/jobs", body, headers, status, job);
+  json_decref(body);
+  if (rc) {
+    json_decref(*job);
+    return 1;
+  }
+  return 0;
 }
 
 int cmd_submit(int argc, char **argv) {
@@ -54,19 +75,13 @@ int cmd_submit(int argc, char **argv) {
     ty_errlist_clear(&errs);
     return 2;
   }
-  json_t *body = jobspec_to_json(&spec);
-  char keyhdr[600];
-  const char *headers[2] = {NULL, NULL};
-  if (key) {
-    snprintf(keyhdr, sizeof keyhdr, "Idempotency-Key: %s", key);
-    headers[0] = keyhdr;
-  }
   long status;
   json_t *job;
-  int rc = client_json(&c, "POST", "/v1/jobs", body, headers, &status, &job);
-  json_decref(body);
-  if (rc) {
-    json_decref(job);
+  if (*c.grpc) {
+    bool existing = false;
+    if (gcli_submit(&c, &spec, key, &job, &existing)) return 1;
+    status = existing ? 200 : 201;
+  } else if (submit_rest(&c, &spec, key, &status, &job)) {
     return 1;
   }
   char id[128];

@@ -1,7 +1,8 @@
 /* cmd_watch.c - trainyard watch: follows a job's event stream (SSE) and
  * shows live per-rank progress bars (a redrawn block on a terminal, one
  * line per change otherwise) until the job ends. Reconnects with
- * Last-Event-ID, so nothing is missed. */
+ * Last-Event-ID, so nothing is missed. With --grpc the events come from
+ * WatchJob instead, resumed the same way from the last seq seen. */
 #ifdef TRAINYARD_WITH_CLIENT
 #include <math.h>
 #include <stdio.h>
@@ -13,6 +14,7 @@
 
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/grpc_client.h"
 #include "common/xalloc.h"
 
 #define MAX_RANKS 1024
@@ -169,13 +171,35 @@ static size_t on_data(char *p, size_t size, size_t n, void *ctx) {
   return size * n;
 }
 
+/* A WatchJob event: the same JSON as an SSE event's data. */
+static void on_grpc_event(void *ctx, const json_t *ev) {
+  watch_t *w = ctx;
+  snprintf(w->last_id, sizeof w->last_id, "%lld",
+           (long long)json_integer_value(json_object_get(ev, "seq")));
+  const char *type = json_string_value(json_object_get(ev, "type"));
+  on_event(w, type ? type : "", (json_t *)ev);
+  draw(w);
+  fflush(stdout);
+}
+
+/* Follows the job over gRPC until it ends or the server stays away. */
+static void watch_grpc(const client_t *c, const char *id, watch_t *w) {
+  for (int failures = 0; !w->final && failures < 5;) {
+    int rc = gcli_watch(c, id, atoll(w->last_id), on_grpc_event, w);
+    if (rc == 0) break; /* the stream ends after the job's final state */
+    if (rc > 0) break;
+    failures++;
+    sleep(1);
+  }
+}
+
 int client_watch(const client_t *c, const char *id) {
   char esc[256], path[300];
   client_escape(id, esc, sizeof esc);
   snprintf(path, sizeof path, "/v1/jobs/%s", esc);
   long status;
-  json_t *job;
-  if (client_json(c, "GET", path, NULL, NULL, &status, &job)) {
+  json_t *job = NULL;
+  if (*c->grpc ? gcli_get(c, id, &job) : client_json(c, "GET", path, NULL, NULL, &status, &job)) {
     json_decref(job);
     return 1;
   }
@@ -186,7 +210,8 @@ int client_watch(const client_t *c, const char *id) {
          w->world == 1 ? "" : "s");
   json_decref(job);
   int failures = 0;
-  while (!w->final && failures < 5) {
+  if (*c->grpc) watch_grpc(c, id, w);
+  while (!*c->grpc && !w->final && failures < 5) {
     CURL *curl = curl_easy_init();
     char url[2048], auth[600], resume[64];
     snprintf(url, sizeof url, "%s/v1/jobs/%s/events", c->server, esc);
@@ -234,7 +259,7 @@ int cmd_watch(int argc, char **argv) {
   if (argc != 2 || argv[1][0] == '-') {
     bool help = argc == 2 && !strcmp(argv[1], "--help");
     fprintf(help ? stdout : stderr,
-            "usage: trainyard watch JOB_ID [--server URL] [--token TOKEN]\n"
+            "usage: trainyard watch JOB_ID [--server URL | --grpc HOST:PORT] [--token TOKEN]\n"
             "Follows the job live (per-rank progress) until it ends; exit 0 when it\n"
             "succeeded, 1 when it failed or was cancelled.\n");
     return help ? 0 : 2;

@@ -6,10 +6,12 @@ if(TRAINYARD_WORKER_ONLY OR NOT TARGET trainyardd
   return()
 endif()
 set(TY_GRPC_PY /usr/bin/python3)
-add_test(NAME integration/grpc_api
-         COMMAND ${TY_GRPC_PY} ${CMAKE_CURRENT_SOURCE_DIR}/grpc/test_grpc_api.py)
-set_tests_properties(integration/grpc_api PROPERTIES LABELS integration TIMEOUT 300
-                     ENVIRONMENT "${TY_TEST_ENV}")
+foreach(suite api cli)
+  add_test(NAME integration/grpc_${suite}
+           COMMAND ${TY_GRPC_PY} ${CMAKE_CURRENT_SOURCE_DIR}/grpc/test_grpc_${suite}.py)
+  set_tests_properties(integration/grpc_${suite} PROPERTIES LABELS integration TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
+endforeach()
 
 # Benchmark (label bench, not run by CI): GetJob calls/s and WatchJob fan-out.
 add_test(NAME bench/grpc

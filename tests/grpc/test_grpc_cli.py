@@ -1,0 +1,104 @@
+"""test_grpc_cli.py - trainyard submit, get and watch with --grpc (and
+TRAINYARD_GRPC) against a real trainyardd: the same output as over REST,
+errors with their field details, the token, an unreachable address."""
+import json
+import os
+import subprocess
+import sys
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "integration"))
+from tyserver import BIN, Server, free_port  # noqa: E402
+
+TRAINYARD = os.path.join(BIN, "cli", "trainyard")
+TOKEN = "cli-grpc-token"
+
+
+def drop_nulls(v):
+    if isinstance(v, dict):
+        return {k: drop_nulls(x) for k, x in v.items() if x is not None}
+    return v
+
+
+class GrpcCli(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        port = free_port()
+        cls.target = "127.0.0.1:%d" % port
+        cls.srv = Server(tokens=TOKEN, extra=["--grpc-listen", cls.target]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.cleanup()
+
+    def ty(self, *args, expect=0, token=TOKEN, grpc_env=False):
+        env = dict(os.environ)
+        env["TRAINYARD_SERVER"] = self.srv.url
+        env.pop("TRAINYARD_GRPC", None)
+        env.pop("TRAINYARD_TOKEN", None)
+        if token:
+            env["TRAINYARD_TOKEN"] = token
+        argv = list(args)
+        if grpc_env:
+            env["TRAINYARD_GRPC"] = self.target
+        else:
+            argv += ["--grpc", self.target]
+        p = subprocess.run([TRAINYARD] + argv, cwd=self.srv.dir, env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(p.returncode, expect, (args, p.stdout, p.stderr))
+        return p
+
+    def write_spec(self, name, **over):
+        path = os.path.join(self.srv.dir, name + ".json")
+        with open(path, "w") as f:
+            json.dump(self.srv.spec(name=name, **over), f)
+        return path
+
+    def test_submit_watch_get(self):
+        spec = self.write_spec("cli-grpc", steps=8)
+        job_id = self.ty("submit", spec, "--train.steps", "6",
+                         "--idempotency-key", "k1").stdout.strip()
+        self.assertTrue(job_id.startswith("j-"), job_id)
+        again = self.ty("submit", spec, "--train.steps", "6", "--idempotency-key", "k1")
+        self.assertEqual(again.stdout.strip(), job_id)
+        self.assertIn("earlier submit", again.stderr)
+        w = self.ty("watch", job_id, grpc_env=True)
+        self.assertIn("[rank 1/2] training", w.stdout)
+        self.assertIn("6/6", w.stdout)
+        self.assertIn("job %s succeeded" % job_id, w.stdout)
+        job = json.loads(self.ty("get", job_id).stdout)
+        self.assertEqual(job["state"], "succeeded")
+        self.assertEqual(job["spec"]["train"]["steps"], 6)
+        # The same JSON as the REST client prints (null fields are unset in
+        # protobuf, so they are absent).
+        rest = self.srv.get("/v1/jobs/" + job_id, token=TOKEN).json()
+        self.assertEqual(job, drop_nulls(rest))
+        # submit --watch follows the new job to its end.
+        out = self.ty("submit", spec, "--name", "cli-grpc-2", "--watch").stdout
+        self.assertIn("succeeded", out.splitlines()[-1])
+
+    def test_errors(self):
+        spec = self.write_spec("cli-grpc-bad", steps=8)
+        p = self.ty("submit", spec, "--world_size", "9999", "--lora_rank", "0", expect=1)
+        self.assertIn("INVALID_ARGUMENT", p.stderr)
+        self.assertIn("lora_rank:", p.stderr)
+        p = self.ty("get", "j-nope", expect=1)
+        self.assertIn("NOT_FOUND", p.stderr)
+        self.assertIn("j-nope", p.stderr)
+        p = self.ty("get", "j-nope", token="", expect=1)
+        self.assertIn("UNAUTHENTICATED", p.stderr)
+        p = self.ty("watch", "j-nope", expect=1)
+        self.assertIn("NOT_FOUND", p.stderr)
+
+    def test_unreachable(self):
+        env = dict(os.environ, TRAINYARD_TOKEN=TOKEN)
+        p = subprocess.run([TRAINYARD, "get", "j-x", "--grpc", "127.0.0.1:%d" % free_port()],
+                           env=env, capture_output=True, text=True, timeout=90)
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("UNAVAILABLE", p.stderr)
+        self.assertIn("--grpc-listen", p.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
