@@ -129,7 +129,7 @@ def bench_fanout(srv, watchers, steps):
         try:
             barrier.wait()
             for e in cl.WatchJob(job_id=job.id, timeout=600):
-                mine.append(time.time() * 1000 - e.time_unix_ms)
+                mine.append((time.time() - e.t) * 1000)
                 n += 1
         except Exception as ex:  # noqa: BLE001 - reported below
             errors.append(repr(ex))
