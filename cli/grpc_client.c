@@ -44,12 +44,12 @@ static bool gcall_open(gcall_t *g, const client_t *c, const char *method, bool s
   char path[128];
   snprintf(path, sizeof path, GCLI_PATH "%s", method);
   grpc_slice m = grpc_slice_from_copied_string(path);
-  gpr_timespec deadline =
-      stream ? gpr_inf_future(GPR_CLOCK_REALTIME)
-             : gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
-                            gpr_time_from_seconds(GCLI_DEADLINE_S, GPR_TIMESPAN));
-  g->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, m, NULL,
-                                     deadline, NULL);
+  gpr_timespec deadline = stream
+                              ? gpr_inf_future(GPR_CLOCK_REALTIME)
+                              : gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                                             gpr_time_from_seconds(GCLI_DEADLINE_S, GPR_TIMESPAN));
+  g->call = grpc_channel_create_call(g->ch, NULL, GRPC_PROPAGATE_DEFAULTS, g->cq, m, NULL, deadline,
+                                     NULL);
   grpc_slice_unref(m);
   grpc_metadata_array_init(&g->trailing);
   grpc_metadata_array_init(&g->initial);
@@ -153,8 +153,10 @@ static int gcall_print_error(const gcall_t *g, const client_t *c) {
   }
   if (!body) body = ty_error_json(code, *text ? text : NULL, NULL);
   if (g->status == GRPC_STATUS_UNAVAILABLE)
-    fprintf(stderr, "trainyard: cannot reach the gRPC API at %s (is trainyardd running with "
-                    "--grpc-listen?)\n", c->grpc);
+    fprintf(stderr,
+            "trainyard: cannot reach the gRPC API at %s (is trainyardd running with "
+            "--grpc-listen?)\n",
+            c->grpc);
   client_print_error(ty_err_http_status(code), body, text);
   json_decref(body);
   gpr_free(text);
@@ -187,7 +189,9 @@ static int gcli_unary(const client_t *c, const char *method, const ProtobufCMess
 }
 
 /* A message as the REST API's JSON. */
-static json_t *as_json(const ProtobufCMessage *m) { return pbjson_from_message(m, "", NULL); }
+static json_t *as_json(const ProtobufCMessage *m) {
+  return pbjson_from_message(m, "", NULL);
+}
 
 int gcli_submit(const client_t *c, const jobspec_t *spec, const char *key, json_t **job,
                 bool *existing) {
@@ -195,8 +199,8 @@ int gcli_submit(const client_t *c, const jobspec_t *spec, const char *key, json_
   req.spec = jobspec_to_pb(spec);
   req.idempotency_key = (char *)key;
   ProtobufCMessage *out;
-  int rc = gcli_unary(c, "SubmitJob", &req.base, &trainyard__v1__submit_job_response__descriptor,
-                      &out);
+  int rc =
+      gcli_unary(c, "SubmitJob", &req.base, &trainyard__v1__submit_job_response__descriptor, &out);
   trainyard__v1__job_spec__free_unpacked(req.spec, NULL);
   if (rc) return rc;
   Trainyard__V1__SubmitJobResponse *resp = (void *)out;

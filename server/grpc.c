@@ -55,11 +55,11 @@ struct gcall {
   grpc_metadata_array md;
   grpc_byte_buffer *payload;
   gtag_t t_new, t_close, t_write, t_status;
-  int inflight;      /* batches started and not yet completed */
-  int cancelled;     /* set by RECV_CLOSE_ON_SERVER */
-  bool closed;       /* RECV_CLOSE_ON_SERVER completed */
-  bool md_sent;      /* initial metadata went out */
-  bool status_sent;  /* SEND_STATUS started: nothing more may be sent */
+  int inflight;     /* batches started and not yet completed */
+  int cancelled;    /* set by RECV_CLOSE_ON_SERVER */
+  bool closed;      /* RECV_CLOSE_ON_SERVER completed */
+  bool md_sent;     /* initial metadata went out */
+  bool status_sent; /* SEND_STATUS started: nothing more may be sent */
   /* Streams only. */
   bool is_stream, done, writing;
   void *state;
@@ -105,8 +105,10 @@ static void call_start(gcall_t *c, const grpc_op *ops, size_t n, gtag_t *tag) {
 
 static void stream_unlink(gcall_t *c) {
   gsrv_t *g = c->g;
-  if (c->prev) c->prev->next = c->next;
-  else if (g->streams == c) g->streams = c->next;
+  if (c->prev)
+    c->prev->next = c->next;
+  else if (g->streams == c)
+    g->streams = c->next;
   if (c->next) c->next->prev = c->prev;
   c->prev = c->next = NULL;
 }
@@ -122,9 +124,10 @@ static void call_maybe_free(gcall_t *c) {
       grpc_byte_buffer_destroy(c->queue[(c->qhead + i) % GSRV_BATCH]);
     long long open = atomic_fetch_sub(&g->streams_open, 1) - 1;
     if (c->cancelled)
-      ty_info("grpc: a %s stream cancelled by the client (cancel, deadline or lost connection) "
-              "was freed; %lld open",
-              gsvc_methods[c->method].path, open);
+      ty_info(
+          "grpc: a %s stream cancelled by the client (cancel, deadline or lost connection) "
+          "was freed; %lld open",
+          gsvc_methods[c->method].path, open);
   }
   if (c->payload) grpc_byte_buffer_destroy(c->payload);
   if (c->resp) grpc_byte_buffer_destroy(c->resp);
@@ -353,10 +356,9 @@ static void call_post(gsrv_t *g, int method) {
   grpc_call_error e;
   if (method >= 0)
     e = grpc_server_request_registered_call(g->server, g->reg[method], &c->call, &c->deadline,
-                                             &c->md, &c->payload, g->cq, g->cq, &c->t_new);
+                                            &c->md, &c->payload, g->cq, g->cq, &c->t_new);
   else
-    e = grpc_server_request_call(g->server, &c->call, &c->details, &c->md, g->cq, g->cq,
-                                 &c->t_new);
+    e = grpc_server_request_call(g->server, &c->call, &c->details, &c->md, g->cq, g->cq, &c->t_new);
   g->live++;
   if (e != GRPC_CALL_OK) {
     ty_error("grpc: cannot post a request: %s", grpc_call_error_to_string(e));
@@ -423,8 +425,10 @@ static void *gsrv_thread(void *arg) {
     if (ev.type == GRPC_QUEUE_SHUTDOWN) break;
     if (ev.type == GRPC_OP_COMPLETE) {
       gtag_t *t = ev.tag;
-      if (t->kind == TAG_SHUTDOWN) server_done = true;
-      else handle(g, t, ev.success != 0);
+      if (t->kind == TAG_SHUTDOWN)
+        server_done = true;
+      else
+        handle(g, t, ev.success != 0);
     }
     if (!shutting && atomic_load(&g->stop)) {
       shutting = true;
@@ -434,8 +438,8 @@ static void *gsrv_thread(void *arg) {
     }
     if (shutting && !cancelled_all &&
         gpr_time_cmp(gpr_now(GPR_CLOCK_MONOTONIC),
-                     gpr_time_add(shutdown_at, gpr_time_from_seconds(GSRV_GRACE_S,
-                                                                     GPR_TIMESPAN))) > 0) {
+                     gpr_time_add(shutdown_at, gpr_time_from_seconds(GSRV_GRACE_S, GPR_TIMESPAN))) >
+            0) {
       grpc_server_cancel_all_calls(g->server);
       cancelled_all = true;
     }
@@ -467,6 +471,11 @@ int gsrv_start(svc_t *svc, const srv_config_t *cfg, const char *listen, gsrv_t *
   grpc_arg args[] = {
       {GRPC_ARG_INTEGER, GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH, {.integer = (int)cfg->max_body}},
       {GRPC_ARG_INTEGER, GRPC_ARG_MAX_CONCURRENT_STREAMS, {.integer = GSRV_MAX_STREAMS}},
+      /* Pings on idle connections, so a watcher whose host vanished is
+       * noticed (its RECV_CLOSE completes) and its stream freed. */
+      {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIME_MS, {.integer = 60000}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_KEEPALIVE_TIMEOUT_MS, {.integer = 20000}},
+      {GRPC_ARG_INTEGER, GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, {.integer = 0}},
   };
   grpc_channel_args chargs = {sizeof args / sizeof args[0], args};
   g->server = grpc_server_create(&chargs, NULL);

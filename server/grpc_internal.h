@@ -22,18 +22,18 @@ typedef struct {
   /* Unary methods: on success *resp is a new byte buffer (the core sends
    * and destroys it). On failure a TY_E* code with msg and, for
    * INVALID_ARGUMENT, field details in errs. */
-  int (*unary)(svc_t *svc, const ProtobufCMessage *req, grpc_byte_buffer **resp,
-               ty_errlist_t *errs, char *msg, size_t msgsz);
+  int (*unary)(svc_t *svc, const ProtobufCMessage *req, grpc_byte_buffer **resp, ty_errlist_t *errs,
+               char *msg, size_t msgsz);
   /* Server-streaming methods (unary is NULL). open checks the request and
    * makes the stream's state (the core frees it with close). next is
    * called whenever the stream has nothing left to send and the service
    * may have something new: it appends up to max new messages to out
    * (*n of them) and sets *done when nothing follows them. A failure ends
    * the stream with that status. */
-  int (*open)(svc_t *svc, const ProtobufCMessage *req, void **state, ty_errlist_t *errs,
+  int (*open)(svc_t *svc, const ProtobufCMessage *req, void **state, ty_errlist_t *errs, char *msg,
+              size_t msgsz);
+  int (*next)(svc_t *svc, void *state, grpc_byte_buffer **out, size_t max, size_t *n, bool *done,
               char *msg, size_t msgsz);
-  int (*next)(svc_t *svc, void *state, grpc_byte_buffer **out, size_t max, size_t *n,
-              bool *done, char *msg, size_t msgsz);
   /* The message of an UNAVAILABLE status ending the stream at shutdown
    * (how to resume), into msg. */
   void (*resume_hint)(void *state, char *msg, size_t msgsz);

@@ -21,8 +21,8 @@
 /* A message from the service's JSON (the REST body); a failure is a
  * mismatch between that JSON and trainyard.proto, so it is INTERNAL with
  * the reason. */
-static ProtobufCMessage *to_message(const json_t *j, const ProtobufCMessageDescriptor *d,
-                                    char *msg, size_t msgsz) {
+static ProtobufCMessage *to_message(const json_t *j, const ProtobufCMessageDescriptor *d, char *msg,
+                                    size_t msgsz) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   ProtobufCMessage *m = pbjson_to_message(j, d, "", &errs);
   if (!m)
@@ -158,8 +158,10 @@ static int m_list(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **res
   out.jobs = n ? xcalloc(n, sizeof *out.jobs) : NULL;
   for (size_t i = 0; i < n && !rc; i++) {
     out.jobs[i] = job_pb(jobs[i], msg, msgsz);
-    if (!out.jobs[i]) rc = TY_EINTERNAL;
-    else out.n_jobs++;
+    if (!out.jobs[i])
+      rc = TY_EINTERNAL;
+    else
+      out.n_jobs++;
   }
   out.next_page_token = next;
   if (!rc) *resp = gwire_pack(&out.base);
@@ -255,21 +257,32 @@ static void w_resume_hint(void *state, char *msg, size_t msgsz) {
            (long long)w->last_seq);
 }
 
-static void w_close(void *state) { free(state); }
+static void w_close(void *state) {
+  free(state);
+}
 
 #define TY_PATH(m) "/trainyard.v1.Trainyard/" m
 const gsrv_method_t gsvc_methods[] = {
-    {.path = TY_PATH("SubmitJob"), .request = &trainyard__v1__submit_job_request__descriptor,
+    {.path = TY_PATH("SubmitJob"),
+     .request = &trainyard__v1__submit_job_request__descriptor,
      .unary = m_submit},
-    {.path = TY_PATH("ValidateJob"), .request = &trainyard__v1__validate_job_request__descriptor,
+    {.path = TY_PATH("ValidateJob"),
+     .request = &trainyard__v1__validate_job_request__descriptor,
      .unary = m_validate},
-    {.path = TY_PATH("GetJob"), .request = &trainyard__v1__get_job_request__descriptor,
+    {.path = TY_PATH("GetJob"),
+     .request = &trainyard__v1__get_job_request__descriptor,
      .unary = m_get},
-    {.path = TY_PATH("ListJobs"), .request = &trainyard__v1__list_jobs_request__descriptor,
+    {.path = TY_PATH("ListJobs"),
+     .request = &trainyard__v1__list_jobs_request__descriptor,
      .unary = m_list},
-    {.path = TY_PATH("CancelJob"), .request = &trainyard__v1__cancel_job_request__descriptor,
+    {.path = TY_PATH("CancelJob"),
+     .request = &trainyard__v1__cancel_job_request__descriptor,
      .unary = m_cancel},
-    {.path = TY_PATH("WatchJob"), .request = &trainyard__v1__watch_job_request__descriptor,
-     .open = w_open, .next = w_next, .resume_hint = w_resume_hint, .close = w_close},
+    {.path = TY_PATH("WatchJob"),
+     .request = &trainyard__v1__watch_job_request__descriptor,
+     .open = w_open,
+     .next = w_next,
+     .resume_hint = w_resume_hint,
+     .close = w_close},
 };
 const size_t gsvc_method_count = sizeof gsvc_methods / sizeof gsvc_methods[0];

@@ -24,9 +24,9 @@ static void test_pack_unpack_round_trip(void **state) {
   grpc_byte_buffer *bb = gwire_pack(&req.base);
   ProtobufCMessage *m = NULL;
   char msg[256] = "";
-  assert_int_equal(gwire_unpack(bb, &trainyard__v1__watch_job_request__descriptor, 1024, &m, msg,
-                                sizeof msg),
-                   0);
+  assert_int_equal(
+      gwire_unpack(bb, &trainyard__v1__watch_job_request__descriptor, 1024, &m, msg, sizeof msg),
+      0);
   Trainyard__V1__WatchJobRequest *got = (void *)m;
   assert_string_equal(got->job_id, "j-0123");
   assert_true(got->has_after_seq);
@@ -34,9 +34,9 @@ static void test_pack_unpack_round_trip(void **state) {
   protobuf_c_message_free_unpacked(m, NULL);
 
   /* A limit below the message's size is refused before decoding. */
-  assert_int_equal(gwire_unpack(bb, &trainyard__v1__watch_job_request__descriptor, 3, &m, msg,
-                                sizeof msg),
-                   TY_EEXHAUSTED);
+  assert_int_equal(
+      gwire_unpack(bb, &trainyard__v1__watch_job_request__descriptor, 3, &m, msg, sizeof msg),
+      TY_EEXHAUSTED);
   assert_null(m);
   assert_non_null(strstr(msg, "limit"));
   grpc_byte_buffer_destroy(bb);
@@ -45,35 +45,40 @@ static void test_pack_unpack_round_trip(void **state) {
 static void test_unpack_spans_slices_and_empty(void **state) {
   (void)state;
   /* GetJobRequest{job_id: "abc"} = 0a 03 61 62 63, split over two slices. */
-  grpc_slice parts[2] = {grpc_slice_from_copied_buffer("\x0a\x03" "a", 3),
+  grpc_slice parts[2] = {grpc_slice_from_copied_buffer("\x0a\x03"
+                                                       "a",
+                                                       3),
                          grpc_slice_from_copied_buffer("bc", 2)};
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(parts, 2);
   grpc_slice_unref(parts[0]);
   grpc_slice_unref(parts[1]);
   ProtobufCMessage *m = NULL;
-  assert_int_equal(
-      gwire_unpack(bb, &trainyard__v1__get_job_request__descriptor, 64, &m, NULL, 0), 0);
+  assert_int_equal(gwire_unpack(bb, &trainyard__v1__get_job_request__descriptor, 64, &m, NULL, 0),
+                   0);
   assert_string_equal(((Trainyard__V1__GetJobRequest *)m)->job_id, "abc");
   protobuf_c_message_free_unpacked(m, NULL);
   grpc_byte_buffer_destroy(bb);
 
   /* No payload is the empty message. */
-  assert_int_equal(
-      gwire_unpack(NULL, &trainyard__v1__get_job_request__descriptor, 64, &m, NULL, 0), 0);
+  assert_int_equal(gwire_unpack(NULL, &trainyard__v1__get_job_request__descriptor, 64, &m, NULL, 0),
+                   0);
   assert_null(((Trainyard__V1__GetJobRequest *)m)->job_id);
   protobuf_c_message_free_unpacked(m, NULL);
 }
 
 static void test_unpack_rejects_malformed_bytes(void **state) {
   (void)state;
-  grpc_slice s = grpc_slice_from_copied_buffer("\x0a\x09" "ab", 4); /* length past the end */
+  grpc_slice s = grpc_slice_from_copied_buffer(
+      "\x0a\x09"
+      "ab",
+      4); /* length past the end */
   grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
   grpc_slice_unref(s);
   ProtobufCMessage *m = NULL;
   char msg[256];
-  assert_int_equal(gwire_unpack(bb, &trainyard__v1__get_job_request__descriptor, 64, &m, msg,
-                                sizeof msg),
-                   TY_EINVAL);
+  assert_int_equal(
+      gwire_unpack(bb, &trainyard__v1__get_job_request__descriptor, 64, &m, msg, sizeof msg),
+      TY_EINVAL);
   assert_null(m);
   assert_non_null(strstr(msg, "trainyard.v1.GetJobRequest"));
   grpc_byte_buffer_destroy(bb);
@@ -101,7 +106,7 @@ static void test_status_with_bad_request_matches_the_wire_format(void **state) {
   const unsigned char br[] = {0x0a, 0x06, 0x0a, 0x01, 'a', 0x12, 0x01, 'b'};
   unsigned char want[128];
   size_t n = 0, any_len = 2 + (sizeof url - 1) + 2 + sizeof br;
-  want[n++] = 0x08, want[n++] = 0x03;           /* code = 3 */
+  want[n++] = 0x08, want[n++] = 0x03; /* code = 3 */
   want[n++] = 0x12, want[n++] = 0x01, want[n++] = 'm';
   want[n++] = 0x1a, want[n++] = (unsigned char)any_len; /* details[0] */
   want[n++] = 0x0a, want[n++] = (unsigned char)(sizeof url - 1);
