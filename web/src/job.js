@@ -319,7 +319,7 @@ export function mountJob(root, id) {
     } else if (row.pid === null && !row.reports) {
       logPre.textContent = 'no log: rank ' + logRank +
                            (isFinal(job.state) ? ' was never started' : ' has not started yet');
-    } else {
+    } else if (!(document.hidden && logPre.textContent)) { // a background tab waits
       try {
         let text = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + attempt,
                              undefined, { text: true });

@@ -67,6 +67,10 @@ export function mountJobs(root, query) {
 
   async function load() {
     clearTimeout(timer);
+    if (document.hidden) { // a background tab polls nothing
+      timer = setTimeout(load, REFRESH_MS);
+      return;
+    }
     try {
       let got = [];
       let token = null;
