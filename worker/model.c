@@ -13,7 +13,7 @@
 #include "api/errors.h"
 #include "worker/cpu_ops.h"
 #include "worker/model_internal.h"
-#include "worker/rng.h"
+#include "worker/weightinit.h"
 
 static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
@@ -274,14 +274,11 @@ int model_fill(model_t *m, model_fill_fn fn, void *ctx, char *err, size_t errlen
 
 void model_init_random(model_t *m, uint64_t seed, float std) {
   assert(m->params); /* an unowned model has no buffer to fill */
-  rng_t r;
-  rng_seed(&r, seed);
   for (int i = 0; i < m->n_tensors; i++) {
     model_tensor_t *t = &m->tensors[i];
-    if (t->ndim == 1)
-      for (size_t j = 0; j < t->numel; j++) t->data[j] = 1.0f;
-    else
-      for (size_t j = 0; j < t->numel; j++) t->data[j] = (float)(std * rng_normal(&r));
+    winit_fill(winit_stream(seed, t->name), t->ndim == 1, 0, t->data, t->numel);
+    if (t->ndim == 2 && std != WINIT_STD)
+      for (size_t j = 0; j < t->numel; j++) t->data[j] *= std / WINIT_STD;
   }
 }
 

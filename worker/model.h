@@ -155,9 +155,10 @@ typedef int (*model_fill_fn)(void *ctx, const model_tensor_t *t, float *dst, cha
  * the first failure and returns its code; err then names the tensor. */
 int model_fill(model_t *m, model_fill_fn fn, void *ctx, char *err, size_t errlen);
 
-/* Hugging Face's initialisation for training from scratch: every matrix
- * N(0, std^2) (std = initializer_range, 0.02), every norm weight 1.
- * Deterministic for a given seed. */
+/* Initial weights for training from scratch: worker/weightinit.h's values
+ * (what the loader's init_from_scratch path and `trainyard mkmodel` give
+ * for the same seed), matrices scaled to standard deviation std (0.02 is
+ * Hugging Face's initializer_range), norm weights 1. */
 void model_init_random(model_t *m, uint64_t seed, float std);
 
 /* Zeroes the gradient buffer (no-op without one). */
