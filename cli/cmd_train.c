@@ -98,9 +98,6 @@ int cmd_train(int argc, char **argv) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int rc = jobspec_from_args(&s, argc - 1, argv + 1, passthrough, &errs);
   if (!rc) rc = jobspec_validate(&s, true, &errs);
-  if (!rc && !s.data.path[0])
-    ty_errlist_add(&errs, "data.path", "training needs data: set data.path to a token file "
-                   "(format text, u16 or u32)"), rc = TY_EINVAL;
   if (rc) {
     for (size_t i = 0; i < errs.len; i++)
       fprintf(stderr, "trainyard train: %s: %s\n",
@@ -129,8 +126,9 @@ int cmd_train(int argc, char **argv) {
     fprintf(stderr, "trainyard train: cannot write %s: %s\n", spec_path, strerror(errno));
     return 1;
   }
-  fprintf(stderr, "trainyard train: %s: %d rank%s, %s, %d steps -> %s\n", s.name, s.world_size,
-          s.world_size == 1 ? "" : "s", s.use_lora ? "LoRA" : "full training", s.train.steps,
+  fprintf(stderr, "trainyard train: %s: %d rank%s, %s, %d steps on %s -> %s\n", s.name,
+          s.world_size, s.world_size == 1 ? "" : "s", s.use_lora ? "LoRA" : "full training",
+          s.train.steps, s.data.path[0] ? s.data.path : "the built-in corpus (no data.path)",
           s.output_dir);
   launch_opts_t o = {.worker = worker, .world_size = s.world_size, .spec_path = spec_path,
                      .mode = "train", .progress_timeout_ms = progress_timeout_ms(),

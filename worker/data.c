@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -34,8 +35,71 @@ static const char *format_name(jobspec_data_format_t f) {
   return f == JOBSPEC_DATA_U32 ? "u32" : f == JOBSPEC_DATA_U16 ? "u16" : "text";
 }
 
-int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen) {
+/* The built-in corpus (data.path unset): DATA_BUILTIN_TOKENS u32 ids in an
+ * anonymous memory file, so the reading path is the same as for a file.
+ * 128 "words" of 2-6 ids over an alphabet of min(V, 64) - 1 ids, separated
+ * by id 0, drawn by a seeded generator: spelling is learnable, word order
+ * is not, so the loss falls to a known floor. */
+#define DATA_BUILTIN_TOKENS (1 << 20)
+
+static int builtin_corpus(int64_t vocab, char *msg, size_t msglen) {
+  int fd = memfd_create("trainyard-builtin-corpus", MFD_CLOEXEC);
+  if (fd < 0) {
+    snprintf(msg, msglen, "cannot create the built-in corpus: %s", strerror(errno));
+    return -1;
+  }
+  const uint32_t A = (uint32_t)(vocab < 64 ? vocab : 64);
+  uint32_t words[128][7];
+  uint64_t x = 0x5eedc0ffee123457ull;
+  for (int w = 0; w < 128; w++) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    uint32_t len = 2 + (uint32_t)(x >> 60) % 5;
+    words[w][0] = len;
+    for (uint32_t k = 1; k <= len; k++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      words[w][k] = A > 1 ? 1 + (uint32_t)(x >> 33) % (A - 1) : 0;
+    }
+  }
+  uint32_t *buf = xmalloc((size_t)DATA_BUILTIN_TOKENS * sizeof *buf);
+  size_t n = 0;
+  while (n < DATA_BUILTIN_TOKENS) {
+    x = x * 6364136223846793005ull + 1442695040888963407ull;
+    const uint32_t *w = words[(x >> 33) % 128];
+    for (uint32_t k = 1; k <= w[0] && n < DATA_BUILTIN_TOKENS; k++) buf[n++] = w[k];
+    if (n < DATA_BUILTIN_TOKENS) buf[n++] = 0;
+  }
+  /* Little-endian ids, as format u32 states. */
+  for (size_t i = 0; i < n; i++) {
+    uint8_t *b = (uint8_t *)&buf[i];
+    uint32_t v = buf[i];
+    b[0] = (uint8_t)v, b[1] = (uint8_t)(v >> 8), b[2] = (uint8_t)(v >> 16), b[3] = (uint8_t)(v >> 24);
+  }
+  size_t want = n * sizeof *buf, done = 0;
+  while (done < want) {
+    ssize_t r = write(fd, (char *)buf + done, want - done);
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      snprintf(msg, msglen, "cannot write the built-in corpus: %s", strerror(errno));
+      free(buf);
+      close(fd);
+      return -1;
+    }
+    done += (size_t)r;
+  }
+  free(buf);
+  return fd;
+}
+
+int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msglen) {
   *out = NULL;
+  data_config_t builtin;
+  const data_config_t *cfg = cfg_in;
+  if (!cfg_in->path || !cfg_in->path[0]) {
+    builtin = *cfg_in;
+    builtin.path = DATA_BUILTIN_NAME;
+    builtin.format = JOBSPEC_DATA_U32;
+    cfg = &builtin;
+  }
   const int64_t T = cfg->seq_len;
   if (T < 1 || cfg->micro_batch_size < 1 || cfg->grad_accum < 1 || cfg->world_size < 1 ||
       cfg->rank < 0 || cfg->rank >= cfg->world_size || !(cfg->eval_fraction >= 0) ||
@@ -55,7 +119,9 @@ int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen) 
              (long long)cfg->vocab_size);
     return TY_EINVAL;
   }
-  int fd = open(cfg->path, O_RDONLY | O_CLOEXEC);
+  int fd = cfg != cfg_in ? builtin_corpus(cfg->vocab_size, msg, msglen)
+                         : open(cfg->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0 && cfg != cfg_in) return TY_EUNAVAILABLE;
   if (fd < 0) {
     snprintf(msg, msglen, "cannot open data file %s: %s", cfg->path, strerror(errno));
     return TY_ENOTFOUND;

@@ -20,7 +20,12 @@
  * n_train of epoch g / n_train's permutation. Micro-batch a of rank r takes
  * j = (a * world_size + r) * micro_batch_size + b, b < micro_batch_size, so
  * ranks and micro-steps never share a window. A step's windows depend only
- * on (seed, step): the data position to resume from is the step. */
+ * on (seed, step): the data position to resume from is the step.
+ *
+ * An empty path selects a built-in corpus (2^20 u32 ids of generated
+ * "words"; see data.c), so that a spec without data.path still trains end
+ * to end (smoke tests, the AReaL-style command line of DESIGN.md). */
+#define DATA_BUILTIN_NAME "(built-in corpus)"
 #ifndef TY_WORKER_DATA_H
 #define TY_WORKER_DATA_H
 
@@ -30,7 +35,8 @@
 #include "api/jobspec.h"
 
 typedef struct {
-  const char *path;              /* borrowed for data_open's duration */
+  const char *path;              /* borrowed for data_open's duration; "" or
+                                  * NULL: the built-in corpus */
   jobspec_data_format_t format;
   int64_t vocab_size;            /* V; ids must be < V */
   int seq_len;                   /* T >= 1 */

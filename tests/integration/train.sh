@@ -100,6 +100,15 @@ import json
 f, b = json.loads('$full'), json.loads('$base')
 assert f['loss'] < b['loss'] - 1.0, (f, b)"
 
+# The AReaL-style command line exactly as given (no data.path: the built-in
+# corpus; output_dir defaults to runs/<name> under the working directory).
+(cd "$tmp" && "$ty" train --fsdp.memory_efficient_load true --model_path "$tmp/base" \
+  --allocation_mode static >"$tmp/areal.out" 2>"$tmp/areal.log") ||
+  { cat "$tmp/areal.log" >&2; fail "the AReaL-style invocation failed"; }
+grep -q "built-in corpus" "$tmp/areal.log" || fail "the built-in corpus is not announced"
+[ -s "$tmp/runs/job/model.safetensors" ] || fail "no checkpoint written to runs/job"
+grep 'done: held-out' "$tmp/areal.log"
+
 # A spec that is wrong fails the worker with the field named.
 sed 's/"seq_len": 64/"seq_len": 0/' "$tmp/full.json" >"$tmp/bad.json"
 TRAINYARD_SPEC="$tmp/bad.json" "$worker" >"$tmp/bad.reports" 2>/dev/null && fail "a bad spec ran"

@@ -248,6 +248,31 @@ static void test_position_check(void **state) {
   unlink(g_path);
 }
 
+/* No path: the built-in corpus, u32 ids of generated words below 64. */
+static void test_builtin_corpus(void **state) {
+  (void)state;
+  data_config_t c = config(JOBSPEC_DATA_TEXT, 300, 16);
+  c.path = "";
+  c.eval_fraction = 0.1;
+  data_t *d, *d2;
+  char msg[512];
+  assert_int_equal(data_open(&d, &c, msg, sizeof msg), 0);
+  assert_int_equal(data_open(&d2, &c, msg, sizeof msg), 0);
+  assert_int_equal(data_num_tokens(d), 1 << 20);
+  assert_true(data_num_eval_windows(d) > 0);
+  int32_t w[17], w2[17];
+  int zeros = 0;
+  for (int s = 0; s < 50; s++) {
+    assert_int_equal(data_train_micro_batch(d, s, 0, w, msg, sizeof msg), 0);
+    assert_int_equal(data_train_micro_batch(d2, s, 0, w2, msg, sizeof msg), 0);
+    assert_memory_equal(w, w2, sizeof w);
+    for (int i = 0; i < 17; i++) assert_true(w[i] >= 0 && w[i] < 64), zeros += w[i] == 0;
+  }
+  assert_true(zeros > 50 && zeros < 17 * 50 / 2);
+  data_free(d);
+  data_free(d2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_text_layout),
@@ -257,6 +282,7 @@ int main(void) {
       cmocka_unit_test(test_shuffle_covers_epoch_and_is_seeded),
       cmocka_unit_test(test_ranks_disjoint),
       cmocka_unit_test(test_position_check),
+      cmocka_unit_test(test_builtin_corpus),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
