@@ -48,6 +48,30 @@ for world in 1 2 3 4; do
   grep -q "\[rank $((world - 1))/$world\] load" "$tmp/std.err" || fail "no human progress line"
 done
 
+# Memory: on a 37 MB bf16 checkpoint (74 MB as float32), 2 ranks. The
+# memory-efficient rank's host peak stays within its shard + one bucket +
+# 64 MiB; the standard rank's peak holds the checkpoint and the whole model.
+"$ty" mkmodel --out "$tmp/mid" --hidden-size 512 --intermediate-size 1024 --layers 4 --heads 8 \
+  --kv-heads 8 --vocab-size 8192 --dtype bf16 >/dev/null
+for eff in true false; do
+  "$ty" load --model_path "$tmp/mid" --world_size 2 --fsdp.memory_efficient_load $eff \
+    --fsdp.bucket_mb 1 >"$tmp/mem_$eff.out" 2>/dev/null || fail "load of the 37 MB model ($eff)"
+done
+python3 - "$tmp/mem_true.out" "$tmp/mem_false.out" <<'EOF2' || fail "memory bounds"
+import json, sys
+eff = [json.loads(l) for l in open(sys.argv[1])]
+std = [json.loads(l) for l in open(sys.argv[2])]
+MiB = 1 << 20
+for j in eff:
+    bound = j["device_peak_bytes"] + 1 * MiB + 64 * MiB
+    assert j["host_peak_bytes"] <= bound, (j["host_peak_bytes"], bound)
+for j in std:
+    whole = j["bytes_total"] * 3  # bf16 checkpoint + the float32 model
+    assert j["host_peak_bytes"] >= whole, (j["host_peak_bytes"], whole)
+    assert j["device_peak_bytes"] >= j["bytes_total"] * 2, j
+assert max(j["host_peak_bytes"] for j in eff) < min(j["host_peak_bytes"] for j in std) / 2
+EOF2
+
 # From scratch: a spec file with a model, 3 ranks.
 cat >"$tmp/scratch.json" <<EOF
 {"init_from_scratch": true, "world_size": 3,
