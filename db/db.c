@@ -104,8 +104,47 @@ int dbi_err(db_t *db, int rc, const char *what) {
 }
 
 int dbi_prepare(db_t *db, const char *sql, sqlite3_stmt **st) {
-  int rc = sqlite3_prepare_v2(db->conn, sql, -1, st, NULL);
-  return rc == SQLITE_OK ? 0 : dbi_err(db, rc, sql);
+  dbi_cached_t *free_slot = NULL;
+  for (int i = 0; i < DBI_CACHE; i++) {
+    dbi_cached_t *c = &db->cache[i];
+    if (!c->sql) {
+      if (!free_slot) free_slot = c;
+      continue;
+    }
+    if (!c->busy && !strcmp(c->sql, sql)) {
+      c->busy = 1;
+      *st = c->st;
+      return 0;
+    }
+  }
+  int rc = sqlite3_prepare_v3(db->conn, sql, -1, free_slot ? SQLITE_PREPARE_PERSISTENT : 0, st,
+                              NULL);
+  if (rc != SQLITE_OK) return dbi_err(db, rc, sql);
+  if (free_slot) {
+    free_slot->sql = xstrdup(sql);
+    free_slot->st = *st;
+    free_slot->busy = 1;
+  }
+  return 0;
+}
+
+void dbi_finish(db_t *db, sqlite3_stmt *st) {
+  for (int i = 0; i < DBI_CACHE; i++)
+    if (db->cache[i].st == st && db->cache[i].busy) {
+      sqlite3_reset(st);
+      sqlite3_clear_bindings(st);
+      db->cache[i].busy = 0;
+      return;
+    }
+  sqlite3_finalize(st);
+}
+
+void dbi_cache_clear(db_t *db) {
+  for (int i = 0; i < DBI_CACHE; i++) {
+    if (db->cache[i].st) sqlite3_finalize(db->cache[i].st);
+    free(db->cache[i].sql);
+    memset(&db->cache[i], 0, sizeof db->cache[i]);
+  }
 }
 
 int dbi_exec(db_t *db, const char *sql) {
@@ -138,7 +177,7 @@ int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *dat
   sqlite3_bind_text(st, 4, text ? text : "{}", -1, SQLITE_TRANSIENT);
   free(text);
   rc = sqlite3_step(st);
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert event");
   return sqlite3_last_insert_rowid(db->conn);
 }
@@ -168,7 +207,7 @@ static int migrate(db_t *db, char *msg, size_t msgsz) {
   int rc = dbi_prepare(db, "PRAGMA user_version", &st);
   if (rc) return rc;
   int version = sqlite3_step(st) == SQLITE_ROW ? sqlite3_column_int(st, 0) : 0;
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   if (version > N_MIGRATIONS) {
     if (msg)
       snprintf(msg, msgsz,
@@ -227,6 +266,7 @@ int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
 
 void db_close(db_t *db) {
   if (!db) return;
+  dbi_cache_clear(db);
   if (db->conn) sqlite3_close_v2(db->conn);
   pthread_mutex_destroy(&db->lock);
   free(db);
@@ -249,13 +289,13 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
   if (rc) return rc;
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   if (sqlite3_step(st) != SQLITE_ROW) {
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     return TY_ENOTFOUND;
   }
   char from_name[16];
   dbi_text_copy(st, 0, from_name, sizeof from_name);
   int attempt = sqlite3_column_int(st, 1), world = sqlite3_column_int(st, 2);
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   int from = db_state_parse(from_name);
   if (cur) *cur = from;
   if (from < 0 || !(from_mask & DB_MASK(from))) return TY_EPRECONDITION;
@@ -273,7 +313,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
     sqlite3_bind_text(st, 4, id, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 5, attempt);
     rc = sqlite3_step(st);
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     if (rc != SQLITE_DONE) return dbi_err(db, rc, "close attempt");
   }
   if (to == DB_JOB_STARTING) {
@@ -285,7 +325,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
     sqlite3_bind_int(st, 2, attempt);
     sqlite3_bind_double(st, 3, now);
     rc = sqlite3_step(st);
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     if (rc != SQLITE_DONE) return dbi_err(db, rc, "open attempt");
     if ((rc = dbi_prepare(db, "INSERT INTO ranks(job_id, attempt, rank) VALUES (?, ?, ?)", &st)))
       return rc;
@@ -296,11 +336,11 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
       rc = sqlite3_step(st);
       sqlite3_reset(st);
       if (rc != SQLITE_DONE) {
-        sqlite3_finalize(st);
+        dbi_finish(db, st);
         return dbi_err(db, rc, "insert rank");
       }
     }
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
   }
   if ((rc = dbi_prepare(db,
                         "UPDATE jobs SET state = ?, reason = ?, updated_at = ?, attempt = ?,"
@@ -318,7 +358,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
   sqlite3_bind_double(st, 8, now);
   sqlite3_bind_text(st, 9, id, -1, SQLITE_STATIC);
   rc = sqlite3_step(st);
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "update job state");
 
   json_t *ev = json_pack("{s:s, s:s, s:s, s:i}", "from", from_name, "to", db_state_name(to),

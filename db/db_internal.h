@@ -9,13 +9,30 @@
 
 #include "db/db.h"
 
+/* Prepared statements are kept for reuse (preparing costs more than most
+ * of our queries): one slot per distinct SQL text, at most DBI_CACHE. */
+#define DBI_CACHE 64
+typedef struct {
+  char *sql;         /* owned copy of the text */
+  sqlite3_stmt *st;
+  int busy;          /* handed out and not yet finished */
+} dbi_cached_t;
+
 struct db {
   sqlite3 *conn;
   pthread_mutex_t lock; /* one statement sequence or transaction at a time */
+  dbi_cached_t cache[DBI_CACHE];
 };
 
-/* Prepares sql on db->conn; logs and returns TY_EINTERNAL on failure. */
+/* Prepares sql on db->conn, or hands out its cached statement; logs and
+ * returns TY_EINTERNAL on failure. Every statement is given back with
+ * dbi_finish (the caller holds db->lock, or is the opener). */
 int dbi_prepare(db_t *db, const char *sql, sqlite3_stmt **st);
+/* Resets a statement from dbi_prepare for its next use (or finalizes one
+ * that was not cached). */
+void dbi_finish(db_t *db, sqlite3_stmt *st);
+/* Finalizes every cached statement (before closing). */
+void dbi_cache_clear(db_t *db);
 /* Runs sql (no results) on db->conn; TY_EINTERNAL on failure (logged). */
 int dbi_exec(db_t *db, const char *sql);
 /* Maps an sqlite result code to a TY_E* code, logging what failed. */

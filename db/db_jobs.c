@@ -68,7 +68,7 @@ static int job_get_locked(db_t *db, const char *col, const char *value, db_job_t
   } else {
     rc = s == SQLITE_DONE ? TY_ENOTFOUND : dbi_err(db, s, "get job");
   }
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   return rc;
 }
 
@@ -108,7 +108,7 @@ static int insert_locked(db_t *db, db_job_t *j, db_job_t **existing) {
   sqlite3_bind_double(st, 9, j->created_at);
   sqlite3_bind_double(st, 10, j->updated_at);
   rc = sqlite3_step(st);
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert job");
   j->seq = sqlite3_last_insert_rowid(db->conn);
   j->state = DB_JOB_QUEUED;
@@ -169,7 +169,7 @@ static int list_query(db_t *db, const char *sql, int64_t bound, int limit, db_jo
     *out = jobs;
     *n = count;
   }
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
 done:
   pthread_mutex_unlock(&db->lock);
   return rc;
@@ -205,7 +205,7 @@ int db_job_count_by_state(db_t *db, int64_t *counts) {
       if (k >= 0) counts[k] = sqlite3_column_int64(st, 1);
     }
     if (s != SQLITE_DONE) rc = dbi_err(db, s, "count jobs");
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
   }
   pthread_mutex_unlock(&db->lock);
   return rc;

@@ -10,7 +10,7 @@
 /* Runs a prepared single-step statement and finalizes it; 0 or TY_E*. */
 static int step_done(db_t *db, sqlite3_stmt *st, const char *what) {
   int rc = sqlite3_step(st);
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   return rc == SQLITE_DONE ? 0 : dbi_err(db, rc, what);
 }
 
@@ -93,14 +93,14 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, bool *p
   sqlite3_bind_int(st, 2, r->attempt);
   sqlite3_bind_int(st, 3, r->rank);
   if (sqlite3_step(st) != SQLITE_ROW) {
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     return TY_ENOTFOUND;
   }
   char phase[16];
   dbi_text_copy(st, 0, phase, sizeof phase);
   int64_t step = sqlite3_column_int64(st, 1);
   int finished = sqlite3_column_int(st, 2);
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   if (finished) return TY_EPRECONDITION;
   bool changed = strcmp(phase, r->phase) || step != r->step;
   double now = db_now();
@@ -186,7 +186,7 @@ int db_job_unfinished_ranks(db_t *db, const char *id, int *n) {
   if (!rc) {
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_ROW) *n = sqlite3_column_int(st, 0);
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
   }
   pthread_mutex_unlock(&db->lock);
   return rc;
@@ -219,7 +219,7 @@ int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx) {
       rows[n].start = sqlite3_column_int64(st, 4);
       n++;
     }
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
   }
   pthread_mutex_unlock(&db->lock);
   for (size_t i = 0; i < n; i++)
@@ -239,7 +239,7 @@ static int resolve_attempt(db_t *db, const char *id, int *attempt) {
   } else {
     rc = TY_ENOTFOUND;
   }
-  sqlite3_finalize(st);
+  dbi_finish(db, st);
   return rc;
 }
 
@@ -275,7 +275,7 @@ int db_ranks_json(db_t *db, const char *id, int attempt, json_t **out) {
         json_object_set_new(o, sqlite3_column_name(st, c), column_json(st, c));
       json_array_append_new(arr, o);
     }
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     *out = json_pack("{s:s, s:i, s:o}", "job_id", id, "attempt", attempt, "ranks", arr);
   }
   pthread_mutex_unlock(&db->lock);
@@ -310,7 +310,7 @@ int db_metrics_json(db_t *db, const char *id, int attempt, json_t **out) {
       json_array_append_new(json_object_get(cur, "tokens_per_s"), column_json(st, 3));
       json_array_append_new(json_object_get(cur, "t"), column_json(st, 4));
     }
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     *out = json_pack("{s:s, s:i, s:o}", "job_id", id, "attempt", attempt, "ranks", ranks);
   }
   pthread_mutex_unlock(&db->lock);
@@ -342,7 +342,7 @@ int db_events_json(db_t *db, const char *id, int64_t after_seq, int limit, json_
                                            "data", d ? d : json_object()));
       *last_seq = seq;
     }
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
     *out = arr;
   }
   pthread_mutex_unlock(&db->lock);
@@ -365,7 +365,7 @@ int db_rank_log_path(db_t *db, const char *id, int attempt, int rank, char **out
       *out = dbi_text_dup(st, 0);
     else
       rc = TY_ENOTFOUND;
-    sqlite3_finalize(st);
+    dbi_finish(db, st);
   }
   pthread_mutex_unlock(&db->lock);
   return rc;

@@ -5,6 +5,7 @@
 #   deploy/install-deps.sh          build + run (server, worker, CLI)
 #   deploy/install-deps.sh test     also what the test suites need
 #   deploy/install-deps.sh worker   only what the worker needs (GPU hosts)
+#   deploy/install-deps.sh bench    the test packages plus the benchmarks' tools
 set -euo pipefail
 
 group=${1:-build}
@@ -15,12 +16,15 @@ build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compile
             libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)
 test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
            python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium)
+# wrk + nginx: tests/bench/api.py measures trainyardd beside nginx.
+bench_pkgs=("${test_pkgs[@]}" wrk nginx-light)
 
 case "$group" in
   worker) want=("${worker_pkgs[@]}") ;;
   build) want=("${build_pkgs[@]}") ;;
   test) want=("${test_pkgs[@]}") ;;
-  *) echo "install-deps.sh: unknown group '$group' (use worker, build or test)" >&2; exit 2 ;;
+  bench) want=("${bench_pkgs[@]}") ;;
+  *) echo "install-deps.sh: unknown group '$group' (use worker, build, test or bench)" >&2; exit 2 ;;
 esac
 
 missing=()

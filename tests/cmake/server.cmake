@@ -17,4 +17,7 @@ if(Python3_FOUND)
     set_tests_properties(integration/${suite} PROPERTIES LABELS integration TIMEOUT 300
                          ENVIRONMENT "${TY_TEST_ENV}")
   endforeach()
+  # wrk against trainyardd beside nginx; not in CI (label bench).
+  add_test(NAME bench/api COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/api.py)
+  set_tests_properties(bench/api PROPERTIES LABELS bench TIMEOUT 600 ENVIRONMENT "${TY_TEST_ENV}")
 endif()
