@@ -15,11 +15,35 @@
 #include "common/log.h"
 #include "common/xalloc.h"
 
+#define LINE_MAX_BYTES 65536
+
 typedef struct {
   int in_fd;    /* read end of the rank's stdout+stderr pipe; owned */
   int out_fd;   /* the log file; owned */
   int64_t max;  /* bytes to keep */
+  void (*on_line)(void *ctx, const char *line);
+  void *line_ctx;             /* owned */
+  char line[LINE_MAX_BYTES];  /* the current, incomplete line */
+  size_t line_len;
+  bool line_too_long;
 } pump_t;
+
+/* Splits output into lines for on_line; JSON report lines only. */
+static void feed_lines(pump_t *p, const char *buf, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (buf[i] != '\n') {
+      if (p->line_len + 1 < sizeof p->line)
+        p->line[p->line_len++] = buf[i];
+      else
+        p->line_too_long = true;
+      continue;
+    }
+    p->line[p->line_len] = '\0';
+    if (!p->line_too_long && p->line[0] == '{') p->on_line(p->line_ctx, p->line);
+    p->line_len = 0;
+    p->line_too_long = false;
+  }
+}
 
 /* Copies the pipe into the log until EOF; past max bytes it keeps reading
  * (so the rank never blocks on a full pipe) but drops the rest, once noting
@@ -33,6 +57,7 @@ static void *pump_main(void *arg) {
     ssize_t n = read(p->in_fd, buf, sizeof buf);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) break;
+    if (p->on_line) feed_lines(p, buf, (size_t)n);
     int64_t room = p->max - written;
     size_t take = room <= 0 ? 0 : (size_t)(room < n ? room : n);
     if (take && write(p->out_fd, buf, take) == (ssize_t)take) written += (int64_t)take;
@@ -47,6 +72,7 @@ static void *pump_main(void *arg) {
   }
   close(p->in_fd);
   close(p->out_fd);
+  free(p->line_ctx);
   free(p);
   return NULL;
 }
@@ -69,17 +95,20 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   if (access(sp->worker, X_OK)) {
     snprintf(msg, msgsz, "cannot run the worker program %s: %s (set --worker)", sp->worker,
              strerror(errno));
+    free(sp->line_ctx);
     return TY_EUNAVAILABLE;
   }
   int logfd = open(sp->log_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (logfd < 0) {
     snprintf(msg, msgsz, "cannot create the rank log %s: %s", sp->log_path, strerror(errno));
+    free(sp->line_ctx);
     return TY_EUNAVAILABLE;
   }
   int fds[2];
   if (pipe2(fds, O_CLOEXEC)) {
     snprintf(msg, msgsz, "pipe: %s", strerror(errno));
     close(logfd);
+    free(sp->line_ctx);
     return TY_EUNAVAILABLE;
   }
   /* Everything the child needs is prepared before fork: after it, only
@@ -112,6 +141,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
     close(fds[0]);
     close(fds[1]);
     close(logfd);
+    free(sp->line_ctx);
     return TY_EUNAVAILABLE;
   }
   if (pid == 0) {
@@ -135,16 +165,19 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   close(fds[1]);
   out->pid = pid;
   out->start_ticks = dispatch_start_ticks(pid);
-  pump_t *p = xmalloc(sizeof *p);
+  pump_t *p = xcalloc(1, sizeof *p);
   p->in_fd = fds[0];
   p->out_fd = logfd;
   p->max = sp->log_max;
+  p->on_line = sp->on_line;
+  p->line_ctx = sp->line_ctx;
   if (pthread_create(&out->pump, NULL, pump_main, p) == 0) {
     out->pump_started = true;
   } else {
     ty_warn("no log thread for rank %d of job %s; its output is dropped", sp->rank, sp->job_id);
     close(fds[0]);
     close(logfd);
+    free(p->line_ctx);
     free(p);
   }
   return 0;

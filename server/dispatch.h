@@ -22,6 +22,13 @@ typedef struct {
   const char *token;       /* TRAINYARD_TOKEN */
   const char *log_path;    /* where its output goes */
   int64_t log_max;         /* bytes of output kept */
+  /* Called by the pump thread with each complete output line that starts
+   * with '{' (a report printed as a JSON line; see DESIGN.md "Worker
+   * contract"), NUL-terminated, without its newline; may be NULL. Lines
+   * over 64 KiB are not passed. line_ctx is freed with free() when the pump
+   * ends. */
+  void (*on_line)(void *ctx, const char *line);
+  void *line_ctx;
 } dispatch_spec_t;
 
 /* A started rank. The pump thread copies the rank's output into its log
@@ -34,7 +41,8 @@ typedef struct {
 } dispatch_rank_t;
 
 /* Forks and execs the worker. 0, or a TY_E* code with msg saying why (the
- * program is missing, the log cannot be created, ...). */
+ * program is missing, the log cannot be created, ...). spec->line_ctx is
+ * taken over in every case. */
 int dispatch_start(const dispatch_spec_t *spec, dispatch_rank_t *out, char *msg, size_t msgsz);
 /* Joins the pump thread (after the rank exited). */
 void dispatch_release(dispatch_rank_t *r);

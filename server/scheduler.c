@@ -241,6 +241,26 @@ static void reap(sched_t *s) {
   }
 }
 
+/* What the log pump of one rank needs to ingest the reports it prints. */
+typedef struct {
+  svc_t *svc;
+  char id[DB_ID_MAX];
+  char token[DB_TOKEN_MAX];
+} line_ctx_t;
+
+/* A rank that prints its reports as JSON lines (no report URL used) is
+ * heard all the same: each such line is a report, with the job's token. */
+static void on_report_line(void *ctx, const char *line) {
+  line_ctx_t *c = ctx;
+  json_t *o = json_loads(line, 0, NULL);
+  if (json_is_object(o) && json_object_get(o, "phase")) {
+    ty_errlist_t errs = TY_ERRLIST_INIT;
+    svc_report(c->svc, c->id, c->token, o, &errs, NULL, 0);
+    ty_errlist_clear(&errs);
+  }
+  json_decref(o);
+}
+
 static void write_spec_file(const char *path, const char *spec) {
   FILE *f = fopen(path, "w");
   if (!f) return;
@@ -284,8 +304,14 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   for (int i = 0; i < r->world; i++) {
     char log_path[2300], msg[2600];
     snprintf(log_path, sizeof log_path, "%s/rank-%d.log", dir, i);
-    dispatch_spec_t sp = {s->worker, spec_path, j->id, attempt, i, r->world, rdv, url,
-                          j->token, log_path, s->cfg->log_max};
+    line_ctx_t *lc = xcalloc(1, sizeof *lc);
+    lc->svc = s->svc;
+    snprintf(lc->id, sizeof lc->id, "%s", j->id);
+    snprintf(lc->token, sizeof lc->token, "%s", j->token);
+    dispatch_spec_t sp = {s->worker, spec_path, j->id,   attempt,         i,
+                          r->world,  rdv,       url,     j->token,        log_path,
+                          s->cfg->log_max,      on_report_line,           lc};
+    if (mk) free(lc);
     int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
     if (mk) snprintf(msg, sizeof msg, "cannot create %s: %s", dir, strerror(-mk));
     if (rc) {
@@ -379,10 +405,8 @@ static bool step_run(sched_t *s, run_t *r, double now) {
   }
   /* Stragglers a rank left in its group get the same end. */
   for (int i = 0; i < r->world; i++)
-    if (r->ranks[i].started) {
-      if (dispatch_group_alive(r->ranks[i].proc.pid)) killpg(r->ranks[i].proc.pid, SIGKILL);
-      dispatch_release(&r->ranks[i].proc);
-    }
+    if (r->ranks[i].started && dispatch_group_alive(r->ranks[i].proc.pid))
+      killpg(r->ranks[i].proc.pid, SIGKILL);
   return true;
 }
 
@@ -399,10 +423,13 @@ static void handle_cancels(sched_t *s) {
   }
 }
 
+/* Called with s->lock held; drops it while joining the log pumps of ended
+ * runs, since a pump may be waiting for the lock to pass on a report. */
 static void tick(sched_t *s) {
   handle_cancels(s);
   reap(s);
   double now = mono_now();
+  run_t *ended = NULL;
   for (run_t **pp = &s->runs; *pp;) {
     run_t *r = *pp;
     if (step_run(s, r, now)) {
@@ -411,11 +438,23 @@ static void tick(sched_t *s) {
         s->gpu_used -= r->world;
       else
         s->cpu_used -= r->world;
-      free(r->ranks);
-      free(r);
+      r->next = ended;
+      ended = r;
     } else {
       pp = &r->next;
     }
+  }
+  if (ended) {
+    pthread_mutex_unlock(&s->lock);
+    while (ended) {
+      run_t *r = ended;
+      ended = r->next;
+      for (int i = 0; i < r->world; i++)
+        if (r->ranks[i].started) dispatch_release(&r->ranks[i].proc);
+      free(r->ranks);
+      free(r);
+    }
+    pthread_mutex_lock(&s->lock);
   }
   if (!s->quit) start_queued(s);
 }

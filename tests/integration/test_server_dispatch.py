@@ -169,6 +169,14 @@ class RealWorker(unittest.TestCase):
             self.assertTrue(os.path.exists(os.path.join(out, "adapter_model.safetensors")))
             log = srv.get("/v1/jobs/%s/ranks/1/log" % job["id"]).text
             self.assertIn("[rank 1/2] train step 8/8", log)
+            # Its reports reached the server (posted, or printed as JSON
+            # lines that the log pump passes on): progress and the loss.
+            ranks = srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]
+            self.assertEqual([r["step"] for r in ranks], [8, 8])
+            self.assertTrue(all(r["reports"] > 0 and r["host_peak_bytes"] > 0 for r in ranks))
+            m = srv.get("/v1/jobs/%s/metrics" % job["id"]).json()
+            self.assertEqual(m["ranks"][0]["steps"], list(range(1, 9)))
+            self.assertIsNotNone(job["started_at"])
         finally:
             srv.cleanup()
 
