@@ -154,6 +154,31 @@ static void check_identity(const char *key, const json_t *v, const char *path, t
     ty_errlist_add(errs, path, "only [\"LlamaForCausalLM\"] is supported; remove the field");
 }
 
+/* Hugging Face keys outside our table that change what the model computes.
+ * A config.json may carry them only with the value our Llama implements;
+ * anything else would load and silently compute a different model. */
+static void check_semantics(const char *key, const json_t *v, const char *path,
+                            ty_errlist_t *errs) {
+  if (!strcmp(key, "hidden_act")) {
+    if (!json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), "silu") != 0))
+      ty_errlist_add(errs, path,
+                     "only \"silu\" (SwiGLU) is supported, got %s; this checkpoint is not a "
+                     "Llama model trainyard can train",
+                     json_is_string(v) ? json_string_value(v) : json_kind(v));
+  } else if (!strcmp(key, "rope_scaling")) {
+    if (!json_is_null(v))
+      ty_errlist_add(errs, path,
+                     "rotary scaling (Llama 3.1+ \"rope_type\" variants) is not supported; "
+                     "use a checkpoint whose rope_scaling is null");
+  } else if (!strcmp(key, "attention_bias") || !strcmp(key, "mlp_bias")) {
+    if (json_is_true(v))
+      ty_errlist_add(errs, path,
+                     "projection biases are not supported (Llama has none); use a checkpoint "
+                     "with %s false",
+                     key);
+  }
+}
+
 int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *field_prefix,
                            bool strict, ty_errlist_t *errs) {
   size_t before = errs->len;
@@ -176,7 +201,10 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
         if (strict) check_identity(key, v, path, errs);
         continue;
       }
-      if (!strict) continue;
+      if (!strict) {
+        check_semantics(key, v, path, errs);
+        continue;
+      }
       const char *names[LK_N];
       for (size_t i = 0; i < LK_N; i++) names[i] = g_keys[i].key;
       const char *near = jobspec_closest(key, names, LK_N);

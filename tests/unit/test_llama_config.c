@@ -57,6 +57,42 @@ static void test_hf_config_lenient(void **state) {
   ty_errlist_clear(&e);
 }
 
+/* Keys that would change what the model computes are refused with the
+ * value that is supported, never ignored: a Llama 3.1 config (rope_scaling),
+ * a GELU model, projection biases. */
+static void test_lenient_refuses_semantic_changes(void **state) {
+  (void)state;
+  static const struct {
+    const char *json, *field, *says;
+  } cases[] = {
+      {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
+       "rope_scaling", "not supported"},
+      {"{\"hidden_size\": 64, \"hidden_act\": \"gelu\"}", "hidden_act", "only \"silu\""},
+      {"{\"hidden_size\": 64, \"attention_bias\": true}", "attention_bias", "biases"},
+      {"{\"hidden_size\": 64, \"mlp_bias\": true}", "mlp_bias", "biases"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    llama_config_t c;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    llama_config_init(&c);
+    json_t *j = load(cases[i].json);
+    assert_int_equal(llama_config_from_json(j, &c, "", false, &e), TY_EINVAL);
+    assert_int_equal(e.len, 1);
+    assert_true(tu_has(&e, cases[i].field, cases[i].says));
+    json_decref(j);
+    ty_errlist_clear(&e);
+  }
+  /* The supported values pass: silu, null scaling, no biases. */
+  llama_config_t c;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  llama_config_init(&c);
+  json_t *j = load(
+      "{\"hidden_size\": 64, \"hidden_act\": \"silu\", \"rope_scaling\": null, "
+      "\"attention_bias\": false, \"mlp_bias\": false}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  json_decref(j);
+}
+
 static void test_newer_dtype_key_and_nulls(void **state) {
   (void)state;
   llama_config_t c;
@@ -164,9 +200,13 @@ static void test_llama2_7b_params(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_hf_config_lenient),  cmocka_unit_test(test_newer_dtype_key_and_nulls),
-      cmocka_unit_test(test_types_and_ranges),   cmocka_unit_test(test_validate_relations),
-      cmocka_unit_test(test_to_json_round_trip), cmocka_unit_test(test_llama2_7b_params),
+      cmocka_unit_test(test_hf_config_lenient),
+      cmocka_unit_test(test_lenient_refuses_semantic_changes),
+      cmocka_unit_test(test_newer_dtype_key_and_nulls),
+      cmocka_unit_test(test_types_and_ranges),
+      cmocka_unit_test(test_validate_relations),
+      cmocka_unit_test(test_to_json_round_trip),
+      cmocka_unit_test(test_llama2_7b_params),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
