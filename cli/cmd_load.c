@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "common/xalloc.h"
 #include "worker/launch.h"
+#include "worker/loader.h"
 
 /* What each rank said: its last JSON report (stdout line). */
 typedef struct {
@@ -42,8 +43,8 @@ static void load_usage(FILE *f) {
           "usage: trainyard load [SPEC.json] [--dotted.field value ...]\n"
           "Starts world_size local ranks that load their shards of model_path (or initialise\n"
           "them, with init_from_scratch) and exit. Prints one JSON line per rank:\n"
-          "  rank, world_size, path, status, bytes_loaded, bytes_total, host_peak_bytes,\n"
-          "  device_peak_bytes, load_seconds, gb_per_s, message\n"
+          "  rank, world_size, path, status, shard_bytes, bytes_loaded, bytes_total,\n"
+          "  host_peak_bytes, device_peak_bytes, load_seconds, gb_per_s, message\n"
           "Exit status 0 when every rank loaded, 1 when one failed (its reason on stderr),\n"
           "2 for an invalid spec. Example:\n"
           "  trainyard load --model_path models/tiny --world_size 2 "
@@ -73,7 +74,8 @@ static int find_worker(char *out, size_t n) {
 
 /* Prints rank r's line from its last report rep (may be NULL); returns 0
  * when it loaded. why: the launcher's reason when this rank failed the job. */
-static int print_rank(const jobspec_t *s, int rank, json_t *rep, const char *why) {
+static int print_rank(const jobspec_t *s, int rank, json_t *rep, const char *why,
+                      uint64_t shard_bytes) {
   const char *phase = json_string_value(json_object_get(rep, "phase"));
   const char *msg = json_string_value(json_object_get(rep, "message"));
   bool ok = phase && !strcmp(phase, "done");
@@ -85,8 +87,9 @@ static int print_rank(const jobspec_t *s, int rank, json_t *rep, const char *why
                      : s->fsdp.memory_efficient_load ? "memory_efficient"
                                                      : "standard";
   json_t *out = json_pack(
-      "{s:i,s:i,s:s,s:s,s:I,s:I,s:I,s:I,s:f,s:f,s:s}", "rank", rank, "world_size", s->world_size,
-      "path", path, "status", ok ? "ok" : "failed", "bytes_loaded", loaded, "bytes_total",
+      "{s:i,s:i,s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:f,s:f,s:s}", "rank", rank, "world_size",
+      s->world_size, "path", path, "status", ok ? "ok" : "failed", "shard_bytes",
+      (json_int_t)shard_bytes, "bytes_loaded", loaded, "bytes_total",
       json_integer_value(json_object_get(rep, "bytes_total")), "host_peak_bytes",
       json_integer_value(json_object_get(rep, "host_peak_bytes")), "device_peak_bytes",
       json_integer_value(json_object_get(rep, "device_peak_bytes")), "load_seconds", secs,
@@ -151,9 +154,15 @@ int cmd_load(int argc, char **argv) {
     free(ctx.last);
     return 1;
   }
+  /* What each rank holds once loaded, from the shape alone (0 when the
+   * checkpoint's config.json cannot be read: the ranks say why). */
+  llama_config_t cfg = s.model;
+  char cerr[256];
+  bool have_cfg = s.init_from_scratch || !ckpt_read_config(s.model_path, &cfg, cerr, sizeof cerr);
   int failed = rc != 0;
   for (int i = 0; i < s.world_size; i++) {
-    failed |= print_rank(&s, i, ctx.last[i], i == res.failed_rank ? res.reason : NULL) != 0;
+    uint64_t shard = have_cfg ? loader_shard_bytes(&cfg, i, s.world_size, s.dtype) : 0;
+    failed |= print_rank(&s, i, ctx.last[i], i == res.failed_rank ? res.reason : NULL, shard) != 0;
     json_decref(ctx.last[i]);
   }
   free(ctx.last);

@@ -92,6 +92,16 @@ static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loade
   return 0;
 }
 
+uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype) {
+  loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dtype};
+  loader_shard_t *s;
+  char err[8];
+  if (shard_layout(cfg, &o, &s, err, sizeof err)) return 0;
+  uint64_t bytes = s->bytes;
+  loader_shard_free(s);
+  return bytes;
+}
+
 /* Allocates the shard's one placement buffer and points the views into it. */
 static int shard_alloc(loader_shard_t *s, char *err, size_t errlen) {
   if (placement_alloc(s->pl, s->bytes, &s->base))

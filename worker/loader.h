@@ -95,6 +95,11 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
 int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
                         loader_stats_t *stats, char *err, size_t errlen);
 
+/* Bytes of rank's shard of a model of shape cfg in dtype (what
+ * loader_load / loader_init_scratch will allocate), without loading or
+ * allocating anything. 0 for a config or rank out of range. */
+uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype);
+
 /* The view of (kind, layer) (layer ignored for global kinds), or NULL when
  * absent (lm_head of a tied model). */
 const loader_view_t *loader_view(const loader_shard_t *s, ckpt_kind_t kind, int layer);

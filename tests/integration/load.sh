@@ -28,6 +28,9 @@ for r, j in enumerate(lines):
     assert j["status"] == "ok" and j["path"] == path, j
     assert j["host_peak_bytes"] > 0 and j["device_peak_bytes"] > 0, j
     assert j["bytes_loaded"] == j["bytes_total"], j
+    assert j["shard_bytes"] > 0, j
+    if path == "memory_efficient":
+        assert j["device_peak_bytes"] == j["shard_bytes"], j
     if path == "standard":
         assert j["bytes_loaded"] == total, j
     read += j["bytes_loaded"]

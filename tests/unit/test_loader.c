@@ -102,6 +102,7 @@ static void check_stats(const char *dir, ty_dtype_t dt) {
       assert_int_equal(s2.bytes_read, s2.bytes_total);
       assert_int_equal(s2.device_peak_bytes, b->bytes);
       assert_int_equal(s2.shard_bytes, b->bytes);
+      assert_int_equal(loader_shard_bytes(&ck->layout.cfg, r, world, dt), b->bytes);
       assert_true(s1.device_peak_bytes >= ck->layout.nparams * dsz + a->bytes);
       assert_true(s1.host_peak_bytes > 0 && s2.load_seconds >= 0);
       read_sum += s2.bytes_read;
