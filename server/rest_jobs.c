@@ -110,13 +110,12 @@ enum MHD_Result rest_h_list(rest_t *r, struct MHD_Connection *c, rest_req_t *q) 
 }
 
 enum MHD_Result rest_h_get(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
-  db_job_t *job;
+  char *text;
+  size_t len;
   char msg[MSG_MAX] = "";
-  int rc = svc_get(r->svc, q->params[0], &job, msg, sizeof msg);
+  int rc = svc_get_text(r->svc, q->params[0], &text, &len, msg, sizeof msg);
   if (rc) return send_rc(c, q, rc, msg, NULL);
-  enum MHD_Result ret = rest_send_json(c, q, 200, svc_job_json(job));
-  db_job_free(job);
-  return ret;
+  return rest_send_text(c, q, 200, "application/json", text);
 }
 
 enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {

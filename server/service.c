@@ -19,6 +19,17 @@
 
 #define PAGE_DEFAULT 50
 #define ROOTS_MAX 32
+#define JOB_CACHE 1024 /* slots of rendered job JSON (direct-mapped by id) */
+
+/* One rendered job. A job's row changes only in svc_transition, which
+ * invalidates its slot; gen orders an invalidation against a render that
+ * read the row before it. */
+typedef struct {
+  char id[DB_ID_MAX];
+  char *text;   /* owned; NULL when empty */
+  size_t len;
+  uint64_t gen; /* bumped on every invalidation of this slot */
+} job_cache_t;
 
 struct svc {
   const srv_config_t *cfg;
@@ -31,6 +42,8 @@ struct svc {
   char *roots_buf, *out_roots_buf; /* storage of the root lists below */
   const char *read_roots[2 * ROOTS_MAX + 1];
   const char *write_roots[ROOTS_MAX + 1];
+  pthread_mutex_t cache_lock;
+  job_cache_t cache[JOB_CACHE];
 };
 
 /* Splits a colon-separated list in place into list (NULL-terminated, at
@@ -48,6 +61,7 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   svc_t *s = xcalloc(1, sizeof *s);
   s->cfg = cfg;
   pthread_mutex_init(&s->ev_lock, NULL);
+  pthread_mutex_init(&s->cache_lock, NULL);
   pthread_condattr_t ca;
   pthread_condattr_init(&ca);
   pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -73,6 +87,8 @@ void svc_close(svc_t *s) {
   if (!s) return;
   db_close(s->db);
   pthread_mutex_destroy(&s->ev_lock);
+  pthread_mutex_destroy(&s->cache_lock);
+  for (int i = 0; i < JOB_CACHE; i++) free(s->cache[i].text);
   pthread_cond_destroy(&s->ev_cond);
   free(s->roots_buf);
   free(s->out_roots_buf);
@@ -234,6 +250,62 @@ int svc_get(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz) {
   int rc = db_job_get(s->db, id, out);
   if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
   return rc;
+}
+
+static job_cache_t *cache_slot(svc_t *s, const char *id) {
+  uint32_t h = 2166136261u; /* FNV-1a */
+  for (const char *p = id; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+  return &s->cache[h % JOB_CACHE];
+}
+
+static void cache_invalidate(svc_t *s, const char *id) {
+  pthread_mutex_lock(&s->cache_lock);
+  job_cache_t *c = cache_slot(s, id);
+  c->gen++;
+  if (!strcmp(c->id, id)) {
+    free(c->text);
+    c->text = NULL;
+    c->id[0] = '\0';
+  }
+  pthread_mutex_unlock(&s->cache_lock);
+}
+
+int svc_get_text(svc_t *s, const char *id, char **text, size_t *len, char *msg, size_t msgsz) {
+  *text = NULL;
+  pthread_mutex_lock(&s->cache_lock);
+  job_cache_t *c = cache_slot(s, id);
+  uint64_t gen = c->gen;
+  if (c->text && !strcmp(c->id, id)) {
+    *len = c->len;
+    *text = xmalloc(c->len + 1);
+    memcpy(*text, c->text, c->len + 1);
+  }
+  pthread_mutex_unlock(&s->cache_lock);
+  if (*text) return 0;
+  db_job_t *j;
+  int rc = svc_get(s, id, &j, msg, msgsz);
+  if (rc) return rc;
+  json_t *o = svc_job_json(j);
+  db_job_free(j);
+  char *body = json_dumps(o, JSON_COMPACT);
+  json_decref(o);
+  if (!body) return TY_EINTERNAL;
+  *len = strlen(body);
+  *text = xrealloc(body, *len + 2);
+  (*text)[(*len)++] = '\n';
+  (*text)[*len] = '\0';
+  if (strlen(id) < DB_ID_MAX) {
+    pthread_mutex_lock(&s->cache_lock);
+    if (c->gen == gen) { /* no state change since the row was read */
+      free(c->text);
+      snprintf(c->id, sizeof c->id, "%s", id);
+      c->text = xmalloc(*len + 1);
+      memcpy(c->text, *text, *len + 1);
+      c->len = *len;
+    }
+    pthread_mutex_unlock(&s->cache_lock);
+  }
+  return 0;
 }
 
 int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_token,
@@ -503,7 +575,11 @@ int svc_stats(svc_t *s, svc_stats_t *out) {
 
 int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
                    int *cur, int *attempt) {
+  /* Before and after: a render that read the old row between the two is
+   * never stored. */
+  cache_invalidate(s, id);
   int rc = db_job_transition(s->db, id, from_mask, to, reason, cur, attempt);
+  cache_invalidate(s, id);
   if (rc == 0) {
     ty_info("job %s -> %s: %s", id, db_state_name(to), reason);
     notify(s);

@@ -45,6 +45,10 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
                bool *created, ty_errlist_t *errs, char *msg, size_t msgsz);
 
 int svc_get(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz);
+/* The job's API view (svc_job_json) as compact JSON text with a newline,
+ * *len bytes, a new string; served from a cache that every state change
+ * of the job invalidates. */
+int svc_get_text(svc_t *s, const char *id, char **text, size_t *len, char *msg, size_t msgsz);
 
 /* A page of jobs, newest first. states: comma-separated state names (NULL
  * or "": every state). page_size: 0 for the default (50), at most
