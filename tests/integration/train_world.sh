@@ -147,4 +147,33 @@ grep -q 'rank 1 failed' "$tmp/killed.log" || fail "the failure does not name ran
 [ -z "$(pgrep -P "$launcher" || true)" ] || fail "orphan ranks remain"
 for p in $(pgrep -f "$tmp/killed/job.json" || true); do fail "orphan process $p"; done
 ls /dev/shm | grep -q "trainyard-local-$launcher-" && fail "shared memory left in /dev/shm"
+
+# A rank that stops making progress (SIGSTOP): its peer's collective times
+# out naming it, and the job fails instead of hanging.
+TRAINYARD_COMM_TIMEOUT_MS=2000 "$ty" train "${common[@]}" "${full[@]}" --world_size 2 \
+  --train.micro_batch_size 4 --train.steps 100000 --output_dir "$tmp/stalled" \
+  >"$tmp/stalled.out" 2>"$tmp/stalled.log" &
+launcher=$!
+for _ in $(seq 1 300); do
+  grep -q 'rank 1/2\] train step 2/' "$tmp/stalled.log" 2>/dev/null && break
+  sleep 0.1
+done
+victim=$(pgrep -P "$launcher" | while read -r p; do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'TRAINYARD_RANK=1' && echo "$p"; done)
+[ -n "$victim" ] || { kill "$launcher"; fail "rank 1 not found"; }
+t0=$(date +%s.%N)
+kill -STOP "$victim"
+set +e
+wait "$launcher"
+rc=$?
+set -e
+t1=$(date +%s.%N)
+python3 -c "
+dt = $t1 - $t0
+print(f'# rank 1 stopped: launcher exited {$rc} after {dt:.2f} s')
+assert $rc != 0 and dt < 15.0"
+grep 'trainyard train: rank' "$tmp/stalled.log" | grep -q 'rank 1' ||
+  fail "the failure does not name the stalled rank 1: $(tail -2 "$tmp/stalled.log")"
+grep 'trainyard train: rank' "$tmp/stalled.log"
+[ -z "$(pgrep -P "$launcher" || true)" ] || fail "orphan ranks remain"
 echo ok
