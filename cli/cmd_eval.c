@@ -57,12 +57,18 @@ int cmd_eval(int argc, char **argv) {
       return 2;
     }
     const char *v = argv[++i];
-    if (!strcmp(a, "--model_path")) model_path = v;
-    else if (!strcmp(a, "--adapter")) adapter = v;
-    else if (!strcmp(a, "--data")) data_path = v;
-    else if (!strcmp(a, "--format")) format = v;
-    else if (!strcmp(a, "--seq_len")) T = parse_positive(v);
-    else if (!strcmp(a, "--batches")) N = parse_positive(v);
+    if (!strcmp(a, "--model_path"))
+      model_path = v;
+    else if (!strcmp(a, "--adapter"))
+      adapter = v;
+    else if (!strcmp(a, "--data"))
+      data_path = v;
+    else if (!strcmp(a, "--format"))
+      format = v;
+    else if (!strcmp(a, "--seq_len"))
+      T = parse_positive(v);
+    else if (!strcmp(a, "--batches"))
+      N = parse_positive(v);
     else {
       fprintf(stderr, "trainyard eval: unknown option %s\n", a);
       eval_usage(stderr);
@@ -70,16 +76,20 @@ int cmd_eval(int argc, char **argv) {
     }
   }
   jobspec_data_format_t fmt;
-  if (!strcmp(format, "text")) fmt = JOBSPEC_DATA_TEXT;
-  else if (!strcmp(format, "u16")) fmt = JOBSPEC_DATA_U16;
-  else if (!strcmp(format, "u32")) fmt = JOBSPEC_DATA_U32;
+  if (!strcmp(format, "text"))
+    fmt = JOBSPEC_DATA_TEXT;
+  else if (!strcmp(format, "u16"))
+    fmt = JOBSPEC_DATA_U16;
+  else if (!strcmp(format, "u32"))
+    fmt = JOBSPEC_DATA_U32;
   else {
     fprintf(stderr, "trainyard eval: --format %s: use text, u16 or u32\n", format);
     return 2;
   }
   if (!model_path || !data_path || T < 1 || N < 1) {
-    fprintf(stderr, "trainyard eval: --model_path, --data, --seq_len (>= 1) and --batches "
-                    "(>= 1) are required\n");
+    fprintf(stderr,
+            "trainyard eval: --model_path, --data, --seq_len (>= 1) and --batches "
+            "(>= 1) are required\n");
     eval_usage(stderr);
     return 2;
   }
@@ -96,9 +106,16 @@ int cmd_eval(int argc, char **argv) {
   if (!rc) rc = model_io_load(m, model_path, err, sizeof err);
   if (!rc && adapter) rc = outputs_read_adapter(adapter, m, &lo, err, sizeof err);
   if (!rc) {
-    data_config_t dc = {.path = data_path, .format = fmt, .vocab_size = cfg.vocab_size,
-                        .seq_len = (int)T, .eval_fraction = 0, .seed = 0, .world_size = 1,
-                        .rank = 0, .micro_batch_size = 1, .grad_accum = 1};
+    data_config_t dc = {.path = data_path,
+                        .format = fmt,
+                        .vocab_size = cfg.vocab_size,
+                        .seq_len = (int)T,
+                        .eval_fraction = 0,
+                        .seed = 0,
+                        .world_size = 1,
+                        .rank = 0,
+                        .micro_batch_size = 1,
+                        .grad_accum = 1};
     rc = data_open(&d, &dc, err, sizeof err);
   }
   if (!rc && data_num_tokens(d) < N * T + 1) {
@@ -112,8 +129,10 @@ int cmd_eval(int argc, char **argv) {
     window_ctx_t ctx = {d, (int)T};
     rc = train_eval(m, lo, (int)T, N, window_at, &ctx, &loss, &tokens, err, sizeof err);
   }
-  if (!rc) printf("{\"loss\": %.9g, \"tokens\": %lld}\n", loss, (long long)tokens);
-  else fprintf(stderr, "trainyard eval: %s\n", err);
+  if (!rc)
+    printf("{\"loss\": %.9g, \"tokens\": %lld}\n", loss, (long long)tokens);
+  else
+    fprintf(stderr, "trainyard eval: %s\n", err);
   data_free(d);
   lora_free(lo);
   model_free(m);

@@ -57,7 +57,7 @@ static int find_worker(char *out, size_t n) {
 }
 
 typedef struct {
-  int json;       /* echo the JSON reports */
+  int json; /* echo the JSON reports */
   int world;
 } train_view_t;
 
@@ -108,8 +108,9 @@ int cmd_train(int argc, char **argv) {
   view.world = s.world_size;
   char worker[PATH_MAX + 64], err[1024];
   if (find_worker(worker, sizeof worker)) {
-    fprintf(stderr, "trainyard train: trainyard-worker not found beside this binary (set "
-                    "TRAINYARD_WORKER to its path)\n");
+    fprintf(stderr,
+            "trainyard train: trainyard-worker not found beside this binary (set "
+            "TRAINYARD_WORKER to its path)\n");
     return 1;
   }
   /* The normalized spec lives with the outputs: it says what made them. */
@@ -130,9 +131,13 @@ int cmd_train(int argc, char **argv) {
           s.world_size, s.world_size == 1 ? "" : "s", s.use_lora ? "LoRA" : "full training",
           s.train.steps, s.data.path[0] ? s.data.path : "the built-in corpus (no data.path)",
           s.output_dir);
-  launch_opts_t o = {.worker = worker, .world_size = s.world_size, .spec_path = spec_path,
-                     .mode = "train", .progress_timeout_ms = progress_timeout_ms(),
-                     .on_line = on_line, .ctx = &view};
+  launch_opts_t o = {.worker = worker,
+                     .world_size = s.world_size,
+                     .spec_path = spec_path,
+                     .mode = "train",
+                     .progress_timeout_ms = progress_timeout_ms(),
+                     .on_line = on_line,
+                     .ctx = &view};
   launch_result_t res;
   rc = launch_run(&o, &res);
   if (rc == 0) {
@@ -143,8 +148,9 @@ int cmd_train(int argc, char **argv) {
     return 0;
   }
   if (rc == TY_ECANCELLED) {
-    fprintf(stderr, "trainyard train: stopped by signal %d (%s); every rank stopped. A rerun "
-                    "resumes from the last checkpoint in %s/checkpoints\n",
+    fprintf(stderr,
+            "trainyard train: stopped by signal %d (%s); every rank stopped. A rerun "
+            "resumes from the last checkpoint in %s/checkpoints\n",
             res.interrupted, strsignal(res.interrupted), s.output_dir);
     return 130;
   }

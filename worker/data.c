@@ -14,8 +14,8 @@
 #include "common/xalloc.h"
 
 struct data_s {
-  data_config_t cfg;  /* cfg.path points at path below */
-  char *path;         /* owned copy */
+  data_config_t cfg; /* cfg.path points at path below */
+  char *path;        /* owned copy */
   int fd;
   size_t elem;        /* bytes per token: 1, 2 or 4 */
   int64_t num_tokens; /* N */
@@ -72,7 +72,8 @@ static int builtin_corpus(int64_t vocab, char *msg, size_t msglen) {
   for (size_t i = 0; i < n; i++) {
     uint8_t *b = (uint8_t *)&buf[i];
     uint32_t v = buf[i];
-    b[0] = (uint8_t)v, b[1] = (uint8_t)(v >> 8), b[2] = (uint8_t)(v >> 16), b[3] = (uint8_t)(v >> 24);
+    b[0] = (uint8_t)v, b[1] = (uint8_t)(v >> 8), b[2] = (uint8_t)(v >> 16),
+    b[3] = (uint8_t)(v >> 24);
   }
   size_t want = n * sizeof *buf, done = 0;
   while (done < want) {
@@ -159,8 +160,8 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
              "(world_size %d x micro_batch_size %d x grad_accum %d); use more data or a "
              "smaller seq_len or batch",
              cfg->path, (long long)N, (long long)n_train, (long long)(T + 1), (long long)n_eval,
-             n_train > UINT32_MAX ? "more than 2^32 windows, beyond" : "fewer than",
-             (long long)G, cfg->world_size, cfg->micro_batch_size, cfg->grad_accum);
+             n_train > UINT32_MAX ? "more than 2^32 windows, beyond" : "fewer than", (long long)G,
+             cfg->world_size, cfg->micro_batch_size, cfg->grad_accum);
     close(fd);
     return TY_EINVAL;
   }
@@ -178,8 +179,7 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
   d->raw = xmalloc((size_t)(T + 1) * elem);
   d->perm = malloc((size_t)n_train * sizeof *d->perm);
   if (!d->perm) {
-    snprintf(msg, msglen, "cannot allocate the shuffle order of %lld windows",
-             (long long)n_train);
+    snprintf(msg, msglen, "cannot allocate the shuffle order of %lld windows", (long long)n_train);
     data_free(d);
     return TY_EEXHAUSTED;
   }
@@ -197,10 +197,18 @@ void data_free(data_t *d) {
   free(d);
 }
 
-int64_t data_num_tokens(const data_t *d) { return d->num_tokens; }
-int64_t data_num_train_windows(const data_t *d) { return d->n_train; }
-int64_t data_num_eval_windows(const data_t *d) { return d->n_eval; }
-int64_t data_global_batch(const data_t *d) { return d->global_batch; }
+int64_t data_num_tokens(const data_t *d) {
+  return d->num_tokens;
+}
+int64_t data_num_train_windows(const data_t *d) {
+  return d->n_train;
+}
+int64_t data_num_eval_windows(const data_t *d) {
+  return d->n_eval;
+}
+int64_t data_global_batch(const data_t *d) {
+  return d->global_batch;
+}
 
 /* splitmix64: a full-period 64-bit generator whose every output is a good
  * hash of its counter, so (seed, epoch) pairs give independent streams. */
@@ -321,8 +329,8 @@ int data_position_check(const data_t *d, const data_position_t *pos, char *msg, 
   else if (pos->seq_len != now.seq_len)
     what = "data.seq_len", was = pos->seq_len, is = now.seq_len;
   else if (pos->global_batch != now.global_batch)
-    what = "the global batch (world_size x micro_batch_size x grad_accum)",
-    was = pos->global_batch, is = now.global_batch;
+    what = "the global batch (world_size x micro_batch_size x grad_accum)", was = pos->global_batch,
+    is = now.global_batch;
   else if (pos->num_train_windows != now.num_train_windows)
     what = "the number of training windows (data.eval_fraction)", was = pos->num_train_windows,
     is = now.num_train_windows;

@@ -35,16 +35,16 @@
 #include "api/jobspec.h"
 
 typedef struct {
-  const char *path;              /* borrowed for data_open's duration; "" or
-                                  * NULL: the built-in corpus */
+  const char *path; /* borrowed for data_open's duration; "" or
+                     * NULL: the built-in corpus */
   jobspec_data_format_t format;
-  int64_t vocab_size;            /* V; ids must be < V */
-  int seq_len;                   /* T >= 1 */
-  double eval_fraction;          /* in [0, 1) */
-  uint64_t seed;                 /* shuffling seed */
-  int world_size, rank;          /* 1, 0 for one rank */
-  int micro_batch_size;          /* windows per micro-batch per rank */
-  int grad_accum;                /* micro-batches per step per rank */
+  int64_t vocab_size;   /* V; ids must be < V */
+  int seq_len;          /* T >= 1 */
+  double eval_fraction; /* in [0, 1) */
+  uint64_t seed;        /* shuffling seed */
+  int world_size, rank; /* 1, 0 for one rank */
+  int micro_batch_size; /* windows per micro-batch per rank */
+  int grad_accum;       /* micro-batches per step per rank */
 } data_config_t;
 
 typedef struct data_s data_t;
@@ -78,7 +78,7 @@ int data_read_window(data_t *d, int64_t first, int32_t *tokens, char *msg, size_
 /* What a checkpoint stores to resume the data stream, and what must agree
  * on resume for the windows to be the same ones. */
 typedef struct {
-  int64_t step;            /* the next step to run */
+  int64_t step; /* the next step to run */
   uint64_t seed;
   int64_t num_tokens;
   int64_t num_train_windows;

@@ -28,16 +28,16 @@ typedef struct {
 struct fsdp {
   model_t *m;
   comm_t *comm;
-  loader_shard_t *shard;   /* owned */
+  loader_shard_t *shard; /* owned */
   int world, rank;
-  fsdp_tensor_t *ts;       /* [m->n_tensors], the model's table order */
-  int embed, norm, head;   /* indices in ts; head = embed when tied */
-  int *layer0;             /* [L] index of each layer's first tensor */
-  float *span, *gspan;     /* shard span (the loader's block) and its gradients */
-  size_t n;                /* floats in the span */
-  float *unit, *gunit;     /* one gathered unit and its full gradients */
+  fsdp_tensor_t *ts;     /* [m->n_tensors], the model's table order */
+  int embed, norm, head; /* indices in ts; head = embed when tied */
+  int *layer0;           /* [L] index of each layer's first tensor */
+  float *span, *gspan;   /* shard span (the loader's block) and its gradients */
+  size_t n;              /* floats in the span */
+  float *unit, *gunit;   /* one gathered unit and its full gradients */
   size_t unit_n;
-  model_layer_t lw, dlw;   /* views of a gathered layer into unit / gunit */
+  model_layer_t lw, dlw; /* views of a gathered layer into unit / gunit */
 };
 
 static int fail_comm(fsdp_t *f, int rc, const char *what, char *err, size_t errlen) {
@@ -45,14 +45,16 @@ static int fail_comm(fsdp_t *f, int rc, const char *what, char *err, size_t errl
   return rc;
 }
 
-int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, bool full,
-                char *err, size_t errlen) {
+int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, bool full, char *err,
+                size_t errlen) {
   *out = NULL;
   if (shard->dtype != TY_DTYPE_F32 || shard->world_size != comm_world_size(comm) ||
       shard->rank != comm_rank(comm) || shard->layout.ntensors != (size_t)m->n_tensors) {
-    snprintf(err, errlen, "fsdp: the shard (rank %d of %d, %zu tensors) does not fit rank %d of "
-             "%d of a model of %d tensors in float32", shard->rank, shard->world_size,
-             shard->layout.ntensors, comm_rank(comm), comm_world_size(comm), m->n_tensors);
+    snprintf(err, errlen,
+             "fsdp: the shard (rank %d of %d, %zu tensors) does not fit rank %d of "
+             "%d of a model of %d tensors in float32",
+             shard->rank, shard->world_size, shard->layout.ntensors, comm_rank(comm),
+             comm_world_size(comm), m->n_tensors);
     return TY_EINTERNAL;
   }
   fsdp_t *f = xcalloc(1, sizeof *f);
@@ -90,7 +92,7 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, b
     }
     fsdp_tensor_t *ft = &f->ts[i];
     ft->t = t;
-    ft->shard = (float *)((char *)shard->base + v->offset);
+    ft->shard = (float *)shard->base + v->offset / sizeof(float); /* 64-byte aligned */
     ft->gshard = f->gspan ? f->gspan + v->offset / sizeof(float) : NULL;
     ft->counts = xcalloc((size_t)f->world, sizeof *ft->counts);
     size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
@@ -109,8 +111,10 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, b
       f->embed = i;
       unit_len = t->numel;
     } else {
-      if (!strcmp(t->name, "model.norm.weight")) f->norm = i;
-      else f->head = i;
+      if (!strcmp(t->name, "model.norm.weight"))
+        f->norm = i;
+      else
+        f->head = i;
       ft->unit_off = head_len;
       head_len += t->numel;
       unit_len = head_len;
@@ -152,9 +156,15 @@ void fsdp_free(fsdp_t *f) {
   free(f);
 }
 
-float *fsdp_params(fsdp_t *f) { return f->span; }
-float *fsdp_grads(fsdp_t *f) { return f->gspan; }
-size_t fsdp_span(const fsdp_t *f) { return f->n; }
+float *fsdp_params(fsdp_t *f) {
+  return f->span;
+}
+float *fsdp_grads(fsdp_t *f) {
+  return f->gspan;
+}
+size_t fsdp_span(const fsdp_t *f) {
+  return f->n;
+}
 
 void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n), void *ctx) {
   for (int i = 0; i < f->m->n_tensors; i++)
@@ -185,7 +195,7 @@ static int scatter_add(fsdp_t *f, int i, float *src, char *err, size_t errlen) {
  * (NULL pointers when base is NULL); ts is the layer's first tensor. */
 static void layer_views(model_layer_t *w, float *base, const fsdp_tensor_t *ts) {
   int k = 0;
-#define TY_X(field, name, rows, cols) \
+#define TY_X(field, name, rows, cols)             \
   w->field = base ? base + ts[k].unit_off : NULL; \
   k++;
   MODEL_LAYER_TENSORS(TY_X)
@@ -295,7 +305,8 @@ int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char
       st_writer_close(w, NULL, 0);
       return grc;
     }
-    if (w && !rc) rc = st_writer_write(w, f->unit, m->tensors[i].numel * sizeof(float), err, errlen);
+    if (w && !rc)
+      rc = st_writer_write(w, f->unit, m->tensors[i].numel * sizeof(float), err, errlen);
   }
   if (w) {
     int rc2 = st_writer_close(w, rc ? NULL : err, rc ? 0 : errlen);

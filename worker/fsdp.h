@@ -28,8 +28,8 @@ typedef struct fsdp fsdp_t;
  * loader_load or loader_init_scratch with world_size = comm's). full: keep
  * gradient shards (full training). *out is the caller's (fsdp_free, which
  * also frees the shard). */
-int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, bool full,
-                char *err, size_t errlen);
+int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, bool full, char *err,
+                size_t errlen);
 void fsdp_free(fsdp_t *f);
 
 /* The flat span of this rank's shards (padding between tensors included,

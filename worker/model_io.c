@@ -16,7 +16,7 @@ int model_io_read_config(const char *dir, llama_config_t *cfg, char *err, size_t
 
 typedef struct {
   const ckpt_t *ck;
-  void *stage;      /* staging for F16/BF16 tensors, sized to the largest */
+  void *stage; /* staging for F16/BF16 tensors, sized to the largest */
 } load_ctx_t;
 
 static int fill_from_ckpt(void *vctx, const model_tensor_t *t, float *dst, char *err,
@@ -32,8 +32,10 @@ static int fill_from_ckpt(void *vctx, const model_tensor_t *t, float *dst, char 
     if (!rc) ty_dtype_to_f32(ft->dtype, ctx->stage, dst, ft->nelem);
     return rc;
   }
-  snprintf(err, errlen, "tensor %s of the model has no counterpart of %zu elements in the "
-           "checkpoint", t->name, t->numel);
+  snprintf(err, errlen,
+           "tensor %s of the model has no counterpart of %zu elements in the "
+           "checkpoint",
+           t->name, t->numel);
   return TY_EINVAL;
 }
 
@@ -42,8 +44,10 @@ int model_io_load(model_t *m, const char *dir, char *err, size_t errlen) {
   int rc = ckpt_open(dir, &ck, err, errlen);
   if (rc) return rc;
   if ((size_t)m->n_tensors != ck->layout.ntensors) {
-    snprintf(err, errlen, "checkpoint %s has %zu tensors, the model %d: its config.json "
-             "differs from the model's", dir, ck->layout.ntensors, m->n_tensors);
+    snprintf(err, errlen,
+             "checkpoint %s has %zu tensors, the model %d: its config.json "
+             "differs from the model's",
+             dir, ck->layout.ntensors, m->n_tensors);
     ckpt_close(ck);
     return TY_EINVAL;
   }
@@ -64,8 +68,7 @@ int model_io_load(model_t *m, const char *dir, char *err, size_t errlen) {
   return rc;
 }
 
-static int fill_scratch(void *vctx, const model_tensor_t *t, float *dst, char *err,
-                        size_t errlen) {
+static int fill_scratch(void *vctx, const model_tensor_t *t, float *dst, char *err, size_t errlen) {
   uint64_t seed = *(const uint64_t *)vctx;
   winit_fill(winit_stream(seed, t->name), t->ndim == 1, 0, dst, t->numel);
   return 0;

@@ -43,10 +43,10 @@ double optim_clip_factor(double norm, double max_norm);
 
 typedef struct {
   optim_config_t cfg;
-  size_t n;      /* elements in the span */
-  float *m;      /* [n] first moments, owned */
-  float *v;      /* [n] second moments, owned */
-  int64_t t;     /* steps taken so far; bias correction uses t after increment */
+  size_t n;  /* elements in the span */
+  float *m;  /* [n] first moments, owned */
+  float *v;  /* [n] second moments, owned */
+  int64_t t; /* steps taken so far; bias correction uses t after increment */
   /* Ranges [start, start + len) of the span that get no weight decay
    * (norm gains, by convention); owned array of nodecay_len pairs. */
   size_t (*nodecay)[2];

@@ -84,8 +84,10 @@ static int parse_targets(const json_t *v, unsigned *mask, char *err, size_t errl
     for (int b = 0; b < JOBSPEC_TARGET_COUNT && json_is_string(e); b++)
       if (!strcmp(json_string_value(e), jobspec_target_name(b))) bit = b;
     if (bit < 0) {
-      snprintf(err, errlen, "target_modules[%zu] is not one of q_proj, k_proj, v_proj, o_proj, "
-               "gate_proj, up_proj, down_proj", i);
+      snprintf(err, errlen,
+               "target_modules[%zu] is not one of q_proj, k_proj, v_proj, o_proj, "
+               "gate_proj, up_proj, down_proj",
+               i);
       return TY_EINVAL;
     }
     *mask |= 1u << bit;
@@ -124,8 +126,10 @@ int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *
   const char *type = json_string_value(json_object_get(cfg, "peft_type"));
   unsigned mask = 0;
   if (!type || strcmp(type, "LORA") != 0 || !json_is_integer(r) || !json_is_number(alpha)) {
-    snprintf(err, errlen, "adapter %s: %s needs peft_type \"LORA\", an integer r and a number "
-             "lora_alpha", dir, OUTPUTS_ADAPTER_CONFIG);
+    snprintf(err, errlen,
+             "adapter %s: %s needs peft_type \"LORA\", an integer r and a number "
+             "lora_alpha",
+             dir, OUTPUTS_ADAPTER_CONFIG);
     rc = TY_EINVAL;
   } else {
     rc = parse_targets(json_object_get(cfg, "target_modules"), &mask, err, errlen);
@@ -148,8 +152,10 @@ int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *
   /* Strict, as base checkpoints are: every adapter tensor present with its
    * shape, nothing unknown. */
   if (c->ntensors != (size_t)lo->n_tensors) {
-    snprintf(err, errlen, "adapter %s holds %zu tensors; r=%d on these target_modules over %d "
-             "layers needs %d", path, c->ntensors, R, lo->L, lo->n_tensors);
+    snprintf(err, errlen,
+             "adapter %s holds %zu tensors; r=%d on these target_modules over %d "
+             "layers needs %d",
+             path, c->ntensors, R, lo->L, lo->n_tensors);
     rc = TY_EINVAL;
   }
   for (int i = 0; i < lo->n_tensors && !rc; i++) {

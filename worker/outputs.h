@@ -30,8 +30,7 @@ int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_mo
  * F32/F16/BF16 weights without bias or dropout-only options) for model m:
  * its r, lora_alpha and target_modules from adapter_config.json, every
  * tensor present with its shape. *out is the caller's (lora_free). */
-int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *err,
-                         size_t errlen);
+int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *err, size_t errlen);
 
 /* Writes config.json (cfg, with torch_dtype float32) into dir (created
  * when missing). */

@@ -50,7 +50,8 @@ static int eval_loop(model_t *model, fsdp_t *f, lora_t *lora, int T, int64_t n,
   int rc = 0;
   for (int64_t i = 0; i < n && !rc; i += B) {
     int b = (int)(n - i < B ? n - i : B);
-    for (int j = 0; j < b && !rc; j++) rc = window(ctx, i + j, win + (size_t)j * (T + 1), err, errlen);
+    for (int j = 0; j < b && !rc; j++)
+      rc = window(ctx, i + j, win + (size_t)j * (T + 1), err, errlen);
     if (rc) break;
     split_windows(win, b, T, inputs, targets);
     double l = 0;
@@ -66,8 +67,8 @@ static int eval_loop(model_t *model, fsdp_t *f, lora_t *lora, int T, int64_t n,
   return 0;
 }
 
-int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window,
-               void *ctx, double *loss, int64_t *tokens_out, char *err, size_t errlen) {
+int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
+               double *loss, int64_t *tokens_out, char *err, size_t errlen) {
   return eval_loop(model, NULL, lora, T, n, window, ctx, loss, tokens_out, err, errlen);
 }
 
@@ -96,7 +97,9 @@ static void trained_span(const train_args_t *a, float **params, float **grads, s
   }
 }
 
-static void exclude_decay(void *ctx, size_t off, size_t len) { optim_exclude_decay(ctx, off, len); }
+static void exclude_decay(void *ctx, size_t off, size_t len) {
+  optim_exclude_decay(ctx, off, len);
+}
 
 static int report(const train_args_t *a, const train_progress_t *p, char *err, size_t errlen) {
   if (!a->progress || a->progress(a->progress_ctx, p) == 0) return 0;
@@ -128,14 +131,22 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   memset(res, 0, sizeof *res);
   res->eval_loss_start = res->eval_loss_end = NAN;
   if (m->B < B || m->T < T || m->mode == MODEL_EVAL || (m->mode == MODEL_TRAIN_LORA) != !!a->lora) {
-    snprintf(err, errlen, "the model was built for %dx%d tokens in mode %d; training needs %dx%d "
-             "in the mode of use_lora", m->B, m->T, (int)m->mode, B, T);
+    snprintf(err, errlen,
+             "the model was built for %dx%d tokens in mode %d; training needs %dx%d "
+             "in the mode of use_lora",
+             m->B, m->T, (int)m->mode, B, T);
     return TY_EINTERNAL;
   }
-  data_config_t dc = {.path = s->data.path, .format = s->data.format, .vocab_size = m->d.V,
-                      .seq_len = T, .eval_fraction = s->data.eval_fraction,
-                      .seed = s->train.seed, .world_size = world, .rank = rank,
-                      .micro_batch_size = B, .grad_accum = A};
+  data_config_t dc = {.path = s->data.path,
+                      .format = s->data.format,
+                      .vocab_size = m->d.V,
+                      .seq_len = T,
+                      .eval_fraction = s->data.eval_fraction,
+                      .seed = s->train.seed,
+                      .world_size = world,
+                      .rank = rank,
+                      .micro_batch_size = B,
+                      .grad_accum = A};
   data_t *d = NULL;
   optim_t *o = NULL;
   int32_t *win = NULL;
@@ -163,7 +174,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     fsdp_each_norm(a->fsdp, exclude_decay, o);
   else if (!a->lora)
     for (int i = 0; i < m->n_tensors; i++)
-      if (m->tensors[i].ndim == 1) optim_exclude_decay(o, m->tensors[i].offset, m->tensors[i].numel);
+      if (m->tensors[i].ndim == 1)
+        optim_exclude_decay(o, m->tensors[i].offset, m->tensors[i].numel);
 
   int64_t start = 0;
   rc = train_state_resume(s->output_dir, a->comm, d, o, params, n, sharded, &start, err, errlen);
@@ -172,8 +184,13 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   if (start > 0) {
     char msg[96];
     snprintf(msg, sizeof msg, "resumed from the checkpoint of step %lld", (long long)start);
-    train_progress_t p = {.phase = "loading", .step = start, .total_steps = steps,
-                          .loss = NAN, .lr = NAN, .grad_norm = NAN, .eval_loss = NAN,
+    train_progress_t p = {.phase = "loading",
+                          .step = start,
+                          .total_steps = steps,
+                          .loss = NAN,
+                          .lr = NAN,
+                          .grad_norm = NAN,
+                          .eval_loss = NAN,
                           .message = msg};
     if ((rc = report(a, &p, err, errlen))) goto out;
   }
@@ -195,8 +212,10 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       split_windows(win, B, T, inputs, targets);
       double l = 0;
       rc = forward(m, a->fsdp, a->lora, inputs, targets, B, T, &l, err, errlen);
-      if (!rc && a->fsdp) rc = fsdp_backward(a->fsdp, a->lora, loss_scale, err, errlen);
-      else if (!rc) model_backward(m, a->lora, loss_scale);
+      if (!rc && a->fsdp)
+        rc = fsdp_backward(a->fsdp, a->lora, loss_scale, err, errlen);
+      else if (!rc)
+        model_backward(m, a->lora, loss_scale);
       if (rc) goto out;
       loss_sum += l;
     }
@@ -214,15 +233,18 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
         snprintf(err, errlen, "step %lld: %s", (long long)step + 1, comm_error(a->comm));
         goto out;
       }
-      if (sharded) sumsq = lossbuf[1];
-      else sumsq = optim_sumsq(grads, n);
+      if (sharded)
+        sumsq = lossbuf[1];
+      else
+        sumsq = optim_sumsq(grads, n);
     }
     double loss = world > 1 ? (double)lossbuf[0] : loss_sum * loss_scale;
     double norm = sqrt(sumsq);
     if (!isfinite(loss) || !isfinite(norm)) {
-      snprintf(err, errlen, "step %lld: the %s is not finite (loss %g, gradient norm %g); lower "
-               "train.lr or set train.grad_clip", (long long)step + 1,
-               isfinite(loss) ? "gradient" : "loss", loss, norm);
+      snprintf(err, errlen,
+               "step %lld: the %s is not finite (loss %g, gradient norm %g); lower "
+               "train.lr or set train.grad_clip",
+               (long long)step + 1, isfinite(loss) ? "gradient" : "loss", loss, norm);
       rc = TY_EABORTED;
       goto out;
     }
@@ -232,15 +254,21 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if (step == start) res->first_loss = loss;
     res->last_loss = loss;
     res->steps_done = step + 1;
-    train_progress_t p = {.phase = "training", .step = step + 1, .total_steps = steps,
-                          .loss = loss, .tokens_per_s = dt > 0 ? (double)A * B * T / dt : 0,
-                          .lr = lr, .grad_norm = norm, .eval_loss = NAN, .message = ""};
+    train_progress_t p = {.phase = "training",
+                          .step = step + 1,
+                          .total_steps = steps,
+                          .loss = loss,
+                          .tokens_per_s = dt > 0 ? (double)A * B * T / dt : 0,
+                          .lr = lr,
+                          .grad_norm = norm,
+                          .eval_loss = NAN,
+                          .message = ""};
     if ((rc = report(a, &p, err, errlen))) goto out;
     int every = s->train.checkpoint_every;
     bool periodic = every > 0 && (step + 1) % every == 0 && step + 1 < steps;
     if (periodic || (step + 1 == stop && stop < steps)) {
-      rc = train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, sharded, err,
-                            errlen);
+      rc =
+          train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, sharded, err, errlen);
       if (rc) goto out;
       char msg[96];
       snprintf(msg, sizeof msg, "checkpoint of step %lld written", (long long)step + 1);

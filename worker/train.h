@@ -28,15 +28,15 @@
 /* One report of the loop (the caller turns it into DESIGN.md's progress
  * report and log line). */
 typedef struct {
-  const char *phase;     /* "loading" (a checkpoint resumed), "training", "saving" */
-  int64_t step;          /* steps completed */
+  const char *phase; /* "loading" (a checkpoint resumed), "training", "saving" */
+  int64_t step;      /* steps completed */
   int64_t total_steps;
-  double loss;           /* mean loss of the last step over the global batch */
-  double tokens_per_s;   /* this rank's training tokens per second, last step */
-  double lr;             /* learning rate the last step used */
-  double grad_norm;      /* global gradient norm before clipping */
-  double eval_loss;      /* held-out loss, NAN when not measured this report */
-  const char *message;   /* "" or what happened (resumed, checkpoint written) */
+  double loss;         /* mean loss of the last step over the global batch */
+  double tokens_per_s; /* this rank's training tokens per second, last step */
+  double lr;           /* learning rate the last step used */
+  double grad_norm;    /* global gradient norm before clipping */
+  double eval_loss;    /* held-out loss, NAN when not measured this report */
+  const char *message; /* "" or what happened (resumed, checkpoint written) */
 } train_progress_t;
 
 /* Returns 0 to go on; anything else stops the run (train_run then
@@ -44,12 +44,12 @@ typedef struct {
 typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
 
 typedef struct {
-  const jobspec_t *spec; /* validated; borrowed */
-  comm_t *comm;          /* this rank's communicator; borrowed */
-  model_t *model;        /* created for (micro_batch_size, seq_len); borrowed */
-  fsdp_t *fsdp;          /* the base weights' shards (then model's own buffers are unused),
-                          * or NULL: model holds filled weights; borrowed */
-  lora_t *lora;          /* the adapters for a LoRA job, else NULL; borrowed */
+  const jobspec_t *spec;      /* validated; borrowed */
+  comm_t *comm;               /* this rank's communicator; borrowed */
+  model_t *model;             /* created for (micro_batch_size, seq_len); borrowed */
+  fsdp_t *fsdp;               /* the base weights' shards (then model's own buffers are unused),
+                               * or NULL: model holds filled weights; borrowed */
+  lora_t *lora;               /* the adapters for a LoRA job, else NULL; borrowed */
   train_progress_fn progress; /* may be NULL */
   void *progress_ctx;
   /* Stop (after writing a checkpoint) once this many steps are done, as an
@@ -61,12 +61,12 @@ typedef struct {
 
 /* What a run measured. */
 typedef struct {
-  int64_t start_step;       /* 0, or the step a checkpoint resumed at */
-  int64_t steps_done;       /* steps completed, counted from 0 */
-  double first_loss;        /* loss of the first step this run made */
+  int64_t start_step; /* 0, or the step a checkpoint resumed at */
+  int64_t steps_done; /* steps completed, counted from 0 */
+  double first_loss;  /* loss of the first step this run made */
   double last_loss;
-  double eval_loss_start;   /* held-out loss before the first step (NAN if none) */
-  double eval_loss_end;     /* after the last (NAN if none) */
+  double eval_loss_start; /* held-out loss before the first step (NAN if none) */
+  double eval_loss_end;   /* after the last (NAN if none) */
 } train_result_t;
 
 /* Runs the loop from step 0, or from the newest complete checkpoint under
@@ -82,7 +82,7 @@ int train_run(const train_args_t *args, train_result_t *res, char *err, size_t e
  * adapters when lora is given). tokens_out (may be NULL) receives the number
  * of predicted tokens. */
 typedef int (*train_window_fn)(void *ctx, int64_t i, int32_t *tokens, char *err, size_t errlen);
-int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window,
-               void *ctx, double *loss, int64_t *tokens_out, char *err, size_t errlen);
+int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
+               double *loss, int64_t *tokens_out, char *err, size_t errlen);
 
 #endif

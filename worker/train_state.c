@@ -115,7 +115,8 @@ static int write_tensors(const char *path, const optim_t *o, const float *params
   int rc = st_writer_open(path, descs, 3, NULL, &w, err, errlen);
   if (rc) return rc;
   const float *parts[3] = {params, o->m, o->v};
-  for (int i = 0; i < 3 && !rc; i++) rc = st_writer_write(w, parts[i], n * sizeof(float), err, errlen);
+  for (int i = 0; i < 3 && !rc; i++)
+    rc = st_writer_write(w, parts[i], n * sizeof(float), err, errlen);
   int rc2 = st_writer_close(w, err, errlen);
   return rc ? rc : rc2;
 }
@@ -125,12 +126,12 @@ static int write_json_state(const char *dir, const data_t *d, const optim_t *o, 
   char path[PATH_MAX];
   data_position_t pos;
   data_position_at(d, step, &pos);
-  json_t *j = json_pack("{sI sI sI si sb s{sI sI sI sI si}}", "step", (json_int_t)step,
-                        "optimizer_step", (json_int_t)o->t, "n", (json_int_t)n, "world_size",
-                        world, "sharded", sharded, "data", "seed", (json_int_t)pos.seed,
-                        "num_tokens", (json_int_t)pos.num_tokens, "num_train_windows",
-                        (json_int_t)pos.num_train_windows, "global_batch",
-                        (json_int_t)pos.global_batch, "seq_len", pos.seq_len);
+  json_t *j =
+      json_pack("{sI sI sI si sb s{sI sI sI sI si}}", "step", (json_int_t)step, "optimizer_step",
+                (json_int_t)o->t, "n", (json_int_t)n, "world_size", world, "sharded", sharded,
+                "data", "seed", (json_int_t)pos.seed, "num_tokens", (json_int_t)pos.num_tokens,
+                "num_train_windows", (json_int_t)pos.num_train_windows, "global_batch",
+                (json_int_t)pos.global_batch, "seq_len", pos.seq_len);
   pathf(path, "%s/%s", dir, STATE_JSON);
   int rc = write_json(path, j, err, errlen);
   json_decref(j);
@@ -190,8 +191,8 @@ static int64_t json_int(const json_t *o, const char *key) {
   return json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
 }
 
-static int load_tensor(const st_ckpt_t *c, const char *name, float *dst, size_t n,
-                       const char *dir, char *err, size_t errlen) {
+static int load_tensor(const st_ckpt_t *c, const char *name, float *dst, size_t n, const char *dir,
+                       char *err, size_t errlen) {
   const st_tensor_t *t = st_find(c, name);
   if (!t || t->dtype != TY_DTYPE_F32 || t->nelem != n) {
     snprintf(err, errlen, "checkpoint %s: tensor %s is missing or not F32 [%zu]", dir, name, n);
@@ -221,8 +222,10 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
   json_error_t je;
   json_t *j = json_load_file(path, 0, &je);
   if (!j) {
-    snprintf(err, errlen, "checkpoint %s: cannot read %s: %s (remove the directory to start "
-             "over)", dir, STATE_JSON, je.text);
+    snprintf(err, errlen,
+             "checkpoint %s: cannot read %s: %s (remove the directory to start "
+             "over)",
+             dir, STATE_JSON, je.text);
     return TY_EDATALOSS;
   }
   const json_t *jd = json_object_get(j, "data");
@@ -237,16 +240,19 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
   bool was_sharded = json_is_true(json_object_get(j, "sharded"));
   json_decref(j);
   if (sharded != was_sharded || (sharded && world != comm_world_size(comm))) {
-    snprintf(err, errlen, "checkpoint %s holds %s state of %lld ranks; this run has %d ranks "
-             "%s: resume with the same world_size or use a new output_dir", dir,
-             was_sharded ? "sharded" : "replicated", (long long)world, comm_world_size(comm),
+    snprintf(err, errlen,
+             "checkpoint %s holds %s state of %lld ranks; this run has %d ranks "
+             "%s: resume with the same world_size or use a new output_dir",
+             dir, was_sharded ? "sharded" : "replicated", (long long)world, comm_world_size(comm),
              sharded ? "with sharded state" : "with replicated state");
     return TY_EPRECONDITION;
   }
   if (pos.step != best || t < 0 || jn != (int64_t)n) {
-    snprintf(err, errlen, "checkpoint %s was written for %lld trained values at step %lld; this "
+    snprintf(err, errlen,
+             "checkpoint %s was written for %lld trained values at step %lld; this "
              "run trains %zu (a different model, use_lora or lora settings): use a new "
-             "output_dir", dir, (long long)jn, (long long)pos.step, n);
+             "output_dir",
+             dir, (long long)jn, (long long)pos.step, n);
     return TY_EPRECONDITION;
   }
   int rc = data_position_check(d, &pos, err, errlen);

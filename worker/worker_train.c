@@ -68,8 +68,13 @@ int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
   for (;;) {
     if (len + 4096 > cap) {
       cap = cap ? cap * 2 : 65536;
-      text = realloc(text, cap);
-      if (!text) break;
+      char *grown = realloc(text, cap);
+      if (!grown) {
+        free(text);
+        text = NULL;
+        break;
+      }
+      text = grown;
     }
     size_t r = fread(text + len, 1, cap - len, f);
     len += r;
@@ -98,7 +103,7 @@ int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
 
 typedef struct {
   int64_t total_steps;
-  bool stop;            /* the server said this attempt is over */
+  bool stop; /* the server said this attempt is over */
   int rank, world;
 } reporter_t;
 
@@ -106,8 +111,12 @@ static void emit(reporter_t *r, const char *phase, int64_t step, double loss, do
                  const loader_stats_t *ls, const char *message) {
   memstat_t ms;
   memstat_read(&ms);
-  report_t rep = {.phase = phase, .step = step, .total_steps = r->total_steps, .loss = loss,
-                  .tokens_per_s = tps, .host_peak_bytes = (int64_t)ms.hwm_bytes,
+  report_t rep = {.phase = phase,
+                  .step = step,
+                  .total_steps = r->total_steps,
+                  .loss = loss,
+                  .tokens_per_s = tps,
+                  .host_peak_bytes = (int64_t)ms.hwm_bytes,
                   .message = message ? message : ""};
   if (ls) {
     rep.bytes_loaded = (int64_t)ls->bytes_read;
@@ -159,9 +168,12 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
     model_io_init_scratch(*m, s->train.seed);
     return 0;
   }
-  loader_opts_t o = {.rank = comm_rank(comm), .world_size = comm_world_size(comm),
-                     .dtype = TY_DTYPE_F32, .memory_efficient = s->fsdp.memory_efficient_load,
-                     .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20, .seed = s->train.seed,
+  loader_opts_t o = {.rank = comm_rank(comm),
+                     .world_size = comm_world_size(comm),
+                     .dtype = TY_DTYPE_F32,
+                     .memory_efficient = s->fsdp.memory_efficient_load,
+                     .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20,
+                     .seed = s->train.seed,
                      .pl = pl};
   loader_shard_t *shard;
   rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
@@ -200,14 +212,19 @@ int worker_train_main(const worker_env_t *e) {
     if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
   }
   if (!rc && spec.use_lora) {
-    rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err,
-                     sizeof err);
+    rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err, sizeof err);
     if (!rc) lora_init(lo, spec.train.seed);
   }
-  train_result_t res;
+  train_result_t res = {0};
   if (!rc) {
-    train_args_t a = {.spec = &spec, .comm = comm, .model = m, .fsdp = f, .lora = lo,
-                      .progress = on_progress, .progress_ctx = &rep, .eval_windows = 16};
+    train_args_t a = {.spec = &spec,
+                      .comm = comm,
+                      .model = m,
+                      .fsdp = f,
+                      .lora = lo,
+                      .progress = on_progress,
+                      .progress_ctx = &rep,
+                      .eval_windows = 16};
     rc = train_run(&a, &res, err, sizeof err);
   }
   if (!rc) {

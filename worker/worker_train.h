@@ -10,10 +10,10 @@
 
 /* What the environment says about this rank. */
 typedef struct {
-  const char *spec_path;   /* TRAINYARD_SPEC */
-  const char *job_id;      /* TRAINYARD_JOB_ID, default "local" */
-  int attempt;             /* TRAINYARD_ATTEMPT, default 1 */
-  int rank, world_size;    /* TRAINYARD_RANK, TRAINYARD_WORLD_SIZE */
+  const char *spec_path; /* TRAINYARD_SPEC */
+  const char *job_id;    /* TRAINYARD_JOB_ID, default "local" */
+  int attempt;           /* TRAINYARD_ATTEMPT, default 1 */
+  int rank, world_size;  /* TRAINYARD_RANK, TRAINYARD_WORLD_SIZE */
 } worker_env_t;
 
 /* Reads the environment into e; 0, or TY_EINVAL with the variable at fault

@@ -70,10 +70,10 @@ static double sgemm_rate(const llama_config_t *c, int N, int reps) {
     if (r == 0) t0 = now_s();
     for (int s = 0; s < ns; s++) {
       int OUT = shapes[s][0], IN = shapes[s][1];
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OUT, IN, 1.0f, x, IN, w, IN, 0.0f,
-                  y, OUT);
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IN, OUT, 1.0f, y, OUT, w, IN,
-                  0.0f, x, IN);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OUT, IN, 1.0f, x, IN, w, IN, 0.0f, y,
+                  OUT);
+      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, IN, OUT, 1.0f, y, OUT, w, IN, 0.0f,
+                  x, IN);
       cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OUT, IN, N, 1.0f, y, OUT, x, IN, 1.0f,
                   dw, IN);
       if (r >= 0) flops += 3.0 * 2.0 * N * (double)OUT * IN;
@@ -94,7 +94,8 @@ typedef struct {
 
 static int on_progress(void *ctx, const train_progress_t *p) {
   rates_t *r = ctx;
-  if (!strcmp(p->phase, "training") && p->tokens_per_s > 0 && r->n < 64) r->tps[r->n++] = p->tokens_per_s;
+  if (!strcmp(p->phase, "training") && p->tokens_per_s > 0 && r->n < 64)
+    r->tps[r->n++] = p->tokens_per_s;
   return 0;
 }
 
@@ -103,8 +104,8 @@ static int cmp_double(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 
-static int bench_mode(const llama_config_t *c, bool lora, int steps, int B, int T,
-                      const char *data, const char *outdir, double sgemm_gflops) {
+static int bench_mode(const llama_config_t *c, bool lora, int steps, int B, int T, const char *data,
+                      const char *outdir, double sgemm_gflops) {
   char err[1024];
   jobspec_t s;
   jobspec_init(&s);
@@ -131,15 +132,19 @@ static int bench_mode(const llama_config_t *c, bool lora, int steps, int B, int 
     return 1;
   }
   model_io_init_scratch(m, 1);
-  if (lora && (rc = lora_create(&lo, m, s.lora_rank, s.lora_alpha, s.target_modules, err,
-                                sizeof err))) {
+  if (lora &&
+      (rc = lora_create(&lo, m, s.lora_rank, s.lora_alpha, s.target_modules, err, sizeof err))) {
     fprintf(stderr, "train_bench: %s\n", err);
     return 1;
   }
   if (lo) lora_init(lo, 1);
   comm_open(&comm, "self", 0, 1, err, sizeof err);
   rates_t r = {{0}, 0};
-  train_args_t a = {.spec = &s, .comm = comm, .model = m, .lora = lo, .progress = on_progress,
+  train_args_t a = {.spec = &s,
+                    .comm = comm,
+                    .model = m,
+                    .lora = lo,
+                    .progress = on_progress,
                     .progress_ctx = &r};
   train_result_t res;
   rc = train_run(&a, &res, err, sizeof err);
@@ -159,12 +164,13 @@ static int bench_mode(const llama_config_t *c, bool lora, int steps, int B, int 
   if (m->d.tied) p_mat += (double)c->vocab_size * c->hidden_size;
   double flops_tok = lora ? 4.0 * p_mat + 6.0 * (double)lo->n_params + attn : 6.0 * p_mat + attn;
   double gflops = tps * flops_tok / 1e9;
-  printf("{\"bench\": \"train\", \"mode\": \"%s\", \"params\": %zu, \"trained\": %zu, "
-         "\"seq_len\": %d, \"micro_batch_size\": %d, \"steps_timed\": %d, "
-         "\"tokens_per_s\": %.1f, \"flops_per_token\": %.4g, \"gflops\": %.2f, "
-         "\"sgemm_gflops\": %.2f, \"fraction_of_sgemm\": %.3f, \"loss\": %.4f}\n",
-         lora ? "lora" : "full", m->n_params, lora ? lo->n_params : m->n_params, T, B, r.n - 1,
-         tps, flops_tok, gflops, sgemm_gflops, gflops / sgemm_gflops, res.last_loss);
+  printf(
+      "{\"bench\": \"train\", \"mode\": \"%s\", \"params\": %zu, \"trained\": %zu, "
+      "\"seq_len\": %d, \"micro_batch_size\": %d, \"steps_timed\": %d, "
+      "\"tokens_per_s\": %.1f, \"flops_per_token\": %.4g, \"gflops\": %.2f, "
+      "\"sgemm_gflops\": %.2f, \"fraction_of_sgemm\": %.3f, \"loss\": %.4f}\n",
+      lora ? "lora" : "full", m->n_params, lora ? lo->n_params : m->n_params, T, B, r.n - 1, tps,
+      flops_tok, gflops, sgemm_gflops, gflops / sgemm_gflops, res.last_loss);
   fflush(stdout);
   lora_free(lo);
   model_free(m);

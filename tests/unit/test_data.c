@@ -216,8 +216,7 @@ static void test_ranks_disjoint(void **state) {
     assert_memory_equal(a, x, sizeof a);
     assert_memory_equal(b, y, sizeof b);
     for (int i = 0; i < 2; i++)
-      for (int j = 0; j < 2; j++)
-        assert_int_not_equal(a[i * 5], b[j * 5]);
+      for (int j = 0; j < 2; j++) assert_int_not_equal(a[i * 5], b[j * 5]);
   }
   data_free(r0);
   data_free(r1);

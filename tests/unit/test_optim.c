@@ -124,10 +124,8 @@ static void test_rejects_bad_config(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_schedule),
-      cmocka_unit_test(test_clip),
-      cmocka_unit_test(test_first_step),
-      cmocka_unit_test(test_two_steps_scale_and_nodecay),
+      cmocka_unit_test(test_schedule),           cmocka_unit_test(test_clip),
+      cmocka_unit_test(test_first_step),         cmocka_unit_test(test_two_steps_scale_and_nodecay),
       cmocka_unit_test(test_rejects_bad_config),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -24,18 +24,18 @@
 #include "worker/safetensors.h"
 #include "worker/train.h"
 
-static char g_dir[64];       /* a fresh temporary directory per test */
-static char g_data[128];     /* its generated text file */
-static char g_data2[128];    /* text of other words, for fine-tuning */
+static char g_dir[64];    /* a fresh temporary directory per test */
+static char g_data[128];  /* its generated text file */
+static char g_data2[128]; /* text of other words, for fine-tuning */
 
 /* Pseudo-English: words drawn from a small list by a fixed LCG, so a
  * character-level model has spelling and word order to learn. */
 static void write_text(const char *path, size_t bytes, int which) {
-  static const char *const w0[] = {"the ", "cat ", "sat ", "on ", "a ", "mat ", "and ",
-                                   "dog ", "ran ", "to ", "house ", "with ", "red ", "door. "};
-  static const char *const w1[] = {"Zebras ", "quickly ", "jump ", "over ", "lazy ", "foxes; ",
-                                   "BIG ", "yellow ", "kites ", "fly ", "by ", "QUIET ",
-                                   "pools, ", "ok? "};
+  static const char *const w0[] = {"the ", "cat ", "sat ", "on ",    "a ",    "mat ", "and ",
+                                   "dog ", "ran ", "to ",  "house ", "with ", "red ", "door. "};
+  static const char *const w1[] = {"Zebras ", "quickly ", "jump ",   "over ",  "lazy ",
+                                   "foxes; ", "BIG ",     "yellow ", "kites ", "fly ",
+                                   "by ",     "QUIET ",   "pools, ", "ok? "};
   const char *const *words = which ? w1 : w0;
   FILE *f = fopen(path, "wb");
   assert_non_null(f);
@@ -132,7 +132,8 @@ typedef struct {
 
 static int record(void *ctx, const train_progress_t *p) {
   losses_t *l = ctx;
-  if (!strcmp(p->phase, "training") && isfinite(p->loss) && p->step < 256) l->loss[p->step] = p->loss;
+  if (!strcmp(p->phase, "training") && isfinite(p->loss) && p->step < 256)
+    l->loss[p->step] = p->loss;
   l->reports++;
   return 0;
 }
@@ -141,8 +142,14 @@ static train_result_t run(const jobspec_t *s, model_t *m, lora_t *lo, int64_t st
   comm_t *comm;
   char err[512];
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
-  train_args_t a = {.spec = s, .comm = comm, .model = m, .lora = lo, .progress = record,
-                    .progress_ctx = l, .stop_at_step = stop, .eval_windows = 16};
+  train_args_t a = {.spec = s,
+                    .comm = comm,
+                    .model = m,
+                    .lora = lo,
+                    .progress = record,
+                    .progress_ctx = l,
+                    .stop_at_step = stop,
+                    .eval_windows = 16};
   train_result_t res;
   int rc = train_run(&a, &res, err, sizeof err);
   comm_close(comm);
@@ -185,9 +192,11 @@ static void test_lora_training_lowers_heldout_loss(void **state) {
   memcpy(m->params, base->params, m->n_params * sizeof(float));
   model_free(base);
   train_result_t r = run(&s, m, lo, 0, &l);
-  printf("# LoRA: held-out loss %.4f -> %.4f over 60 steps (train loss %.4f -> %.4f; base "
-         "pretrained on other text, %.4f -> %.4f)\n", r.eval_loss_start, r.eval_loss_end,
-         r.first_loss, r.last_loss, r0.eval_loss_start, r0.eval_loss_end);
+  printf(
+      "# LoRA: held-out loss %.4f -> %.4f over 60 steps (train loss %.4f -> %.4f; base "
+      "pretrained on other text, %.4f -> %.4f)\n",
+      r.eval_loss_start, r.eval_loss_end, r.first_loss, r.last_loss, r0.eval_loss_start,
+      r0.eval_loss_end);
   assert_int_equal(r.steps_done, 60);
   assert_true(r.eval_loss_end < r.eval_loss_start - 1.0);
   lora_free(lo);
@@ -203,9 +212,15 @@ static int eval_win(void *ctx, int64_t i, int32_t *tokens, char *err, size_t err
 }
 
 static double heldout(const jobspec_t *s, model_t *m, lora_t *lo) {
-  data_config_t dc = {.path = s->data.path, .format = s->data.format, .vocab_size = 256,
-                      .seq_len = s->data.seq_len, .eval_fraction = s->data.eval_fraction,
-                      .seed = 1, .world_size = 1, .rank = 0, .micro_batch_size = 1,
+  data_config_t dc = {.path = s->data.path,
+                      .format = s->data.format,
+                      .vocab_size = 256,
+                      .seq_len = s->data.seq_len,
+                      .eval_fraction = s->data.eval_fraction,
+                      .seed = 1,
+                      .world_size = 1,
+                      .rank = 0,
+                      .micro_batch_size = 1,
                       .grad_accum = 1};
   char err[512];
   win_ctx_t c;
@@ -242,7 +257,8 @@ static void test_adapter_save_reload_same_loss(void **state) {
   snprintf(path, sizeof path, "%s/adapter_model.safetensors", s.output_dir);
   st_ckpt_t *c;
   assert_int_equal(st_open(path, &c, err, sizeof err), 0);
-  const st_tensor_t *a = st_find(c, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
+  const st_tensor_t *a =
+      st_find(c, "base_model.model.model.layers.1.self_attn.q_proj.lora_A.weight");
   const st_tensor_t *b = st_find(c, "base_model.model.model.layers.0.mlp.down_proj.lora_B.weight");
   assert_non_null(a);
   assert_non_null(b);
