@@ -10,6 +10,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/fsutil.h"
 #include "common/xalloc.h"
 #include "worker/checkpoint.h"
 #include "worker/weightinit.h"
@@ -82,10 +83,7 @@ int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dty
                  l.ntensors);
     goto out;
   }
-  if (mkdir(dir, 0755) && errno != EEXIST) {
-    rc = cw_fail(err, errlen, TY_EPERM, "%s: cannot create: %s", dir, strerror(errno));
-    goto out;
-  }
+  if ((rc = ty_mkdirs(dir, err, errlen))) goto out;
   llama_config_t c = *cfg;
   c.torch_dtype = dtype;
   snprintf(path, sizeof path, "%s/config.json", dir);

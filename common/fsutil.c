@@ -1,0 +1,37 @@
+/* fsutil.c - small filesystem helpers; see fsutil.h. */
+#include "common/fsutil.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "api/errors.h"
+
+int ty_mkdirs(const char *dir, char *err, size_t errlen) {
+  char path[PATH_MAX];
+  if (strlen(dir) >= sizeof path) {
+    if (err) snprintf(err, errlen, "path too long: %.64s...", dir);
+    return TY_EINVAL;
+  }
+  strcpy(path, dir);
+  /* Each '/' (and the end) closes one component; the leading '/' of an
+   * absolute path is skipped. */
+  for (char *p = path + 1;; p++) {
+    if (*p != '/' && *p != '\0') continue;
+    char c = *p;
+    *p = '\0';
+    struct stat st;
+    if (mkdir(path, 0755) != 0 &&
+        !(errno == EEXIST && stat(path, &st) == 0 && S_ISDIR(st.st_mode))) {
+      if (err)
+        snprintf(err, errlen, "cannot create directory %s: %s", path,
+                 errno == EEXIST ? "a file of that name exists" : strerror(errno));
+      return TY_EPERM;
+    }
+    *p = c;
+    if (!c) break;
+  }
+  return 0;
+}

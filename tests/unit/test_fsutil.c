@@ -1,0 +1,60 @@
+/* test_fsutil.c - ty_mkdirs: parents created, existing directories accepted,
+ * a file in the way reported by name. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cmocka.h>
+
+#include "api/errors.h"
+#include "common/fsutil.h"
+
+static int is_dir(const char *p) {
+  struct stat st;
+  return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static void test_mkdirs(void **state) {
+  (void)state;
+  char root[] = "/tmp/ty-fsutil-XXXXXX";
+  assert_non_null(mkdtemp(root));
+  char p[512], err[256];
+  snprintf(p, sizeof p, "%s/a/b/c", root);
+  assert_int_equal(ty_mkdirs(p, err, sizeof err), 0);
+  assert_true(is_dir(p));
+  /* Again: an existing directory is success; a trailing slash too. */
+  assert_int_equal(ty_mkdirs(p, err, sizeof err), 0);
+  strcat(p, "/");
+  assert_int_equal(ty_mkdirs(p, err, sizeof err), 0);
+  /* A regular file where a directory should be. */
+  char f[512];
+  snprintf(f, sizeof f, "%s/file", root);
+  FILE *fp = fopen(f, "w");
+  assert_non_null(fp);
+  fclose(fp);
+  snprintf(p, sizeof p, "%s/file/sub", root);
+  assert_int_equal(ty_mkdirs(p, err, sizeof err), TY_EPERM);
+  assert_non_null(strstr(err, "/file"));
+  assert_int_equal(ty_mkdirs(f, err, sizeof err), TY_EPERM);
+  assert_non_null(strstr(err, "a file of that name exists"));
+  /* Relative paths work from the current directory. */
+  char cwd[512];
+  assert_non_null(getcwd(cwd, sizeof cwd));
+  assert_int_equal(chdir(root), 0);
+  assert_int_equal(ty_mkdirs("x/y", err, sizeof err), 0);
+  assert_true(is_dir("x/y"));
+  assert_int_equal(chdir(cwd), 0);
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mkdirs)};
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
