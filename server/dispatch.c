@@ -113,7 +113,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   }
   /* Everything the child needs is prepared before fork: after it, only
    * async-signal-safe calls. */
-  char env_buf[9][1200];
+  char env_buf[10][1200];
   snprintf(env_buf[0], sizeof env_buf[0], "TRAINYARD_SPEC=%s", sp->spec_path);
   snprintf(env_buf[1], sizeof env_buf[1], "TRAINYARD_JOB_ID=%s", sp->job_id);
   snprintf(env_buf[2], sizeof env_buf[2], "TRAINYARD_ATTEMPT=%d", sp->attempt);
@@ -123,14 +123,19 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   snprintf(env_buf[6], sizeof env_buf[6], "TRAINYARD_REPORT_URL=%s", sp->report_url);
   snprintf(env_buf[7], sizeof env_buf[7], "TRAINYARD_TOKEN=%s", sp->token);
   snprintf(env_buf[8], sizeof env_buf[8], "TRAINYARD_MODE=train");
+  /* One GPU per rank: the rank sees only its own, as device 0. */
+  snprintf(env_buf[9], sizeof env_buf[9], "CUDA_VISIBLE_DEVICES=%d", sp->gpu);
+  int n_own = sp->gpu >= 0 ? 10 : 9;
   extern char **environ;
   size_t nenv = 0;
   while (environ[nenv]) nenv++;
-  char **envp = xcalloc(nenv + 10, sizeof *envp);
+  char **envp = xcalloc(nenv + 11, sizeof *envp);
   size_t k = 0;
   for (size_t i = 0; i < nenv; i++)
-    if (strncmp(environ[i], "TRAINYARD_", 10)) envp[k++] = environ[i];
-  for (int i = 0; i < 9; i++) envp[k++] = env_buf[i];
+    if (strncmp(environ[i], "TRAINYARD_", 10) &&
+        (sp->gpu < 0 || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)))
+      envp[k++] = environ[i];
+  for (int i = 0; i < n_own; i++) envp[k++] = env_buf[i];
   envp[k] = NULL;
   char *argv[] = {(char *)sp->worker, NULL};
 

@@ -20,6 +20,7 @@ typedef struct {
   const char *rendezvous;  /* TRAINYARD_RENDEZVOUS */
   const char *report_url;  /* TRAINYARD_REPORT_URL */
   const char *token;       /* TRAINYARD_TOKEN */
+  int gpu;                 /* the GPU it gets (CUDA_VISIBLE_DEVICES), or -1 */
   const char *log_path;    /* where its output goes */
   int64_t log_max;         /* bytes of output kept */
   /* Called by the pump thread with each complete output line that starts

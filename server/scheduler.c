@@ -33,6 +33,7 @@ typedef struct {
   char phase[16];
   int64_t step, bytes_loaded;
   char fail_msg[512];      /* message of its last "failed" report */
+  int gpu;                 /* GPU index held, or -1 */
 } srank_t;
 
 typedef struct run {
@@ -64,6 +65,7 @@ struct sched {
   run_t *runs;
   cancel_req_t *cancels;
   int64_t cpu_used, gpu_used;
+  uint64_t gpu_busy;       /* bit g: GPU g is held by a rank (gpus <= 64) */
 };
 
 static double mono_now(void) {
@@ -293,11 +295,23 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   else
     s->cpu_used += r->world;
 
-  char dir[2048], spec_path[2200], url[512], rdv[128];
+  char dir[2048], spec_path[2200], url[512], rdv[2200];
   snprintf(dir, sizeof dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, attempt);
   snprintf(spec_path, sizeof spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
   snprintf(url, sizeof url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
-  snprintf(rdv, sizeof rdv, "shm:ty-%s-%d", j->id, attempt);
+  if (r->gpu)
+    snprintf(rdv, sizeof rdv, "nccl:file:%s/nccl.id", dir);
+  else
+    snprintf(rdv, sizeof rdv, "shm:ty-%s-%d", j->id, attempt);
+  for (int i = 0; i < r->world; i++) {
+    r->ranks[i].gpu = -1;
+    for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
+      if (!(s->gpu_busy & (1ull << g))) {
+        s->gpu_busy |= 1ull << g;
+        r->ranks[i].gpu = g;
+        break;
+      }
+  }
   int mk = dispatch_mkdirs(dir);
   if (!mk) write_spec_file(spec_path, j->spec);
   double now = mono_now();
@@ -308,9 +322,9 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
     lc->svc = s->svc;
     snprintf(lc->id, sizeof lc->id, "%s", j->id);
     snprintf(lc->token, sizeof lc->token, "%s", j->token);
-    dispatch_spec_t sp = {s->worker, spec_path, j->id,   attempt,         i,
-                          r->world,  rdv,       url,     j->token,        log_path,
-                          s->cfg->log_max,      on_report_line,           lc};
+    dispatch_spec_t sp = {s->worker, spec_path, j->id,    attempt,           i,
+                          r->world,  rdv,       url,      j->token,          r->ranks[i].gpu,
+                          log_path,  s->cfg->log_max,     on_report_line,    lc};
     if (mk) free(lc);
     int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
     if (mk) snprintf(msg, sizeof msg, "cannot create %s: %s", dir, strerror(-mk));
@@ -438,6 +452,8 @@ static void tick(sched_t *s) {
         s->gpu_used -= r->world;
       else
         s->cpu_used -= r->world;
+      for (int i = 0; i < r->world; i++)
+        if (r->ranks[i].gpu >= 0) s->gpu_busy &= ~(1ull << r->ranks[i].gpu);
       r->next = ended;
       ended = r;
     } else {

@@ -44,8 +44,8 @@ class Dispatch(unittest.TestCase):
         self.assertEqual(job["state"], "succeeded", job["reason"])
         self.assertEqual(job["attempt"], 1)
         for rank in (0, 1):
-            self.assertTrue(os.path.exists(os.path.join(self.srv.dir, "runs", "ok",
-                                                        "rank%d.done" % rank)))
+            with open(os.path.join(self.srv.dir, "runs", "ok", "rank%d.done" % rank)) as f:
+                self.assertIn("rendezvous shm:ty-%s-1" % job["id"], f.read())
         ranks = self.srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]
         self.assertEqual([r["state"] for r in ranks], ["exited", "exited"])
         self.assertEqual([r["phase"] for r in ranks], ["done", "done"])
@@ -177,6 +177,37 @@ class RealWorker(unittest.TestCase):
             m = srv.get("/v1/jobs/%s/metrics" % job["id"]).json()
             self.assertEqual(m["ranks"][0]["steps"], list(range(1, 9)))
             self.assertIsNotNone(job["started_at"])
+        finally:
+            srv.cleanup()
+
+
+class Gpus(unittest.TestCase):
+    """cuda jobs hold one GPU per rank (CUDA_VISIBLE_DEVICES) and meet
+    through nccl:file:; no GPU is needed, the test worker only records."""
+
+    def done(self, srv, name, rank):
+        with open(os.path.join(srv.dir, "runs", name, "rank%d.done" % rank)) as f:
+            return dict(line.split(" ", 1) for line in f.read().splitlines())
+
+    def test_gpus_are_handed_out_one_per_rank(self):
+        srv = Server(extra=["--gpus", "2"]).start()
+        try:
+            a = srv.post("/v1/jobs", srv.spec(name="gpu-a-slow", steps=8, world_size=1,
+                                              device="cuda")).json()
+            b = srv.post("/v1/jobs", srv.spec(name="gpu-b-slow", steps=8, world_size=1,
+                                              device="cuda")).json()
+            c = srv.post("/v1/jobs", srv.spec(name="gpu-c", steps=2, world_size=2,
+                                              device="cuda")).json()
+            self.assertEqual(a["device"], "cuda")
+            for j in (a, b, c):
+                self.assertEqual(srv.wait_state(j["id"], ["succeeded", "failed"])["state"],
+                                 "succeeded")
+            self.assertEqual({self.done(srv, "gpu-a-slow", 0)["gpu"],
+                              self.done(srv, "gpu-b-slow", 0)["gpu"]}, {"0", "1"})
+            self.assertEqual([self.done(srv, "gpu-c", r)["gpu"] for r in (0, 1)], ["0", "1"])
+            self.assertTrue(self.done(srv, "gpu-c", 0)["rendezvous"].startswith("nccl:file:"))
+            r = srv.post("/v1/jobs", srv.spec(name="gpu-d", world_size=3, device="cuda"))
+            self.assertEqual(r.status_code, 400)
         finally:
             srv.cleanup()
 

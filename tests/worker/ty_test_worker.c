@@ -13,7 +13,8 @@
  *   child       every rank leaves a sleeping child in its process group
  *   nopipe      ignore SIGPIPE (outlive the server that reads the log pipe)
  *   chatty      write 1 KiB of extra log output per step
- * On success rank R writes <output_dir>/rank<R>.done. */
+ * On success rank R writes <output_dir>/rank<R>.done: the steps, its
+ * rendezvous and the GPU it was given. */
 #include <errno.h>
 #include <math.h>
 #include <stdbool.h>
@@ -145,7 +146,9 @@ int main(void) {
     mkdir(dir, 0755);
     FILE *f = fopen(path, "w");
     if (f) {
-      fprintf(f, "steps %lld\n", (long long)steps);
+      const char *gpu = getenv("CUDA_VISIBLE_DEVICES"), *rdv = getenv("TRAINYARD_RENDEZVOUS");
+      fprintf(f, "steps %lld\nrendezvous %s\ngpu %s\n", (long long)steps, rdv ? rdv : "",
+              gpu ? gpu : "");
       fclose(f);
     }
   }
