@@ -198,12 +198,13 @@ static void emit(launch_t *L, int r, int s, const char *line) {
   }
 }
 
-/* Reads what is there from rank r's stream s; closes it at EOF. */
-static void read_stream(launch_t *L, int r, int s) {
+/* Reads what is there from rank r's stream s; closes it at EOF or error.
+ * Returns the bytes read (0 at EOF, -1 when nothing is there yet). */
+static ssize_t read_stream(launch_t *L, int r, int s) {
   rank_t *k = &L->ranks[r];
   char *b = k->buf[s];
   ssize_t got = read(k->fd[s], b + k->len[s], LAUNCH_LINE_MAX - k->len[s]);
-  if (got < 0 && (errno == EINTR || errno == EAGAIN)) return;
+  if (got < 0 && (errno == EINTR || errno == EAGAIN)) return -1;
   if (got > 0) k->len[s] += (size_t)got;
   size_t start = 0;
   for (size_t i = 0; i < k->len[s]; i++) {
@@ -223,6 +224,15 @@ static void read_stream(launch_t *L, int r, int s) {
     close(k->fd[s]);
     k->fd[s] = -1;
   }
+  return got < 0 ? 0 : got;
+}
+
+/* Reads everything rank r has written so far, so that a report written
+ * just before it exited counts before its exit does. */
+static void drain_rank(launch_t *L, int r) {
+  for (int s = 0; s < 2; s++)
+    while (L->ranks[r].fd[s] >= 0 && read_stream(L, r, s) > 0) {
+    }
 }
 
 /* Records rank r's end as the job's failure, if it is the first. */
@@ -275,6 +285,7 @@ static void reap(launch_t *L) {
     kill(-k->pgid, SIGKILL); /* whatever it started in its group */
     remove_omp_registration(k->pgid);
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
+    drain_rank(L, r);
     if (blame < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(blame_status))) {
       blame = r;
       blame_status = st;

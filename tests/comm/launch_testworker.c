@@ -10,15 +10,17 @@
  *   hang      join the communicator, write joined<R>.pid, then sleep
  *             without a word
  *   stall     report step 3 every 50 ms, forever (a heartbeat, no progress)
- *   steps     report steps 1..12 every 100 ms, then done
+ *   steps     report steps 1..20 every 100 ms, then done
  *   kill9     all-reduce in a loop; rank TY_TESTWORKER_RANK kills itself
  *             with SIGKILL midway; the others report the comm error
  * Every rank writes its pid to TY_TESTWORKER_PIDDIR/rank<R>.pid, and a
- * helper's to child<R>.pid, when that directory is set. */
+ * helper's to child<R>.pid, when that directory is set; kill9's victim
+ * writes the monotonic milliseconds of its death to t_dying_ms<R>.pid. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "worker/comm.h"
@@ -102,15 +104,9 @@ static int run_fail(int stubborn) {
 }
 
 static int run_sigint(void) {
-  /* Blocked outside sigsuspend, so a SIGINT between the check and the
-   * wait cannot be lost. */
-  sigset_t block, old;
-  sigemptyset(&block);
-  sigaddset(&block, SIGINT);
-  sigprocmask(SIG_BLOCK, &block, &old);
   signal(SIGINT, on_sigint);
   report("training", "waiting for SIGINT");
-  while (!g_sigint) sigsuspend(&old);
+  while (!g_sigint) usleep(10 * 1000); /* polled: no lost-wakeup window */
   fprintf(stderr, "[rank %d/%d] caught SIGINT, stopping\n", g_rank, g_world);
   return 130;
 }
@@ -121,7 +117,19 @@ static int run_kill9(void) {
   size_t n = 1u << 20;
   float *buf = calloc(n, sizeof(float));
   for (int it = 0; it < 100000; it++) {
-    if (g_rank == bad && it == 20) raise(SIGKILL);
+    if (g_rank == bad && it == 20) {
+      struct timespec ts;
+      clock_gettime(CLOCK_MONOTONIC, &ts);
+      const char *dir = getenv("TY_TESTWORKER_PIDDIR");
+      char path[512];
+      snprintf(path, sizeof path, "%s/t_dying_ms%d.pid", dir ? dir : "/nonexistent", g_rank);
+      FILE *f = fopen(path, "w");
+      if (f) {
+        fprintf(f, "%lld\n", (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000);
+        fclose(f);
+      }
+      raise(SIGKILL);
+    }
     if (comm_all_reduce(c, buf, n)) {
       report("failed", comm_error(c));
       return 1;
@@ -163,11 +171,11 @@ int main(void) {
       usleep(50 * 1000);
     }
   if (!strcmp(what, "steps")) {
-    for (int step = 1; step <= 12; step++) {
+    for (int step = 1; step <= 20; step++) {
       report_step("training", step, "step");
       usleep(100 * 1000);
     }
-    report("done", "12 steps");
+    report("done", "20 steps");
     return 0;
   }
   if (!strcmp(what, "hang")) {
