@@ -14,6 +14,9 @@
 #include "api/errors.h"
 #include "worker/memstat.h"
 #include "worker/report.h"
+#ifdef TRAINYARD_HAVE_CUDA
+#include "worker/placement_cuda.h"
+#endif
 
 typedef struct {
   const wload_rank_t *who;
@@ -58,16 +61,38 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   wload_send("loading", &st, NULL);
 }
 
+static void wload_placement_free(placement_t *pl) {
+#ifdef TRAINYARD_HAVE_CUDA
+  placement_cuda_free(pl);
+#else
+  (void)pl;
+#endif
+}
+
 int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
   char err[1024] = "", msg[1200];
-  if (spec->device == JOBSPEC_DEVICE_CUDA) {
-    wload_send(
-        "failed", NULL,
-        "device cuda: this worker loads onto the CPU placement only; use device cpu or auto");
-    return 1;
-  }
   placement_t pl;
-  placement_cpu_init(&pl);
+  if (spec->device == JOBSPEC_DEVICE_CUDA) {
+#ifdef TRAINYARD_HAVE_CUDA
+    /* One GPU per rank: local ranks take devices in rank order. */
+    int ndev = 0;
+    int rc0 = placement_cuda_devices(&ndev, err, sizeof err);
+    if (!rc0)
+      rc0 = placement_cuda_init(&pl, who->rank % ndev, (size_t)spec->fsdp.bucket_mb << 20, err,
+                                sizeof err);
+    if (rc0) {
+      wload_send("failed", NULL, err);
+      return 1;
+    }
+#else
+    wload_send("failed", NULL,
+               "device cuda: this worker was built without the CUDA toolkit; rebuild where one is "
+               "installed, or use device cpu or auto");
+    return 1;
+#endif
+  } else {
+    placement_cpu_init(&pl);
+  }
   wload_progress_t prog = {who, mono_s()};
   loader_opts_t o = {.rank = who->rank,
                      .world_size = who->world_size,
@@ -89,12 +114,23 @@ int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
   if (rc) {
     snprintf(msg, sizeof msg, "%s (%s)", err, ty_err_name(rc));
     wload_send("failed", NULL, msg);
+    wload_placement_free(&pl);
     return 1;
   }
-  snprintf(msg, sizeof msg, "%s: shard %.1f MiB of %s in %.2f s", path,
-           (double)s->bytes / 1048576.0, ty_dtype_name(s->dtype), st.load_seconds);
+  int n = snprintf(msg, sizeof msg, "%s: shard %.1f MiB of %s in %.2f s", path,
+                   (double)s->bytes / 1048576.0, ty_dtype_name(s->dtype), st.load_seconds);
+#ifdef TRAINYARD_HAVE_CUDA
+  if (placement_is_cuda(&pl)) {
+    placement_cuda_info_t ci;
+    placement_cuda_info(&pl, &ci);
+    snprintf(msg + n, sizeof msg - (size_t)n, "; device %d, cudaMemGetInfo peak %.1f MiB",
+             ci.device, (double)ci.driver_peak / 1048576.0);
+  }
+#endif
+  (void)n;
   wload_send("done", &st, msg);
   loader_shard_free(s);
+  wload_placement_free(&pl);
   return 0;
 }
 

@@ -1,0 +1,29 @@
+# GPU suites (label gpu): the CUDA kernels against the CPU backend and both
+# load paths onto the device. Built wherever the CUDA toolkit is found; each
+# exits 77 (a ctest skip) with the reason printed when no GPU is visible.
+# tests/gpu/run.sh runs them, and the GPU bench, on a GPU host.
+if(TRAINYARD_HAVE_CUDA)
+  foreach(check kernels load model)
+    add_executable(gpu_${check}_check ${CMAKE_SOURCE_DIR}/tests/gpu/${check}_check.c)
+    target_link_libraries(gpu_${check}_check PRIVATE ty_worker)
+    add_test(NAME gpu/${check} COMMAND gpu_${check}_check)
+    set_tests_properties(gpu/${check} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                         ENVIRONMENT "${TY_TEST_ENV}")
+  endforeach()
+endif()
+if(TRAINYARD_HAVE_CUDA)
+  add_test(NAME integration/load_cuda COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/load_cli.sh)
+  set_tests_properties(integration/load_cuda PROPERTIES LABELS integration TIMEOUT 120
+                       ENVIRONMENT "${TY_TEST_ENV}")
+endif()
+# The GPU bench's programs (run by tests/gpu/run.sh, not by ctest).
+if(TRAINYARD_HAVE_CUDA)
+  foreach(bench load lora)
+    add_executable(gpu_bench_${bench} ${CMAKE_SOURCE_DIR}/tests/gpu/bench_${bench}.c)
+    target_link_libraries(gpu_bench_${bench} PRIVATE ty_worker)
+  endforeach()
+endif()
+# The worker-only variant a GPU host builds, here without CUDA (quick).
+add_test(NAME integration/worker_only COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/worker_only.sh)
+set_tests_properties(integration/worker_only PROPERTIES LABELS integration TIMEOUT 600
+                     ENVIRONMENT "${TY_TEST_ENV}")

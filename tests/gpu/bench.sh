@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# bench.sh BUILD OUTDIR - the GPU bench (run by tests/gpu/run.sh on a GPU
+# host). A generated bf16 checkpoint of about 1.5B parameters (Llama-3.2-1B's
+# layer shapes with an untied head: C 2048, FF 8192, 16 layers, 32 heads, 8
+# kv heads, vocab 128256), then:
+#   load   per-rank device peak, standard against memory-efficient, for 1 and
+#          2 ranks (bench_load: ranks one after another on device 0), with
+#          the cudaMemGetInfo cross-check;
+#   lora   LoRA training tokens/s and model-FLOP utilisation on the GPU
+#          (bench_lora), when built;
+#   torch  the same checkpoint and batch through transformers + peft, when
+#          python3 has torch, transformers and peft.
+# Figures go to OUTDIR/bench.jsonl; a table to stdout.
+set -uo pipefail
+build=${1:?usage: bench.sh BUILD OUTDIR}
+out=${2:?usage: bench.sh BUILD OUTDIR}
+src=$(cd "$(dirname "$0")/../.." && pwd)
+ck=${TY_GPU_BENCH_CKPT:-/tmp/trainyard-bench-1b}
+jl="$out/bench.jsonl"
+: >"$jl"
+B=${TY_GPU_BENCH_B:-4} T=${TY_GPU_BENCH_T:-1024} R=${TY_GPU_BENCH_R:-16} STEPS=${TY_GPU_BENCH_STEPS:-10}
+rc=0
+
+if [ ! -f "$ck/config.json" ]; then
+  "$build/cli/trainyard" mkmodel --out "$ck" --hidden-size 2048 --intermediate-size 8192 \
+    --layers 16 --heads 32 --kv-heads 8 --vocab-size 128256 --dtype bf16 --shards 4 --seed 1 ||
+    exit 1
+fi
+
+for w in 1 2; do
+  "$build/tests/gpu_bench_load" "$ck" $w 64 | sed 's/^{/{"bench":"load",/' >>"$jl" || rc=1
+done
+if [ -x "$build/tests/gpu_bench_lora" ]; then
+  "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
+fi
+if python3 -c "import torch, transformers, peft" 2>/dev/null; then
+  python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"torch",/' >>"$jl" || rc=1
+else
+  echo '{"bench":"torch","status":"skipped","message":"python3 lacks torch, transformers or peft"}' >>"$jl"
+fi
+
+python3 - "$jl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip().startswith("{")]
+mib = lambda b: f"{b / 2**20:,.0f}"
+print("device peak per rank (MiB), bf16 shards, bucket 64 MiB")
+print(f"{'path':<17} {'world':>5} {'rank':>4} {'shard':>8} {'peak':>8} {'cudaMemGetInfo':>14} {'host peak':>9} {'s':>6}")
+for r in rows:
+    if r.get("bench") != "load":
+        continue
+    if r["status"] != "ok":
+        print(f"{r['path']:<17} {r['world']:>5} {r['rank']:>4}  failed: {r.get('message', '')}")
+        continue
+    print(f"{r['path']:<17} {r['world']:>5} {r['rank']:>4} {mib(r['shard_bytes']):>8} "
+          f"{mib(r['device_peak_bytes']):>8} {mib(r['cuda_meminfo_peak_bytes']):>14} "
+          f"{mib(r['host_peak_bytes']):>9} {r['load_seconds']:>6.2f}")
+for r in rows:
+    if r.get("bench") in ("lora", "torch"):
+        print(r["bench"], json.dumps({k: v for k, v in r.items() if k != "bench"}))
+PY
+exit $rc

@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# run.sh OUTDIR - everything trainyard checks on a GPU host, in one command,
+# within about 8 minutes: builds the worker-only variant with CUDA, runs the
+# GPU suites (ctest label gpu: CUDA kernels against the CPU backend, both
+# load paths onto the device, NCCL collectives; and `trainyard load --device
+# cuda`), then the GPU bench (tests/gpu/bench.sh). Results land in OUTDIR:
+#   preflight.txt  the host: GPU, driver, toolkit, compilers, libraries
+#   build.log      configure + build
+#   tests.log      ctest output of the GPU suites (pass/fail per test)
+#   bench.txt      the bench's human-readable table
+#   bench.jsonl    the bench's figures, one JSON object per line
+#   summary.txt    one line per stage and the verdict
+# Exit status 0 only when the build and every GPU test passed (and none
+# skipped: on a GPU host a skip is a failure).
+#
+# The build needs CMake, a C compiler, the CUDA toolkit (nvcc, cuBLAS; NCCL
+# for the collectives) and the worker's libraries: jansson, OpenBLAS and
+# libcurl with pkg-config. A host without them (an image with the toolkit
+# only) can take them as .deb files: TY_DEPS_DEBS=DIR unpacks every DIR/*.deb
+# into a private prefix first (tests/gpu/fetch-debs.sh DIR gathers them on a
+# Debian machine with apt).
+#
+# Environment: TY_GPU_BUILD_DIR (default <source>/build-gpu),
+#   TY_GPU_BENCH=0 to skip the bench, TY_DEPS_DEBS as above.
+set -uo pipefail
+[ $# -eq 1 ] || { echo "usage: tests/gpu/run.sh OUTDIR" >&2; exit 2; }
+mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 2
+src=$(cd "$(dirname "$0")/../.." && pwd)
+build=${TY_GPU_BUILD_DIR:-$src/build-gpu}
+t0=$SECONDS
+: >"$out/summary.txt"
+stage() { printf '%-10s %-5s %4ds  %s\n' "$1" "$2" $((SECONDS - t0)) "${3:-}" | tee -a "$out/summary.txt"; }
+jobs=$(nproc 2>/dev/null || echo 4)
+
+# 1. The host.
+{
+  echo "date: $(date -u +%FT%TZ)"
+  echo "host: $(uname -srm), $jobs cpus"
+  if command -v nvidia-smi >/dev/null; then
+    echo "gpu: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
+  else
+    echo "gpu: nvidia-smi not found"
+  fi
+  if command -v nvcc >/dev/null; then echo "nvcc: $(nvcc --version | tail -1)"; else echo "nvcc: not found"; fi
+  cmake --version 2>&1 | head -1
+  cc --version 2>&1 | head -1
+  command -v ninja >/dev/null && echo "ninja: $(ninja --version)"
+  command -v pkg-config >/dev/null && for p in jansson openblas libcurl cmocka; do
+    echo "pkg-config $p: $(pkg-config --modversion $p 2>&1)"
+  done
+  ls /usr/local/cuda/lib64/libnccl* /usr/lib/x86_64-linux-gnu/libnccl* 2>/dev/null | head -2
+} >"$out/preflight.txt" 2>&1
+stage preflight ok "$(grep '^gpu:' "$out/preflight.txt")"
+
+# 2. Libraries from .deb files, when given.
+if [ -n "${TY_DEPS_DEBS:-}" ]; then
+  # shellcheck source=tests/gpu/deps-env.sh
+  . "$src/tests/gpu/deps-env.sh" "$TY_DEPS_DEBS" /tmp/trainyard-deps || { stage deps FAIL "unpacking $TY_DEPS_DEBS"; exit 1; }
+  stage deps ok "$(ls "$TY_DEPS_DEBS"/*.deb | wc -l) packages unpacked into /tmp/trainyard-deps"
+fi
+
+# 3. The worker-only build with CUDA (sm_90 + PTX unless CUDAARCHS says otherwise).
+gen=()
+command -v ninja >/dev/null && gen=(-G Ninja)
+if cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTRAINYARD_WORKER_ONLY=ON \
+  -DTRAINYARD_CUDA=ON >"$out/build.log" 2>&1 &&
+  cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1; then
+  stage build ok "$build"
+else
+  stage build FAIL "see build.log"
+  tail -30 "$out/build.log"
+  exit 1
+fi
+
+# 4. The GPU suites (and the CLI's device path).
+cd "$build" || exit 1
+ctest -L gpu -V --timeout 300 >"$out/tests.log" 2>&1
+rc=$?
+ctest -R integration/load_cuda --output-on-failure --timeout 120 >>"$out/tests.log" 2>&1 || rc=1
+if grep -q "Skipped\|Not Run" "$out/tests.log"; then rc=1; fi
+stage tests "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(grep 'tests passed' "$out/tests.log" | tr '\n' ' ')"
+
+# 5. The bench (figures for the README).
+if [ "${TY_GPU_BENCH:-1}" != 0 ]; then
+  if bash "$src/tests/gpu/bench.sh" "$build" "$out" >"$out/bench.txt" 2>&1; then
+    stage bench ok "bench.txt, bench.jsonl"
+  else
+    stage bench FAIL "see bench.txt"
+    rc=1
+  fi
+fi
+stage total "$([ $rc -eq 0 ] && echo ok || echo FAIL)"
+exit $rc

@@ -1,0 +1,604 @@
+/* backend_cuda.cu - the CUDA kernels and cuBLAS products of backend_cuda.h.
+ * Plain, checkable kernels: one block per row for the row ops (norms,
+ * softmaxes, attention rows), one thread per element otherwise; every
+ * reduction is in a fixed order for a fixed launch, so results repeat. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "api/errors.h"
+#include "worker/backend_cuda.h"
+#include "worker/cpu_ops.h"
+}
+
+struct cuda_backend {
+  int device;
+  cublasHandle_t blas;
+  double *dsum; /* one device double for reductions */
+};
+
+#define CB_THREADS 256
+
+static int cb_fail(char *err, size_t errlen, int code, const char *what, const char *why) {
+  if (err && errlen) snprintf(err, errlen, "cuda backend: %s: %s", what, why);
+  return code;
+}
+
+static unsigned cb_blocks(size_t n) {
+  return (unsigned)((n + CB_THREADS - 1) / CB_THREADS);
+}
+
+extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen) {
+  *out = NULL;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count < 1) {
+    cudaGetLastError();
+    return cb_fail(err, errlen, TY_EUNAVAILABLE, "no CUDA device is visible",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "the runtime reports 0 devices");
+  }
+  if (device < 0 || device >= count)
+    return cb_fail(err, errlen, TY_EUNAVAILABLE, "device index out of range",
+                   "use a device index below the number of visible devices");
+  if ((e = cudaSetDevice(device)) != cudaSuccess)
+    return cb_fail(err, errlen, TY_EUNAVAILABLE, "cudaSetDevice", cudaGetErrorString(e));
+  cuda_backend_t *b = (cuda_backend_t *)calloc(1, sizeof *b);
+  if (!b) return TY_EEXHAUSTED;
+  b->device = device;
+  if (cublasCreate(&b->blas) != CUBLAS_STATUS_SUCCESS) {
+    free(b);
+    return cb_fail(err, errlen, TY_EINTERNAL, "cublasCreate", "failed");
+  }
+  /* Plain fp32 for Sgemm: no TF32 unless asked for, so fp32 matches the CPU. */
+  cublasSetMathMode(b->blas, CUBLAS_DEFAULT_MATH);
+  if ((e = cudaMalloc((void **)&b->dsum, sizeof(double))) != cudaSuccess) {
+    cublasDestroy(b->blas);
+    free(b);
+    return cb_fail(err, errlen, TY_EEXHAUSTED, "cudaMalloc", cudaGetErrorString(e));
+  }
+  *out = b;
+  return 0;
+}
+
+extern "C" void cuda_backend_free(cuda_backend_t *b) {
+  if (!b) return;
+  cudaFree(b->dsum);
+  cublasDestroy(b->blas);
+  free(b);
+}
+
+extern "C" int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen) {
+  (void)b;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) return cb_fail(err, errlen, TY_EINTERNAL, "kernel", cudaGetErrorString(e));
+  return 0;
+}
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
+
+template <typename F>
+__device__ F warp_sum(F v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ float warp_max(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+template <typename F>
+__device__ F block_sum(F v) {
+  __shared__ F sh[32];
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_sum(v);
+  if (lane == 0) sh[wid] = v;
+  __syncthreads();
+  v = threadIdx.x < nw ? sh[threadIdx.x] : (F)0;
+  if (wid == 0) v = warp_sum(v);
+  if (threadIdx.x == 0) sh[0] = v;
+  __syncthreads();
+  v = sh[0];
+  __syncthreads(); /* sh may be reused by the next call */
+  return v;
+}
+__device__ float block_max(float v) {
+  __shared__ float sh[32];
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_max(v);
+  if (lane == 0) sh[wid] = v;
+  __syncthreads();
+  v = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+  if (wid == 0) v = warp_max(v);
+  if (threadIdx.x == 0) sh[0] = v;
+  __syncthreads();
+  v = sh[0];
+  __syncthreads();
+  return v;
+}
+
+/* ---- conversions ---- */
+
+__global__ void k_f32_to_bf16(__nv_bfloat16 *d, const float *s, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) d[i] = __float2bfloat16_rn(s[i]);
+}
+__global__ void k_bf16_to_f32(float *d, const __nv_bfloat16 *s, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) d[i] = __bfloat162float(s[i]);
+}
+extern "C" void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n) {
+  (void)b;
+  if (n) k_f32_to_bf16<<<cb_blocks(n), CB_THREADS>>>((__nv_bfloat16 *)dst, src, n);
+}
+extern "C" void cuda_bf16_to_f32(cuda_backend_t *b, float *dst, const uint16_t *src, size_t n) {
+  (void)b;
+  if (n) k_bf16_to_f32<<<cb_blocks(n), CB_THREADS>>>(dst, (const __nv_bfloat16 *)src, n);
+}
+
+/* ---- matrix products (row-major operands seen by column-major cuBLAS:
+ * a row-major (R, C) matrix is a column-major (C, R) one) ---- */
+
+/* Column-major C (m, n) = alpha * op(A) op(B) + beta * C, operands of dt. */
+static int gemm(cuda_backend_t *b, ty_dtype_t dt, cublasOperation_t ta, cublasOperation_t tb, int m,
+                int n, int k, float alpha, const void *A, int lda, const void *B, int ldb,
+                float beta, float *C, int ldc) {
+  if (m == 0 || n == 0) return 0;
+  cublasStatus_t s;
+  if (dt == TY_DTYPE_F32)
+    s = cublasSgemm(b->blas, ta, tb, m, n, k, &alpha, (const float *)A, lda, (const float *)B, ldb,
+                    &beta, C, ldc);
+  else if (dt == TY_DTYPE_BF16)
+    s = cublasGemmEx(b->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
+                     &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  else
+    return TY_EINVAL;
+  return s == CUBLAS_STATUS_SUCCESS ? 0 : TY_EINTERNAL;
+}
+
+/* out (N, OUT) = alpha * inp (N, IN) @ W (OUT, IN)^T + beta * out. */
+static int mm_nt(cuda_backend_t *b, ty_dtype_t dt, float *out, const void *inp, const void *W,
+                 int N, int IN, int OUT, float alpha, float beta) {
+  return gemm(b, dt, CUBLAS_OP_T, CUBLAS_OP_N, OUT, N, IN, alpha, W, IN, inp, IN, beta, out, OUT);
+}
+/* dinp (N, IN) = alpha * dout (N, OUT) @ W (OUT, IN) + beta * dinp. */
+static int mm_nn(cuda_backend_t *b, ty_dtype_t dt, float *dinp, const void *dout, const void *W,
+                 int N, int IN, int OUT, float alpha, float beta) {
+  return gemm(b, dt, CUBLAS_OP_N, CUBLAS_OP_N, IN, N, OUT, alpha, W, IN, dout, OUT, beta, dinp, IN);
+}
+/* dW (OUT, IN) = alpha * dout (N, OUT)^T @ inp (N, IN) + beta * dW. */
+static int mm_tn(cuda_backend_t *b, ty_dtype_t dt, float *dW, const void *dout, const void *inp,
+                 int N, int IN, int OUT, float alpha, float beta) {
+  return gemm(b, dt, CUBLAS_OP_N, CUBLAS_OP_T, IN, OUT, N, alpha, inp, IN, dout, OUT, beta, dW, IN);
+}
+
+extern "C" int cuda_matmul_forward(cuda_backend_t *b, float *out, const void *inp,
+                                   const void *weight, ty_dtype_t dt, int N, int IN, int OUT,
+                                   float beta) {
+  return mm_nt(b, dt, out, inp, weight, N, IN, OUT, 1.0f, beta);
+}
+
+extern "C" int cuda_matmul_backward(cuda_backend_t *b, float *dinp, float *dweight,
+                                    const void *dout, const void *inp, const void *weight,
+                                    ty_dtype_t dt, int N, int IN, int OUT, float dinp_beta) {
+  int rc = 0;
+  if (dinp) rc = mm_nn(b, dt, dinp, dout, weight, N, IN, OUT, 1.0f, dinp_beta);
+  if (!rc && dweight) rc = mm_tn(b, dt, dweight, dout, inp, N, IN, OUT, 1.0f, 1.0f);
+  return rc;
+}
+
+/* ---- RMSNorm ---- */
+
+__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int C,
+                              float eps) {
+  const float *x = inp + (size_t)blockIdx.x * C;
+  float *y = out + (size_t)blockIdx.x * C;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  ss = block_sum(ss);
+  float s = 1.0f / sqrtf(ss / C + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = w[c] * (x[c] * s);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = s;
+}
+
+/* dx = rstd * (w*dy - xhat * mean(w*dy * xhat)) (+ dresid), one row a block. */
+__global__ void k_rmsnorm_bwd(float *dinp, const float *dout, const float *dresid, const float *inp,
+                              const float *w, const float *rstd, int C) {
+  size_t r = blockIdx.x;
+  const float *x = inp + r * C, *dy = dout + r * C;
+  const float *dres = dresid ? dresid + r * C : NULL;
+  float *dx = dinp + r * C;
+  float s = rstd[r];
+  double dot = 0.0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dot += (double)(w[c] * dy[c]) * (x[c] * s);
+  dot = block_sum(dot);
+  float m = (float)(dot / C);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = s * (w[c] * dy[c] - x[c] * s * m);
+    dx[c] = dres ? dres[c] + g : g;
+  }
+}
+
+/* dweight[c] += sum over rows (in order) of dy * x * rstd: one thread a column. */
+__global__ void k_rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd,
+                             int N, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = dw[c];
+  for (int r = 0; r < N; r++) acc += dout[(size_t)r * C + c] * inp[(size_t)r * C + c] * rstd[r];
+  dw[c] = acc;
+}
+
+extern "C" void cuda_rmsnorm_forward(cuda_backend_t *b, float *out, float *rstd, const float *inp,
+                                     const float *weight, int N, int C, float eps) {
+  (void)b;
+  if (N > 0) k_rmsnorm_fwd<<<N, CB_THREADS>>>(out, rstd, inp, weight, C, eps);
+}
+
+extern "C" void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight,
+                                      const float *dout, const float *dresid, const float *inp,
+                                      const float *weight, const float *rstd, int N, int C) {
+  (void)b;
+  if (N <= 0) return;
+  /* dweight first: dinp may alias dresid, never dout or inp. */
+  if (dweight) k_rmsnorm_dw<<<cb_blocks((size_t)C), CB_THREADS>>>(dweight, dout, inp, rstd, N, C);
+  k_rmsnorm_bwd<<<N, CB_THREADS>>>(dinp, dout, dresid, inp, weight, rstd, C);
+}
+
+/* ---- RoPE (rotate-half) ---- */
+
+__global__ void k_rope(float *x, const float *cs, const float *sn, int T, int NX, int HS,
+                       size_t total, float sign) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  int half = HS / 2;
+  int j = (int)(i % half);
+  size_t head = i / half; /* (b*T + t) * NX + h */
+  size_t t = (head / NX) % T;
+  float *v = x + head * HS;
+  float c = cs[t * half + j], s = sign * sn[t * half + j];
+  float x1 = v[j], x2 = v[j + half];
+  v[j] = x1 * c - x2 * s;
+  v[j + half] = x2 * c + x1 * s;
+}
+
+extern "C" int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS,
+                                double theta) {
+  (void)b;
+  size_t n = (size_t)T * (HS / 2);
+  float *h = (float *)malloc(2 * n * sizeof(float) + 1);
+  if (!h) return TY_EEXHAUSTED;
+  cpu_rope_tables(h, h + n, T, HS, theta);
+  cudaError_t e = cudaMemcpy(cos_t, h, n * sizeof(float), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMemcpy(sin_t, h + n, n * sizeof(float), cudaMemcpyHostToDevice);
+  free(h);
+  return e == cudaSuccess ? 0 : TY_EINTERNAL;
+}
+
+extern "C" void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t,
+                                  const float *sin_t, int B, int T, int NX, int HS) {
+  (void)b;
+  size_t total = (size_t)B * T * NX * (HS / 2);
+  if (total) k_rope<<<cb_blocks(total), CB_THREADS>>>(x, cos_t, sin_t, T, NX, HS, total, 1.0f);
+}
+
+extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t,
+                                   const float *sin_t, int B, int T, int NX, int HS) {
+  (void)b;
+  size_t total = (size_t)B * T * NX * (HS / 2);
+  if (total) k_rope<<<cb_blocks(total), CB_THREADS>>>(dx, cos_t, sin_t, T, NX, HS, total, -1.0f);
+}
+
+/* ---- causal GQA attention ---- */
+
+/* One block per (b, h, t) query row; shared: the query row (HS floats). */
+__global__ void k_attn_fwd(float *out, float *att, const float *q, const float *k, const float *v,
+                           int T, int NH, int NKV, int HS) {
+  extern __shared__ float sq[];
+  size_t row = blockIdx.x;
+  int t = (int)(row % T), h = (int)((row / T) % NH);
+  size_t bb = row / ((size_t)T * NH);
+  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS;
+  const float scale = 1.0f / sqrtf((float)HS);
+  const float *qt = q + (bb * T + t) * QD + (size_t)h * HS;
+  float *arow = att + ((bb * NH + h) * T + t) * (size_t)T;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) sq[d] = qt[d];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float *kj = k + (bb * T + j) * KVD + (size_t)kvh * HS;
+    float s = 0.0f;
+    for (int d = 0; d < HS; d++) s += sq[d] * kj[d];
+    s *= scale;
+    arow[j] = s;
+    mx = fmaxf(mx, s);
+  }
+  mx = block_max(mx);
+  float sum = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    float e = expf(arow[j] - mx);
+    arow[j] = e;
+    sum += e;
+  }
+  sum = block_sum(sum);
+  float inv = 1.0f / sum;
+  for (int j = threadIdx.x; j < T; j += blockDim.x) arow[j] = j <= t ? arow[j] * inv : 0.0f;
+  __syncthreads();
+  float *ot = out + (bb * T + t) * QD + (size_t)h * HS;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= t; j++) acc += arow[j] * v[(bb * T + j) * KVD + (size_t)kvh * HS + d];
+    ot[d] = acc;
+  }
+}
+
+/* One block per query row: the score gradients of the row (softmax
+ * backward) into dscores, and dq. Shared: the row's dout (HS floats). */
+__global__ void k_attn_bwd_q(float *dq, float *dscores, const float *dout, const float *att,
+                             const float *k, const float *v, int T, int NH, int NKV, int HS) {
+  extern __shared__ float sd[];
+  size_t row = blockIdx.x;
+  int t = (int)(row % T), h = (int)((row / T) % NH);
+  size_t bb = row / ((size_t)T * NH);
+  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS;
+  const float scale = 1.0f / sqrtf((float)HS);
+  const float *arow = att + ((bb * NH + h) * T + t) * (size_t)T;
+  float *drow = dscores + ((bb * NH + h) * T + t) * (size_t)T;
+  const float *dot_ = dout + (bb * T + t) * QD + (size_t)h * HS;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) sd[d] = dot_[d];
+  __syncthreads();
+  float part = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float *vj = v + (bb * T + j) * KVD + (size_t)kvh * HS;
+    float da = 0.0f;
+    for (int d = 0; d < HS; d++) da += sd[d] * vj[d];
+    drow[j] = da;
+    part += arow[j] * da;
+  }
+  float dsum = block_sum(part);
+  for (int j = threadIdx.x; j < T; j += blockDim.x)
+    drow[j] = j <= t ? arow[j] * (drow[j] - dsum) : 0.0f;
+  __syncthreads();
+  float *dqt = dq + (bb * T + t) * QD + (size_t)h * HS;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int j = 0; j <= t; j++) acc += drow[j] * k[(bb * T + j) * KVD + (size_t)kvh * HS + d];
+    dqt[d] = acc * scale;
+  }
+}
+
+/* One block per (b, kv head, key j): dk and dv summed over the query heads
+ * of the group and the query rows t >= j, in order. */
+__global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dscores, const float *dout,
+                              const float *att, const float *q, int T, int NH, int NKV, int HS) {
+  size_t row = blockIdx.x;
+  int j = (int)(row % T), kvh = (int)((row / T) % NKV);
+  size_t bb = row / ((size_t)T * NKV);
+  int G = NH / NKV, QD = NH * HS, KVD = NKV * HS;
+  const float scale = 1.0f / sqrtf((float)HS);
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float ak = 0.0f, av = 0.0f;
+    for (int h = kvh * G; h < (kvh + 1) * G; h++) {
+      const size_t arow0 = (bb * NH + h) * (size_t)T * T;
+      for (int t = j; t < T; t++) {
+        size_t a = arow0 + (size_t)t * T + j, qi = (bb * T + t) * QD + (size_t)h * HS + d;
+        ak += dscores[a] * q[qi];
+        av += att[a] * dout[qi];
+      }
+    }
+    dk[(bb * T + j) * KVD + (size_t)kvh * HS + d] = ak * scale;
+    dv[(bb * T + j) * KVD + (size_t)kvh * HS + d] = av;
+  }
+}
+
+static unsigned row_threads(int width) {
+  unsigned t = (unsigned)((width + 31) / 32 * 32);
+  return t < 64 ? 64 : t > 256 ? 256 : t;
+}
+
+extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *att, const float *q,
+                                       const float *k, const float *v, int B, int T, int NH,
+                                       int NKV, int HS) {
+  (void)b;
+  size_t rows = (size_t)B * NH * T;
+  if (rows)
+    k_attn_fwd<<<(unsigned)rows, row_threads(T), HS * sizeof(float)>>>(out, att, q, k, v, T, NH,
+                                                                       NKV, HS);
+}
+
+extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv,
+                                        float *dscores, const float *dout, const float *att,
+                                        const float *q, const float *k, const float *v, int B,
+                                        int T, int NH, int NKV, int HS) {
+  (void)b;
+  size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
+  if (!rows) return;
+  k_attn_bwd_q<<<(unsigned)rows, row_threads(T), HS * sizeof(float)>>>(dq, dscores, dout, att, k, v,
+                                                                       T, NH, NKV, HS);
+  k_attn_bwd_kv<<<(unsigned)kvrows, row_threads(HS)>>>(dk, dv, dscores, dout, att, q, T, NH, NKV,
+                                                       HS);
+}
+
+/* ---- SwiGLU ---- */
+
+__global__ void k_swiglu_fwd(float *h, const float *gate, const float *up, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    float g = gate[i];
+    h[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+__global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dh, const float *gate,
+                             const float *up, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    float g = gate[i], s = 1.0f / (1.0f + expf(-g)), d = dh[i];
+    dup[i] = d * g * s;
+    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+  }
+}
+extern "C" void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up,
+                                    size_t n) {
+  (void)b;
+  if (n) k_swiglu_fwd<<<cb_blocks(n), CB_THREADS>>>(h, gate, up, n);
+}
+extern "C" void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
+                                     const float *gate, const float *up, size_t n) {
+  (void)b;
+  if (n) k_swiglu_bwd<<<cb_blocks(n), CB_THREADS>>>(dgate, dup, dh, gate, up, n);
+}
+
+/* ---- embedding ---- */
+
+template <typename W>
+__device__ float to_f32(W w);
+template <>
+__device__ float to_f32<float>(float w) {
+  return w;
+}
+template <>
+__device__ float to_f32<__nv_bfloat16>(__nv_bfloat16 w) {
+  return __bfloat162float(w);
+}
+template <typename W>
+__global__ void k_embed_fwd(float *out, const int *tokens, const W *embed, int C, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to_f32(embed[(size_t)tokens[i / C] * C + i % C]);
+}
+/* One thread per column, rows in order: no atomics, a fixed summation order. */
+__global__ void k_embed_bwd(float *dembed, const float *dout, const int *tokens, int N, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int r = 0; r < N; r++) dembed[(size_t)tokens[r] * C + c] += dout[(size_t)r * C + c];
+}
+extern "C" void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens,
+                                       const void *embed, ty_dtype_t dt, int N, int C) {
+  (void)b;
+  size_t n = (size_t)N * C;
+  if (!n) return;
+  if (dt == TY_DTYPE_BF16)
+    k_embed_fwd<<<cb_blocks(n), CB_THREADS>>>(out, tokens, (const __nv_bfloat16 *)embed, C, n);
+  else
+    k_embed_fwd<<<cb_blocks(n), CB_THREADS>>>(out, tokens, (const float *)embed, C, n);
+}
+extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout,
+                                        const int *tokens, int N, int C) {
+  (void)b;
+  if (N > 0 && C > 0) k_embed_bwd<<<cb_blocks((size_t)C), CB_THREADS>>>(dembed, dout, tokens, N, C);
+}
+
+/* ---- cross-entropy ---- */
+
+__global__ void k_ce_fwd(float *losses, const float *logits, const int *targets, int V) {
+  const float *l = logits + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_max(mx);
+  double sum = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log(sum) + mx - l[targets[blockIdx.x]]);
+}
+__global__ void k_ce_bwd(float *logits, const int *targets, int V, float dloss) {
+  float *l = logits + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_max(mx);
+  double sum = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_sum(sum);
+  float inv = (float)(1.0 / sum) * dloss;
+  int tg = targets[blockIdx.x];
+  for (int j = threadIdx.x; j < V; j += blockDim.x)
+    l[j] = expf(l[j] - mx) * inv - (j == tg ? dloss : 0.0f);
+}
+/* One block: the sum of x (n) in double, threads striding, a fixed tree. */
+__global__ void k_sum(double *out, const float *x, size_t n, int squares) {
+  double acc = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) acc += squares ? (double)x[i] * x[i] : x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+static int fetch_sum(cuda_backend_t *b, const float *x, size_t n, int squares, double *out) {
+  k_sum<<<1, 1024>>>(b->dsum, x, n, squares);
+  cudaError_t e = cudaMemcpy(out, b->dsum, sizeof(double), cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? 0 : TY_EINTERNAL;
+}
+extern "C" int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
+                                         const int *targets, int N, int V, double *sum) {
+  if (N <= 0) {
+    if (sum) *sum = 0.0;
+    return 0;
+  }
+  k_ce_fwd<<<N, CB_THREADS>>>(losses, logits, targets, V);
+  return sum ? fetch_sum(b, losses, (size_t)N, 0, sum) : 0;
+}
+extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
+                                           int N, int V, float dloss) {
+  (void)b;
+  if (N > 0) k_ce_bwd<<<N, CB_THREADS>>>(logits, targets, V, dloss);
+}
+extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out) {
+  if (!n) {
+    *out = 0.0;
+    return 0;
+  }
+  return fetch_sum(b, x, n, 1, out);
+}
+
+/* ---- LoRA ---- */
+
+extern "C" int cuda_lora_forward(cuda_backend_t *b, float *out, float *xa, const float *x,
+                                 const float *A, const float *B, int n, int IN, int OUT, int R,
+                                 float scale) {
+  int rc = mm_nt(b, TY_DTYPE_F32, xa, x, A, n, IN, R, 1.0f, 0.0f);
+  if (!rc) rc = mm_nt(b, TY_DTYPE_F32, out, xa, B, n, R, OUT, scale, 1.0f);
+  return rc;
+}
+
+extern "C" int cuda_lora_backward(cuda_backend_t *b, float *dx, float *dA, float *dB, float *dxa,
+                                  const float *dout, const float *x, const float *xa,
+                                  const float *A, const float *B, int n, int IN, int OUT, int R,
+                                  float scale) {
+  int rc = mm_tn(b, TY_DTYPE_F32, dB, dout, xa, n, R, OUT, scale, 1.0f);
+  if (!rc) rc = mm_nn(b, TY_DTYPE_F32, dxa, dout, B, n, R, OUT, scale, 0.0f);
+  if (!rc) rc = mm_tn(b, TY_DTYPE_F32, dA, dxa, x, n, IN, R, 1.0f, 1.0f);
+  if (!rc && dx) rc = mm_nn(b, TY_DTYPE_F32, dx, dxa, A, n, IN, R, 1.0f, 1.0f);
+  return rc;
+}
+
+/* ---- AdamW ---- */
+
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float b1, float b2,
+                        float one_b1, float one_b2, float eps, float decay, float gs,
+                        float step_size, float bc2_sqrt) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float gi = g[i] * gs;
+  float pi = p[i] * decay;
+  float mi = m[i] * b1 + one_b1 * gi;
+  float vi = v[i] * b2 + one_b2 * gi * gi;
+  float denom = sqrtf(vi) / bc2_sqrt + eps;
+  p[i] = pi - step_size * (mi / denom);
+  m[i] = mi;
+  v[i] = vi;
+}
+
+extern "C" void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, float *v,
+                                size_t n, const cuda_adamw_cfg_t *c, int64_t t, double grad_scale,
+                                int decay_on) {
+  (void)b;
+  if (!n) return;
+  /* The host-side factors exactly as optim_step computes them. */
+  double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
+  float decay = decay_on ? (float)(1.0 - c->lr * c->weight_decay) : 1.0f;
+  k_adamw<<<cb_blocks(n), CB_THREADS>>>(p, g, m, v, n, (float)c->beta1, (float)c->beta2,
+                                        (float)(1.0 - c->beta1), (float)(1.0 - c->beta2),
+                                        (float)c->eps, decay, (float)grad_scale,
+                                        (float)(c->lr / bc1), (float)sqrt(bc2));
+}

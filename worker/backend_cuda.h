@@ -1,0 +1,126 @@
+/* backend_cuda.h - the Llama decoder's kernels on an NVIDIA GPU: the same
+ * forward/backward pairs as worker/cpu_ops.h, with the same shapes, the same
+ * gradient rule (parameter gradients +=, activation gradients =) and the
+ * same arithmetic up to summation order, so that each can be checked against
+ * its CPU twin on the same inputs (tests/gpu).
+ *
+ * Every pointer below is device memory (cudaMalloc, or a CUDA placement's
+ * shard) unless it says host. Activations are fp32. Matrix products go
+ * through cuBLAS: fp32 (cublasSgemm, no TF32) or bf16 operands with an fp32
+ * result and fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F). Work is
+ * queued on the legacy default stream in call order; cuda_backend_sync waits
+ * for it and reports the first error (kernel launches return nothing).
+ *
+ * Letters as in worker/model.h; N = B*T token rows. */
+#ifndef TY_WORKER_BACKEND_CUDA_H
+#define TY_WORKER_BACKEND_CUDA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "common/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_backend cuda_backend_t;
+
+/* A backend on CUDA device `device` (made current): a cuBLAS handle and a
+ * small device scratch. Returns 0, or TY_EUNAVAILABLE (no such device: err
+ * says why) or TY_EINTERNAL (cuBLAS). *out is the caller's. */
+int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen);
+/* Accepts NULL. */
+void cuda_backend_free(cuda_backend_t *b);
+/* Waits for the queued work; 0, or TY_EINTERNAL naming the first error. */
+int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen);
+
+/* --- Conversions (round to nearest even, NaN stays NaN, as common/dtype.h). */
+void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n);
+void cuda_bf16_to_f32(cuda_backend_t *b, float *dst, const uint16_t *src, size_t n);
+
+/* --- Matrix products. dt is TY_DTYPE_F32 (operands float) or TY_DTYPE_BF16
+ * (inp, weight and dout uint16_t bf16); results and dweight are fp32.
+ * Return 0, TY_EINVAL (another dtype) or TY_EINTERNAL (cuBLAS). --- */
+
+/* out (N, OUT) = beta * out + inp (N, IN) @ weight (OUT, IN)^T. */
+int cuda_matmul_forward(cuda_backend_t *b, float *out, const void *inp, const void *weight,
+                        ty_dtype_t dt, int N, int IN, int OUT, float beta);
+/* dinp (N, IN) = dinp_beta * dinp + dout (N, OUT) @ weight (OUT, IN);
+ * dweight (OUT, IN) += dout^T @ inp. Either output may be NULL. */
+int cuda_matmul_backward(cuda_backend_t *b, float *dinp, float *dweight, const void *dout,
+                         const void *inp, const void *weight, ty_dtype_t dt, int N, int IN, int OUT,
+                         float dinp_beta);
+
+/* --- Elementwise and row kernels, fp32 (see cpu_ops.h for the math). --- */
+
+void cuda_rmsnorm_forward(cuda_backend_t *b, float *out, float *rstd, const float *inp,
+                          const float *weight, int N, int C, float eps);
+/* dresid may be NULL or alias dinp; dweight may be NULL. */
+void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight, const float *dout,
+                           const float *dresid, const float *inp, const float *weight,
+                           const float *rstd, int N, int C);
+
+/* Uploads the rotary tables of cpu_rope_tables (computed on the host in
+ * double) into cos_t, sin_t (T, HS/2). Returns 0 or TY_EINTERNAL. */
+int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS, double theta);
+void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t, const float *sin_t, int B,
+                       int T, int NX, int HS);
+void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const float *sin_t, int B,
+                        int T, int NX, int HS);
+
+/* Causal GQA attention; att (B, NH, T, T) as in cpu_attention_forward. */
+void cuda_attention_forward(cuda_backend_t *b, float *out, float *att, const float *q,
+                            const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
+/* dq, dk, dv written; dscores is scratch of B*NH*T*T floats (every row's
+ * score gradients, so that dk and dv are summed without atomics). */
+void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv, float *dscores,
+                             const float *dout, const float *att, const float *q, const float *k,
+                             const float *v, int B, int T, int NH, int NKV, int HS);
+
+void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up, size_t n);
+void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
+                          const float *gate, const float *up, size_t n);
+
+/* tokens (N) device ints in [0, V); embed (V, C) of dt (F32 or BF16: a
+ * loader shard's table as it lies on the device). */
+void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens, const void *embed,
+                            ty_dtype_t dt, int N, int C);
+void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout, const int *tokens,
+                             int N, int C);
+
+/* losses (N) = -log softmax(logits)[target]. With sum (host) non-NULL,
+ * waits and stores the sum of the losses (in double); returns 0 or
+ * TY_EINTERNAL. */
+int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
+                              const int *targets, int N, int V, double *sum);
+void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets, int N, int V,
+                                float dloss);
+
+/* --- LoRA (PEFT): out (n, OUT) += scale * (x (n, IN) @ A^T) @ B^T, with
+ * A (R, IN), B (OUT, R); xa (n, R) saves x @ A^T for the backward pass. */
+int cuda_lora_forward(cuda_backend_t *b, float *out, float *xa, const float *x, const float *A,
+                      const float *B, int n, int IN, int OUT, int R, float scale);
+/* dB += scale * dout^T @ xa; dxa = scale * dout @ B (scratch, n x R);
+ * dA += dxa^T @ x; dx (may be NULL) += dxa @ A. */
+int cuda_lora_backward(cuda_backend_t *b, float *dx, float *dA, float *dB, float *dxa,
+                       const float *dout, const float *x, const float *xa, const float *A,
+                       const float *B, int n, int IN, int OUT, int R, float scale);
+
+/* --- AdamW (worker/optim.h's arithmetic) over n elements: p, m, v updated
+ * in place, g read only. t is the step count after this step (>= 1);
+ * decay_on 0 for a no-decay span (norm gains). */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+} cuda_adamw_cfg_t;
+void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, float *v, size_t n,
+                     const cuda_adamw_cfg_t *c, int64_t t, double grad_scale, int decay_on);
+
+/* Sum of squares of x (n) in double, for gradient clipping; waits. */
+int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,378 @@
+/* model_cuda.c - the Llama decoder's LoRA training step on one GPU (see
+ * model_cuda.h): model_step.c's order of operations on the kernels of
+ * backend_cuda.h, base weights read in place from a CUDA loader shard. */
+#include "worker/model_cuda.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cuda_runtime.h>
+
+#include "api/errors.h"
+#include "api/jobspec.h"
+
+#define TC JOBSPEC_TARGET_COUNT
+
+/* X(field, floats): the device buffers, sizes over d, L, NA = B*T rows,
+ * the batch B and T. Per-layer buffers hold all L layers (saved for the
+ * backward pass); d* buffers one layer's gradients. */
+#define MC_BUFS(X)                     \
+  X(res, (size_t)(L + 1) * NA * d->C)  \
+  X(ln1, (size_t)L *NA * d->C)         \
+  X(rstd1, (size_t)L *NA)              \
+  X(q, (size_t)L *NA *QD)              \
+  X(k, (size_t)L *NA *KVD)             \
+  X(v, (size_t)L *NA *KVD)             \
+  X(att, (size_t)L *NA * d->NH * T)    \
+  X(atty, (size_t)L *NA *QD)           \
+  X(mid, (size_t)L *NA * d->C)         \
+  X(ln2, (size_t)L *NA * d->C)         \
+  X(rstd2, (size_t)L *NA)              \
+  X(gate, (size_t)L *NA * d->FF)       \
+  X(up, (size_t)L *NA * d->FF)         \
+  X(h, (size_t)L *NA * d->FF)          \
+  X(lnf, NA * d->C)                    \
+  X(rstdf, NA)                         \
+  X(logits, NA * d->V)                 \
+  X(losses, NA)                        \
+  X(rope_cos, (size_t)T *(d->HS / 2))  \
+  X(rope_sin, (size_t)T *(d->HS / 2))  \
+  X(normw, (size_t)(2 * L + 1) * d->C) \
+  X(dres, NA * d->C)                   \
+  X(dmid, NA * d->C)                   \
+  X(dln, NA * d->C)                    \
+  X(datty, NA *QD)                     \
+  X(dq, NA *QD)                        \
+  X(dk, NA *KVD)                       \
+  X(dv, NA *KVD)                       \
+  X(dh, NA * d->FF)                    \
+  X(dgate, NA * d->FF)                 \
+  X(dup, NA * d->FF)                   \
+  X(dscores, NA * d->NH * T)           \
+  X(xa, (size_t)L *TC *NA * lo->R)     \
+  X(dxa, NA * lo->R)                   \
+  X(lp, lo->n_params)                  \
+  X(lg, lo->n_params)
+
+struct model_cuda {
+  model_dims_t d;
+  int B, T, b, t;
+  ty_dtype_t wdt; /* the base weights' dtype */
+  cuda_backend_t *cb;
+  const loader_shard_t *base;
+  const lora_t *lo;
+  int *tokens, *targets; /* device (B*T) */
+  uint16_t *xb;          /* bf16 scratch: an activation or gradient on its way to cuBLAS */
+  size_t bytes;
+#define TY_X(field, n) float *field;
+  MC_BUFS(TY_X)
+#undef TY_X
+};
+
+__attribute__((format(printf, 4, 5))) static int mc_fail(char *err, size_t errlen, int code,
+                                                         const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
+static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
+  if (cudaMalloc(p, bytes ? bytes : 4) != cudaSuccess) {
+    cudaGetLastError();
+    *p = NULL;
+    return TY_EEXHAUSTED;
+  }
+  m->bytes += bytes;
+  return 0;
+}
+
+static const void *wt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
+  const loader_view_t *v = loader_view(m->base, kind, l);
+  if (!v && kind == CKPT_LM_HEAD) v = loader_view(m->base, CKPT_EMBED, -1); /* tied */
+  return v ? v->data : NULL;
+}
+
+/* The fp32 norm gains: layer l's input norm at 2l, post-attention at 2l+1,
+ * the final norm at 2L. */
+static int copy_norms(model_cuda_t *m) {
+  const int L = m->d.L, C = m->d.C;
+  for (int i = 0; i <= 2 * L; i++) {
+    ckpt_kind_t kind = i == 2 * L ? CKPT_FINAL_NORM : (i % 2 ? CKPT_MLP_NORM : CKPT_ATTN_NORM);
+    const void *src = wt(m, kind, i / 2);
+    float *dst = m->normw + (size_t)i * C;
+    if (m->wdt == TY_DTYPE_BF16)
+      cuda_bf16_to_f32(m->cb, dst, src, (size_t)C);
+    else if (cudaMemcpy(dst, src, (size_t)C * sizeof(float), cudaMemcpyDeviceToDevice) !=
+             cudaSuccess)
+      return TY_EINTERNAL;
+  }
+  return 0;
+}
+
+int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,
+                      const lora_t *lora, int B, int T, char *err, size_t errlen) {
+  *out = NULL;
+  if (base->world_size != 1)
+    return mc_fail(err, errlen, TY_EINVAL,
+                   "model_cuda: needs a whole model (world size 1), got "
+                   "a shard of %d ranks",
+                   base->world_size);
+  if (base->dtype != TY_DTYPE_F32 && base->dtype != TY_DTYPE_BF16)
+    return mc_fail(err, errlen, TY_EINVAL, "model_cuda: base weights must be float32 or bfloat16");
+  if (!lora) return mc_fail(err, errlen, TY_EINVAL, "model_cuda: LoRA adapters are required");
+  model_cuda_t *m = calloc(1, sizeof *m);
+  if (!m) return TY_EEXHAUSTED;
+  int rc = model_dims_from_config(&m->d, &base->layout.cfg, err, errlen);
+  if (rc) {
+    free(m);
+    return rc;
+  }
+  if (B < 1 || T < 1 || lora->L != m->d.L || (size_t)lora->N < (size_t)B * T) {
+    free(m);
+    return mc_fail(err, errlen, TY_EINVAL,
+                   "model_cuda: micro-batch %d x %d, or adapters for %d layers and %d rows, do "
+                   "not fit the model",
+                   B, T, lora->L, lora->N);
+  }
+  m->B = B, m->T = T, m->wdt = base->dtype, m->cb = cb, m->base = base, m->lo = lora;
+  const model_dims_t *d = &m->d;
+  const lora_t *lo = lora;
+  const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
+  const size_t NA = (size_t)B * T;
+  size_t wmax = (size_t)d->C;
+  if ((size_t)QD > wmax) wmax = QD;
+  if ((size_t)d->FF > wmax) wmax = d->FF;
+  if ((size_t)d->V > wmax) wmax = d->V;
+  rc = mc_alloc(m, (void **)&m->tokens, NA * sizeof(int));
+  if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
+  if (!rc) rc = mc_alloc(m, (void **)&m->xb, NA * wmax * sizeof(uint16_t));
+#define TY_X(field, n) \
+  if (!rc) rc = mc_alloc(m, (void **)&m->field, (n) * sizeof(float));
+  MC_BUFS(TY_X)
+#undef TY_X
+  if (rc) {
+    size_t want = m->bytes;
+    model_cuda_free(m);
+    return mc_fail(err, errlen, TY_EEXHAUSTED,
+                   "model_cuda: out of device memory after %.1f MiB of activations (lower the "
+                   "micro-batch or seq_len)",
+                   (double)want / 1048576.0);
+  }
+  if (cudaMemcpy(m->lp, lo->params, lo->n_params * sizeof(float), cudaMemcpyHostToDevice) !=
+          cudaSuccess ||
+      cudaMemset(m->lg, 0, lo->n_params * sizeof(float)) != cudaSuccess)
+    rc = TY_EINTERNAL;
+  if (!rc) rc = cuda_rope_tables(cb, m->rope_cos, m->rope_sin, T, d->HS, d->rope_theta);
+  if (!rc) rc = copy_norms(m);
+  if (!rc) rc = cuda_backend_sync(cb, err, errlen);
+  if (rc) {
+    model_cuda_free(m);
+    return mc_fail(err, errlen, rc, "model_cuda: setting up the device buffers failed");
+  }
+  *out = m;
+  return 0;
+}
+
+void model_cuda_free(model_cuda_t *m) {
+  if (!m) return;
+  cudaFree(m->tokens);
+  cudaFree(m->targets);
+  cudaFree(m->xb);
+#define TY_X(field, n) cudaFree(m->field);
+  MC_BUFS(TY_X)
+#undef TY_X
+  free(m);
+}
+
+size_t model_cuda_bytes(const model_cuda_t *m) {
+  return m->bytes;
+}
+float *model_cuda_lora_params(model_cuda_t *m) {
+  return m->lp;
+}
+float *model_cuda_lora_grads(model_cuda_t *m) {
+  return m->lg;
+}
+size_t model_cuda_lora_size(const model_cuda_t *m) {
+  return m->lo->n_params;
+}
+
+/* The adapter of (l, target), if any: device A, B, dA, dB and its xa slot. */
+typedef struct {
+  const float *A, *B;
+  float *dA, *dB, *xa;
+} mc_adapter_t;
+
+static bool adapter(const model_cuda_t *m, int l, int target, mc_adapter_t *a) {
+  const lora_t *lo = m->lo;
+  if (!lora_has_target(lo, target)) return false;
+  const lora_pair_t *p = &lo->w[l * TC + target];
+  size_t oa = (size_t)(p->A - lo->params), ob = (size_t)(p->B - lo->params);
+  a->A = m->lp + oa, a->B = m->lp + ob, a->dA = m->lg + oa, a->dB = m->lg + ob;
+  a->xa = m->xa + (size_t)(l * TC + target) * m->B * m->T * lo->R;
+  return true;
+}
+
+/* out (n, OUT) = beta * out + x (n, IN) @ W^T, plus the adapter on target
+ * (target < 0: none). */
+static int proj_forward(model_cuda_t *m, int l, int target, float *out, const float *x,
+                        const void *W, int IN, int OUT, float beta) {
+  const int n = m->b * m->t;
+  int rc;
+  if (m->wdt == TY_DTYPE_BF16) {
+    cuda_f32_to_bf16(m->cb, m->xb, x, (size_t)n * IN);
+    rc = cuda_matmul_forward(m->cb, out, m->xb, W, TY_DTYPE_BF16, n, IN, OUT, beta);
+  } else {
+    rc = cuda_matmul_forward(m->cb, out, x, W, TY_DTYPE_F32, n, IN, OUT, beta);
+  }
+  mc_adapter_t a;
+  if (!rc && target >= 0 && adapter(m, l, target, &a))
+    rc = cuda_lora_forward(m->cb, out, a.xa, x, a.A, a.B, n, IN, OUT, m->lo->R, m->lo->scale);
+  return rc;
+}
+
+/* dx (n, IN) = dx_beta * dx + dout @ W (+ the adapter's part and its
+ * gradients). The base weight is frozen: no dW. */
+static int proj_backward(model_cuda_t *m, int l, int target, float *dx, const float *dout,
+                         const float *x, const void *W, int IN, int OUT, float dx_beta) {
+  const int n = m->b * m->t;
+  int rc;
+  if (m->wdt == TY_DTYPE_BF16) {
+    cuda_f32_to_bf16(m->cb, m->xb, dout, (size_t)n * OUT);
+    rc = cuda_matmul_backward(m->cb, dx, NULL, m->xb, NULL, W, TY_DTYPE_BF16, n, IN, OUT, dx_beta);
+  } else {
+    rc = cuda_matmul_backward(m->cb, dx, NULL, dout, NULL, W, TY_DTYPE_F32, n, IN, OUT, dx_beta);
+  }
+  mc_adapter_t a;
+  if (!rc && target >= 0 && adapter(m, l, target, &a))
+    rc = cuda_lora_backward(m->cb, dx, a.dA, a.dB, m->dxa, dout, x, a.xa, a.A, a.B, n, IN, OUT,
+                            m->lo->R, m->lo->scale);
+  return rc;
+}
+
+/* Layer l's slice of a per-layer buffer of the given row width. */
+#define LAYER(buf, width) (m->buf + (size_t)l * NA * (width))
+#define RES(r) (m->res + (size_t)(r)*NA * d->C)
+#define W(kind) wt(m, CKPT_##kind, l)
+#define TGT(x) JOBSPEC_TARGET_BIT_##x
+
+static int layer_forward(model_cuda_t *m, int l) {
+  const model_dims_t *d = &m->d;
+  cuda_backend_t *cb = m->cb;
+  const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
+  const size_t NA = (size_t)m->B * m->T;
+  float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
+  float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
+  float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
+  float *att = LAYER(att, (size_t)d->NH * m->T);
+  const float *nw = m->normw + (size_t)2 * l * C;
+  int rc = 0;
+  cuda_rmsnorm_forward(cb, ln1, LAYER(rstd1, 1), RES(l), nw, n, C, d->eps);
+  if (!rc) rc = proj_forward(m, l, TGT(Q), q, ln1, W(WQ), C, QD, 0.0f);
+  if (!rc) rc = proj_forward(m, l, TGT(K), k, ln1, W(WK), C, KVD, 0.0f);
+  if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
+  cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
+  cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
+  cuda_attention_forward(cb, atty, att, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
+  cudaMemcpyAsync(mid, RES(l), sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
+  if (!rc) rc = proj_forward(m, l, TGT(O), mid, atty, W(WO), QD, C, 1.0f);
+  cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, nw + C, n, C, d->eps);
+  if (!rc) rc = proj_forward(m, l, TGT(GATE), gate, ln2, W(WGATE), C, FF, 0.0f);
+  if (!rc) rc = proj_forward(m, l, TGT(UP), up, ln2, W(WUP), C, FF, 0.0f);
+  cuda_swiglu_forward(cb, h, gate, up, (size_t)n * FF);
+  cudaMemcpyAsync(RES(l + 1), mid, sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
+  if (!rc) rc = proj_forward(m, l, TGT(DOWN), RES(l + 1), h, W(WDOWN), FF, C, 1.0f);
+  return rc;
+}
+
+static int layer_backward(model_cuda_t *m, int l) {
+  const model_dims_t *d = &m->d;
+  cuda_backend_t *cb = m->cb;
+  const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
+  const size_t NA = (size_t)m->B * m->T;
+  const float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
+  const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
+  const float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
+  const float *att = LAYER(att, (size_t)d->NH * m->T);
+  const float *nw = m->normw + (size_t)2 * l * C;
+  /* m->dres holds d(loss)/d(res_{l+1}) on entry and d/d(res_l) on return. */
+  int rc = proj_backward(m, l, TGT(DOWN), m->dh, m->dres, h, W(WDOWN), FF, C, 0.0f);
+  cuda_swiglu_backward(cb, m->dgate, m->dup, m->dh, gate, up, (size_t)n * FF);
+  if (!rc) rc = proj_backward(m, l, TGT(GATE), m->dln, m->dgate, ln2, W(WGATE), C, FF, 0.0f);
+  if (!rc) rc = proj_backward(m, l, TGT(UP), m->dln, m->dup, ln2, W(WUP), C, FF, 1.0f);
+  cuda_rmsnorm_backward(cb, m->dmid, NULL, m->dln, m->dres, mid, nw + C, LAYER(rstd2, 1), n, C);
+  if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, m->dmid, atty, W(WO), QD, C, 0.0f);
+  cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->dscores, m->datty, att, q, k, v, m->b, m->t,
+                          d->NH, d->NKV, d->HS);
+  cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
+  cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
+  if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, m->dq, ln1, W(WQ), C, QD, 0.0f);
+  if (!rc) rc = proj_backward(m, l, TGT(K), m->dln, m->dk, ln1, W(WK), C, KVD, 1.0f);
+  if (!rc) rc = proj_backward(m, l, TGT(V), m->dln, m->dv, ln1, W(WV), C, KVD, 1.0f);
+  cuda_rmsnorm_backward(cb, m->dres, NULL, m->dln, m->dmid, RES(l), nw, LAYER(rstd1, 1), n, C);
+  return rc;
+}
+
+static int check_ids(const int *ids, int n, int V, const char *what, int t, char *err,
+                     size_t errlen) {
+  for (int i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= V)
+      return mc_fail(err, errlen, TY_EINVAL,
+                     "%s id %d at batch row %d, position %d is outside the vocabulary [0, %d)",
+                     what, ids[i], i / t, i % t, V);
+  return 0;
+}
+
+int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
+                       double *loss, char *err, size_t errlen) {
+  const model_dims_t *d = &m->d;
+  if (b < 1 || t < 1 || b > m->B || t > m->T)
+    return mc_fail(err, errlen, TY_EINVAL,
+                   "micro-batch %d x %d does not fit the model's buffers (%d x %d)", b, t, m->B,
+                   m->T);
+  const int n = b * t;
+  int rc = check_ids(tokens, n, d->V, "token", t, err, errlen);
+  if (!rc) rc = check_ids(targets, n, d->V, "target", t, err, errlen);
+  if (rc) return rc;
+  m->b = b, m->t = t;
+  if (cudaMemcpy(m->tokens, tokens, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(m->targets, targets, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess)
+    return mc_fail(err, errlen, TY_EINTERNAL, "model_cuda: copying the batch to the device failed");
+  const size_t NA = (size_t)m->B * m->T;
+  cuda_embedding_forward(m->cb, RES(0), m->tokens, wt(m, CKPT_EMBED, -1), m->wdt, n, d->C);
+  for (int l = 0; l < d->L && !rc; l++) rc = layer_forward(m, l);
+  cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), m->normw + (size_t)2 * d->L * d->C, n,
+                       d->C, d->eps);
+  if (!rc)
+    rc = proj_forward(m, 0, -1, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
+  double sum = 0.0;
+  if (!rc) rc = cuda_crossentropy_forward(m->cb, m->losses, m->logits, m->targets, n, d->V, &sum);
+  if (!rc)
+    rc = cuda_backend_sync(m->cb, err, errlen);
+  else
+    mc_fail(err, errlen, rc, "model_cuda: a matrix product failed in the forward pass");
+  if (loss) *loss = sum / n;
+  return rc;
+}
+
+int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen) {
+  const model_dims_t *d = &m->d;
+  const int n = m->b * m->t;
+  const size_t NA = (size_t)m->B * m->T;
+  /* logits become dlogits; then the head's input gradient and the final norm. */
+  cuda_crossentropy_backward(m->cb, m->logits, m->targets, n, d->V, loss_scale / n);
+  int rc =
+      proj_backward(m, 0, -1, m->dln, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
+  cuda_rmsnorm_backward(m->cb, m->dres, NULL, m->dln, NULL, RES(d->L),
+                        m->normw + (size_t)2 * d->L * d->C, m->rstdf, n, d->C);
+  for (int l = d->L - 1; l >= 0 && !rc; l--) rc = layer_backward(m, l);
+  if (rc)
+    return mc_fail(err, errlen, rc, "model_cuda: a matrix product failed in the backward pass");
+  return cuda_backend_sync(m->cb, err, errlen);
+}

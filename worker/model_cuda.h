@@ -1,0 +1,54 @@
+/* model_cuda.h - the Llama decoder on one GPU, for LoRA training: the same
+ * forward and backward as worker/model_step.c, built from the kernels of
+ * worker/backend_cuda.h. Base weights are a loader shard on the CUDA
+ * placement (world size 1: every tensor whole), fp32 or bf16, frozen and
+ * borrowed; matrix products take them as they lie (bf16 through
+ * cublasGemmEx with fp32 accumulation, the fp32 activations rounded to bf16
+ * on the way in). LoRA adapters, their gradients and all activations are
+ * fp32 on the device. Every buffer is allocated by model_cuda_create for
+ * micro-batches of up to B x T tokens; a step allocates nothing.
+ *
+ * Device memory: the activations of every layer (as the CPU model keeps
+ * them for its backward pass), including the attention probabilities
+ * (L, B, NH, T, T); model_cuda_bytes says how much. */
+#ifndef TY_WORKER_MODEL_CUDA_H
+#define TY_WORKER_MODEL_CUDA_H
+
+#include <stddef.h>
+
+#include "worker/backend_cuda.h"
+#include "worker/loader.h"
+#include "worker/lora.h"
+#include "worker/model.h"
+
+typedef struct model_cuda model_cuda_t;
+
+/* A GPU model over base (a world-size-1 shard on a CUDA placement; its dtype
+ * F32 or BF16) with adapters shaped and initialised like the host lora (its
+ * parameters are copied to the device; lora may not be NULL). Returns 0,
+ * TY_EINVAL (a sharded or half-precision-f16 base, a shape mismatch) or
+ * TY_EEXHAUSTED (device memory), with the reason in err. base, cb and lora
+ * are borrowed and must outlive the model. */
+int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,
+                      const lora_t *lora, int B, int T, char *err, size_t errlen);
+void model_cuda_free(model_cuda_t *m);
+
+/* Device bytes the model allocated (activations, scratch, adapters). */
+size_t model_cuda_bytes(const model_cuda_t *m);
+
+/* tokens, targets: host (b, t) ids. Copies them, runs the forward pass and
+ * returns the mean loss in *loss. TY_EINVAL for a batch too large or an id
+ * outside the vocabulary (err names it), TY_EINTERNAL for a CUDA error. */
+int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
+                       double *loss, char *err, size_t errlen);
+/* Backward of loss_scale * (mean loss) of the last forward into the
+ * adapters' gradients (+=). */
+int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen);
+
+/* The adapters' parameters and gradients (n_params floats each, in the host
+ * lora's layout), on the device. */
+float *model_cuda_lora_params(model_cuda_t *m);
+float *model_cuda_lora_grads(model_cuda_t *m);
+size_t model_cuda_lora_size(const model_cuda_t *m);
+
+#endif
