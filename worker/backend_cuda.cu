@@ -296,9 +296,10 @@ extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *co
 
 /* ---- causal GQA attention ---- */
 
-/* One block per (b, h, t) query row; shared: the query row (HS floats). */
-__global__ void k_attn_fwd(float *out, float *att, const float *q, const float *k, const float *v,
-                           int T, int NH, int NKV, int HS) {
+/* One block per (b, h, t) query row; shared: the query row (HS floats).
+ * The probabilities go to prob's row (T floats, 0 above the diagonal). */
+__global__ void k_attn_fwd(float *out, float *lse, float *prob, const float *q, const float *k,
+                           const float *v, int T, int NH, int NKV, int HS) {
   extern __shared__ float sq[];
   size_t row = blockIdx.x;
   int t = (int)(row % T), h = (int)((row / T) % NH);
@@ -306,7 +307,7 @@ __global__ void k_attn_fwd(float *out, float *att, const float *q, const float *
   int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS;
   const float scale = 1.0f / sqrtf((float)HS);
   const float *qt = q + (bb * T + t) * QD + (size_t)h * HS;
-  float *arow = att + ((bb * NH + h) * T + t) * (size_t)T;
+  float *arow = prob + row * (size_t)T;
   for (int d = threadIdx.x; d < HS; d += blockDim.x) sq[d] = qt[d];
   __syncthreads();
   float mx = -INFINITY;
@@ -328,6 +329,7 @@ __global__ void k_attn_fwd(float *out, float *att, const float *q, const float *
   sum = block_sum(sum);
   float inv = 1.0f / sum;
   for (int j = threadIdx.x; j < T; j += blockDim.x) arow[j] = j <= t ? arow[j] * inv : 0.0f;
+  if (threadIdx.x == 0) lse[row] = mx + logf(sum);
   __syncthreads();
   float *ot = out + (bb * T + t) * QD + (size_t)h * HS;
   for (int d = threadIdx.x; d < HS; d += blockDim.x) {
@@ -337,34 +339,42 @@ __global__ void k_attn_fwd(float *out, float *att, const float *q, const float *
   }
 }
 
-/* One block per query row: the score gradients of the row (softmax
- * backward) into dscores, and dq. Shared: the row's dout (HS floats). */
-__global__ void k_attn_bwd_q(float *dq, float *dscores, const float *dout, const float *att,
-                             const float *k, const float *v, int T, int NH, int NKV, int HS) {
-  extern __shared__ float sd[];
+/* One block per query row: the probabilities rebuilt from lse into prob's
+ * row, the score gradients (softmax backward) into dscores' row, and dq.
+ * Shared: the row's query and dout (2 * HS floats). */
+__global__ void k_attn_bwd_q(float *dq, float *prob, float *dscores, const float *dout,
+                             const float *lse, const float *q, const float *k, const float *v,
+                             int T, int NH, int NKV, int HS) {
+  extern __shared__ float sh[];
+  float *sq = sh, *sd = sh + HS;
   size_t row = blockIdx.x;
   int t = (int)(row % T), h = (int)((row / T) % NH);
   size_t bb = row / ((size_t)T * NH);
   int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS;
   const float scale = 1.0f / sqrtf((float)HS);
-  const float *arow = att + ((bb * NH + h) * T + t) * (size_t)T;
-  float *drow = dscores + ((bb * NH + h) * T + t) * (size_t)T;
-  const float *dot_ = dout + (bb * T + t) * QD + (size_t)h * HS;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) sd[d] = dot_[d];
+  float *arow = prob + row * (size_t)T, *drow = dscores + row * (size_t)T;
+  const size_t qo = (bb * T + t) * QD + (size_t)h * HS;
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) sq[d] = q[qo + d], sd[d] = dout[qo + d];
   __syncthreads();
+  const float l = lse[row];
   float part = 0.0f;
   for (int j = threadIdx.x; j <= t; j += blockDim.x) {
+    const float *kj = k + (bb * T + j) * KVD + (size_t)kvh * HS;
     const float *vj = v + (bb * T + j) * KVD + (size_t)kvh * HS;
-    float da = 0.0f;
-    for (int d = 0; d < HS; d++) da += sd[d] * vj[d];
+    float s = 0.0f, da = 0.0f;
+    for (int d = 0; d < HS; d++) s += sq[d] * kj[d], da += sd[d] * vj[d];
+    float p = expf(s * scale - l);
+    arow[j] = p;
     drow[j] = da;
-    part += arow[j] * da;
+    part += p * da;
   }
   float dsum = block_sum(part);
-  for (int j = threadIdx.x; j < T; j += blockDim.x)
+  for (int j = threadIdx.x; j < T; j += blockDim.x) {
     drow[j] = j <= t ? arow[j] * (drow[j] - dsum) : 0.0f;
+    if (j > t) arow[j] = 0.0f;
+  }
   __syncthreads();
-  float *dqt = dq + (bb * T + t) * QD + (size_t)h * HS;
+  float *dqt = dq + qo;
   for (int d = threadIdx.x; d < HS; d += blockDim.x) {
     float acc = 0.0f;
     for (int j = 0; j <= t; j++) acc += drow[j] * k[(bb * T + j) * KVD + (size_t)kvh * HS + d];
@@ -375,7 +385,7 @@ __global__ void k_attn_bwd_q(float *dq, float *dscores, const float *dout, const
 /* One block per (b, kv head, key j): dk and dv summed over the query heads
  * of the group and the query rows t >= j, in order. */
 __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dscores, const float *dout,
-                              const float *att, const float *q, int T, int NH, int NKV, int HS) {
+                              const float *prob, const float *q, int T, int NH, int NKV, int HS) {
   size_t row = blockIdx.x;
   int j = (int)(row % T), kvh = (int)((row / T) % NKV);
   size_t bb = row / ((size_t)T * NKV);
@@ -388,7 +398,7 @@ __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dscores, const 
       for (int t = j; t < T; t++) {
         size_t a = arow0 + (size_t)t * T + j, qi = (bb * T + t) * QD + (size_t)h * HS + d;
         ak += dscores[a] * q[qi];
-        av += att[a] * dout[qi];
+        av += prob[a] * dout[qi];
       }
     }
     dk[(bb * T + j) * KVD + (size_t)kvh * HS + d] = ak * scale;
@@ -401,26 +411,27 @@ static unsigned row_threads(int width) {
   return t < 64 ? 64 : t > 256 ? 256 : t;
 }
 
-extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *att, const float *q,
-                                       const float *k, const float *v, int B, int T, int NH,
-                                       int NKV, int HS) {
+extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, float *scratch,
+                                       const float *q, const float *k, const float *v, int B, int T,
+                                       int NH, int NKV, int HS) {
   (void)b;
   size_t rows = (size_t)B * NH * T;
   if (rows)
-    k_attn_fwd<<<(unsigned)rows, row_threads(T), HS * sizeof(float)>>>(out, att, q, k, v, T, NH,
-                                                                       NKV, HS);
+    k_attn_fwd<<<(unsigned)rows, row_threads(T), HS * sizeof(float)>>>(out, lse, scratch, q, k, v,
+                                                                       T, NH, NKV, HS);
 }
 
 extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv,
-                                        float *dscores, const float *dout, const float *att,
+                                        float *scratch, const float *dout, const float *lse,
                                         const float *q, const float *k, const float *v, int B,
                                         int T, int NH, int NKV, int HS) {
   (void)b;
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
   if (!rows) return;
-  k_attn_bwd_q<<<(unsigned)rows, row_threads(T), HS * sizeof(float)>>>(dq, dscores, dout, att, k, v,
-                                                                       T, NH, NKV, HS);
-  k_attn_bwd_kv<<<(unsigned)kvrows, row_threads(HS)>>>(dk, dv, dscores, dout, att, q, T, NH, NKV,
+  float *prob = scratch, *dscores = scratch + rows * (size_t)T;
+  k_attn_bwd_q<<<(unsigned)rows, row_threads(T), 2 * HS * sizeof(float)>>>(
+      dq, prob, dscores, dout, lse, q, k, v, T, NH, NKV, HS);
+  k_attn_bwd_kv<<<(unsigned)kvrows, row_threads(HS)>>>(dk, dv, dscores, dout, prob, q, T, NH, NKV,
                                                        HS);
 }
 

@@ -69,13 +69,18 @@ void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t, const fl
 void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const float *sin_t, int B,
                         int T, int NX, int HS);
 
-/* Causal GQA attention; att (B, NH, T, T) as in cpu_attention_forward. */
-void cuda_attention_forward(cuda_backend_t *b, float *out, float *att, const float *q,
-                            const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
-/* dq, dk, dv written; dscores is scratch of B*NH*T*T floats (every row's
- * score gradients, so that dk and dv are summed without atomics). */
-void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv, float *dscores,
-                             const float *dout, const float *att, const float *q, const float *k,
+/* Causal GQA attention, as cpu_attention_forward: out (B, T, NH*HS) and
+ * lse (B, NH, T), each scaled score row's log-sum-exp, from which the
+ * backward pass rebuilds the probabilities (no (T, T) matrix is kept per
+ * layer). scratch holds B*NH*T*T floats (this call's probabilities). */
+void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, float *scratch,
+                            const float *q, const float *k, const float *v, int B, int T, int NH,
+                            int NKV, int HS);
+/* dq, dk, dv written; scratch holds 2*B*NH*T*T floats (the rebuilt
+ * probabilities and every row's score gradients, so that dk and dv are
+ * summed without atomics). */
+void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv, float *scratch,
+                             const float *dout, const float *lse, const float *q, const float *k,
                              const float *v, int B, int T, int NH, int NKV, int HS);
 
 void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up, size_t n);

@@ -18,43 +18,45 @@
 /* X(field, floats): the device buffers, sizes over d, L, NA = B*T rows,
  * the batch B and T. Per-layer buffers hold all L layers (saved for the
  * backward pass); d* buffers one layer's gradients. */
-#define MC_BUFS(X)                     \
-  X(res, (size_t)(L + 1) * NA * d->C)  \
-  X(ln1, (size_t)L *NA * d->C)         \
-  X(rstd1, (size_t)L *NA)              \
-  X(q, (size_t)L *NA *QD)              \
-  X(k, (size_t)L *NA *KVD)             \
-  X(v, (size_t)L *NA *KVD)             \
-  X(att, (size_t)L *NA * d->NH * T)    \
-  X(atty, (size_t)L *NA *QD)           \
-  X(mid, (size_t)L *NA * d->C)         \
-  X(ln2, (size_t)L *NA * d->C)         \
-  X(rstd2, (size_t)L *NA)              \
-  X(gate, (size_t)L *NA * d->FF)       \
-  X(up, (size_t)L *NA * d->FF)         \
-  X(h, (size_t)L *NA * d->FF)          \
-  X(lnf, NA * d->C)                    \
-  X(rstdf, NA)                         \
-  X(logits, NA * d->V)                 \
-  X(losses, NA)                        \
-  X(rope_cos, (size_t)T *(d->HS / 2))  \
-  X(rope_sin, (size_t)T *(d->HS / 2))  \
-  X(normw, (size_t)(2 * L + 1) * d->C) \
-  X(dres, NA * d->C)                   \
-  X(dmid, NA * d->C)                   \
-  X(dln, NA * d->C)                    \
-  X(datty, NA *QD)                     \
-  X(dq, NA *QD)                        \
-  X(dk, NA *KVD)                       \
-  X(dv, NA *KVD)                       \
-  X(dh, NA * d->FF)                    \
-  X(dgate, NA * d->FF)                 \
-  X(dup, NA * d->FF)                   \
-  X(dscores, NA * d->NH * T)           \
-  X(xa, (size_t)L *TC *NA * lo->R)     \
-  X(dxa, NA * lo->R)                   \
-  X(lp, lo->n_params)                  \
+// clang-format off
+#define MC_BUFS(X)                                       \
+  X(res, (size_t)(L + 1) * NA * d->C)                    \
+  X(ln1, (size_t)L * NA * d->C)                          \
+  X(rstd1, (size_t)L * NA)                               \
+  X(q, (size_t)L * NA * QD)                              \
+  X(k, (size_t)L * NA * KVD)                             \
+  X(v, (size_t)L * NA * KVD)                             \
+  X(lse, (size_t)L * NA * d->NH)                         \
+  X(atty, (size_t)L * NA * QD)                           \
+  X(mid, (size_t)L * NA * d->C)                          \
+  X(ln2, (size_t)L * NA * d->C)                          \
+  X(rstd2, (size_t)L * NA)                               \
+  X(gate, (size_t)L * NA * d->FF)                        \
+  X(up, (size_t)L * NA * d->FF)                          \
+  X(h, (size_t)L * NA * d->FF)                           \
+  X(lnf, NA * d->C)                                      \
+  X(rstdf, NA)                                           \
+  X(logits, NA * d->V)                                   \
+  X(losses, NA)                                          \
+  X(rope_cos, (size_t)T * (d->HS / 2))                   \
+  X(rope_sin, (size_t)T * (d->HS / 2))                   \
+  X(normw, (size_t)(2 * L + 1) * d->C)                   \
+  X(dres, NA * d->C)                                     \
+  X(dmid, NA * d->C)                                     \
+  X(dln, NA * d->C)                                      \
+  X(datty, NA * QD)                                      \
+  X(dq, NA * QD)                                         \
+  X(dk, NA * KVD)                                        \
+  X(dv, NA * KVD)                                        \
+  X(dh, NA * d->FF)                                      \
+  X(dgate, NA * d->FF)                                   \
+  X(dup, NA * d->FF)                                     \
+  X(attscr, 2 * NA * d->NH * T)                          \
+  X(xa, (size_t)L * TC * NA * lo->R)                     \
+  X(dxa, NA * lo->R)                                     \
+  X(lp, lo->n_params)                                    \
   X(lg, lo->n_params)
+// clang-format on
 
 struct model_cuda {
   model_dims_t d;
@@ -270,7 +272,7 @@ static int layer_forward(model_cuda_t *m, int l) {
   float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
-  float *att = LAYER(att, (size_t)d->NH * m->T);
+  float *lse = LAYER(lse, d->NH);
   const float *nw = m->normw + (size_t)2 * l * C;
   int rc = 0;
   cuda_rmsnorm_forward(cb, ln1, LAYER(rstd1, 1), RES(l), nw, n, C, d->eps);
@@ -279,7 +281,7 @@ static int layer_forward(model_cuda_t *m, int l) {
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
   cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
-  cuda_attention_forward(cb, atty, att, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
+  cuda_attention_forward(cb, atty, lse, m->attscr, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
   cudaMemcpyAsync(mid, RES(l), sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
   if (!rc) rc = proj_forward(m, l, TGT(O), mid, atty, W(WO), QD, C, 1.0f);
   cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, nw + C, n, C, d->eps);
@@ -299,7 +301,7 @@ static int layer_backward(model_cuda_t *m, int l) {
   const float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   const float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
-  const float *att = LAYER(att, (size_t)d->NH * m->T);
+  const float *lse = LAYER(lse, d->NH);
   const float *nw = m->normw + (size_t)2 * l * C;
   /* m->dres holds d(loss)/d(res_{l+1}) on entry and d/d(res_l) on return. */
   int rc = proj_backward(m, l, TGT(DOWN), m->dh, m->dres, h, W(WDOWN), FF, C, 0.0f);
@@ -308,7 +310,7 @@ static int layer_backward(model_cuda_t *m, int l) {
   if (!rc) rc = proj_backward(m, l, TGT(UP), m->dln, m->dup, ln2, W(WUP), C, FF, 1.0f);
   cuda_rmsnorm_backward(cb, m->dmid, NULL, m->dln, m->dres, mid, nw + C, LAYER(rstd2, 1), n, C);
   if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, m->dmid, atty, W(WO), QD, C, 0.0f);
-  cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->dscores, m->datty, att, q, k, v, m->b, m->t,
+  cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->attscr, m->datty, lse, q, k, v, m->b, m->t,
                           d->NH, d->NKV, d->HS);
   cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);

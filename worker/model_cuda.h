@@ -9,8 +9,9 @@
  * micro-batches of up to B x T tokens; a step allocates nothing.
  *
  * Device memory: the activations of every layer (as the CPU model keeps
- * them for its backward pass), including the attention probabilities
- * (L, B, NH, T, T); model_cuda_bytes says how much. */
+ * them for its backward pass: the attention keeps each score row's
+ * log-sum-exp, and one layer's (B, NH, T, T) scratch serves all layers);
+ * model_cuda_bytes says how much. */
 #ifndef TY_WORKER_MODEL_CUDA_H
 #define TY_WORKER_MODEL_CUDA_H
 

@@ -161,31 +161,32 @@ static int test_rope(cuda_backend_t *b) {
 }
 
 static int test_attention(cuda_backend_t *b) {
-  const size_t na = (size_t)B * NH * T * T;
+  const size_t na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
   float *q = hbuf(N * QD, 14, 1), *k = hbuf(N * KVD, 15, 1), *v = hbuf(N * KVD, 16, 1);
-  float *out = hbuf(N * QD, 0, 0), *att = hbuf(na, 0, 0), *dout = hbuf(N * QD, 17, 1);
+  float *out = hbuf(N * QD, 0, 0), *lse = hbuf(nl, 0, 0), *dout = hbuf(N * QD, 17, 1);
   float *dq = hbuf(N * QD, 0, 0), *dk = hbuf(N * KVD, 0, 0), *dv = hbuf(N * KVD, 0, 0);
-  float *scratch = hbuf(T * T, 0, 0);
+  float *scratch = hbuf(2 * T * T, 0, 0);
   float *d_q = gpu_dup(q, F(N * QD)), *d_k = gpu_dup(k, F(N * KVD)), *d_v = gpu_dup(v, F(N * KVD));
-  float *d_out = gpu_dup(NULL, F(N * QD)), *d_att = gpu_dup(NULL, F(na));
+  float *d_out = gpu_dup(NULL, F(N * QD)), *d_lse = gpu_dup(NULL, F(nl));
   float *d_dout = gpu_dup(dout, F(N * QD)), *d_dq = gpu_dup(NULL, F(N * QD));
   float *d_dk = gpu_dup(NULL, F(N * KVD)), *d_dv = gpu_dup(NULL, F(N * KVD));
-  float *d_ds = gpu_dup(NULL, F(na));
-  cudaMemset(d_att, 0xff, F(na)); /* NaN: the upper triangle must be written 0 */
+  float *d_scr = gpu_dup(NULL, F(2 * na));
+  cudaMemset(d_scr, 0xff, F(2 * na)); /* NaN: every element read must have been written */
   int bad = 0;
-  cpu_attention_forward(out, att, q, k, v, B, T, NH, NKV, HS);
-  cuda_attention_forward(b, d_out, d_att, d_q, d_k, d_v, B, T, NH, NKV, HS);
+  cpu_attention_forward(out, lse, scratch, q, k, v, B, T, NH, NKV, HS);
+  cuda_attention_forward(b, d_out, d_lse, d_scr, d_q, d_k, d_v, B, T, NH, NKV, HS);
   bad |= check_dev("attention_forward out", d_out, out, N * QD, RT);
-  bad |= check_dev("attention_forward att", d_att, att, na, RT);
-  cpu_attention_backward(dq, dk, dv, scratch, dout, att, q, k, v, B, T, NH, NKV, HS);
-  cuda_attention_backward(b, d_dq, d_dk, d_dv, d_ds, d_dout, d_att, d_q, d_k, d_v, B, T, NH, NKV,
+  bad |= check_dev("attention_forward lse", d_lse, lse, nl, RT);
+  cudaMemset(d_scr, 0xff, F(2 * na));
+  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, B, T, NH, NKV, HS);
+  cuda_attention_backward(b, d_dq, d_dk, d_dv, d_scr, d_dout, d_lse, d_q, d_k, d_v, B, T, NH, NKV,
                           HS);
   bad |= check_dev("attention_backward dq", d_dq, dq, N * QD, 1e-4f);
   bad |= check_dev("attention_backward dk", d_dk, dk, N * KVD, 1e-4f);
   bad |= check_dev("attention_backward dv", d_dv, dv, N * KVD, 1e-4f);
-  float *ptrs[] = {d_q, d_k, d_v, d_out, d_att, d_dout, d_dq, d_dk, d_dv, d_ds};
+  float *ptrs[] = {d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_scr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
-  free(q), free(k), free(v), free(out), free(att), free(dout), free(dq), free(dk), free(dv);
+  free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);
   free(scratch);
   return bad;
 }
