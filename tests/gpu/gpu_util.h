@@ -25,7 +25,7 @@ static inline void gpu_require_device(const char *prog) {
     fflush(stdout);
     exit(GPU_SKIP);
   }
-  printf("%s: %d CUDA device(s) visible\n", prog, n);
+  fprintf(stderr, "%s: %d CUDA device(s) visible\n", prog, n);
 }
 
 /* Uniform values in [-amp, amp) from a 64-bit LCG (deterministic). */
