@@ -139,6 +139,27 @@ void dbi_finish(db_t *db, sqlite3_stmt *st) {
   sqlite3_finalize(st);
 }
 
+int dbi_flush(db_t *db) {
+  if (!db->batch_open) return 0;
+  db->batch_open = false;
+  db->batch_n = 0;
+  int rc = dbi_exec(db, "COMMIT");
+  if (rc) dbi_exec(db, "ROLLBACK");
+  return rc;
+}
+
+int dbi_begin(db_t *db) {
+  int rc = dbi_flush(db);
+  return rc ? rc : dbi_exec(db, "BEGIN IMMEDIATE");
+}
+
+int db_flush(db_t *db) {
+  pthread_mutex_lock(&db->lock);
+  int rc = dbi_flush(db);
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
 void dbi_cache_clear(db_t *db) {
   for (int i = 0; i < DBI_CACHE; i++) {
     if (db->cache[i].st) sqlite3_finalize(db->cache[i].st);
@@ -266,6 +287,7 @@ int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
 
 void db_close(db_t *db) {
   if (!db) return;
+  if (db->conn) dbi_flush(db);
   dbi_cache_clear(db);
   if (db->conn) sqlite3_close_v2(db->conn);
   pthread_mutex_destroy(&db->lock);
@@ -374,7 +396,7 @@ int db_job_transition(db_t *db, const char *id, unsigned from_mask, int to, cons
                       int *cur, int *attempt) {
   if (!db_state_name(to)) return TY_EINVAL;
   pthread_mutex_lock(&db->lock);
-  int rc = dbi_exec(db, "BEGIN IMMEDIATE");
+  int rc = dbi_begin(db);
   if (!rc) {
     rc = tx_transition(db, id, from_mask, to, reason ? reason : "", cur, attempt);
     int end = dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");

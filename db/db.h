@@ -134,6 +134,11 @@ typedef struct {
  * already finished. *progressed (optional) tells whether an event was
  * written. */
 int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progressed);
+/* Reports are committed in groups (every few milliseconds, or before any
+ * other write): a crash can lose the last few milliseconds of reports,
+ * never a state change. db_flush commits what is pending now; trainyardd
+ * calls it on every scheduler tick (100 ms) and db_close does too. */
+int db_flush(db_t *db);
 
 /* How many started ranks of the job's newest attempt have not finished yet
  * (their end is still to be recorded). */

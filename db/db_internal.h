@@ -4,6 +4,7 @@
 #define TY_DB_INTERNAL_H
 
 #include <pthread.h>
+#include <stdbool.h>
 
 #include <sqlite3.h>
 
@@ -22,7 +23,16 @@ struct db {
   sqlite3 *conn;
   pthread_mutex_t lock; /* one statement sequence or transaction at a time */
   dbi_cached_t cache[DBI_CACHE];
+  /* Reports are committed in batches (group commit): a transaction opened
+   * by db_report_ingest stays open for up to DBI_BATCH_S seconds or
+   * DBI_BATCH_N reports, until db_flush, or until any other write, which
+   * commits it first. */
+  bool batch_open;
+  int batch_n;
+  double batch_since;   /* db_now() when the batch began */
 };
+#define DBI_BATCH_S 0.005
+#define DBI_BATCH_N 512
 
 /* Prepares sql on db->conn, or hands out its cached statement; logs and
  * returns TY_EINTERNAL on failure. Every statement is given back with
@@ -31,6 +41,10 @@ int dbi_prepare(db_t *db, const char *sql, sqlite3_stmt **st);
 /* Resets a statement from dbi_prepare for its next use (or finalizes one
  * that was not cached). */
 void dbi_finish(db_t *db, sqlite3_stmt *st);
+/* Commits an open report batch (caller holds db->lock). */
+int dbi_flush(db_t *db);
+/* BEGIN IMMEDIATE for a durable write, after committing an open batch. */
+int dbi_begin(db_t *db);
 /* Finalizes every cached statement (before closing). */
 void dbi_cache_clear(db_t *db);
 /* Runs sql (no results) on db->conn; TY_EINTERNAL on failure (logged). */

@@ -119,7 +119,7 @@ static int insert_locked(db_t *db, db_job_t *j, db_job_t **existing) {
 int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing) {
   *existing = NULL;
   pthread_mutex_lock(&db->lock);
-  int rc = dbi_exec(db, "BEGIN IMMEDIATE");
+  int rc = dbi_begin(db);
   if (!rc) {
     rc = insert_locked(db, j, existing);
     int end = dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");

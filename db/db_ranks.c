@@ -18,7 +18,9 @@ int db_rank_spawned(db_t *db, const char *id, int attempt, int rank, int pid, in
                     const char *log_path) {
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
-  int rc = dbi_prepare(db,
+  int rc = dbi_flush(db);
+  if (!rc)
+    rc = dbi_prepare(db,
                        "UPDATE ranks SET pid = ?, pid_start = ?, log_path = ?, state = 'running'"
                        " WHERE job_id = ? AND attempt = ? AND rank = ?",
                        &st);
@@ -38,7 +40,7 @@ int db_rank_spawned(db_t *db, const char *id, int attempt, int rank, int pid, in
 int db_rank_finished(db_t *db, const char *id, int attempt, int rank, const char *state,
                      int exit_code, const char *message) {
   pthread_mutex_lock(&db->lock);
-  int rc = dbi_exec(db, "BEGIN IMMEDIATE");
+  int rc = dbi_begin(db);
   if (rc) goto out;
   sqlite3_stmt *st;
   rc = dbi_prepare(db,
@@ -164,10 +166,21 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, bool *p
 int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progressed) {
   if (progressed) *progressed = false;
   pthread_mutex_lock(&db->lock);
-  int rc = dbi_exec(db, "BEGIN IMMEDIATE");
-  if (!rc) {
+  int rc = 0;
+  if (!db->batch_open) {
+    rc = dbi_exec(db, "BEGIN IMMEDIATE");
+    db->batch_open = rc == 0;
+    db->batch_since = db_now();
+  }
+  /* A savepoint per report: a report that fails leaves the batch intact. */
+  if (!rc && !(rc = dbi_exec(db, "SAVEPOINT report"))) {
     rc = ingest_locked(db, id, r, progressed);
-    int end = dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");
+    if (rc) dbi_exec(db, "ROLLBACK TO report");
+    int end = dbi_exec(db, "RELEASE report");
+    if (!rc) rc = end;
+  }
+  if (db->batch_open && (++db->batch_n >= DBI_BATCH_N || db_now() - db->batch_since > DBI_BATCH_S)) {
+    int end = dbi_flush(db);
     if (!rc) rc = end;
   }
   pthread_mutex_unlock(&db->lock);

@@ -440,6 +440,8 @@ static void handle_cancels(sched_t *s) {
 /* Called with s->lock held; drops it while joining the log pumps of ended
  * runs, since a pump may be waiting for the lock to pass on a report. */
 static void tick(sched_t *s) {
+  /* Reports are group-committed; none waits longer than a tick. */
+  db_flush(svc_db(s->svc));
   handle_cancels(s);
   reap(s);
   double now = mono_now();

@@ -138,6 +138,28 @@ static void test_transitions_write_events_and_attempts(void **state) {
   json_decref(ev);
 }
 
+/* Reports are group-committed; closing the database commits them. */
+static void test_batched_reports_survive_close(void **state) {
+  fixture_t *f = *state;
+  insert(f->db, "j1", NULL, "{}", 0);
+  assert_int_equal(db_job_transition(f->db, "j1", DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, "go",
+                                     NULL, NULL),
+                   0);
+  for (int step = 1; step <= 5; step++) {
+    db_report_t r = {.attempt = 1, .rank = 0, .world_size = 2, .phase = "training",
+                     .step = step, .total_steps = 5, .loss = 1.0};
+    assert_int_equal(db_report_ingest(f->db, "j1", &r, NULL), 0);
+  }
+  db_close(f->db);
+  char msg[256];
+  assert_int_equal(db_open(f->path, &f->db, msg, sizeof msg), 0);
+  json_t *m;
+  assert_int_equal(db_metrics_json(f->db, "j1", 0, &m), 0);
+  json_t *series = json_array_get(json_object_get(m, "ranks"), 0);
+  assert_int_equal(json_array_size(json_object_get(series, "steps")), 5);
+  json_decref(m);
+}
+
 static void test_idempotency_key_is_unique(void **state) {
   fixture_t *f = *state;
   insert(f->db, "j1", "k", "{\"a\":1}", 0);
@@ -195,6 +217,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_reopen_keeps_schema_and_rows, setup, teardown),
       cmocka_unit_test_setup_teardown(test_transitions_write_events_and_attempts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_key_is_unique, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_batched_reports_survive_close, setup, teardown),
       cmocka_unit_test_setup_teardown(test_list_pages_and_filters, setup, teardown),
       cmocka_unit_test(test_state_names),
   };
