@@ -6,7 +6,8 @@
 # cuda`), then the GPU bench (tests/gpu/bench.sh). Results land in OUTDIR:
 #   preflight.txt  the host: GPU, driver, toolkit, compilers, libraries
 #   build.log      configure + build
-#   tests.log      ctest output of the GPU suites (pass/fail per test)
+#   tests.log      ctest output of the GPU suites (pass/fail per test), and
+#                  compute-sanitizer's memcheck/racecheck of the kernels
 #   bench.txt      the bench's human-readable table
 #   bench.jsonl    the bench's figures, one JSON object per line
 #   summary.txt    one line per stage and the verdict
@@ -78,6 +79,16 @@ ctest -L gpu -V --timeout 300 >"$out/tests.log" 2>&1
 rc=$?
 ctest -R integration/load_cuda --output-on-failure --timeout 120 >>"$out/tests.log" 2>&1 || rc=1
 if grep -q "Skipped\|Not Run" "$out/tests.log"; then rc=1; fi
+# The kernels and the LoRA step once more under compute-sanitizer (small
+# shapes, seconds): out-of-bounds accesses and shared-memory races.
+if command -v compute-sanitizer >/dev/null; then
+  for chk in "memcheck gpu_kernels_check" "memcheck gpu_model_check" "racecheck gpu_kernels_check"; do
+    set -- $chk
+    echo "== compute-sanitizer --tool $1 $2" >>"$out/tests.log"
+    compute-sanitizer --tool "$1" --error-exitcode 3 "$build/tests/$2" >>"$out/tests.log" 2>&1 ||
+      { rc=1; echo "FAIL compute-sanitizer $1 $2" >>"$out/tests.log"; }
+  done
+fi
 stage tests "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(grep 'tests passed' "$out/tests.log" | tr '\n' ' ')"
 
 # 5. The bench (figures for the README).
