@@ -41,7 +41,7 @@
   X(max_header, INT, "16384", 1024, 1048576, "TRAINYARD_MAX_HEADER",                       \
     "largest request head (line + headers) in bytes")                                      \
   X(max_connections, INT, "512", 4, 65536, "TRAINYARD_MAX_CONNECTIONS",                    \
-    "concurrent client connections")                                                       \
+    "concurrent client connections (429 above it)")                                     \
   X(log_max, INT, "16777216", 4096, 1099511627776, "TRAINYARD_LOG_MAX",                    \
     "bytes kept of each rank's log file (the rest is dropped, with a note)")               \
   X(page_max, INT, "500", 1, 10000, "TRAINYARD_PAGE_MAX", "largest page of GET /v1/jobs")    \

@@ -235,6 +235,30 @@ static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_
   return MHD_YES;
 }
 
+/* Connections past --max_connections get a 429 instead of a silent close:
+ * MHD itself accepts a margin more (see rest_start). */
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx,
+                          enum MHD_ConnectionNotificationCode code) {
+  rest_t *r = cls;
+  atomic_fetch_add(&r->connections, code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
+static enum MHD_Result too_many(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
+  char msg[160];
+  snprintf(msg, sizeof msg,
+           "this server holds its limit of %lld connections; retry later or close idle ones",
+           (long long)r->cfg->max_connections);
+  json_t *body = ty_error_json(TY_EEXHAUSTED, msg, NULL);
+  char *text = json_dumps(body, JSON_COMPACT);
+  json_decref(body);
+  struct MHD_Response *resp =
+      MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
+  MHD_add_response_header(resp, "Content-Type", "application/json");
+  MHD_add_response_header(resp, "Retry-After", "1");
+  MHD_add_response_header(resp, "Connection", "close");
+  return rest_queue(c, q, MHD_HTTP_TOO_MANY_REQUESTS, resp);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_data_size,
@@ -244,6 +268,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
   if (!q) {
     q = xcalloc(1, sizeof *q);
     *con_cls = q;
+    if (atomic_load(&r->connections) > r->cfg->max_connections) return too_many(r, c, q);
     return first_call(r, c, q, url, method);
   }
   if (q->status) return MHD_YES; /* an early error is queued; the body is dropped */
@@ -394,7 +419,8 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
   r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER,
                             mhd_log, r, MHD_OPTION_SOCK_ADDR, &ss,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
+                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
                             MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_NOTIFY_COMPLETED,
                             on_completed, r, MHD_OPTION_END);
   if (!r->mhd) {

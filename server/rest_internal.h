@@ -43,6 +43,7 @@ struct rest {
   const srv_config_t *cfg;
   struct MHD_Daemon *mhd;
   atomic_bool stopping;
+  atomic_int connections;  /* open client connections */
 };
 
 /* Response helpers: each queues its response, records the status in q and

@@ -273,6 +273,32 @@ class Api(unittest.TestCase):
         self.assertEqual(h["status"], "ok")
 
 
+class ConnectionLimit(unittest.TestCase):
+    def test_429_past_max_connections(self):
+        import socket
+        srv = Server(extra=["--max-connections", "4"]).start()
+        socks = []
+        try:
+            for _ in range(5):
+                socks.append(socket.create_connection(("127.0.0.1", srv.port)))
+            time.sleep(0.2)
+            r = requests.get(srv.url + "/healthz")
+            self.assertEqual(r.status_code, 429)
+            self.assertEqual(r.json()["error"]["code"], "RESOURCE_EXHAUSTED")
+            self.assertEqual(r.headers["Retry-After"], "1")
+            for s in socks:
+                s.close()
+            socks = []
+            deadline = time.time() + 5
+            while requests.get(srv.url + "/healthz").status_code != 200:
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+        finally:
+            for s in socks:
+                s.close()
+            srv.cleanup()
+
+
 def parse_sse(text):
     events = []
     for block in text.split("\n\n"):
