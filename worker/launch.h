@@ -19,7 +19,7 @@
  *     at once;
  *   - ranks die with the launcher (PR_SET_PDEATHSIG), even on kill -9;
  *   - every rank's process group is killed once the rank has exited, so no
- *     helper it started outlives it; every process is reaped;
+ *     subprocess it started outlives it; every process is reaped;
  *   - the job's shm segment is removed whatever happened, and so is the
  *     /dev/shm registration LLVM's OpenMP runtime leaves for a killed rank.
  * The reason of a failure is the rank's last `failed` report message, else

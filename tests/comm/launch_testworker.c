@@ -4,7 +4,7 @@
  * TY_TESTWORKER says:
  *   ok        join the job's communicator, all-reduce the ranks, report done
  *   fail      rank TY_TESTWORKER_RANK reports failed and exits 3 after
- *             0.5 s; the others start a helper process and sleep
+ *             0.5 s; the others start a subprocess and sleep
  *   stubborn  as fail, but the sleepers ignore SIGTERM
  *   sigint    report, wait for SIGINT, log that it came, exit 130
  *   hang      join the communicator, write joined<R>.pid, then sleep
@@ -14,7 +14,7 @@
  *   kill9     all-reduce in a loop; rank TY_TESTWORKER_RANK kills itself
  *             with SIGKILL midway; the others report the comm error
  * Every rank writes its pid to TY_TESTWORKER_PIDDIR/rank<R>.pid, and a
- * helper's to child<R>.pid, when that directory is set; kill9's victim
+ * subprocess's to child<R>.pid, when that directory is set; kill9's victim
  * writes the monotonic milliseconds of its death to t_dying_ms<R>.pid. */
 #include <signal.h>
 #include <stdio.h>
@@ -92,11 +92,11 @@ static int run_fail(int stubborn) {
     fprintf(stderr, "[rank %d/%d] giving up\n", g_rank, g_world);
     return 3;
   }
-  pid_t helper = fork();
-  if (helper == 0) {
+  pid_t sub = fork();
+  if (sub == 0) {
     for (;;) pause();
   }
-  write_pid("child", helper);
+  write_pid("child", sub);
   if (stubborn) signal(SIGTERM, SIG_IGN);
   report("training", "sleeping");
   sleep(60);

@@ -1,6 +1,6 @@
 /* test_launch.c - the local launcher with a stand-in worker
  * (tests/comm/launch_testworker.c): success with every line relayed, one
- * rank failing (the others and their helpers gone within 5 s, the reason
+ * rank failing (the others and their subprocesses gone within 5 s, the reason
  * returned), ranks ignoring SIGTERM, SIGINT forwarded, a rank killed with -9
  * mid-collective, a silent rank, the launcher itself killed with -9; no
  * process left behind and nothing left in /dev/shm after any of them. */
@@ -98,7 +98,7 @@ static int pid_gone(pid_t pid) {
 }
 
 /* Every pid written under the pid directory is gone (waiting up to
- * wait_ms: a helper SIGKILLed with its rank's group may still be in its
+ * wait_ms: a subprocess SIGKILLed with its rank's group may still be in its
  * exit); returns how many pids there were. Removes the directory. */
 static int check_pids_gone(int wait_ms) {
   DIR *d = opendir(g_piddir);
@@ -197,13 +197,13 @@ static void run_failing(const char *mode, int grace_ms) {
   assert_int_equal(res.failed_rank, 1);
   assert_int_equal(res.exit_code, 3);
   assert_string_equal(res.reason, "injected failure");
-  /* Rank 1 fails at 0.5 s; the sleepers (60 s) and their helpers must be
+  /* Rank 1 fails at 0.5 s; the sleepers (60 s) and their subprocesses must be
    * gone well within 5 s of that. */
   assert_true(took < 500 + 5000);
   /* Sleepers that ignore SIGTERM last the grace period, then SIGKILL. */
   if (grace_ms) assert_true(took >= 500 + grace_ms - 50);
   assert_int_equal(seen.training[0] + seen.training[2], 2);
-  /* ranks 0-2 and the helpers of ranks 0 and 2 */
+  /* ranks 0-2 and the subprocesses of ranks 0 and 2 */
   assert_int_equal(check_pids_gone(2000), 5);
   assert_int_equal(shm_leftovers(job), 0);
 }
