@@ -21,10 +21,13 @@ jl="$out/bench.jsonl"
 B=${TY_GPU_BENCH_B:-4} T=${TY_GPU_BENCH_T:-1024} R=${TY_GPU_BENCH_R:-16} STEPS=${TY_GPU_BENCH_STEPS:-10}
 rc=0
 
+# Made aside and renamed when complete, so an interrupted run leaves no
+# half-written checkpoint to be reused.
 if [ ! -f "$ck/config.json" ]; then
-  "$build/cli/trainyard" mkmodel --out "$ck" --hidden-size 2048 --intermediate-size 8192 \
-    --layers 16 --heads 32 --kv-heads 8 --vocab-size 128256 --dtype bf16 --shards 4 --seed 1 ||
-    exit 1
+  rm -rf "$ck.part"
+  "$build/cli/trainyard" mkmodel --out "$ck.part" --hidden-size 2048 --intermediate-size 8192 \
+    --layers 16 --heads 32 --kv-heads 8 --vocab-size 128256 --dtype bf16 --shards 4 --seed 1 &&
+    mv "$ck.part" "$ck" || exit 1
 fi
 
 for w in 1 2; do
@@ -33,6 +36,8 @@ done
 if [ -x "$build/tests/gpu_bench_lora" ]; then
   "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
 fi
+# PyTorch runs with the host's own libraries, not the unpacked .debs.
+[ -n "${TY_HOST_LD_LIBRARY_PATH+set}" ] && export LD_LIBRARY_PATH=$TY_HOST_LD_LIBRARY_PATH
 if python3 -c "import torch, transformers, peft" 2>/dev/null; then
   python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"torch",/' >>"$jl" || rc=1
 else

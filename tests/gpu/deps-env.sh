@@ -11,6 +11,9 @@ mkdir -p "$_lib/pkgconfig"
 if [ ! -e "$_lib/pkgconfig/openblas.pc" ]; then
   cp "$_lib/openblas-pthread/pkgconfig/openblas.pc" "$_lib/pkgconfig/openblas.pc" || return 1
 fi
+# Programs that are not ours (python3 with torch) run with the loader path
+# the host had: tests/gpu/bench.sh restores it from here.
+export TY_HOST_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
 export PATH=$_pre/usr/bin:$PATH
 export PKG_CONFIG_LIBDIR=$_lib/pkgconfig:$_pre/usr/share/pkgconfig
 export PKG_CONFIG_SYSROOT_DIR=$_pre

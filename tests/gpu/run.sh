@@ -22,7 +22,8 @@
 # Debian machine with apt).
 #
 # Environment: TY_GPU_BUILD_DIR (default <source>/build-gpu),
-#   TY_GPU_BENCH=0 to skip the bench, TY_DEPS_DEBS as above.
+#   TY_GPU_BENCH=0 to skip the bench, TY_GPU_BENCH_TIMEOUT (seconds, 300),
+#   TY_DEPS_DEBS as above.
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: tests/gpu/run.sh OUTDIR" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 2
@@ -93,7 +94,9 @@ stage tests "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(grep 'tests passed' "$
 
 # 5. The bench (figures for the README).
 if [ "${TY_GPU_BENCH:-1}" != 0 ]; then
-  if bash "$src/tests/gpu/bench.sh" "$build" "$out" >"$out/bench.txt" 2>&1; then
+  # Bounded, so that the results of the stages before come back whatever happens.
+  if timeout "${TY_GPU_BENCH_TIMEOUT:-300}" bash "$src/tests/gpu/bench.sh" "$build" "$out" \
+    >"$out/bench.txt" 2>&1; then
     stage bench ok "bench.txt, bench.jsonl"
   else
     stage bench FAIL "see bench.txt"
