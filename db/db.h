@@ -82,6 +82,13 @@ int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing);
 /* TY_ENOTFOUND when no job has that id. */
 int db_job_get(db_t *db, const char *id, db_job_t **out);
 
+/* The few columns a report is checked against (cheaper than db_job_get). */
+typedef struct {
+  int state, attempt, world_size;
+  char token[DB_TOKEN_MAX];
+} db_job_brief_t;
+int db_job_brief(db_t *db, const char *id, db_job_brief_t *out);
+
 /* Jobs whose state is in state_mask (0: every state), newest first, with
  * seq < before_seq (0: from the newest), at most limit. *out is an array of
  * *n jobs, freed with db_jobs_free. */

@@ -80,6 +80,30 @@ int db_job_get(db_t *db, const char *id, db_job_t **out) {
   return rc;
 }
 
+int db_job_brief(db_t *db, const char *id, db_job_brief_t *out) {
+  memset(out, 0, sizeof *out);
+  pthread_mutex_lock(&db->lock);
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db, "SELECT state, attempt, world_size, token FROM jobs WHERE id = ?", &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int s = sqlite3_step(st);
+    if (s == SQLITE_ROW) {
+      char state[16];
+      dbi_text_copy(st, 0, state, sizeof state);
+      out->state = db_state_parse(state);
+      out->attempt = sqlite3_column_int(st, 1);
+      out->world_size = sqlite3_column_int(st, 2);
+      dbi_text_copy(st, 3, out->token, sizeof out->token);
+    } else {
+      rc = s == SQLITE_DONE ? TY_ENOTFOUND : dbi_err(db, s, "job brief");
+    }
+    dbi_finish(db, st);
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
 static int insert_locked(db_t *db, db_job_t *j, db_job_t **existing) {
   if (j->idempotency_key) {
     int rc = job_get_locked(db, "idempotency_key", j->idempotency_key, existing);
