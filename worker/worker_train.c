@@ -201,6 +201,15 @@ int worker_train_main(const worker_env_t *e) {
   }
   emit(&rep, "starting", 0, NAN, 0, NULL, "");
   rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
+  if (!rc && spec.device == JOBSPEC_DEVICE_CUDA) {
+    /* The CUDA kernels and placement exist (backend_cuda, placement_cuda),
+     * but the training loop runs the CPU model only: refuse rather than
+     * train on the CPU under a cuda label. */
+    snprintf(err, sizeof err,
+             "device cuda: training on a GPU is not available in this worker yet (only "
+             "'trainyard load' places shards on a GPU); set \"device\": \"cpu\" or \"auto\"");
+    rc = TY_EUNIMPLEMENTED;
+  }
   if (!rc) {
     rep.total_steps = spec.train.steps;
     rc = comm_open_env(&comm, err, sizeof err);

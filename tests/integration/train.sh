@@ -113,4 +113,14 @@ grep 'done: held-out' "$tmp/areal.log"
 sed 's/"seq_len": 64/"seq_len": 0/' "$tmp/full.json" >"$tmp/bad.json"
 TRAINYARD_SPEC="$tmp/bad.json" "$worker" >"$tmp/bad.reports" 2>/dev/null && fail "a bad spec ran"
 grep -q '"phase":"failed".*seq_len' "$tmp/bad.reports" || fail "the failure does not name data.seq_len"
+# Training on device cuda is not wired yet: it must fail saying so, never run
+# the CPU model under a cuda label.
+python3 -c "
+import json, sys
+s = json.load(open('$tmp/lora.json')); s['device'] = 'cuda'; s['output_dir'] = '$tmp/out-cuda'
+json.dump(s, open('$tmp/cuda.json', 'w'))"
+TRAINYARD_SPEC="$tmp/cuda.json" "$worker" >"$tmp/cuda.reports" 2>/dev/null && fail "a cuda job ran"
+grep -q '"phase":"failed".*device cuda' "$tmp/cuda.reports" ||
+  fail "the cuda failure does not name the device: $(cat "$tmp/cuda.reports")"
+[ ! -e "$tmp/out-cuda" ] || fail "a refused cuda job wrote outputs"
 echo "ok"
