@@ -19,6 +19,7 @@
 #include "common/xalloc.h"
 #include "server/dispatch.h"
 #include "server/service.h"
+#include "worker/comm.h"
 
 #define TICK_S 0.1
 
@@ -45,6 +46,7 @@ typedef struct run {
   bool stopping;           /* SIGTERM sent; SIGKILL at kill_at */
   double kill_at;
   bool killed;
+  char rdv[2200];          /* the ranks' rendezvous; an shm one is removed at the end */
   struct run *next;
 } run_t;
 
@@ -295,14 +297,15 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   else
     s->cpu_used += r->world;
 
-  char dir[2048], spec_path[2200], url[512], rdv[2200];
+  char dir[2048], spec_path[2200], url[512];
+  char *rdv = r->rdv;
   snprintf(dir, sizeof dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, attempt);
   snprintf(spec_path, sizeof spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
   snprintf(url, sizeof url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
   if (r->gpu)
-    snprintf(rdv, sizeof rdv, "nccl:file:%s/nccl.id", dir);
+    snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
   else
-    snprintf(rdv, sizeof rdv, "shm:ty-%s-%d", j->id, attempt);
+    snprintf(rdv, sizeof r->rdv, "shm:ty-%s-%d", j->id, attempt);
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
     for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
@@ -469,6 +472,9 @@ static void tick(sched_t *s) {
       ended = r->next;
       for (int i = 0; i < r->world; i++)
         if (r->ranks[i].started) dispatch_release(&r->ranks[i].proc);
+      /* Ranks unlink the segment once all have joined; one that died
+       * before that leaves it, so the attempt's end removes it. */
+      if (!r->gpu) comm_shm_remove(r->rdv);
       free(r->ranks);
       free(r);
     }

@@ -18,6 +18,8 @@ cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$build" -j "$jobs"
 echo "== tests ($build)"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --label-exclude 'fuzz|bench'
+echo "== why GPU tests were skipped (if they were)"
+ctest --test-dir "$build" -L gpu -V 2>/dev/null | grep -iE '^[0-9]+: .*skip' || echo "(none skipped)"
 
 echo "== sanitizer build ($asan: clang, address + undefined, libFuzzer)"
 CC=clang cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \

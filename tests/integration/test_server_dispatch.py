@@ -72,6 +72,22 @@ class Dispatch(unittest.TestCase):
             time.sleep(0.05)
         self.assertEqual(ranks[0]["state"], "stopped")
 
+    def test_failed_attempt_leaves_no_shared_memory(self):
+        # A rank that dies before every rank has joined the rendezvous leaves
+        # the job's segment behind; the server removes it when the attempt ends.
+        r = self.srv.post("/v1/jobs", self.srv.spec(name="fail1at3-slow", steps=50))
+        self.assertEqual(r.status_code, 201, r.text)
+        job_id = r.json()["id"]
+        seg = "/dev/shm/trainyard-ty-%s-1" % job_id
+        with open(seg, "wb") as f:
+            f.write(b"\0" * 4096)
+        job = self.srv.wait_state(job_id, ["failed"], timeout=30)
+        self.assertEqual(job["state"], "failed")
+        deadline = time.time() + 5
+        while time.time() < deadline and os.path.exists(seg):
+            time.sleep(0.05)
+        self.assertFalse(os.path.exists(seg), "the attempt's shm segment was left behind")
+
     def test_rank_crash(self):
         job = self.run_job("crash0at2-child-slow", ["failed"], steps=50)
         self.assertIn("rank 0 was killed by signal 6", job["reason"])
