@@ -36,6 +36,16 @@ int ty_err_from_name(const char *name) {
   return TY_EUNKNOWN;
 }
 
+int ty_errf(char *err, size_t errlen, int code, const char *fmt, ...) {
+  if (err && errlen) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err, errlen, fmt, ap);
+    va_end(ap);
+  }
+  return code;
+}
+
 void ty_errlist_vadd(ty_errlist_t *l, const char *field, const char *fmt, va_list ap) {
   if (l->len == l->cap) {
     l->cap = l->cap ? l->cap * 2 : 8;

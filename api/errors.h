@@ -46,6 +46,12 @@ int ty_err_grpc_status(int code);
 /* The code for a gRPC status name ("NOT_FOUND"), or TY_EUNKNOWN. */
 int ty_err_from_name(const char *name);
 
+/* Formats a message into the caller's buffer err (errlen bytes; err may be
+ * NULL or errlen 0, and then nothing is written) and returns code, so a
+ * failing function can end with `return ty_errf(err, errlen, TY_EINVAL, ...)`. */
+int ty_errf(char *err, size_t errlen, int code, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
 /* One field problem: the dotted path of the field ("fsdp.bucket_mb", or ""
  * for the spec as a whole) and what is wrong with it plus how to fix it. */
 typedef struct {

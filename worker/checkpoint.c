@@ -12,17 +12,6 @@
 #include "api/errors.h"
 #include "common/xalloc.h"
 
-__attribute__((format(printf, 4, 5))) static int ck_fail(char *err, size_t errlen, int code,
-                                                         const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 static void set_entry(ckpt_tensor_t *t, ckpt_kind_t kind, int layer, const char *name, int64_t rows,
                       int64_t cols) {
   if (layer >= 0)
@@ -100,22 +89,22 @@ int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t err
   if (!root) {
     FILE *f = fopen(path, "r");
     if (!f)
-      return ck_fail(err, errlen, TY_ENOTFOUND,
+      return ty_errf(err, errlen, TY_ENOTFOUND,
                      "%s: missing (a checkpoint directory holds config.json and "
                      "model.safetensors)",
                      path);
     fclose(f);
-    return ck_fail(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", path, jerr.line,
+    return ty_errf(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", path, jerr.line,
                    jerr.text);
   }
   llama_config_init(cfg);
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int rc = 0;
   if (!json_is_object(root)) {
-    rc = ck_fail(err, errlen, TY_EINVAL, "%s: not a JSON object", path);
+    rc = ty_errf(err, errlen, TY_EINVAL, "%s: not a JSON object", path);
   } else if (llama_config_from_json(root, cfg, "", false, &errs) ||
              llama_config_validate(cfg, "", &errs)) {
-    rc = ck_fail(err, errlen, TY_EINVAL, "%s: %s: %s", path, errs.len ? errs.items[0].field : "",
+    rc = ty_errf(err, errlen, TY_EINVAL, "%s: %s: %s", path, errs.len ? errs.items[0].field : "",
                  errs.len ? errs.items[0].message : "invalid");
   }
   ty_errlist_clear(&errs);
@@ -139,12 +128,12 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
     shape_str(want, sizeof want, t->ndim, shape);
     const st_tensor_t *f = st_find(st, t->name);
     if (!f)
-      return ck_fail(err, errlen, TY_EINVAL,
+      return ty_errf(err, errlen, TY_EINVAL,
                      "tensor '%s' (shape %s from config.json) is missing from the checkpoint",
                      t->name, want);
     if (f->ndim != t->ndim || f->shape[0] != t->rows || (t->ndim == 2 && f->shape[1] != t->cols)) {
       shape_str(have, sizeof have, f->ndim, f->shape);
-      return ck_fail(err, errlen, TY_EINVAL, "tensor '%s' has shape %s but config.json implies %s",
+      return ty_errf(err, errlen, TY_EINVAL, "tensor '%s' has shape %s but config.json implies %s",
                      t->name, have, want);
     }
     map[i] = f;
@@ -154,7 +143,7 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
       bool known = false;
       for (size_t j = 0; j < l->ntensors && !known; j++) known = map[j] == &st->tensors[i];
       if (!known)
-        return ck_fail(err, errlen, TY_EINVAL,
+        return ty_errf(err, errlen, TY_EINVAL,
                        "tensor '%s' is not part of the Llama layout that config.json describes "
                        "(num_hidden_layers %lld, tie_word_embeddings %s)",
                        st->tensors[i].name, (long long)l->cfg.num_hidden_layers,
@@ -179,17 +168,17 @@ int ckpt_open(const char *dir, ckpt_t **out, char *err, size_t errlen) {
   if (rc) return rc;
   ckpt_t *c = xcalloc(1, sizeof *c);
   if ((rc = ckpt_layout_init(&c->layout, &cfg))) {
-    ck_fail(err, errlen, rc, "%s/config.json: sizes too large for this build", dir);
+    ty_errf(err, errlen, rc, "%s/config.json: sizes too large for this build", dir);
     goto fail;
   }
   char msg[768];
   if ((rc = st_open(dir, &c->st, msg, sizeof msg))) {
-    ck_fail(err, errlen, rc, "%s", msg);
+    ty_errf(err, errlen, rc, "%s", msg);
     goto fail;
   }
   c->file_tensor = xcalloc(c->layout.ntensors + 1, sizeof *c->file_tensor);
   if ((rc = ckpt_match(&c->layout, c->st, c->file_tensor, msg, sizeof msg))) {
-    ck_fail(err, errlen, rc, "%s: %s", dir, msg);
+    ty_errf(err, errlen, rc, "%s: %s", dir, msg);
     goto fail;
   }
   *out = c;

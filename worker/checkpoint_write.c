@@ -17,17 +17,6 @@
 
 #define CW_CHUNK (1u << 20) /* elements generated per step: 4 MiB of fp32 */
 
-__attribute__((format(printf, 4, 5))) static int cw_fail(char *err, size_t errlen, int code,
-                                                         const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* Streams tensors [lo, hi) of the table into one file. */
 static int write_file(const char *path, const ckpt_layout_t *l, size_t lo, size_t hi,
                       ty_dtype_t dtype, uint64_t seed, float *f32, void *out, char *err,
@@ -65,21 +54,21 @@ static int write_file(const char *path, const ckpt_layout_t *l, size_t lo, size_
 static int write_json(const char *path, json_t *j, char *err, size_t errlen) {
   int r = json_dump_file(j, path, JSON_INDENT(2));
   json_decref(j);
-  if (r) return cw_fail(err, errlen, TY_EUNAVAILABLE, "%s: cannot write", path);
+  if (r) return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: cannot write", path);
   return 0;
 }
 
 int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dtype, int shards,
                       uint64_t seed, uint64_t *bytes_out, char *err, size_t errlen) {
   ckpt_layout_t l;
-  if (ckpt_layout_init(&l, cfg)) return cw_fail(err, errlen, TY_EINVAL, "model sizes out of range");
+  if (ckpt_layout_init(&l, cfg)) return ty_errf(err, errlen, TY_EINVAL, "model sizes out of range");
   int rc = 0;
   char path[4096];
   float *f32 = NULL;
   void *out = NULL;
   json_t *wm = NULL;
   if (shards < 1 || (size_t)shards > l.ntensors) {
-    rc = cw_fail(err, errlen, TY_EINVAL, "shards must be between 1 and %zu (the tensor count)",
+    rc = ty_errf(err, errlen, TY_EINVAL, "shards must be between 1 and %zu (the tensor count)",
                  l.ntensors);
     goto out;
   }

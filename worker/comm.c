@@ -14,16 +14,6 @@
 #include "common/xalloc.h"
 #include "worker/comm_impl.h"
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 int comm_fail(comm_t *c, int code, int rank, const char *fmt, ...) {
   c->broken = code;
   c->failed_rank = rank;
@@ -61,9 +51,9 @@ static int timeout_from_env(int *out, char *err, size_t errlen) {
   const char *s = getenv("TRAINYARD_COMM_TIMEOUT_MS");
   long v = COMM_TIMEOUT_MS_DEFAULT;
   if (s && parse_int(s, 1, 24L * 3600 * 1000, &v) < 0) {
-    set_err(err, errlen,
-            "TRAINYARD_COMM_TIMEOUT_MS='%s' is not a number of milliseconds in 1..86400000", s);
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "TRAINYARD_COMM_TIMEOUT_MS='%s' is not a number of milliseconds in 1..86400000",
+                   s);
   }
   *out = (int)v;
   return 0;
@@ -73,8 +63,8 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
               size_t errlen) {
   *out = NULL;
   if (world_size < 1 || rank < 0 || rank >= world_size) {
-    set_err(err, errlen, "rank %d of world size %d: need 0 <= rank < world_size", rank, world_size);
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL, "rank %d of world size %d: need 0 <= rank < world_size",
+                   rank, world_size);
   }
   if (!rendezvous) rendezvous = "self";
   comm_t *c = xcalloc(1, sizeof *c);
@@ -85,7 +75,7 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
   if (rc == 0) {
     if (!strcmp(rendezvous, "self")) {
       if (world_size != 1) {
-        set_err(err, errlen,
+        ty_errf(err, errlen, 0,
                 "rendezvous 'self' serves one rank, not %d (use shm:<name> for CPU ranks)",
                 world_size);
         rc = TY_EINVAL;
@@ -98,13 +88,13 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
 #ifdef TRAINYARD_HAVE_NCCL
       rc = comm_nccl_open(c, rendezvous + 5, err, errlen);
 #else
-      set_err(err, errlen,
+      ty_errf(err, errlen, 0,
               "rendezvous '%s' needs NCCL, and this trainyard-worker was built without CUDA/NCCL",
               rendezvous);
       rc = TY_EUNIMPLEMENTED;
 #endif
     } else {
-      set_err(err, errlen, "unknown rendezvous '%s' (use self, shm:<name> or nccl:file:<path>)",
+      ty_errf(err, errlen, 0, "unknown rendezvous '%s' (use self, shm:<name> or nccl:file:<path>)",
               rendezvous);
       rc = TY_EINVAL;
     }
@@ -121,19 +111,19 @@ int comm_open_env(comm_t **out, char *err, size_t errlen) {
   long rank = 0, world = 1;
   const char *rs = getenv("TRAINYARD_RANK"), *ws = getenv("TRAINYARD_WORLD_SIZE");
   if (ws && parse_int(ws, 1, 65536, &world) < 0) {
-    set_err(err, errlen, "TRAINYARD_WORLD_SIZE='%s' is not a number in 1..65536", ws);
+    ty_errf(err, errlen, 0, "TRAINYARD_WORLD_SIZE='%s' is not a number in 1..65536", ws);
     *out = NULL;
     return TY_EINVAL;
   }
   if (rs && parse_int(rs, 0, world - 1, &rank) < 0) {
-    set_err(err, errlen, "TRAINYARD_RANK='%s' is not a rank in 0..%ld", rs, world - 1);
+    ty_errf(err, errlen, 0, "TRAINYARD_RANK='%s' is not a rank in 0..%ld", rs, world - 1);
     *out = NULL;
     return TY_EINVAL;
   }
   const char *rdv = getenv("TRAINYARD_RENDEZVOUS");
   if (!rdv || !*rdv) {
     if (world != 1) {
-      set_err(err, errlen,
+      ty_errf(err, errlen, 0,
               "TRAINYARD_RENDEZVOUS is unset but TRAINYARD_WORLD_SIZE is %ld "
               "(set it to shm:<name> for CPU ranks)",
               world);

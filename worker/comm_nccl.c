@@ -33,16 +33,6 @@ typedef struct {
   int device;
 } nccl_t;
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 static void nap(void) {
   struct timespec ts = {0, 100000}; /* 0.1 ms */
   nanosleep(&ts, NULL);
@@ -192,7 +182,7 @@ static int exchange_id(const char *path, int rank, ncclUniqueId *id, long long d
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0600);
     if (fd < 0 || write(fd, id, sizeof *id) != (ssize_t)sizeof *id || fsync(fd) || close(fd) ||
         rename(tmp, path)) {
-      set_err(err, errlen, "cannot publish the NCCL id at %s: %s", path, strerror(errno));
+      ty_errf(err, errlen, 0, "cannot publish the NCCL id at %s: %s", path, strerror(errno));
       if (fd >= 0) unlink(tmp);
       return TY_EUNAVAILABLE;
     }
@@ -206,8 +196,8 @@ static int exchange_id(const char *path, int rank, ncclUniqueId *id, long long d
       if (got == (ssize_t)sizeof *id) return 0;
     }
     if (comm_now_ms() >= deadline) {
-      set_err(err, errlen, "rank 0 did not publish the NCCL id at %s in time", path);
-      return TY_EDEADLINE;
+      return ty_errf(err, errlen, TY_EDEADLINE, "rank 0 did not publish the NCCL id at %s in time",
+                     path);
     }
     struct timespec ts = {0, 5000000};
     nanosleep(&ts, NULL);
@@ -216,17 +206,16 @@ static int exchange_id(const char *path, int rank, ncclUniqueId *id, long long d
 
 int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   if (strncmp(arg, "file:", 5) || !arg[5]) {
-    set_err(err, errlen, "NCCL rendezvous 'nccl:%s' must be nccl:file:<path>", arg);
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL, "NCCL rendezvous 'nccl:%s' must be nccl:file:<path>",
+                   arg);
   }
   const char *path = arg + 5;
   long long deadline = comm_now_ms() + c->timeout_ms;
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
   if (ce != cudaSuccess || ndev < 1) {
-    set_err(err, errlen, "NCCL backend: no CUDA device (%s)",
-            ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
-    return TY_EUNAVAILABLE;
+    return ty_errf(err, errlen, TY_EUNAVAILABLE, "NCCL backend: no CUDA device (%s)",
+                   ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
   }
   nccl_t *n = xcalloc(1, sizeof *n);
   n->device = c->rank % ndev;
@@ -234,7 +223,7 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   if ((ce = cudaSetDevice(n->device)) != cudaSuccess ||
       (ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (ce = cudaMalloc((void **)&n->scratch, sizeof(float))) != cudaSuccess) {
-    set_err(err, errlen, "NCCL backend: CUDA device %d: %s", n->device, cudaGetErrorString(ce));
+    ty_errf(err, errlen, 0, "NCCL backend: CUDA device %d: %s", n->device, cudaGetErrorString(ce));
     nccl_release(n, 0);
     return TY_EUNAVAILABLE;
   }
@@ -242,7 +231,7 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   memset(&id, 0, sizeof id);
   ncclResult_t nr = ncclSuccess;
   if (c->rank == 0 && (nr = ncclGetUniqueId(&id)) != ncclSuccess) {
-    set_err(err, errlen, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
+    ty_errf(err, errlen, 0, "ncclGetUniqueId: %s", ncclGetErrorString(nr));
     nccl_release(n, 0);
     return TY_EUNAVAILABLE;
   }
@@ -257,12 +246,12 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   c->impl = n;
   c->ops = &nccl_ops;
   if (nr != ncclSuccess && nr != ncclInProgress) {
-    set_err(err, errlen, "ncclCommInitRankConfig: %s", ncclGetErrorString(nr));
+    ty_errf(err, errlen, 0, "ncclCommInitRankConfig: %s", ncclGetErrorString(nr));
     n->comm = NULL;
     rc = TY_EUNAVAILABLE;
   } else {
     rc = wait_issued(c, n, deadline, "rendezvous");
-    if (rc) set_err(err, errlen, "%s", c->err);
+    if (rc) ty_errf(err, errlen, 0, "%s", c->err);
   }
   if (c->rank == 0) unlink(path); /* every rank has used the id, or the job failed */
   if (rc) {

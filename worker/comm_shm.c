@@ -33,40 +33,29 @@
 #define SHM_SLICE_MS 10 /* futex sleep between liveness checks */
 #define SHM_CHECK_MS 20 /* how often a waiter checks its peers */
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...) {
-  if (!err || !errlen) return;
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err, errlen, fmt, ap);
-  va_end(ap);
-}
-
 int comm_shm_path(const char *rendezvous, char *out, size_t outlen, char *err, size_t errlen) {
   if (!rendezvous || strncmp(rendezvous, "shm:", 4)) {
-    set_err(err, errlen, "rendezvous '%s' is not shm:<name>", rendezvous ? rendezvous : "");
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL, "rendezvous '%s' is not shm:<name>",
+                   rendezvous ? rendezvous : "");
   }
   const char *name = rendezvous + 4;
   size_t n = strlen(name);
   if (n < 1 || n > 200) {
-    set_err(err, errlen, "shm rendezvous name '%s' must be 1-200 characters", name);
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL, "shm rendezvous name '%s' must be 1-200 characters",
+                   name);
   }
   for (size_t i = 0; i < n; i++) {
     char ch = name[i];
     if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
           ch == '.' || ch == '_' || ch == '-')) {
-      set_err(err, errlen,
-              "shm rendezvous name '%s' has '%c' at %zu: use only letters, digits, '.', '_', '-'",
-              name, ch, i);
-      return TY_EINVAL;
+      return ty_errf(
+          err, errlen, TY_EINVAL,
+          "shm rendezvous name '%s' has '%c' at %zu: use only letters, digits, '.', '_', '-'", name,
+          ch, i);
     }
   }
   if ((size_t)snprintf(out, outlen, "/trainyard-%s", name) >= outlen) {
-    set_err(err, errlen, "shm rendezvous name '%s' is too long", name);
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL, "shm rendezvous name '%s' is too long", name);
   }
   return 0;
 }
@@ -110,8 +99,9 @@ static int half_bytes_for(int world, size_t *out, char *err, size_t errlen) {
     errno = 0;
     unsigned long kb = strtoul(s, &end, 10);
     if (errno || *end || kb < 4 || kb > (1ul << 20)) {
-      set_err(err, errlen, "TRAINYARD_COMM_SHM_CHUNK_KB='%s' is not a size in 4..1048576 KiB", s);
-      return TY_EINVAL;
+      ty_errf(err, errlen, 0, "TRAINYARD_COMM_SHM_CHUNK_KB='%s' is not a size in 4..1048576 KiB",
+              s);
+      return TY_EINVAL; /* spelled apart so the compiler sees *out is set whenever 0 returns */
     }
     half = (size_t)kb << 10;
   }
@@ -144,19 +134,19 @@ static int create_segment(comm_t *c, shm_t *s, char *err, size_t errlen) {
   int fd = shm_open(s->path, O_CREAT | O_EXCL | O_RDWR, 0600);
   if (fd < 0) {
     if (errno == EEXIST)
-      set_err(err, errlen,
+      ty_errf(err, errlen, 0,
               "shared memory /dev/shm%s already exists: another job uses this rendezvous name, "
               "or a dead one left it (remove the file if no job runs)",
               s->path);
     else
-      set_err(err, errlen, "shm_open /dev/shm%s: %s", s->path, strerror(errno));
+      ty_errf(err, errlen, 0, "shm_open /dev/shm%s: %s", s->path, strerror(errno));
     return TY_EUNAVAILABLE;
   }
   /* posix_fallocate, not only ftruncate: a full /dev/shm must be an error
    * here, not a SIGBUS in the middle of a collective. */
   int e = ftruncate(fd, (off_t)size) ? errno : posix_fallocate(fd, 0, (off_t)size);
   if (e) {
-    set_err(err, errlen,
+    ty_errf(err, errlen, 0,
             "cannot size /dev/shm%s to %zu KiB: %s (free space in /dev/shm, or lower "
             "TRAINYARD_COMM_SHM_CHUNK_KB)",
             s->path, size >> 10, strerror(e));
@@ -167,7 +157,7 @@ static int create_segment(comm_t *c, shm_t *s, char *err, size_t errlen) {
   void *base = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   close(fd);
   if (base == MAP_FAILED) {
-    set_err(err, errlen, "mmap /dev/shm%s: %s", s->path, strerror(errno));
+    ty_errf(err, errlen, 0, "mmap /dev/shm%s: %s", s->path, strerror(errno));
     shm_unlink(s->path);
     return TY_EINTERNAL;
   }
@@ -195,13 +185,13 @@ static int attach_segment(comm_t *c, shm_t *s, long long deadline, char *err, si
   for (;;) {
     if (fd < 0) fd = shm_open(s->path, O_RDWR, 0600);
     if (fd < 0 && errno != ENOENT) {
-      set_err(err, errlen, "shm_open /dev/shm%s: %s", s->path, strerror(errno));
-      return TY_EUNAVAILABLE;
+      return ty_errf(err, errlen, TY_EUNAVAILABLE, "shm_open /dev/shm%s: %s", s->path,
+                     strerror(errno));
     }
     if (fd >= 0 && fstat(fd, &st) == 0 && (size_t)st.st_size >= header_bytes(c->world)) {
       void *base = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
       if (base == MAP_FAILED) {
-        set_err(err, errlen, "mmap /dev/shm%s: %s", s->path, strerror(errno));
+        ty_errf(err, errlen, 0, "mmap /dev/shm%s: %s", s->path, strerror(errno));
         close(fd);
         return TY_EINTERNAL;
       }
@@ -209,7 +199,7 @@ static int attach_segment(comm_t *c, shm_t *s, long long deadline, char *err, si
       if (atomic_load_explicit(&h->magic, memory_order_acquire) == SHM_MAGIC) {
         close(fd);
         if (h->version != SHM_VERSION || h->world != c->world || h->size != (uint64_t)st.st_size) {
-          set_err(err, errlen,
+          ty_errf(err, errlen, 0,
                   "/dev/shm%s was made for %d ranks (version %u), this rank expects %d: every "
                   "rank must get the same TRAINYARD_WORLD_SIZE",
                   s->path, h->world, h->version, c->world);
@@ -224,9 +214,9 @@ static int attach_segment(comm_t *c, shm_t *s, long long deadline, char *err, si
     }
     if (comm_now_ms() >= deadline) {
       if (fd >= 0) close(fd);
-      set_err(err, errlen, "rank 0 did not create /dev/shm%s within %d ms (did it start?)", s->path,
-              c->timeout_ms);
-      return TY_EDEADLINE;
+      return ty_errf(err, errlen, TY_EDEADLINE,
+                     "rank 0 did not create /dev/shm%s within %d ms (did it start?)", s->path,
+                     c->timeout_ms);
     }
     sleep_ms(delay);
     if (delay < 20) delay *= 2;
@@ -376,16 +366,16 @@ void shm_begin(comm_t *c, uint32_t op, uint32_t arg, uint64_t total, const char 
 static int join(comm_t *c, shm_t *s, long long deadline, char *err, size_t errlen) {
   shm_rank_t *me = &s->ranks[c->rank];
   if (atomic_load(&me->state) != SHM_ABSENT) {
-    set_err(err, errlen, "rank %d joined /dev/shm%s twice: two processes got TRAINYARD_RANK=%d",
-            c->rank, s->path, c->rank);
-    return TY_EINVAL;
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "rank %d joined /dev/shm%s twice: two processes got TRAINYARD_RANK=%d", c->rank,
+                   s->path, c->rank);
   }
   int e = pthread_mutex_lock(&me->alive);
   if (e == EOWNERDEAD) {
     pthread_mutex_consistent(&me->alive);
   } else if (e) {
-    set_err(err, errlen, "cannot lock rank %d's liveness mutex: %s", c->rank, strerror(e));
-    return TY_EINTERNAL;
+    return ty_errf(err, errlen, TY_EINTERNAL, "cannot lock rank %d's liveness mutex: %s", c->rank,
+                   strerror(e));
   }
   s->holds_alive = 1;
   atomic_store(&me->pid, (int32_t)getpid());
@@ -396,16 +386,16 @@ static int join(comm_t *c, shm_t *s, long long deadline, char *err, size_t errle
   while (atomic_load(&s->hdr->joined) < (uint32_t)c->world) {
     if (atomic_load(&s->hdr->fail_claim) || check_peers(c, s)) {
       fail_from_header(c, s);
-      set_err(err, errlen, "%s", c->err);
+      ty_errf(err, errlen, 0, "%s", c->err);
       return c->broken;
     }
     if (comm_now_ms() >= deadline) {
       int missing = -1;
       for (int r = 0; r < c->world && missing < 0; r++)
         if (atomic_load(&s->ranks[r].state) == SHM_ABSENT) missing = r;
-      set_err(err, errlen, "rank %d did not join /dev/shm%s within %d ms (did it start?)", missing,
-              s->path, c->timeout_ms);
-      return TY_EDEADLINE;
+      return ty_errf(err, errlen, TY_EDEADLINE,
+                     "rank %d did not join /dev/shm%s within %d ms (did it start?)", missing,
+                     s->path, c->timeout_ms);
     }
     sleep_ms(delay);
     if (delay < 10) delay *= 2;

@@ -16,17 +16,6 @@
 #define LOADER_ALIGN 64
 #define LOADER_MIN_BUCKET 64 /* bytes; tests use tiny buckets to exercise chunking */
 
-__attribute__((format(printf, 4, 5))) static int ld_fail(char *err, size_t errlen, int code,
-                                                         const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 static double now_s(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -65,13 +54,13 @@ static void convert(ty_dtype_t st, const void *src, ty_dtype_t dt, void *dst, si
 static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
                         char *err, size_t errlen) {
   if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
-    return ld_fail(err, errlen, TY_EINVAL, "rank %d outside world size %d", o->rank, o->world_size);
+    return ty_errf(err, errlen, TY_EINVAL, "rank %d outside world size %d", o->rank, o->world_size);
   if ((unsigned)o->dtype >= TY_DTYPE_COUNT)
-    return ld_fail(err, errlen, TY_EINVAL, "unknown shard dtype %d", (int)o->dtype);
+    return ty_errf(err, errlen, TY_EINVAL, "unknown shard dtype %d", (int)o->dtype);
   loader_shard_t *s = xcalloc(1, sizeof *s);
   if (ckpt_layout_init(&s->layout, cfg)) {
     free(s);
-    return ld_fail(err, errlen, TY_EINVAL, "model sizes out of range for this build");
+    return ty_errf(err, errlen, TY_EINVAL, "model sizes out of range for this build");
   }
   s->dtype = o->dtype;
   s->rank = o->rank;
@@ -105,7 +94,7 @@ uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_d
 /* Allocates the shard's one placement buffer and points the views into it. */
 static int shard_alloc(loader_shard_t *s, char *err, size_t errlen) {
   if (placement_alloc(s->pl, s->bytes, &s->base))
-    return ld_fail(err, errlen, TY_EEXHAUSTED,
+    return ty_errf(err, errlen, TY_EEXHAUSTED,
                    "rank %d: cannot allocate its %.1f MiB shard on %s (use more ranks)", s->rank,
                    (double)s->bytes / 1048576.0, s->pl->ops->name);
   for (size_t i = 0; i < s->layout.ntensors; i++)
@@ -142,7 +131,7 @@ static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts
   size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
   char *buf = malloc(bucket);
   if (!buf)
-    return ld_fail(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket", bucket);
+    return ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket", bucket);
   const size_t dsz = ty_dtype_size(s->dtype);
   int rc = 0;
   for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
@@ -162,7 +151,7 @@ static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts
       st->bytes_read += m * ssz;
       if (!same) convert(ft->dtype, raw, s->dtype, conv, m);
       rc = s->pl->ops->copy_in(s->pl, s->base, v->offset + done * dsz, conv, m * dsz);
-      if (rc) ld_fail(err, errlen, rc, "copying '%s' to %s failed", v->t->name, s->pl->ops->name);
+      if (rc) ty_errf(err, errlen, rc, "copying '%s' to %s failed", v->t->name, s->pl->ops->name);
     }
     if (o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
   }
@@ -190,7 +179,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   void *full = NULL;
   char *stage = NULL;
   if (!raw) {
-    rc = ld_fail(err, errlen, TY_EEXHAUSTED,
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED,
                  "standard load: cannot hold the %.1f MiB checkpoint in host memory (try "
                  "fsdp.memory_efficient_load)",
                  (double)raw_bytes / 1048576.0);
@@ -205,7 +194,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   if (rc) goto out;
   if (placement_alloc(s->pl, full_bytes, &full)) {
     full = NULL;
-    rc = ld_fail(err, errlen, TY_EEXHAUSTED,
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED,
                  "standard load: cannot place the whole %.1f MiB model on %s (try "
                  "fsdp.memory_efficient_load)",
                  (double)full_bytes / 1048576.0, s->pl->ops->name);
@@ -227,7 +216,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   free(raw);
   raw = NULL;
   if (rc) {
-    ld_fail(err, errlen, rc, "copying the model to %s failed", s->pl->ops->name);
+    ty_errf(err, errlen, rc, "copying the model to %s failed", s->pl->ops->name);
     goto out;
   }
   if ((rc = shard_alloc(s, err, errlen))) goto out;
@@ -236,7 +225,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
     size_t src = full_off[i] + (size_t)v->row0 * (size_t)v->t->cols * dsz;
     rc = s->pl->ops->copy_within(s->pl, s->base, v->offset, full, src, v->nbytes);
   }
-  if (rc) ld_fail(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
+  if (rc) ty_errf(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
 out:
   free(stage);
   if (full) placement_release(s->pl, full, full_bytes);
@@ -312,7 +301,7 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
   free(buf);
   if (rc) {
     loader_shard_free(s);
-    return ld_fail(err, errlen, rc, "copying initial weights to %s failed", o->pl->ops->name);
+    return ty_errf(err, errlen, rc, "copying initial weights to %s failed", o->pl->ops->name);
   }
   finish_stats(st, s, t0);
   *out = s;

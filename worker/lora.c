@@ -21,18 +21,6 @@ static const char *const target_names[NT] = {
 #undef TY_X
 };
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 /* The base weight an adapter sits beside, in a layer view. */
 static float *base_weight(const model_layer_t *w, int target) {
   switch (target) {
@@ -62,16 +50,16 @@ int lora_create(lora_t **out, const model_t *m, int R, double alpha, unsigned ta
   const model_dims_t *d = &m->d;
   *out = NULL;
   if (R < 1 || R > 65536)
-    return fail(err, errlen, TY_EINVAL, "lora_rank is %d; it must be between 1 and 65536", R);
+    return ty_errf(err, errlen, TY_EINVAL, "lora_rank is %d; it must be between 1 and 65536", R);
   if (!(alpha > 0) || !isfinite(alpha))
-    return fail(err, errlen, TY_EINVAL, "lora_alpha is %g; it must be a positive number", alpha);
+    return ty_errf(err, errlen, TY_EINVAL, "lora_alpha is %g; it must be a positive number", alpha);
   if (!targets || (targets & ~JOBSPEC_TARGET_ALL_LINEAR))
-    return fail(err, errlen, TY_EINVAL,
-                "target_modules mask 0x%x: name at least one of q_proj, k_proj, v_proj, o_proj, "
-                "gate_proj, up_proj, down_proj (or \"all-linear\")",
-                targets);
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "target_modules mask 0x%x: name at least one of q_proj, k_proj, v_proj, o_proj, "
+                   "gate_proj, up_proj, down_proj (or \"all-linear\")",
+                   targets);
   lora_t *lo = calloc(1, sizeof *lo);
-  if (!lo) return fail(err, errlen, TY_EEXHAUSTED, "lora: out of memory");
+  if (!lo) return ty_errf(err, errlen, TY_EEXHAUSTED, "lora: out of memory");
   const int QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const int in[NT] = {d->C, d->C, d->C, QD, d->C, d->C, d->FF};
   const int outd[NT] = {QD, KVD, KVD, d->C, d->FF, d->FF, d->C};
@@ -131,7 +119,7 @@ int lora_create(lora_t **out, const model_t *m, int R, double alpha, unsigned ta
   return 0;
 oom:
   lora_free(lo);
-  return fail(err, errlen, TY_EEXHAUSTED, "lora: out of memory for rank-%d adapters", R);
+  return ty_errf(err, errlen, TY_EEXHAUSTED, "lora: out of memory for rank-%d adapters", R);
 }
 
 void lora_free(lora_t *lo) {

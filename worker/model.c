@@ -15,18 +15,6 @@
 #include "worker/model_internal.h"
 #include "worker/weightinit.h"
 
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-static int fail(char *err, size_t errlen, int code, const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err, size_t errlen) {
   const int64_t lim = 1 << 24; /* keeps every product below in size_t and each size in an int */
   struct {
@@ -41,19 +29,19 @@ int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err
                {"vocab_size", cfg->vocab_size}};
   for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++)
     if (sizes[i].v < 1 || sizes[i].v > lim)
-      return fail(err, errlen, TY_EINVAL, "model: %s is %lld; it must be between 1 and %lld",
-                  sizes[i].name, (long long)sizes[i].v, (long long)lim);
+      return ty_errf(err, errlen, TY_EINVAL, "model: %s is %lld; it must be between 1 and %lld",
+                     sizes[i].name, (long long)sizes[i].v, (long long)lim);
   if (cfg->num_attention_heads % cfg->num_key_value_heads)
-    return fail(err, errlen, TY_EINVAL,
-                "model: num_attention_heads (%lld) must be a multiple of num_key_value_heads "
-                "(%lld)",
-                (long long)cfg->num_attention_heads, (long long)cfg->num_key_value_heads);
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: num_attention_heads (%lld) must be a multiple of num_key_value_heads "
+                   "(%lld)",
+                   (long long)cfg->num_attention_heads, (long long)cfg->num_key_value_heads);
   if (cfg->head_dim % 2)
-    return fail(err, errlen, TY_EINVAL,
-                "model: head_dim is %lld; rotary embeddings need an even head size",
-                (long long)cfg->head_dim);
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: head_dim is %lld; rotary embeddings need an even head size",
+                   (long long)cfg->head_dim);
   if (!(cfg->rms_norm_eps > 0) || !(cfg->rope_theta > 0))
-    return fail(err, errlen, TY_EINVAL, "model: rms_norm_eps and rope_theta must be positive");
+    return ty_errf(err, errlen, TY_EINVAL, "model: rms_norm_eps and rope_theta must be positive");
   d->C = (int)cfg->hidden_size;
   d->FF = (int)cfg->intermediate_size;
   d->L = (int)cfg->num_hidden_layers;
@@ -166,12 +154,12 @@ static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_
   int rc = model_dims_from_config(&d, cfg, err, errlen);
   if (rc) return rc;
   if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
-    return fail(err, errlen, TY_EINVAL,
-                "model: micro-batch %d x %d tokens; both must be at least 1 and their product "
-                "at most %d",
-                B, T, 1 << 24);
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: micro-batch %d x %d tokens; both must be at least 1 and their product "
+                   "at most %d",
+                   B, T, 1 << 24);
   model_t *m = calloc(1, sizeof *m);
-  if (!m) return fail(err, errlen, TY_EEXHAUSTED, "model: out of memory");
+  if (!m) return ty_errf(err, errlen, TY_EEXHAUSTED, "model: out of memory");
   m->d = d;
   m->B = B;
   m->T = T;
@@ -197,10 +185,10 @@ static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_
   *out = m;
   return 0;
 fail_alloc:
-  fail(err, errlen, rc,
-       "model: out of memory for %zu parameters and the activations of %d x %d tokens; "
-       "use a smaller micro_batch_size or seq_len",
-       m->n_params, B, T);
+  ty_errf(err, errlen, rc,
+          "model: out of memory for %zu parameters and the activations of %d x %d tokens; "
+          "use a smaller micro_batch_size or seq_len",
+          m->n_params, B, T);
   model_free(m);
   return rc;
 }
@@ -262,12 +250,14 @@ const model_tensor_t *model_find_tensor(const model_t *m, const char *name) {
 int model_fill(model_t *m, model_fill_fn fn, void *ctx, char *err, size_t errlen) {
   char why[256];
   if (!m->params)
-    return fail(err, errlen, TY_EPRECONDITION, "model_fill: the model holds no parameter buffer");
+    return ty_errf(err, errlen, TY_EPRECONDITION,
+                   "model_fill: the model holds no parameter buffer");
   for (int i = 0; i < m->n_tensors; i++) {
     const model_tensor_t *t = &m->tensors[i];
     why[0] = '\0';
     int rc = fn(ctx, t, t->data, why, sizeof why);
-    if (rc) return fail(err, errlen, rc, "tensor %s: %s", t->name, why[0] ? why : ty_err_name(rc));
+    if (rc)
+      return ty_errf(err, errlen, rc, "tensor %s: %s", t->name, why[0] ? why : ty_err_name(rc));
   }
   return 0;
 }

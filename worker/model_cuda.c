@@ -73,17 +73,6 @@ struct model_cuda {
 #undef TY_X
 };
 
-__attribute__((format(printf, 4, 5))) static int mc_fail(char *err, size_t errlen, int code,
-                                                         const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
   if (cudaMalloc(p, bytes ? bytes : 4) != cudaSuccess) {
     cudaGetLastError();
@@ -121,13 +110,13 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
                       const lora_t *lora, int B, int T, char *err, size_t errlen) {
   *out = NULL;
   if (base->world_size != 1)
-    return mc_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "model_cuda: needs a whole model (world size 1), got "
                    "a shard of %d ranks",
                    base->world_size);
   if (base->dtype != TY_DTYPE_F32 && base->dtype != TY_DTYPE_BF16)
-    return mc_fail(err, errlen, TY_EINVAL, "model_cuda: base weights must be float32 or bfloat16");
-  if (!lora) return mc_fail(err, errlen, TY_EINVAL, "model_cuda: LoRA adapters are required");
+    return ty_errf(err, errlen, TY_EINVAL, "model_cuda: base weights must be float32 or bfloat16");
+  if (!lora) return ty_errf(err, errlen, TY_EINVAL, "model_cuda: LoRA adapters are required");
   model_cuda_t *m = calloc(1, sizeof *m);
   if (!m) return TY_EEXHAUSTED;
   int rc = model_dims_from_config(&m->d, &base->layout.cfg, err, errlen);
@@ -137,7 +126,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   }
   if (B < 1 || T < 1 || lora->L != m->d.L || (size_t)lora->N < (size_t)B * T) {
     free(m);
-    return mc_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "model_cuda: micro-batch %d x %d, or adapters for %d layers and %d rows, do "
                    "not fit the model",
                    B, T, lora->L, lora->N);
@@ -161,7 +150,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   if (rc) {
     size_t want = m->bytes;
     model_cuda_free(m);
-    return mc_fail(err, errlen, TY_EEXHAUSTED,
+    return ty_errf(err, errlen, TY_EEXHAUSTED,
                    "model_cuda: out of device memory after %.1f MiB of activations (lower the "
                    "micro-batch or seq_len)",
                    (double)want / 1048576.0);
@@ -175,7 +164,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   if (!rc) rc = cuda_backend_sync(cb, err, errlen);
   if (rc) {
     model_cuda_free(m);
-    return mc_fail(err, errlen, rc, "model_cuda: setting up the device buffers failed");
+    return ty_errf(err, errlen, rc, "model_cuda: setting up the device buffers failed");
   }
   *out = m;
   return 0;
@@ -325,7 +314,7 @@ static int check_ids(const int *ids, int n, int V, const char *what, int t, char
                      size_t errlen) {
   for (int i = 0; i < n; i++)
     if (ids[i] < 0 || ids[i] >= V)
-      return mc_fail(err, errlen, TY_EINVAL,
+      return ty_errf(err, errlen, TY_EINVAL,
                      "%s id %d at batch row %d, position %d is outside the vocabulary [0, %d)",
                      what, ids[i], i / t, i % t, V);
   return 0;
@@ -335,7 +324,7 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
                        double *loss, char *err, size_t errlen) {
   const model_dims_t *d = &m->d;
   if (b < 1 || t < 1 || b > m->B || t > m->T)
-    return mc_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "micro-batch %d x %d does not fit the model's buffers (%d x %d)", b, t, m->B,
                    m->T);
   const int n = b * t;
@@ -345,7 +334,7 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
   m->b = b, m->t = t;
   if (cudaMemcpy(m->tokens, tokens, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
       cudaMemcpy(m->targets, targets, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess)
-    return mc_fail(err, errlen, TY_EINTERNAL, "model_cuda: copying the batch to the device failed");
+    return ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: copying the batch to the device failed");
   const size_t NA = (size_t)m->B * m->T;
   cuda_embedding_forward(m->cb, RES(0), m->tokens, wt(m, CKPT_EMBED, -1), m->wdt, n, d->C);
   for (int l = 0; l < d->L && !rc; l++) rc = layer_forward(m, l);
@@ -358,7 +347,7 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
   if (!rc)
     rc = cuda_backend_sync(m->cb, err, errlen);
   else
-    mc_fail(err, errlen, rc, "model_cuda: a matrix product failed in the forward pass");
+    ty_errf(err, errlen, rc, "model_cuda: a matrix product failed in the forward pass");
   if (loss) *loss = sum / n;
   return rc;
 }
@@ -375,6 +364,6 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
                         m->normw + (size_t)2 * d->L * d->C, m->rstdf, n, d->C);
   for (int l = d->L - 1; l >= 0 && !rc; l--) rc = layer_backward(m, l);
   if (rc)
-    return mc_fail(err, errlen, rc, "model_cuda: a matrix product failed in the backward pass");
+    return ty_errf(err, errlen, rc, "model_cuda: a matrix product failed in the backward pass");
   return cuda_backend_sync(m->cb, err, errlen);
 }

@@ -22,17 +22,6 @@
  * overflowing uint64 (2^50 elements is 4 PiB of F32). */
 #define ST_MAX_NELEM (1ull << 50)
 
-__attribute__((format(printf, 4, 5))) static int st_fail(char *err, size_t errlen, int code,
-                                                         const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 static int cmp_by_name(const void *a, const void *b) {
   return strcmp(((const st_tensor_t *)a)->name, ((const st_tensor_t *)b)->name);
 }
@@ -65,18 +54,18 @@ static bool get_uint(const json_t *v, uint64_t max, uint64_t *out) {
 static int parse_entry(const char *name, const json_t *v, uint64_t data_len, st_tensor_t *t,
                        char *err, size_t errlen) {
   if (!json_is_object(v))
-    return st_fail(err, errlen, TY_EINVAL, "tensor '%s': entry is not an object", name);
+    return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': entry is not an object", name);
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)v, key, val) {
     if (strcmp(key, "dtype") && strcmp(key, "shape") && strcmp(key, "data_offsets"))
-      return st_fail(err, errlen, TY_EINVAL,
+      return ty_errf(err, errlen, TY_EINVAL,
                      "tensor '%s': unknown key '%s' (expected dtype, shape, data_offsets)", name,
                      key);
   }
   const json_t *dt = json_object_get(v, "dtype");
   if (!json_is_string(dt))
-    return st_fail(err, errlen, TY_EINVAL, "tensor '%s': 'dtype' missing or not a string", name);
+    return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': 'dtype' missing or not a string", name);
   const char *ds = json_string_value(dt);
   bool found = false;
   for (int k = 0; k < TY_DTYPE_COUNT; k++) {
@@ -86,27 +75,27 @@ static int parse_entry(const char *name, const json_t *v, uint64_t data_len, st_
     }
   }
   if (!found)
-    return st_fail(err, errlen, TY_EUNIMPLEMENTED,
+    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
                    "tensor '%s': unsupported dtype '%.32s' (trainyard reads F32, F16 and BF16; "
                    "convert the checkpoint to one of them)",
                    name, ds);
   const json_t *shape = json_object_get(v, "shape");
   if (!json_is_array(shape))
-    return st_fail(err, errlen, TY_EINVAL, "tensor '%s': 'shape' missing or not an array", name);
+    return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': 'shape' missing or not an array", name);
   size_t nd = json_array_size(shape);
   if (nd > ST_MAX_DIMS)
-    return st_fail(err, errlen, TY_EINVAL, "tensor '%s': %zu dimensions (at most %d)", name, nd,
+    return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': %zu dimensions (at most %d)", name, nd,
                    ST_MAX_DIMS);
   t->ndim = (int)nd;
   t->nelem = 1;
   for (size_t d = 0; d < nd; d++) {
     uint64_t dim;
     if (!get_uint(json_array_get(shape, d), ST_MAX_NELEM, &dim))
-      return st_fail(err, errlen, TY_EINVAL,
+      return ty_errf(err, errlen, TY_EINVAL,
                      "tensor '%s': shape[%zu] is not an integer in [0, 2^50]", name, d);
     t->shape[d] = (int64_t)dim;
     if (dim && t->nelem > ST_MAX_NELEM / dim)
-      return st_fail(err, errlen, TY_EINVAL, "tensor '%s': shape has more than 2^50 elements",
+      return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': shape has more than 2^50 elements",
                      name);
     t->nelem *= dim;
   }
@@ -116,19 +105,19 @@ static int parse_entry(const char *name, const json_t *v, uint64_t data_len, st_
   if (!json_is_array(offs) || json_array_size(offs) != 2 ||
       !get_uint(json_array_get(offs, 0), UINT64_MAX >> 1, &b) ||
       !get_uint(json_array_get(offs, 1), UINT64_MAX >> 1, &e))
-    return st_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "tensor '%s': 'data_offsets' must be [begin, end], two non-negative integers",
                    name);
   if (e < b)
-    return st_fail(err, errlen, TY_EINVAL, "tensor '%s': data_offsets end %llu < begin %llu", name,
+    return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': data_offsets end %llu < begin %llu", name,
                    (unsigned long long)e, (unsigned long long)b);
   if (e > data_len)
-    return st_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "tensor '%s': data_offsets end %llu lies past the data section (%llu bytes): "
                    "the file is truncated or the header lies",
                    name, (unsigned long long)e, (unsigned long long)data_len);
   if (e - b != t->nbytes)
-    return st_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "tensor '%s': shape x %s size is %llu bytes but data_offsets span %llu", name,
                    ds, (unsigned long long)t->nbytes, (unsigned long long)(e - b));
   t->begin = b;
@@ -136,12 +125,12 @@ static int parse_entry(const char *name, const json_t *v, uint64_t data_len, st_
 }
 
 static int check_metadata(const json_t *v, char *err, size_t errlen) {
-  if (!json_is_object(v)) return st_fail(err, errlen, TY_EINVAL, "'__metadata__' is not an object");
+  if (!json_is_object(v)) return ty_errf(err, errlen, TY_EINVAL, "'__metadata__' is not an object");
   const char *key;
   json_t *val;
   json_object_foreach((json_t *)v, key, val) {
     if (!json_is_string(val))
-      return st_fail(err, errlen, TY_EINVAL, "'__metadata__.%s' is not a string", key);
+      return ty_errf(err, errlen, TY_EINVAL, "'__metadata__.%s' is not a string", key);
   }
   return 0;
 }
@@ -157,17 +146,17 @@ static int check_tiling(const st_header_t *h, uint64_t data_len, char *err, size
   int rc = 0;
   for (size_t i = 0; i < h->ntensors && !rc; i++) {
     if (by[i]->begin < pos)
-      rc = st_fail(err, errlen, TY_EINVAL, "tensors '%s' and '%s' overlap in the data section",
+      rc = ty_errf(err, errlen, TY_EINVAL, "tensors '%s' and '%s' overlap in the data section",
                    prev, by[i]->name);
     else if (by[i]->begin > pos)
-      rc = st_fail(err, errlen, TY_EINVAL,
+      rc = ty_errf(err, errlen, TY_EINVAL,
                    "hole of %llu bytes in the data section before tensor '%s'",
                    (unsigned long long)(by[i]->begin - pos), by[i]->name);
     pos = by[i]->begin + by[i]->nbytes;
     prev = by[i]->name;
   }
   if (!rc && pos != data_len)
-    rc = st_fail(err, errlen, TY_EINVAL,
+    rc = ty_errf(err, errlen, TY_EINVAL,
                  "data section has %llu bytes but its tensors cover %llu: trailing bytes belong "
                  "to no tensor",
                  (unsigned long long)data_len, (unsigned long long)pos);
@@ -182,11 +171,11 @@ int st_header_parse(const char *json, size_t len, uint64_t data_len, st_header_t
   json_error_t jerr;
   json_t *root = json_loadb(json, len, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
-    return st_fail(err, errlen, TY_EINVAL, "header is not valid JSON (line %d column %d: %s)",
+    return ty_errf(err, errlen, TY_EINVAL, "header is not valid JSON (line %d column %d: %s)",
                    jerr.line, jerr.column, jerr.text);
   int rc = 0;
   if (!json_is_object(root)) {
-    rc = st_fail(err, errlen, TY_EINVAL, "header is not a JSON object");
+    rc = ty_errf(err, errlen, TY_EINVAL, "header is not a JSON object");
     goto out;
   }
   h->tensors = xcalloc(json_object_size(root) + 1, sizeof *h->tensors);
@@ -198,7 +187,7 @@ int st_header_parse(const char *json, size_t len, uint64_t data_len, st_header_t
       continue;
     }
     if (!*key) {
-      rc = st_fail(err, errlen, TY_EINVAL, "a tensor has an empty name");
+      rc = ty_errf(err, errlen, TY_EINVAL, "a tensor has an empty name");
       goto out;
     }
     st_tensor_t *t = &h->tensors[h->ntensors];
@@ -233,37 +222,37 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
   f->path = xstrdup(path);
   f->fd = open(path, O_RDONLY | O_CLOEXEC);
   if (f->fd < 0)
-    return st_fail(err, errlen, errno == ENOENT ? TY_ENOTFOUND : TY_EPERM, "%s: cannot open: %s",
+    return ty_errf(err, errlen, errno == ENOENT ? TY_ENOTFOUND : TY_EPERM, "%s: cannot open: %s",
                    path, strerror(errno));
   struct stat sb;
   if (fstat(f->fd, &sb) || !S_ISREG(sb.st_mode))
-    return st_fail(err, errlen, TY_EINVAL, "%s: not a regular file", path);
+    return ty_errf(err, errlen, TY_EINVAL, "%s: not a regular file", path);
   f->size = (uint64_t)sb.st_size;
   unsigned char lenbuf[8];
   if (f->size < 8 || pread_full(f->fd, lenbuf, 8, 0) != 8)
-    return st_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "%s: %llu bytes, too short to be safetensors (truncated?)", path,
                    (unsigned long long)f->size);
   uint64_t n = 0;
   for (int i = 7; i >= 0; i--) n = (n << 8) | lenbuf[i];
   if (n > ST_HEADER_MAX)
-    return st_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "%s: header length %llu exceeds the 100 MB limit (not safetensors?)", path,
                    (unsigned long long)n);
   if (n > f->size - 8)
-    return st_fail(err, errlen, TY_EINVAL,
+    return ty_errf(err, errlen, TY_EINVAL,
                    "%s: header length %llu runs past the end of the file (%llu bytes): truncated",
                    path, (unsigned long long)n, (unsigned long long)f->size);
   char *hdr = malloc(n ? n : 1);
-  if (!hdr) return st_fail(err, errlen, TY_EEXHAUSTED, "%s: no memory for the header", path);
+  if (!hdr) return ty_errf(err, errlen, TY_EEXHAUSTED, "%s: no memory for the header", path);
   int rc = 0;
   if (pread_full(f->fd, hdr, n, 8) != (ssize_t)n) {
-    rc = st_fail(err, errlen, TY_EDATALOSS, "%s: cannot read the header", path);
+    rc = ty_errf(err, errlen, TY_EDATALOSS, "%s: cannot read the header", path);
   } else {
     f->data_start = 8 + n;
     char msg[512];
     rc = st_header_parse(hdr, n, f->size - 8 - n, h, msg, sizeof msg);
-    if (rc) st_fail(err, errlen, rc, "%s: %s", path, msg);
+    if (rc) ty_errf(err, errlen, rc, "%s: %s", path, msg);
     for (size_t i = 0; !rc && i < h->ntensors; i++) h->tensors[i].file = fi;
   }
   free(hdr);
@@ -311,7 +300,7 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
   json_error_t jerr;
   json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
   if (!root)
-    return st_fail(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", index_path,
+    return ty_errf(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", index_path,
                    jerr.line, jerr.text);
   int rc = 0;
   char *dir = xstrdup(index_path);
@@ -322,7 +311,7 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
     strcpy(dir, ".");
   const json_t *wm = json_object_get(root, "weight_map");
   if (!json_is_object(root) || !json_is_object(wm)) {
-    rc = st_fail(err, errlen, TY_EINVAL, "%s: no 'weight_map' object", index_path);
+    rc = ty_errf(err, errlen, TY_EINVAL, "%s: no 'weight_map' object", index_path);
     goto out;
   }
   const char *name;
@@ -332,7 +321,7 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
   json_object_foreach((json_t *)wm, name, v) {
     const char *fn = json_string_value(v);
     if (!fn || !*fn || strchr(fn, '/') || !strcmp(fn, "..") || !strcmp(fn, ".")) {
-      rc = st_fail(err, errlen, TY_EINVAL, "%s: weight_map['%s'] must name a file beside the index",
+      rc = ty_errf(err, errlen, TY_EINVAL, "%s: weight_map['%s'] must name a file beside the index",
                    index_path, name);
       goto out;
     }
@@ -355,7 +344,7 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
       const char *want = json_string_value(json_object_get(wm, h.tensors[i].name));
       if (!want || strcmp(want, fn)) {
         rc =
-            st_fail(err, errlen, TY_EINVAL, "%s: tensor '%s' is in %s but the index %s", index_path,
+            ty_errf(err, errlen, TY_EINVAL, "%s: tensor '%s' is in %s but the index %s", index_path,
                     h.tensors[i].name, fn, want ? "names another file for it" : "does not list it");
         st_header_free(&h);
         goto out;
@@ -370,7 +359,7 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
       bool have = false;
       for (size_t i = 0; i < c->ntensors && !have; i++) have = !strcmp(c->tensors[i].name, name);
       if (!have) {
-        rc = st_fail(err, errlen, TY_EINVAL, "%s: tensor '%s' is not in %s as the index says",
+        rc = ty_errf(err, errlen, TY_EINVAL, "%s: tensor '%s' is not in %s as the index says",
                      index_path, name, json_string_value(v));
         goto out;
       }
@@ -393,7 +382,7 @@ int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
   struct stat sb;
   int rc = 0;
   if (stat(path, &sb)) {
-    rc = st_fail(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
+    rc = ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
   } else if (S_ISDIR(sb.st_mode)) {
     char *idx = join_path(path, ST_INDEX_NAME);
     char *one = join_path(path, ST_SINGLE_NAME);
@@ -404,7 +393,7 @@ int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
       rc = open_one(one, 0, add_file(c), &h, err, errlen);
       if (!rc) take_tensors(c, &h);
     } else {
-      rc = st_fail(err, errlen, TY_ENOTFOUND, "%s: holds neither %s nor %s", path, ST_INDEX_NAME,
+      rc = ty_errf(err, errlen, TY_ENOTFOUND, "%s: holds neither %s nor %s", path, ST_INDEX_NAME,
                    ST_SINGLE_NAME);
     }
     free(idx);
@@ -435,15 +424,15 @@ int st_read(const st_ckpt_t *c, const st_tensor_t *t, uint64_t off, void *dst, s
             size_t errlen) {
   const st_file_t *f = &c->files[t->file];
   if (off > t->nbytes || n > t->nbytes - off)
-    return st_fail(err, errlen, TY_ERANGE, "tensor '%s': bytes [%llu, +%zu) outside its %llu",
+    return ty_errf(err, errlen, TY_ERANGE, "tensor '%s': bytes [%llu, +%zu) outside its %llu",
                    t->name, (unsigned long long)off, n, (unsigned long long)t->nbytes);
   uint64_t at = f->data_start + t->begin + off;
   ssize_t got = pread_full(f->fd, dst, n, at);
   if (got < 0)
-    return st_fail(err, errlen, TY_EDATALOSS, "%s: reading tensor '%s': %s", f->path, t->name,
+    return ty_errf(err, errlen, TY_EDATALOSS, "%s: reading tensor '%s': %s", f->path, t->name,
                    strerror(errno));
   if ((size_t)got != n)
-    return st_fail(err, errlen, TY_EDATALOSS,
+    return ty_errf(err, errlen, TY_EDATALOSS,
                    "%s: truncated: tensor '%s' needs bytes up to %llu but the file ends at %llu",
                    f->path, t->name, (unsigned long long)(at + n),
                    (unsigned long long)(at + (uint64_t)got));

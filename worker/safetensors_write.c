@@ -22,17 +22,6 @@ struct st_writer {
   char *buf;        /* stdio buffer */
 };
 
-__attribute__((format(printf, 4, 5))) static int wfail(char *err, size_t errlen, int code,
-                                                       const char *fmt, ...) {
-  if (err && errlen) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
-    va_end(ap);
-  }
-  return code;
-}
-
 static void writer_free(st_writer_t *w, bool remove_file) {
   if (!w) return;
   if (w->f) fclose(w->f);
@@ -57,7 +46,7 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
     const st_desc_t *d = &descs[i];
     if ((unsigned)d->dtype >= TY_DTYPE_COUNT || d->ndim < 0 || d->ndim > ST_MAX_DIMS) {
       json_decref(root);
-      return wfail(err, errlen, TY_EINVAL, "tensor '%s': bad dtype or rank", d->name);
+      return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': bad dtype or rank", d->name);
     }
     json_t *shape = json_array();
     uint64_t nelem = 1;
@@ -74,7 +63,7 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
     if (json_object_get(root, d->name)) {
       json_decref(e);
       json_decref(root);
-      return wfail(err, errlen, TY_EINVAL, "tensor '%s' declared twice", d->name);
+      return ty_errf(err, errlen, TY_EINVAL, "tensor '%s' declared twice", d->name);
     }
     json_object_set_new(root, d->name, e);
     off += nb;
@@ -92,8 +81,8 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
     int e = errno;
     free(hdr);
     writer_free(w, false);
-    return wfail(err, errlen, e == ENOENT ? TY_ENOTFOUND : TY_EPERM, "%s: cannot create: %s", path,
-                 strerror(e));
+    return ty_errf(err, errlen, e == ENOENT ? TY_ENOTFOUND : TY_EPERM, "%s: cannot create: %s",
+                   path, strerror(e));
   }
   w->buf = xmalloc(1u << 20);
   setvbuf(w->f, w->buf, _IOFBF, 1u << 20);
@@ -105,7 +94,7 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
   if (!ok) {
     int e = errno;
     writer_free(w, true);
-    return wfail(err, errlen, TY_EUNAVAILABLE, "%s: writing the header: %s", path, strerror(e));
+    return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: writing the header: %s", path, strerror(e));
   }
   *out = w;
   return 0;
@@ -113,11 +102,11 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
 
 int st_writer_write(st_writer_t *w, const void *data, size_t n, char *err, size_t errlen) {
   if (n > w->total - w->written)
-    return wfail(err, errlen, TY_EINVAL, "%s: %zu bytes more than the header declares", w->path,
-                 (size_t)(n - (w->total - w->written)));
+    return ty_errf(err, errlen, TY_EINVAL, "%s: %zu bytes more than the header declares", w->path,
+                   (size_t)(n - (w->total - w->written)));
   if (fwrite(data, 1, n, w->f) != n)
-    return wfail(err, errlen, TY_EUNAVAILABLE, "%s: write failed: %s (disk full?)", w->path,
-                 strerror(errno));
+    return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: write failed: %s (disk full?)", w->path,
+                   strerror(errno));
   w->written += n;
   return 0;
 }
@@ -126,13 +115,13 @@ int st_writer_close(st_writer_t *w, char *err, size_t errlen) {
   if (!w) return 0;
   int rc = 0;
   if (w->written != w->total)
-    rc = wfail(err, errlen, TY_EINVAL, "%s: %llu of %llu data bytes written; file removed", w->path,
-               (unsigned long long)w->written, (unsigned long long)w->total);
+    rc = ty_errf(err, errlen, TY_EINVAL, "%s: %llu of %llu data bytes written; file removed",
+                 w->path, (unsigned long long)w->written, (unsigned long long)w->total);
   FILE *f = w->f;
   w->f = NULL;
   if (fclose(f) && !rc)
-    rc = wfail(err, errlen, TY_EUNAVAILABLE, "%s: closing: %s (disk full?)", w->path,
-               strerror(errno));
+    rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: closing: %s (disk full?)", w->path,
+                 strerror(errno));
   writer_free(w, rc != 0);
   return rc;
 }
