@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "api/jobspec_internal.h"
+#include "common/json_util.h"
 
 static const char *const g_device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const g_format_names[] = {"text", "u16", "u32", NULL};
@@ -135,27 +136,6 @@ void jobspec_init(jobspec_t *s) {
 
 /* ---- one field to and from JSON ---- */
 
-static const char *json_kind(const json_t *v) {
-  if (!v) return "nothing";
-  switch (json_typeof(v)) {
-    case JSON_OBJECT:
-      return "an object";
-    case JSON_ARRAY:
-      return "an array";
-    case JSON_STRING:
-      return "a string";
-    case JSON_INTEGER:
-      return "an integer";
-    case JSON_REAL:
-      return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-      return "a boolean";
-    default:
-      return "null";
-  }
-}
-
 json_t *jobspec_field_to_json(const jobspec_t *s, const jobspec_field_t *f) {
   const char *p = (const char *)s + f->off;
   switch (f->type) {
@@ -211,7 +191,7 @@ static void set_targets_json(jobspec_t *s, const json_t *v, const char *path, ty
   }
   if (!json_is_array(v)) {
     ty_errlist_add(errs, path, "must be a list of module names or \"all-linear\", got %s",
-                   json_is_string(v) ? json_string_value(v) : json_kind(v));
+                   json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
     return;
   }
   unsigned m = 0;
@@ -228,7 +208,7 @@ static void set_targets_json(jobspec_t *s, const json_t *v, const char *path, ty
     }
     ok = false;
     if (!json_is_string(e)) {
-      ty_errlist_add(errs, ep, "must be a module name string, got %s", json_kind(e));
+      ty_errlist_add(errs, ep, "must be a module name string, got %s", ty_json_kind(e));
       continue;
     }
     const char *near = jobspec_closest(json_string_value(e), g_target_names, JOBSPEC_TARGET_COUNT);
@@ -279,7 +259,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
       return; /* groups are walked by the caller */
     case JF_STRING:
       if (!json_is_string(v)) {
-        ty_errlist_add(errs, path, "must be a string, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be a string, got %s", ty_json_kind(v));
       } else if (jobspec_copy_str(p, f->size, json_string_value(v)) != 0) {
         ty_errlist_add(errs, path, "is %zu bytes long; at most %zu are allowed",
                        json_string_length(v), f->size - 1);
@@ -287,7 +267,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
       return;
     case JF_BOOL:
       if (!json_is_boolean(v))
-        ty_errlist_add(errs, path, "must be true or false, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be true or false, got %s", ty_json_kind(v));
       else
         *(bool *)p = json_is_true(v);
       return;
@@ -296,7 +276,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
       double d = json_is_real(v) ? json_real_value(v) : 0;
       bool integral = json_is_integer(v) || (json_is_real(v) && d == floor(d) && fabs(d) < 9e18);
       if (!integral) {
-        ty_errlist_add(errs, path, "must be an integer, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be an integer, got %s", ty_json_kind(v));
         return;
       }
       long long x = json_is_integer(v) ? (long long)json_integer_value(v) : (long long)d;
@@ -317,7 +297,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
     }
     case JF_DOUBLE:
       if (!json_is_number(v))
-        ty_errlist_add(errs, path, "must be a number, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be a number, got %s", ty_json_kind(v));
       else if (!isfinite(json_number_value(v)))
         ty_errlist_add(errs, path, "must be a finite number");
       else
@@ -330,7 +310,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
             *(int *)(void *)p = i;
             return;
           }
-      jobspec_set_enum_error(f, json_is_string(v) ? json_string_value(v) : json_kind(v), path,
+      jobspec_set_enum_error(f, json_is_string(v) ? json_string_value(v) : ty_json_kind(v), path,
                              errs);
       return;
     }
@@ -340,7 +320,7 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
         *(ty_dtype_t *)(void *)p = t;
       else
         ty_errlist_add(errs, path, "must be \"float32\", \"bfloat16\" or \"float16\", got %s",
-                       json_is_string(v) ? json_string_value(v) : json_kind(v));
+                       json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
       return;
     }
     case JF_TARGETS:
@@ -382,7 +362,7 @@ static void from_object(jobspec_t *s, const json_t *obj, const char *prefix, ty_
       else if (json_is_null(v))
         ty_errlist_add(errs, path, "must not be null; remove it to use the defaults");
       else
-        ty_errlist_add(errs, path, "must be an object, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be an object, got %s", ty_json_kind(v));
       continue;
     }
     jobspec_set_json(s, f, v, path, errs);
@@ -392,7 +372,7 @@ static void from_object(jobspec_t *s, const json_t *obj, const char *prefix, ty_
 int jobspec_from_json(jobspec_t *s, const json_t *root, ty_errlist_t *errs) {
   size_t before = errs->len;
   if (!json_is_object(root)) {
-    ty_errlist_add(errs, "", "the spec must be a JSON object, got %s", json_kind(root));
+    ty_errlist_add(errs, "", "the spec must be a JSON object, got %s", ty_json_kind(root));
     return TY_EINVAL;
   }
   from_object(s, root, "", errs);

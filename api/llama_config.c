@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "api/jobspec_internal.h"
+#include "common/json_util.h"
 
 typedef enum { LK_I64, LK_F64, LK_BOOL, LK_DTYPE } lk_type_t;
 
@@ -50,27 +51,6 @@ static void path_of(char *buf, size_t cap, const char *prefix, const char *key) 
   jobspec_path_join(buf, cap, prefix ? prefix : "", key);
 }
 
-static const char *json_kind(const json_t *v) {
-  if (!v) return "nothing";
-  switch (json_typeof(v)) {
-    case JSON_OBJECT:
-      return "an object";
-    case JSON_ARRAY:
-      return "an array";
-    case JSON_STRING:
-      return "a string";
-    case JSON_INTEGER:
-      return "an integer";
-    case JSON_REAL:
-      return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-      return "a boolean";
-    default:
-      return "null";
-  }
-}
-
 /* Parses one known key's value into c; problems go to errs. */
 static void parse_key(const lk_row_t *r, const json_t *v, llama_config_t *c, const char *path,
                       ty_errlist_t *errs) {
@@ -96,12 +76,12 @@ static void parse_key(const lk_row_t *r, const json_t *v, llama_config_t *c, con
         *(int64_t *)(void *)base = (int64_t)d;
         return;
       }
-      ty_errlist_add(errs, path, "must be an integer, got %s", json_kind(v));
+      ty_errlist_add(errs, path, "must be an integer, got %s", ty_json_kind(v));
       return;
     }
     case LK_F64: {
       if (!json_is_number(v)) {
-        ty_errlist_add(errs, path, "must be a number, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be a number, got %s", ty_json_kind(v));
         return;
       }
       double d = json_number_value(v);
@@ -114,7 +94,7 @@ static void parse_key(const lk_row_t *r, const json_t *v, llama_config_t *c, con
     }
     case LK_BOOL:
       if (!json_is_boolean(v)) {
-        ty_errlist_add(errs, path, "must be true or false, got %s", json_kind(v));
+        ty_errlist_add(errs, path, "must be true or false, got %s", ty_json_kind(v));
         return;
       }
       *(bool *)(void *)base = json_is_true(v);
@@ -123,7 +103,7 @@ static void parse_key(const lk_row_t *r, const json_t *v, llama_config_t *c, con
       ty_dtype_t t;
       if (!json_is_string(v) || ty_dtype_parse(json_string_value(v), &t) != 0) {
         ty_errlist_add(errs, path, "must be \"float32\", \"bfloat16\" or \"float16\", got %s",
-                       json_is_string(v) ? json_string_value(v) : json_kind(v));
+                       json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
         return;
       }
       *(ty_dtype_t *)(void *)base = t;
@@ -164,7 +144,7 @@ static void check_semantics(const char *key, const json_t *v, const char *path,
       ty_errlist_add(errs, path,
                      "only \"silu\" (SwiGLU) is supported, got %s; this checkpoint is not a "
                      "Llama model trainyard can train",
-                     json_is_string(v) ? json_string_value(v) : json_kind(v));
+                     json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
   } else if (!strcmp(key, "rope_scaling")) {
     if (!json_is_null(v))
       ty_errlist_add(errs, path,
@@ -185,7 +165,7 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
   char path[256];
   if (!json_is_object(obj)) {
     ty_errlist_add(errs, field_prefix ? field_prefix : "",
-                   "must be an object of Llama config.json fields, got %s", json_kind(obj));
+                   "must be an object of Llama config.json fields, got %s", ty_json_kind(obj));
     return TY_EINVAL;
   }
   const char *key;

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "api/jobspec_internal.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 
 /* "JOB_STATE_" for JobState: the prefix protoc-style names carry. */
@@ -187,26 +188,6 @@ json_t *pbjson_from_message(const ProtobufCMessage *m, const char *path, ty_errl
 
 /* ---- JSON -> message ---- */
 
-static const char *kind(const json_t *v) {
-  switch (json_typeof(v)) {
-    case JSON_OBJECT:
-      return "an object";
-    case JSON_ARRAY:
-      return "an array";
-    case JSON_STRING:
-      return "a string";
-    case JSON_INTEGER:
-      return "an integer";
-    case JSON_REAL:
-      return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE:
-      return "a boolean";
-    default:
-      return "null";
-  }
-}
-
 /* Stores v at p (an element of f's type). 0, or -1 with an error added. */
 static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, void *p,
                            const char *path, ty_errlist_t *errs) {
@@ -225,7 +206,7 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
       /* An integral real (SQLite REAL columns, 1e3) counts as an integer. */
       double d = json_is_real(v) ? json_real_value(v) : 0.5;
       if (!json_is_integer(v) && !(d == floor(d) && fabs(d) < 9e18)) {
-        ty_errlist_add(errs, path, "must be an integer, got %s", kind(v));
+        ty_errlist_add(errs, path, "must be an integer, got %s", ty_json_kind(v));
         return -1;
       }
       i = json_is_integer(v) ? json_integer_value(v) : (json_int_t)d;
@@ -249,7 +230,7 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
     case PROTOBUF_C_TYPE_FLOAT:
     case PROTOBUF_C_TYPE_DOUBLE:
       if (!json_is_number(v)) {
-        ty_errlist_add(errs, path, "must be a number, got %s", kind(v));
+        ty_errlist_add(errs, path, "must be a number, got %s", ty_json_kind(v));
         return -1;
       }
       if (f->type == PROTOBUF_C_TYPE_FLOAT)
@@ -259,7 +240,7 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
       return 0;
     case PROTOBUF_C_TYPE_BOOL:
       if (!json_is_boolean(v)) {
-        ty_errlist_add(errs, path, "must be true or false, got %s", kind(v));
+        ty_errlist_add(errs, path, "must be true or false, got %s", ty_json_kind(v));
         return -1;
       }
       *(protobuf_c_boolean *)p = json_is_true(v);
@@ -268,7 +249,7 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
       int e;
       if (!json_is_string(v) || pbjson_enum_value(f->descriptor, json_string_value(v), &e) != 0) {
         ty_errlist_add(errs, path, "unknown value %s",
-                       json_is_string(v) ? json_string_value(v) : kind(v));
+                       json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
         return -1;
       }
       *(int *)p = e;
@@ -276,7 +257,7 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
     }
     case PROTOBUF_C_TYPE_STRING:
       if (!json_is_string(v)) {
-        ty_errlist_add(errs, path, "must be a string, got %s", kind(v));
+        ty_errlist_add(errs, path, "must be a string, got %s", ty_json_kind(v));
         return -1;
       }
       *(char **)p = xstrdup(json_string_value(v));
@@ -297,7 +278,7 @@ static int value_from_json(const ProtobufCFieldDescriptor *f, const json_t *v, v
 ProtobufCMessage *pbjson_to_message(const json_t *j, const ProtobufCMessageDescriptor *d,
                                     const char *path, ty_errlist_t *errs) {
   if (!json_is_object(j)) {
-    ty_errlist_add(errs, path, "must be an object, got %s", kind(j));
+    ty_errlist_add(errs, path, "must be an object, got %s", ty_json_kind(j));
     return NULL;
   }
   size_t before = errs->len;
@@ -317,7 +298,7 @@ ProtobufCMessage *pbjson_to_message(const json_t *j, const ProtobufCMessageDescr
     char *base = (char *)m;
     if (f->label == PROTOBUF_C_LABEL_REPEATED) {
       if (!json_is_array(v)) {
-        ty_errlist_add(errs, fp, "must be a list, got %s", kind(v));
+        ty_errlist_add(errs, fp, "must be a list, got %s", ty_json_kind(v));
         continue;
       }
       size_t n = json_array_size(v), es = elem_size(f->type), k;
