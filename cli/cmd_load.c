@@ -14,6 +14,7 @@
 
 #include "api/jobspec.h"
 #include "cli/commands.h"
+#include "cli/worker_path.h"
 #include "common/xalloc.h"
 #include "worker/launch.h"
 #include "worker/loader.h"
@@ -49,27 +50,6 @@ static void load_usage(FILE *f) {
           "2 for an invalid spec. Example:\n"
           "  trainyard load --model_path models/tiny --world_size 2 "
           "--fsdp.memory_efficient_load true\n");
-}
-
-/* The worker binary: $TRAINYARD_WORKER, else beside this executable, else
- * ../worker/ of it (the build tree). */
-static int find_worker(char *out, size_t n) {
-  const char *env = getenv("TRAINYARD_WORKER");
-  if (env && *env) {
-    snprintf(out, n, "%s", env);
-    return access(out, X_OK);
-  }
-  char self[PATH_MAX];
-  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (k <= 0) return -1;
-  self[k] = 0;
-  char *slash = strrchr(self, '/');
-  if (!slash) return -1;
-  *slash = 0;
-  snprintf(out, n, "%s/trainyard-worker", self);
-  if (!access(out, X_OK)) return 0;
-  snprintf(out, n, "%s/../worker/trainyard-worker", self);
-  return access(out, X_OK);
 }
 
 /* Prints rank r's line from its last report rep (may be NULL); returns 0
@@ -121,7 +101,7 @@ int cmd_load(int argc, char **argv) {
     return 2;
   }
   char worker[PATH_MAX + 64];
-  if (find_worker(worker, sizeof worker)) {
+  if (worker_path_find(worker, sizeof worker)) {
     fprintf(stderr,
             "trainyard load: trainyard-worker not found beside this binary (set "
             "TRAINYARD_WORKER to its path)\n");

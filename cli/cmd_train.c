@@ -17,6 +17,7 @@
 
 #include "api/jobspec.h"
 #include "cli/commands.h"
+#include "cli/worker_path.h"
 #include "worker/launch.h"
 #include "worker/train_state.h"
 
@@ -33,27 +34,6 @@ static void train_usage(FILE *f) {
           "spec, 130 interrupted. Example:\n"
           "  trainyard train --model_path models/tiny --use_lora true --data.path text.txt \\\n"
           "    --world_size 2 --fsdp.memory_efficient_load true --allocation_mode static\n");
-}
-
-/* The worker binary: $TRAINYARD_WORKER, else beside this executable, else
- * ../worker/ of it (the build tree). */
-static int find_worker(char *out, size_t n) {
-  const char *env = getenv("TRAINYARD_WORKER");
-  if (env && *env) {
-    snprintf(out, n, "%s", env);
-    return access(out, X_OK);
-  }
-  char self[PATH_MAX];
-  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (k <= 0) return -1;
-  self[k] = 0;
-  char *slash = strrchr(self, '/');
-  if (!slash) return -1;
-  *slash = 0;
-  snprintf(out, n, "%s/trainyard-worker", self);
-  if (!access(out, X_OK)) return 0;
-  snprintf(out, n, "%s/../worker/trainyard-worker", self);
-  return access(out, X_OK);
 }
 
 typedef struct {
@@ -107,7 +87,7 @@ int cmd_train(int argc, char **argv) {
   }
   view.world = s.world_size;
   char worker[PATH_MAX + 64], err[1024];
-  if (find_worker(worker, sizeof worker)) {
+  if (worker_path_find(worker, sizeof worker)) {
     fprintf(stderr,
             "trainyard train: trainyard-worker not found beside this binary (set "
             "TRAINYARD_WORKER to its path)\n");
