@@ -18,8 +18,8 @@
 #include "api/jobspec.h"
 #include "cli/commands.h"
 #include "cli/worker_path.h"
+#include "common/fsutil.h"
 #include "worker/launch.h"
-#include "worker/train_state.h"
 
 static void train_usage(FILE *f) {
   fprintf(f,
@@ -95,7 +95,7 @@ int cmd_train(int argc, char **argv) {
   }
   /* The normalized spec lives with the outputs: it says what made them. */
   char spec_path[PATH_MAX];
-  if (train_mkdirs(s.output_dir, err, sizeof err)) {
+  if (ty_mkdirs(s.output_dir, err, sizeof err)) {
     fprintf(stderr, "trainyard train: output_dir: %s\n", err);
     return 1;
   }

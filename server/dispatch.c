@@ -77,19 +77,6 @@ static void *pump_main(void *arg) {
   return NULL;
 }
 
-int dispatch_mkdirs(const char *dir) {
-  char buf[4096];
-  snprintf(buf, sizeof buf, "%s", dir);
-  for (char *p = buf + 1; *p; p++) {
-    if (*p != '/') continue;
-    *p = '\0';
-    if (mkdir(buf, 0755) && errno != EEXIST) return -errno;
-    *p = '/';
-  }
-  if (mkdir(buf, 0755) && errno != EEXIST) return -errno;
-  return 0;
-}
-
 int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, size_t msgsz) {
   memset(out, 0, sizeof *out);
   if (access(sp->worker, X_OK)) {

@@ -60,7 +60,4 @@ bool dispatch_alive(pid_t pid, int64_t start_ticks);
 /* Whether any process is left in the process group pgid. */
 bool dispatch_group_alive(pid_t pgid);
 
-/* "mkdir -p" of dir. */
-int dispatch_mkdirs(const char *dir);
-
 #endif

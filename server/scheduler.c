@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 #include "server/dispatch.h"
@@ -315,7 +316,8 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
         break;
       }
   }
-  int mk = dispatch_mkdirs(dir);
+  char mkerr[2400];
+  int mk = ty_mkdirs(dir, mkerr, sizeof mkerr);
   if (!mk) write_spec_file(spec_path, j->spec);
   double now = mono_now();
   for (int i = 0; i < r->world; i++) {
@@ -330,7 +332,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
                           log_path,  s->cfg->log_max,     on_report_line,    lc};
     if (mk) free(lc);
     int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
-    if (mk) snprintf(msg, sizeof msg, "cannot create %s: %s", dir, strerror(-mk));
+    if (mk) snprintf(msg, sizeof msg, "%s", mkerr);
     if (rc) {
       char reason[2700];
       snprintf(reason, sizeof reason, "cannot start rank %d: %s", i, msg);

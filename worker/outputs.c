@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/fsutil.h"
 #include "common/xalloc.h"
 #include "worker/safetensors.h"
 #include "worker/train_state.h"
@@ -27,7 +28,7 @@ __attribute__((format(printf, 2, 3))) static void pathf(char *out, const char *f
 
 int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_model, char *err,
                           size_t errlen) {
-  int rc = train_mkdirs(dir, err, errlen);
+  int rc = ty_mkdirs(dir, err, errlen);
   if (rc) return rc;
   char path[PATH_MAX];
   json_t *targets = json_array();
@@ -180,7 +181,7 @@ int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *
 }
 
 int outputs_write_config(const char *dir, const llama_config_t *cfg, char *err, size_t errlen) {
-  int rc = train_mkdirs(dir, err, errlen);
+  int rc = ty_mkdirs(dir, err, errlen);
   if (rc) return rc;
   char path[PATH_MAX];
   llama_config_t c = *cfg;

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/fsutil.h"
 #include "worker/safetensors.h"
 
 #define STATE_TENSORS "state.safetensors"
@@ -28,27 +29,6 @@ __attribute__((format(printf, 2, 3))) static void pathf(char *out, const char *f
   va_start(ap, fmt);
   vsnprintf(out, PATH_MAX, fmt, ap);
   va_end(ap);
-}
-
-int train_mkdirs(const char *dir, char *err, size_t errlen) {
-  char path[PATH_MAX];
-  if (strlen(dir) >= sizeof path) {
-    snprintf(err, errlen, "path too long: %s", dir);
-    return TY_EINVAL;
-  }
-  strcpy(path, dir);
-  for (char *p = path + 1;; p++) {
-    if (*p != '/' && *p != '\0') continue;
-    char c = *p;
-    *p = '\0';
-    if (mkdir(path, 0755) != 0 && errno != EEXIST) {
-      snprintf(err, errlen, "cannot create directory %s: %s", path, strerror(errno));
-      return TY_EPERM;
-    }
-    *p = c;
-    if (!c) break;
-  }
-  return 0;
 }
 
 /* Removes a checkpoint directory: only the files this module writes
@@ -149,7 +129,7 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
   int rc = 0;
   if (rank == 0) {
     remove_ckpt_dir(tmp); /* left by a run that died while writing */
-    rc = train_mkdirs(tmp, err, errlen);
+    rc = ty_mkdirs(tmp, err, errlen);
   }
   if ((rc = agree(comm, rc, step, err, errlen))) return rc;
   if (sharded || rank == 0) {

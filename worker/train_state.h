@@ -40,7 +40,4 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
                        float *params, size_t n, bool sharded, int64_t *step, char *err,
                        size_t errlen);
 
-/* Creates dir and its missing parents (mkdir -p). */
-int train_mkdirs(const char *dir, char *err, size_t errlen);
-
 #endif
