@@ -46,10 +46,27 @@ static void test_error_json_has_details(void **state) {
   json_decref(j);
 }
 
+/* ty_errf writes at most errlen bytes (cut, terminated), tolerates no
+ * buffer, and always hands back the code it was given. */
+static void test_errf_formats_and_returns_code(void **state) {
+  (void)state;
+  char buf[16];
+  memset(buf, 'x', sizeof buf);
+  assert_int_equal(ty_errf(buf, sizeof buf, TY_EINVAL, "rank %d of %d", 3, 2), TY_EINVAL);
+  assert_string_equal(buf, "rank 3 of 2");
+  assert_int_equal(ty_errf(buf, 6, TY_ENOTFOUND, "%s", "a long message"), TY_ENOTFOUND);
+  assert_string_equal(buf, "a lon");
+  assert_int_equal(ty_errf(NULL, 64, TY_EPERM, "ignored %d", 1), TY_EPERM);
+  buf[0] = 'q';
+  assert_int_equal(ty_errf(buf, 0, TY_EINTERNAL, "ignored"), TY_EINTERNAL);
+  assert_int_equal(buf[0], 'q');
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_codes_map_to_grpc_and_http),
       cmocka_unit_test(test_error_json_has_details),
+      cmocka_unit_test(test_errf_formats_and_returns_code),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
