@@ -176,7 +176,7 @@ static void test_success(void **state) {
       assert_int_equal(seen.out_lines[r], 2);
       assert_true(seen.err_lines[r] >= 1);
     }
-    assert_int_equal(check_pids_gone(2000), world);
+    assert_int_equal(check_pids_gone(5000), world);
     assert_int_equal(shm_leftovers(job), 0);
   }
 }
@@ -204,7 +204,7 @@ static void run_failing(const char *mode, int grace_ms) {
   if (grace_ms) assert_true(took >= 500 + grace_ms - 50);
   assert_int_equal(seen.training[0] + seen.training[2], 2);
   /* ranks 0-2 and the subprocesses of ranks 0 and 2 */
-  assert_int_equal(check_pids_gone(2000), 5);
+  assert_int_equal(check_pids_gone(5000), 5);
   assert_int_equal(shm_leftovers(job), 0);
 }
 
@@ -236,7 +236,7 @@ static void test_sigchld_ignored(void **state) {
   assert_int_equal(res.exit_code, 3);
   sigaction(SIGCHLD, &prev, &now);
   assert_true(now.sa_handler == SIG_IGN);
-  assert_int_equal(check_pids_gone(2000), 3);
+  assert_int_equal(check_pids_gone(5000), 3);
 }
 
 static void test_sigint_forwarded(void **state) {
@@ -257,7 +257,7 @@ static void test_sigint_forwarded(void **state) {
   for (int r = 0; r < 2; r++)
     if (seen.sigint_seen[r] != 1)
       fail_msg("rank %d did not log its SIGINT (%lld ms)", r, now_ms() - t0);
-  assert_int_equal(check_pids_gone(2000), 2);
+  assert_int_equal(check_pids_gone(5000), 2);
   /* The launcher's signal mask is restored. */
   sigset_t cur;
   sigprocmask(SIG_BLOCK, NULL, &cur);
@@ -292,7 +292,7 @@ static void test_rank_killed_mid_collective(void **state) {
    * naming of the killed rank itself is test_comm's). */
   for (int r = 0; r < 2; r++)
     if (seen.failed[r]) assert_non_null(strstr(seen.failed_msg[r], "died during all_reduce"));
-  assert_int_equal(check_pids_gone(2000), 3);
+  assert_int_equal(check_pids_gone(5000), 3);
   assert_int_equal(shm_leftovers(job), 0);
   unsetenv("TRAINYARD_COMM_TIMEOUT_MS");
 }
@@ -312,7 +312,7 @@ static void test_silent_rank(void **state) {
   assert_true(now_ms() - t0 < 8000);
   assert_true(res.failed_rank == 0 || res.failed_rank == 1);
   assert_non_null(strstr(res.reason, "no progress for 1500 ms"));
-  assert_true(check_pids_gone(2000) >= 2); /* rank (and joined) files */
+  assert_true(check_pids_gone(5000) >= 2); /* rank (and joined) files */
   assert_int_equal(shm_leftovers(job), 0);
 }
 
