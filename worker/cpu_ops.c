@@ -272,8 +272,8 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, i1 - i0, HS, i1, scale, dSb, T,
                     k + kvoff, KVD, 0.0f, dq + qr, QD);
         /* dk_h[0:i1] += scale * dS[i0:i1, 0:i1]^T @ q_h[i0:i1] */
-        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, HS, i1 - i0, scale, dSb, T,
-                    q + qr, QD, 1.0f, dk + kvoff, KVD);
+        cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, i1, HS, i1 - i0, scale, dSb, T, q + qr,
+                    QD, 1.0f, dk + kvoff, KVD);
       }
     }
 }
