@@ -144,7 +144,13 @@ enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   return ret;
 }
 
-enum MHD_Result rest_h_ranks(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
+/* GET of one view of a job's attempt (?attempt=N, default the latest):
+ * the ranks table or the metric series, as the service renders them. */
+typedef int (*attempt_view_fn)(svc_t *s, const char *id, int attempt, json_t **out, char *msg,
+                               size_t msgsz);
+
+static enum MHD_Result send_attempt_view(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
+                                         attempt_view_fn view) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int64_t attempt = 0;
   enum MHD_Result ret;
@@ -153,27 +159,19 @@ enum MHD_Result rest_h_ranks(rest_t *r, struct MHD_Connection *c, rest_req_t *q)
   } else {
     json_t *out;
     char msg[MSG_MAX] = "";
-    int rc = svc_ranks(r->svc, q->params[0], (int)attempt, &out, msg, sizeof msg);
+    int rc = view(r->svc, q->params[0], (int)attempt, &out, msg, sizeof msg);
     ret = rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, out);
   }
   ty_errlist_clear(&errs);
   return ret;
 }
 
+enum MHD_Result rest_h_ranks(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
+  return send_attempt_view(r, c, q, svc_ranks);
+}
+
 enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
-  ty_errlist_t errs = TY_ERRLIST_INIT;
-  int64_t attempt = 0;
-  enum MHD_Result ret;
-  if (!rest_query_int(c, "attempt", 1, 1000000, &attempt, &errs)) {
-    ret = rest_send_error(c, q, TY_EINVAL, "invalid attempt", &errs);
-  } else {
-    json_t *out;
-    char msg[MSG_MAX] = "";
-    int rc = svc_metrics(r->svc, q->params[0], (int)attempt, &out, msg, sizeof msg);
-    ret = rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, out);
-  }
-  ty_errlist_clear(&errs);
-  return ret;
+  return send_attempt_view(r, c, q, svc_metrics);
 }
 
 enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
