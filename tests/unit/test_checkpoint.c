@@ -17,20 +17,7 @@
 #include "worker/model.h"
 #include "worker/weightinit.h"
 
-static char g_dir[256];
-
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/tmp/ty_ck_XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  return system(cmd) == 0 ? 0 : -1;
-}
+#include "tmpdir_testutil.h"
 
 static llama_config_t tiny(void) {
   llama_config_t c;
@@ -254,5 +241,5 @@ int main(void) {
       cmocka_unit_test(test_write_values_and_shards),
       cmocka_unit_test(test_strict_match),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

@@ -17,20 +17,7 @@
 #include "api/errors.h"
 #include "worker/loader.h"
 
-static char g_dir[256];
-
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/tmp/ty_ld_XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  return system(cmd) == 0 ? 0 : -1;
-}
+#include "tmpdir_testutil.h"
 
 /* C 12, NH 3, NKV 1, HS 4: k/v have 4 rows; FF 10; V 3, so a world of 4
  * leaves rank 3 without embedding rows. */
@@ -341,5 +328,5 @@ int main(void) {
       cmocka_unit_test(test_views),    cmocka_unit_test(test_scratch),
       cmocka_unit_test(test_failures), cmocka_unit_test(test_placement_faults),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

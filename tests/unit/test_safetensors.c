@@ -15,20 +15,7 @@
 #include "api/errors.h"
 #include "worker/safetensors.h"
 
-static char g_dir[256];
-
-static int setup(void **state) {
-  (void)state;
-  snprintf(g_dir, sizeof g_dir, "/tmp/ty_st_XXXXXX");
-  return mkdtemp(g_dir) ? 0 : -1;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_dir);
-  return system(cmd) == 0 ? 0 : -1;
-}
+#include "tmpdir_testutil.h"
 
 static void path_of(char *buf, size_t n, const char *name) {
   snprintf(buf, n, "%s/%s", g_dir, name);
@@ -308,5 +295,5 @@ int main(void) {
       cmocka_unit_test(test_lying_lengths_and_truncation),
       cmocka_unit_test(test_sharded),
   };
-  return cmocka_run_group_tests(tests, setup, teardown);
+  return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
