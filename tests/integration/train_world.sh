@@ -121,28 +121,37 @@ for w in (2, 4):
     assert peak[w] <= bound, (w, peak)
 PY
 
+# interrupt_rank1 NAME SIGNAL [VAR=VALUE ...]: starts an endless 2-rank run
+# (with the environment given) writing $tmp/NAME.log, sends SIGNAL to rank 1
+# once it has reached step 2, and waits for the launcher; sets $launcher,
+# $rc (its exit status) and $dt (seconds from the signal to its exit).
+interrupt_rank1() {
+  local name=$1 sig=$2 victim t0 t1
+  shift 2
+  env "$@" "$ty" train "${common[@]}" "${full[@]}" --world_size 2 --train.micro_batch_size 4 \
+    --train.steps 100000 --output_dir "$tmp/$name" >"$tmp/$name.out" 2>"$tmp/$name.log" &
+  launcher=$!
+  for _ in $(seq 1 300); do
+    grep -q 'rank 1/2\] train step 2/' "$tmp/$name.log" 2>/dev/null && break
+    sleep 0.1
+  done
+  victim=$(pgrep -P "$launcher" | while read -r p; do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'TRAINYARD_RANK=1' && echo "$p"; done)
+  [ -n "$victim" ] || { kill "$launcher"; fail "rank 1 not found"; }
+  t0=$(date +%s.%N)
+  kill "-$sig" "$victim"
+  set +e
+  wait "$launcher"
+  rc=$?
+  set -e
+  t1=$(date +%s.%N)
+  dt=$(python3 -c "print(f'{$t1 - $t0:.2f}')")
+}
+
 # kill -9 of rank 1 in the middle of a 2-rank run.
-"$ty" train "${common[@]}" "${full[@]}" --world_size 2 --train.micro_batch_size 4 \
-  --train.steps 100000 --output_dir "$tmp/killed" >"$tmp/killed.out" 2>"$tmp/killed.log" &
-launcher=$!
-for _ in $(seq 1 300); do
-  grep -q 'rank 1/2\] train step 2/' "$tmp/killed.log" 2>/dev/null && break
-  sleep 0.1
-done
-victim=$(pgrep -P "$launcher" | while read -r p; do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'TRAINYARD_RANK=1' && echo "$p"; done)
-[ -n "$victim" ] || { kill "$launcher"; fail "rank 1 not found"; }
-t0=$(date +%s.%N)
-kill -9 "$victim"
-set +e
-wait "$launcher"
-rc=$?
-set -e
-t1=$(date +%s.%N)
-python3 -c "
-dt = $t1 - $t0
-print(f'# kill -9 of rank 1: launcher exited {$rc} after {dt:.2f} s')
-assert $rc != 0 and dt < 5.0"
+interrupt_rank1 killed KILL
+echo "# kill -9 of rank 1: launcher exited $rc after $dt s"
+python3 -c "assert $rc != 0 and $dt < 5.0"
 grep -q 'rank 1 failed' "$tmp/killed.log" || fail "the failure does not name rank 1: $(tail -3 "$tmp/killed.log")"
 [ -z "$(pgrep -P "$launcher" || true)" ] || fail "orphan ranks remain"
 for p in $(pgrep -f "$tmp/killed/job.json" || true); do fail "orphan process $p"; done
@@ -150,28 +159,9 @@ ls /dev/shm | grep -q "trainyard-local-$launcher-" && fail "shared memory left i
 
 # A rank that stops making progress (SIGSTOP): its peer's collective times
 # out naming it, and the job fails instead of hanging.
-TRAINYARD_COMM_TIMEOUT_MS=2000 "$ty" train "${common[@]}" "${full[@]}" --world_size 2 \
-  --train.micro_batch_size 4 --train.steps 100000 --output_dir "$tmp/stalled" \
-  >"$tmp/stalled.out" 2>"$tmp/stalled.log" &
-launcher=$!
-for _ in $(seq 1 300); do
-  grep -q 'rank 1/2\] train step 2/' "$tmp/stalled.log" 2>/dev/null && break
-  sleep 0.1
-done
-victim=$(pgrep -P "$launcher" | while read -r p; do
-  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx 'TRAINYARD_RANK=1' && echo "$p"; done)
-[ -n "$victim" ] || { kill "$launcher"; fail "rank 1 not found"; }
-t0=$(date +%s.%N)
-kill -STOP "$victim"
-set +e
-wait "$launcher"
-rc=$?
-set -e
-t1=$(date +%s.%N)
-python3 -c "
-dt = $t1 - $t0
-print(f'# rank 1 stopped: launcher exited {$rc} after {dt:.2f} s')
-assert $rc != 0 and dt < 15.0"
+interrupt_rank1 stalled STOP TRAINYARD_COMM_TIMEOUT_MS=2000
+echo "# rank 1 stopped: launcher exited $rc after $dt s"
+python3 -c "assert $rc != 0 and $dt < 15.0"
 grep 'trainyard train: rank' "$tmp/stalled.log" | grep -q 'rank 1' ||
   fail "the failure does not name the stalled rank 1: $(tail -2 "$tmp/stalled.log")"
 grep 'trainyard train: rank' "$tmp/stalled.log"
