@@ -49,14 +49,8 @@ class GrpcCli(unittest.TestCase):
         self.assertEqual(p.returncode, expect, (args, p.stdout, p.stderr))
         return p
 
-    def write_spec(self, name, **over):
-        path = os.path.join(self.srv.dir, name + ".json")
-        with open(path, "w") as f:
-            json.dump(self.srv.spec(name=name, **over), f)
-        return path
-
     def test_submit_watch_get(self):
-        spec = self.write_spec("cli-grpc", steps=8)
+        spec = self.srv.write_spec("cli-grpc", steps=8)
         job_id = self.ty("submit", spec, "--train.steps", "6",
                          "--idempotency-key", "k1").stdout.strip()
         self.assertTrue(job_id.startswith("j-"), job_id)
@@ -79,7 +73,7 @@ class GrpcCli(unittest.TestCase):
         self.assertIn("succeeded", out.splitlines()[-1])
 
     def test_errors(self):
-        spec = self.write_spec("cli-grpc-bad", steps=8)
+        spec = self.srv.write_spec("cli-grpc-bad", steps=8)
         p = self.ty("submit", spec, "--world_size", "9999", "--lora_rank", "0", expect=1)
         self.assertIn("INVALID_ARGUMENT", p.stderr)
         self.assertIn("lora_rank:", p.stderr)

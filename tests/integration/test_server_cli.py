@@ -35,14 +35,8 @@ class Cli(unittest.TestCase):
         self.assertEqual(p.returncode, expect, (args, p.stdout, p.stderr))
         return p
 
-    def write_spec(self, name, **over):
-        path = os.path.join(self.srv.dir, name + ".json")
-        with open(path, "w") as f:
-            json.dump(self.srv.spec(name=name, **over), f)
-        return path
-
     def test_submit_watch_get_logs(self):
-        spec = self.write_spec("cli-ok", steps=8)
+        spec = self.srv.write_spec("cli-ok", steps=8)
         job_id = self.ty("submit", spec, "--train.steps", "6").stdout.strip()
         self.assertTrue(job_id.startswith("j-"))
         w = self.ty("watch", job_id)
@@ -60,12 +54,12 @@ class Cli(unittest.TestCase):
         self.assertIn("ID", lst.splitlines()[0])
 
     def test_watch_a_failing_job_exits_1(self):
-        spec = self.write_spec("fail0at2", steps=5)
+        spec = self.srv.write_spec("fail0at2", steps=5)
         p = self.ty("submit", spec, "--watch", expect=1)
         self.assertIn("rank 0 failed: injected failure at step 2", p.stdout)
 
     def test_cancel_and_idempotency(self):
-        spec = self.write_spec("cli-slow-cancel", steps=400)
+        spec = self.srv.write_spec("cli-slow-cancel", steps=400)
         a = self.ty("submit", spec, "--idempotency-key", "k1").stdout.strip()
         b = self.ty("submit", spec, "--idempotency-key", "k1").stdout.strip()
         self.assertEqual(a, b)

@@ -99,6 +99,13 @@ class Server:
         s.update(over)
         return s
 
+    def write_spec(self, name, **over):
+        """spec() written to NAME.json in the server's directory; its path."""
+        path = os.path.join(self.dir, name + ".json")
+        with open(path, "w") as f:
+            json.dump(self.spec(name=name, **over), f)
+        return path
+
     def headers(self, token=None):
         tok = token if token is not None else (self.tokens.split(",")[0] if self.tokens else None)
         return {"Authorization": "Bearer " + tok} if tok else {}
