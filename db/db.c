@@ -143,14 +143,14 @@ int dbi_flush(db_t *db) {
   if (!db->batch_open) return 0;
   db->batch_open = false;
   db->batch_n = 0;
-  int rc = dbi_exec(db, "COMMIT");
-  if (rc) dbi_exec(db, "ROLLBACK");
+  int rc = dbi_run(db, "COMMIT");
+  if (rc) dbi_run(db, "ROLLBACK");
   return rc;
 }
 
 int dbi_begin(db_t *db) {
   int rc = dbi_flush(db);
-  return rc ? rc : dbi_exec(db, "BEGIN IMMEDIATE");
+  return rc ? rc : dbi_run(db, "BEGIN IMMEDIATE");
 }
 
 int db_flush(db_t *db) {
@@ -175,6 +175,18 @@ int dbi_exec(db_t *db, const char *sql) {
   ty_error("sqlite: %s: %s", sql, err ? err : "?");
   sqlite3_free(err);
   return rc == SQLITE_BUSY ? TY_EUNAVAILABLE : TY_EINTERNAL;
+}
+
+int dbi_run(db_t *db, const char *sql) {
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db, sql, &st);
+  if (rc) return rc;
+  int s;
+  while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+  }
+  rc = s == SQLITE_DONE ? 0 : dbi_err(db, s, sql);
+  dbi_finish(db, st);
+  return rc;
 }
 
 char *dbi_text_dup(sqlite3_stmt *st, int col) {
@@ -399,7 +411,7 @@ int db_job_transition(db_t *db, const char *id, unsigned from_mask, int to, cons
   int rc = dbi_begin(db);
   if (!rc) {
     rc = tx_transition(db, id, from_mask, to, reason ? reason : "", cur, attempt);
-    int end = dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");
+    int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
     if (!rc) rc = end;
   }
   pthread_mutex_unlock(&db->lock);

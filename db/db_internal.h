@@ -49,6 +49,9 @@ int dbi_begin(db_t *db);
 void dbi_cache_clear(db_t *db);
 /* Runs sql (no results) on db->conn; TY_EINTERNAL on failure (logged). */
 int dbi_exec(db_t *db, const char *sql);
+/* dbi_exec for one statement without parameters that runs often (BEGIN,
+ * SAVEPOINT, COMMIT, ...): prepared once, through the statement cache. */
+int dbi_run(db_t *db, const char *sql);
 /* Maps an sqlite result code to a TY_E* code, logging what failed. */
 int dbi_err(db_t *db, int rc, const char *what);
 /* A copy of a text column (NULL for SQL NULL), the caller's. */

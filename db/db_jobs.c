@@ -146,7 +146,7 @@ int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing) {
   int rc = dbi_begin(db);
   if (!rc) {
     rc = insert_locked(db, j, existing);
-    int end = dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");
+    int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
     if (!rc) rc = end;
   }
   pthread_mutex_unlock(&db->lock);

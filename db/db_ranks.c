@@ -66,7 +66,7 @@ int db_rank_finished(db_t *db, const char *id, int attempt, int rank, const char
     json_decref(ev);
     if (seq < 0) rc = (int)seq;
   }
-  dbi_exec(db, rc ? "ROLLBACK" : "COMMIT");
+  dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
 out:
   pthread_mutex_unlock(&db->lock);
   return rc;
@@ -168,15 +168,15 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   pthread_mutex_lock(&db->lock);
   int rc = 0;
   if (!db->batch_open) {
-    rc = dbi_exec(db, "BEGIN IMMEDIATE");
+    rc = dbi_run(db, "BEGIN IMMEDIATE");
     db->batch_open = rc == 0;
     db->batch_since = db_now();
   }
   /* A savepoint per report: a report that fails leaves the batch intact. */
-  if (!rc && !(rc = dbi_exec(db, "SAVEPOINT report"))) {
+  if (!rc && !(rc = dbi_run(db, "SAVEPOINT report"))) {
     rc = ingest_locked(db, id, r, progressed);
-    if (rc) dbi_exec(db, "ROLLBACK TO report");
-    int end = dbi_exec(db, "RELEASE report");
+    if (rc) dbi_run(db, "ROLLBACK TO report");
+    int end = dbi_run(db, "RELEASE report");
     if (!rc) rc = end;
   }
   if (db->batch_open && (++db->batch_n >= DBI_BATCH_N || db_now() - db->batch_since > DBI_BATCH_S)) {
