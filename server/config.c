@@ -211,6 +211,10 @@ int srv_config_check(srv_config_t *c, char *msg, size_t msgsz) {
     long n = sysconf(_SC_NPROCESSORS_ONLN);
     c->cpu_slots = n > 0 ? n : 1;
   }
+  if (c->http_threads == 0) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    c->http_threads = n > 0 ? n : 1;
+  }
   if (!*c->roots) {
     snprintf(msg, msgsz, "roots is empty: name at least one directory (--roots DIR[:DIR...])");
     return TY_EINVAL;

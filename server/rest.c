@@ -7,6 +7,7 @@
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,9 @@
 #include "common/log.h"
 #include "common/xalloc.h"
 #include "server/service.h"
+
+/* How long shutdown waits for open event streams to end cleanly. */
+#define STREAM_END_S 2.0
 
 static enum MHD_Result h_healthz(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
@@ -38,32 +42,33 @@ static const rest_route_t g_routes[] = {
 #define N_ROUTES (sizeof g_routes / sizeof g_routes[0])
 
 /* Request counters for /metrics: per route (plus one row for requests that
- * matched none), a few distinct statuses each. */
+ * matched none), a few distinct statuses each. Lock-free: a slot's status
+ * is claimed once with a compare-and-swap, then only its count moves. */
 #define STATUS_SLOTS 12
 typedef struct {
-  int status;
-  long long count;
+  atomic_int status;
+  atomic_llong count;
 } status_count_t;
 static status_count_t g_counts[N_ROUTES + 1][STATUS_SLOTS];
-static pthread_mutex_t g_counts_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static void count_request(const rest_route_t *route, int status) {
   size_t row = route ? (size_t)(route - g_routes) : N_ROUTES;
-  pthread_mutex_lock(&g_counts_lock);
   for (int i = 0; i < STATUS_SLOTS; i++) {
     status_count_t *sc = &g_counts[row][i];
-    if (sc->status == status || sc->status == 0) {
-      sc->status = status;
-      sc->count++;
-      break;
+    int seen = atomic_load_explicit(&sc->status, memory_order_acquire);
+    if (seen == 0) {
+      int expected = 0;
+      if (!atomic_compare_exchange_strong(&sc->status, &expected, status)) seen = expected;
+      else seen = status;
+    }
+    if (seen == status) {
+      atomic_fetch_add_explicit(&sc->count, 1, memory_order_relaxed);
+      return;
     }
   }
-  pthread_mutex_unlock(&g_counts_lock);
 }
 
-/* Matches path against pattern, capturing "{name}" segments (no '/' or
- * ':'; at most 127 bytes) into params. */
-static bool match(const char *pattern, const char *path, char params[][128]) {
+bool rest_route_match(const char *pattern, const char *path, char params[][128]) {
   int np = 0;
   while (*pattern) {
     if (*pattern == '{') {
@@ -79,7 +84,9 @@ static bool match(const char *pattern, const char *path, char params[][128]) {
       return false;
     }
   }
-  return *path == '\0';
+  if (*path) return false;
+  for (int i = np; i < REST_MAX_PARAMS; i++) params[i][0] = '\0';
+  return true;
 }
 
 const char *rest_bearer(struct MHD_Connection *c) {
@@ -124,15 +131,20 @@ enum MHD_Result rest_queue(struct MHD_Connection *c, rest_req_t *q, int status,
   return ret;
 }
 
-enum MHD_Result rest_send_text(struct MHD_Connection *c, rest_req_t *q, int status,
-                               const char *content_type, char *text) {
+static struct MHD_Response *text_response(const char *content_type, char *text /* freed */) {
   struct MHD_Response *resp =
       MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
   MHD_add_response_header(resp, "Content-Type", content_type);
-  return rest_queue(c, q, status, resp);
+  return resp;
 }
 
-enum MHD_Result rest_send_json(struct MHD_Connection *c, rest_req_t *q, int status, json_t *body) {
+enum MHD_Result rest_send_text(struct MHD_Connection *c, rest_req_t *q, int status,
+                               const char *content_type, char *text) {
+  return rest_queue(c, q, status, text_response(content_type, text));
+}
+
+/* body (consumed) as compact JSON and a newline. */
+static struct MHD_Response *json_response(json_t *body) {
   char *text = json_dumps(body, JSON_COMPACT);
   json_decref(body);
   if (!text) text = xstrdup("{}");
@@ -140,7 +152,24 @@ enum MHD_Result rest_send_json(struct MHD_Connection *c, rest_req_t *q, int stat
   text = xrealloc(text, n + 2);
   text[n] = '\n';
   text[n + 1] = '\0';
-  return rest_send_text(c, q, status, "application/json", text);
+  return text_response("application/json", text);
+}
+
+enum MHD_Result rest_send_json(struct MHD_Connection *c, rest_req_t *q, int status, json_t *body) {
+  return rest_queue(c, q, status, json_response(body));
+}
+
+/* An error (the error model, code and message) with the HTTP status given
+ * and extra headers: name, value pairs ending with NULL. */
+static enum MHD_Result send_error_with(struct MHD_Connection *c, rest_req_t *q, int status,
+                                       int code, const char *message, ...) {
+  struct MHD_Response *resp = json_response(ty_error_json(code, message, NULL));
+  va_list ap;
+  va_start(ap, message);
+  for (const char *name; (name = va_arg(ap, const char *));)
+    MHD_add_response_header(resp, name, va_arg(ap, const char *));
+  va_end(ap);
+  return rest_queue(c, q, status, resp);
 }
 
 enum MHD_Result rest_send_error(struct MHD_Connection *c, rest_req_t *q, int code,
@@ -151,7 +180,7 @@ enum MHD_Result rest_send_error(struct MHD_Connection *c, rest_req_t *q, int cod
 /* A body over its limit: RESOURCE_EXHAUSTED is the code, and 413 (not the
  * code's usual 429) says which resource. */
 static enum MHD_Result send_too_large(struct MHD_Connection *c, rest_req_t *q, const char *msg) {
-  return rest_send_json(c, q, MHD_HTTP_CONTENT_TOO_LARGE, ty_error_json(TY_EEXHAUSTED, msg, NULL));
+  return send_error_with(c, q, MHD_HTTP_CONTENT_TOO_LARGE, TY_EEXHAUSTED, msg, NULL);
 }
 
 bool rest_query_int(struct MHD_Connection *c, const char *name, int64_t min, int64_t max,
@@ -169,60 +198,50 @@ bool rest_query_int(struct MHD_Connection *c, const char *name, int64_t min, int
   return true;
 }
 
-/* The first call of a request: route, auth and Content-Length checks. An
- * error is queued at once (MHD then skips the body). */
-static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
-                                  const char *url, const char *method) {
+/* Whether method may use route (HEAD wherever GET may). */
+static bool method_ok(const rest_route_t *route, const char *method) {
+  return !strcmp(method, route->method) || (!strcmp(method, "HEAD") && !strcmp(route->method, "GET"));
+}
+
+/* No route has this method and path: 404 when no route has the path, else
+ * 405 with the methods it has in Allow. */
+static enum MHD_Result no_route(struct MHD_Connection *c, rest_req_t *q, const char *url,
+                                const char *method) {
   char allow[128] = "";
-  bool path_known = false;
   for (size_t i = 0; i < N_ROUTES; i++) {
     char params[REST_MAX_PARAMS][128];
-    if (!match(g_routes[i].pattern, url, params)) continue;
-    path_known = true;
-    bool same = !strcmp(method, g_routes[i].method) ||
-                (!strcmp(method, "HEAD") && !strcmp(g_routes[i].method, "GET"));
-    if (same && !q->route) {
-      q->route = &g_routes[i];
-      memcpy(q->params, params, sizeof params);
-    }
-    if (!strstr(allow, g_routes[i].method)) {
-      if (*allow) strcat(allow, ", ");
-      strcat(allow, g_routes[i].method);
-      if (!strcmp(g_routes[i].method, "GET")) strcat(allow, ", HEAD");
-    }
+    if (!rest_route_match(g_routes[i].pattern, url, params) || strstr(allow, g_routes[i].method))
+      continue;
+    if (*allow) strcat(allow, ", ");
+    strcat(allow, g_routes[i].method);
+    if (!strcmp(g_routes[i].method, "GET")) strcat(allow, ", HEAD");
   }
-  if (!path_known) {
+  if (!*allow) {
     char msg[300];
     snprintf(msg, sizeof msg, "no such resource: %.200s (the API lives under /v1)", url);
     return rest_send_error(c, q, TY_ENOTFOUND, msg, NULL);
   }
-  if (!q->route) {
-    char msg[300];
-    snprintf(msg, sizeof msg, "%s is not allowed on %.200s; allowed: %s", method, url, allow);
-    json_t *body = ty_error_json(TY_EUNIMPLEMENTED, msg, NULL);
-    char *text = json_dumps(body, JSON_COMPACT);
-    json_decref(body);
-    struct MHD_Response *resp =
-        MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-    MHD_add_response_header(resp, "Content-Type", "application/json");
-    MHD_add_response_header(resp, "Allow", allow);
-    return rest_queue(c, q, MHD_HTTP_METHOD_NOT_ALLOWED, resp);
-  }
+  char msg[300];
+  snprintf(msg, sizeof msg, "%s is not allowed on %.200s; allowed: %s", method, url, allow);
+  return send_error_with(c, q, MHD_HTTP_METHOD_NOT_ALLOWED, TY_EUNIMPLEMENTED, msg, "Allow", allow,
+                         NULL);
+}
+
+/* The first call of a request: route, auth and Content-Length checks. An
+ * error is queued at once (MHD then skips the body). */
+static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
+                                  const char *url, const char *method) {
+  for (size_t i = 0; i < N_ROUTES && !q->route; i++)
+    if (method_ok(&g_routes[i], method) && rest_route_match(g_routes[i].pattern, url, q->params))
+      q->route = &g_routes[i];
+  if (!q->route) return no_route(c, q, url, method);
   if (q->route->auth == AUTH_API && auth_required(r->cfg)) {
     const char *tok = rest_bearer(c);
-    if (!tok || !api_token_ok(r->cfg->tokens, tok)) {
-      struct MHD_Response *resp;
-      json_t *body = ty_error_json(TY_EUNAUTHENTICATED,
-                                   tok ? "the bearer token is not valid for this server"
-                                       : "this server needs 'Authorization: Bearer <token>'",
-                                   NULL);
-      char *text = json_dumps(body, JSON_COMPACT);
-      json_decref(body);
-      resp = MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-      MHD_add_response_header(resp, "Content-Type", "application/json");
-      MHD_add_response_header(resp, "WWW-Authenticate", "Bearer realm=\"trainyard\"");
-      return rest_queue(c, q, MHD_HTTP_UNAUTHORIZED, resp);
-    }
+    if (!tok || !api_token_ok(r->cfg->tokens, tok))
+      return send_error_with(c, q, MHD_HTTP_UNAUTHORIZED, TY_EUNAUTHENTICATED,
+                             tok ? "the bearer token is not valid for this server"
+                                 : "this server needs 'Authorization: Bearer <token>'",
+                             "WWW-Authenticate", "Bearer realm=\"trainyard\"", NULL);
   }
   int64_t limit = q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit;
   const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -248,15 +267,8 @@ static enum MHD_Result too_many(rest_t *r, struct MHD_Connection *c, rest_req_t 
   snprintf(msg, sizeof msg,
            "this server holds its limit of %lld connections; retry later or close idle ones",
            (long long)r->cfg->max_connections);
-  json_t *body = ty_error_json(TY_EEXHAUSTED, msg, NULL);
-  char *text = json_dumps(body, JSON_COMPACT);
-  json_decref(body);
-  struct MHD_Response *resp =
-      MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);
-  MHD_add_response_header(resp, "Content-Type", "application/json");
-  MHD_add_response_header(resp, "Retry-After", "1");
-  MHD_add_response_header(resp, "Connection", "close");
-  return rest_queue(c, q, MHD_HTTP_TOO_MANY_REQUESTS, resp);
+  return send_error_with(c, q, MHD_HTTP_TOO_MANY_REQUESTS, TY_EEXHAUSTED, msg, "Retry-After", "1",
+                         "Connection", "close", NULL);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
@@ -353,13 +365,14 @@ static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_re
          "# TYPE trainyard_http_requests_total counter\n",
          (long long)st.ranks_running, (long long)st.reports_ingested,
          (long long)st.reports_rejected);
-  pthread_mutex_lock(&g_counts_lock);
   for (size_t i = 0; i <= N_ROUTES; i++)
-    for (int k = 0; k < STATUS_SLOTS && g_counts[i][k].status; k++)
+    for (int k = 0; k < STATUS_SLOTS; k++) {
+      int status = atomic_load_explicit(&g_counts[i][k].status, memory_order_acquire);
+      if (!status) break;
       append(&b, &len, &cap, "trainyard_http_requests_total{route=\"%s %s\",status=\"%d\"} %lld\n",
              i < N_ROUTES ? g_routes[i].method : "", i < N_ROUTES ? g_routes[i].pattern : "other",
-             g_counts[i][k].status, g_counts[i][k].count);
-  pthread_mutex_unlock(&g_counts_lock);
+             status, (long long)atomic_load_explicit(&g_counts[i][k].count, memory_order_relaxed));
+    }
   return rest_send_text(c, q, 200, "text/plain; version=0.0.4", b);
 }
 
@@ -414,10 +427,18 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
    * limit leaves room for MHD's own bookkeeping. */
   size_t mem = (size_t)cfg->max_header * 2;
   if (mem < 32768) mem = 32768;
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION |
+  /* A pool of epoll threads, each serving many connections; no handler
+   * blocks (event streams suspend their connection while idle). */
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO | MHD_ALLOW_SUSPEND_RESUME |
                    MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+  if (rest_events_start(r)) {
+    snprintf(msg, msgsz, "cannot start the event stream thread");
+    free(r);
+    return TY_EINTERNAL;
+  }
   r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, r, MHD_OPTION_SOCK_ADDR, &ss,
+                            mhd_log, r, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
+                            MHD_OPTION_SOCK_ADDR, &ss,
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
@@ -426,6 +447,9 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
   if (!r->mhd) {
     snprintf(msg, msgsz, "cannot listen on %s (address in use, or not this host's?)",
              cfg->listen);
+    atomic_store(&r->stopping, true);
+    rest_events_release(r, 0);
+    rest_events_join(r);
     free(r);
     return TY_EUNAVAILABLE;
   }
@@ -438,6 +462,8 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
 void rest_stop(rest_t *r) {
   if (!r) return;
   atomic_store(&r->stopping, true);
+  rest_events_release(r, STREAM_END_S);
   MHD_stop_daemon(r->mhd);
+  rest_events_join(r);
   free(r);
 }

@@ -3,6 +3,7 @@
 #ifndef TY_SERVER_REST_INTERNAL_H
 #define TY_SERVER_REST_INTERNAL_H
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -38,12 +39,22 @@ typedef struct route_s {
   rest_auth_t auth;    /* AUTH_JOB: the job's own token, checked by the handler */
 } rest_route_t;
 
+typedef struct sse sse_t; /* one event stream (rest_events.c) */
+
 struct rest {
   svc_t *svc;
   const srv_config_t *cfg;
   struct MHD_Daemon *mhd;
   atomic_bool stopping;
   atomic_int connections;  /* open client connections */
+  /* Event streams with nothing to send, their connections suspended, and
+   * the thread that resumes them (rest_events.c). */
+  pthread_mutex_t sse_lock;
+  pthread_cond_t sse_cond; /* signalled when the list stops being empty, and at quit */
+  sse_t *sse_waiting;
+  atomic_int sse_open;     /* streams not yet freed */
+  bool sse_quit;
+  pthread_t sse_waker;
 };
 
 /* Response helpers: each queues its response, records the status in q and
@@ -69,6 +80,19 @@ enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_report(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_events(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_web(rest_t *r, struct MHD_Connection *c, rest_req_t *q); /* rest_web.c */
+
+/* The event streams' waker: started before the daemon; released once
+ * stopping is set and before the daemon stops: every waiting stream is
+ * resumed to end cleanly (none suspends again), and the call returns when
+ * all have ended or after timeout_s. Joined after the daemon stops. */
+int rest_events_start(rest_t *r);
+void rest_events_release(rest_t *r, double timeout_s);
+void rest_events_join(rest_t *r);
+
+/* Matches path against pattern, capturing each "{name}" (one segment: no
+ * '/' or ':', 1..127 bytes) into params in order; on a match the slots
+ * past the captures are empty strings. */
+bool rest_route_match(const char *pattern, const char *path, char params[][128]);
 
 /* The token of "Authorization: Bearer <token>", or NULL. */
 const char *rest_bearer(struct MHD_Connection *c);

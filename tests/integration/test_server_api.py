@@ -299,6 +299,65 @@ class ConnectionLimit(unittest.TestCase):
             srv.cleanup()
 
 
+class StreamsOnFewThreads(unittest.TestCase):
+    """Event streams share REST's few threads with every other request: an
+    idle stream holds no thread, every stream still gets every event, and
+    shutdown ends the streams that are open."""
+
+    def test_many_idle_streams_block_nothing(self):
+        import threading
+        srv = Server(extra=["--http-threads", "2", "--cpu-slots", "1"]).start()
+        try:
+            blocker = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0")).json()
+            srv.wait_state(blocker["id"], ["starting", "running"])
+            job = srv.post("/v1/jobs", srv.spec(world_size=1, name="behind",
+                                                train={"steps": 20})).json()
+            n = 24
+            got = [None] * n
+            opened = threading.Barrier(n + 1)
+
+            def watch(i):
+                r = srv.get("/v1/jobs/%s/events" % job["id"], stream=True, timeout=60)
+                opened.wait()
+                got[i] = list(iter_sse(r))
+
+            threads = [threading.Thread(target=watch, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            opened.wait(timeout=20)
+            # 24 idle streams on 2 threads; other requests still get answers.
+            t0 = time.time()
+            for _ in range(50):
+                self.assertEqual(srv.get("/v1/jobs/" + job["id"], timeout=2).status_code, 200)
+            self.assertLess(time.time() - t0, 5)
+            srv.post("/v1/jobs/%s:cancel" % blocker["id"])
+            for t in threads:
+                t.join(timeout=60)
+            want = srv.get("/v1/jobs/%s/events" % job["id"], timeout=20).text
+            want = [e["id"] for e in parse_sse(want)]
+            states = ["queued", "starting", "running", "succeeded"]
+            for events in got:
+                self.assertEqual([e["id"] for e in events], want)
+                self.assertEqual([e["data"]["data"]["to"] for e in events
+                                  if e["event"] == "state"], states)
+
+            # Streams open at shutdown end at once, and the server exits 0.
+            holder = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0-again")).json()
+            srv.wait_state(holder["id"], ["starting", "running"])
+            other = srv.post("/v1/jobs", srv.spec(world_size=1, name="stays-queued")).json()
+            streams = [srv.get("/v1/jobs/%s/events" % other["id"], stream=True, timeout=30)
+                       for _ in range(8)]
+            time.sleep(0.3)
+            t0 = time.time()
+            self.assertEqual(srv.stop(), 0)
+            for r in streams:
+                events = list(iter_sse(r))
+                self.assertEqual([e["data"]["data"]["to"] for e in events], ["queued"])
+            # The ranks' grace is 0.5 s; the rest is room for a loaded machine.
+            self.assertLess(time.time() - t0, 8)
+        finally:
+            srv.cleanup()
+
 def parse_sse(text):
     events = []
     for block in text.split("\n\n"):

@@ -23,6 +23,7 @@ static void test_defaults(void **state) {
   char msg[256];
   assert_int_equal(srv_config_check(&c, msg, sizeof msg), 0);
   assert_true(c.cpu_slots >= 1); /* 0 resolved to the online CPUs */
+  assert_true(c.http_threads >= 1); /* likewise */
   srv_config_free(&c);
 }
 
