@@ -5,7 +5,8 @@ same JSON as a static file on the same machine in the same run:
   3. progress reports ingested per second (POST /v1/internal/jobs/{id}/report
      with the job's token, each report a new step: rank row + metric + event).
 Not run by CI (label bench). Needs wrk and nginx (deploy/install-deps.sh bench).
-  TRAINYARD_BIN_DIR=build python3 tests/bench/api.py [--seconds 5] [--connections 16]"""
+  TRAINYARD_BIN_DIR=$PWD/build python3 tests/bench/api.py [--seconds 5] [--connections 16]
+      [--rounds 5]"""
 import argparse
 import json
 import os
@@ -22,15 +23,50 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from tyserver import Server, free_port  # noqa: E402
 
 
-def wrk(url, seconds, conns, threads, script=None):
+def cpu_seconds(pids):
+    """User + system CPU seconds used so far by the processes pids (all
+    their threads)."""
+    total = 0
+    for pid in pids:
+        with open("/proc/%d/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
+def wrk(url, seconds, conns, threads, script=None, pids=()):
+    """(requests/s, p99, non-2xx answers, server CPU microseconds per
+    request: the CPU time of pids over the run divided by its requests)."""
     cmd = ["wrk", "-t%d" % threads, "-c%d" % conns, "-d%ds" % seconds, "--latency"]
     if script:
         cmd += ["-s", script]
+    cpu0 = cpu_seconds(pids)
     out = subprocess.run(cmd + [url], capture_output=True, text=True, check=True).stdout
+    cpu = cpu_seconds(pids) - cpu0
     rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    n = int(re.search(r"(\d+) requests in", out).group(1))
     p99 = re.search(r"99%\s+([\d.]+\w+)", out)
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
-    return rps, p99.group(1) if p99 else "?", int(non2xx.group(1)) if non2xx else 0
+    return (rps, p99.group(1) if p99 else "?", int(non2xx.group(1)) if non2xx else 0,
+            cpu * 1e6 / max(n, 1))
+
+
+def children(pid):
+    """The pids whose parent is pid (nginx's workers)."""
+    out = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out
+
+
+def median(xs):
+    return sorted(xs)[len(xs) // 2]
 
 
 def lua(path, text):
@@ -44,6 +80,7 @@ def main():
     ap.add_argument("--seconds", type=int, default=5)
     ap.add_argument("--connections", type=int, default=16)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=5, help="GET rounds, each server once")
     a = ap.parse_args()
     for tool in ("wrk", "nginx"):
         if not shutil.which(tool) and not os.path.exists("/usr/sbin/" + tool):
@@ -81,13 +118,27 @@ http { access_log off; default_type application/json; keepalive_requests 1000000
         nginx = subprocess.Popen(["nginx", "-c", conf, "-p", tmp], stderr=subprocess.DEVNULL)
         time.sleep(0.5)
         path = "/v1/jobs/" + job["id"]
-        ty_rps, ty_p99, bad = wrk(srv.url + path, a.seconds, a.connections, a.threads)
-        ng_rps, ng_p99, _ = wrk("http://127.0.0.1:%d%s" % (nport, path), a.seconds,
-                                a.connections, a.threads)
-        print("| GET /v1/jobs/{id} (%d B) | trainyardd %.0f req/s (p99 %s) | nginx %.0f req/s "
-              "(p99 %s) | ratio %.2fx |" % (len(body), ty_rps, ty_p99, ng_rps, ng_p99,
-                                            ty_rps / ng_rps))
-        assert bad == 0, "non-2xx answers from trainyardd"
+        ng_pids = children(nginx.pid)
+        # Rounds alternate the two servers, so a burst of load from
+        # elsewhere on the machine lands on both; the medians are the
+        # figures. Server CPU per request (all of trainyardd's threads, all
+        # of nginx's workers) is the steadier measure on a shared machine.
+        ratios, ty_cpus, ng_cpus = [], [], []
+        for k in range(a.rounds):
+            ty_rps, ty_p99, bad, ty_cpu = wrk(srv.url + path, a.seconds, a.connections,
+                                              a.threads, pids=[srv.proc.pid])
+            ng_rps, ng_p99, _, ng_cpu = wrk("http://127.0.0.1:%d%s" % (nport, path), a.seconds,
+                                            a.connections, a.threads, pids=ng_pids)
+            ratios.append(ty_rps / ng_rps)
+            ty_cpus.append(ty_cpu)
+            ng_cpus.append(ng_cpu)
+            print("| GET /v1/jobs/{id} (%d B), round %d | trainyardd %.0f req/s (p99 %s, "
+                  "%.1f us CPU/req) | nginx %.0f req/s (p99 %s, %.1f us CPU/req) | ratio %.2fx |"
+                  % (len(body), k + 1, ty_rps, ty_p99, ty_cpu, ng_rps, ng_p99, ng_cpu,
+                     ratios[-1]))
+            assert bad == 0, "non-2xx answers from trainyardd"
+        print("| GET /v1/jobs/{id}, median of %d rounds | %.1f us CPU/req | %.1f us CPU/req | "
+              "ratio %.2fx nginx |" % (a.rounds, median(ty_cpus), median(ng_cpus), median(ratios)))
 
         # 2. Submissions.
         spec = json.dumps(srv.spec(name="bench", world_size=1, steps=1))
@@ -97,8 +148,10 @@ wrk.headers["Content-Type"] = "application/json"
 wrk.body = [[%s]]
 """ % spec)
         before = len(srv.get("/v1/jobs?page_size=500&state=queued").json()["jobs"])
-        rps, p99, bad = wrk(srv.url + "/v1/jobs", a.seconds, a.connections, a.threads, script)
-        print("| POST /v1/jobs | %.0f submissions/s (p99 %s) | %d errors |" % (rps, p99, bad))
+        rps, p99, bad, cpu = wrk(srv.url + "/v1/jobs", a.seconds, a.connections, a.threads,
+                                 script, pids=[srv.proc.pid])
+        print("| POST /v1/jobs | %.0f submissions/s (p99 %s, %.1f us CPU each) | %d errors |"
+              % (rps, p99, cpu, bad))
         assert bad == 0 and before == 0
 
         # 3. Reports of the silent rank, a new step each.
@@ -117,9 +170,10 @@ request = function()
     .. '"loss":2.5,"tokens_per_s":1000,"host_peak_bytes":1048576}', step))
 end
 """ % token)
-        rps, p99, bad = wrk(srv.url + "/v1/internal/jobs/%s/report" % job["id"], a.seconds,
-                            a.connections, 1, script)
-        print("| POST .../report | %.0f reports/s (p99 %s) | %d errors |" % (rps, p99, bad))
+        rps, p99, bad, cpu = wrk(srv.url + "/v1/internal/jobs/%s/report" % job["id"], a.seconds,
+                                 a.connections, 1, script, pids=[srv.proc.pid])
+        print("| POST .../report | %.0f reports/s (p99 %s, %.1f us CPU each) | %d errors |"
+              % (rps, p99, cpu, bad))
         assert bad < rps * 0.01, "reports refused"
     finally:
         if nginx:
