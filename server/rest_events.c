@@ -6,8 +6,8 @@
  * REST runs on a small pool of epoll threads, so a stream must never block
  * one: a stream with nothing to send suspends its connection and joins the
  * waiting list; one waker thread resumes the waiting streams when the
- * service's event generation moves, when a stream is due a keepalive, and
- * at shutdown. */
+ * service's event generation moves, when a stream is due a keepalive
+ * (--sse_keepalive seconds without a write), and at shutdown. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,8 +19,7 @@
 #include "server/service.h"
 
 #define BATCH 256          /* events read per query */
-#define WAKE_SLICE_S 1.0   /* how often the waker looks at the keepalive clocks */
-#define KEEPALIVE_S 15.0   /* comment line sent on a quiet stream */
+#define WAKE_SLICE_S 1.0   /* longest wait before the waker looks at the keepalive clocks */
 
 struct sse {
   rest_t *rest;
@@ -98,7 +97,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
      * not full, every event of the job has been sent. */
     if (final && n < BATCH) s->done = true;
     if (n || s->done) continue;
-    if (now_s() - s->last_write >= KEEPALIVE_S) {
+    if (now_s() - s->last_write >= s->rest->cfg->sse_keepalive) {
       s->pending = xstrdup(": keepalive\n\n");
       s->pending_len = strlen(s->pending);
       continue;
@@ -127,7 +126,7 @@ static void wake(rest_t *r, uint64_t gen, bool all) {
   sse_t **link = &r->sse_waiting;
   while (*link) {
     sse_t *s = *link;
-    if (all || s->seen_gen != gen || t - s->last_write >= KEEPALIVE_S) {
+    if (all || s->seen_gen != gen || t - s->last_write >= r->cfg->sse_keepalive) {
       *link = s->next;
       s->next = NULL;
       MHD_resume_connection(s->conn);
@@ -142,6 +141,8 @@ static void wake(rest_t *r, uint64_t gen, bool all) {
  * nothing. */
 static void *waker_main(void *arg) {
   rest_t *r = arg;
+  double slice = r->cfg->sse_keepalive / 2;
+  if (slice > WAKE_SLICE_S) slice = WAKE_SLICE_S;
   for (;;) {
     pthread_mutex_lock(&r->sse_lock);
     while (!r->sse_waiting && !r->sse_quit) pthread_cond_wait(&r->sse_cond, &r->sse_lock);
@@ -156,7 +157,7 @@ static void *waker_main(void *arg) {
       pthread_mutex_unlock(&r->sse_lock);
       if (quit) return NULL;
       if (idle) break;
-      gen = svc_wait_events(r->svc, gen, WAKE_SLICE_S);
+      gen = svc_wait_events(r->svc, gen, slice);
     }
   }
 }

@@ -358,6 +358,36 @@ class StreamsOnFewThreads(unittest.TestCase):
         finally:
             srv.cleanup()
 
+class StreamKeepalive(unittest.TestCase):
+    def test_quiet_stream_sends_keepalives_then_events(self):
+        import threading
+        srv = Server(extra=["--sse-keepalive", "0.3", "--cpu-slots", "1"]).start()
+        try:
+            holder = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0")).json()
+            srv.wait_state(holder["id"], ["starting", "running"])
+            job = srv.post("/v1/jobs", srv.spec(world_size=1, name="waits")).json()
+            r = srv.get("/v1/jobs/%s/events" % job["id"], stream=True, timeout=30)
+            text = []
+            reader = threading.Thread(target=lambda: text.extend(
+                r.iter_content(chunk_size=None, decode_unicode=True)))
+            reader.start()
+            time.sleep(1.6)
+            quiet = "".join(text)
+            # A quiet stream: its one event, then a comment every ~0.3 s.
+            self.assertEqual([e["data"]["data"]["to"] for e in parse_sse(quiet)], ["queued"])
+            self.assertGreaterEqual(quiet.count(": keepalive\n\n"), 3, quiet)
+            self.assertLessEqual(quiet.count(": keepalive\n\n"), 6, quiet)
+            # ... that still carries the job's events when they come, to its end.
+            srv.post("/v1/jobs/%s:cancel" % job["id"])
+            reader.join(timeout=20)
+            self.assertFalse(reader.is_alive())
+            states = [e["data"]["data"]["to"] for e in parse_sse("".join(text))
+                      if e["event"] == "state"]
+            self.assertEqual(states, ["queued", "cancelled"])
+        finally:
+            srv.cleanup()
+
+
 def parse_sse(text):
     events = []
     for block in text.split("\n\n"):
