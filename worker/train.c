@@ -27,16 +27,31 @@ static void split_windows(const int32_t *win, int b, int T, int *inputs, int *ta
     }
 }
 
-/* The forward pass of the model's own weights or of the shards. */
-static int forward(model_t *m, fsdp_t *f, lora_t *lora, const int *inputs, const int *targets,
-                   int b, int T, double *loss, char *err, size_t errlen) {
-  if (f) return fsdp_forward(f, inputs, targets, b, T, lora, loss, err, errlen);
-  return model_forward(m, inputs, targets, b, T, lora, loss, err, errlen);
+/* Where the passes run: the model's own weights, the shards, or a device. */
+typedef struct {
+  model_t *m;
+  fsdp_t *f;
+  lora_t *lora;
+  const train_device_t *dev;
+} passes_t;
+
+static int forward(const passes_t *p, const int *inputs, const int *targets, int b, int T,
+                   double *loss, char *err, size_t errlen) {
+  if (p->dev) return p->dev->forward(p->dev->ctx, inputs, targets, b, T, loss, err, errlen);
+  if (p->f) return fsdp_forward(p->f, inputs, targets, b, T, p->lora, loss, err, errlen);
+  return model_forward(p->m, inputs, targets, b, T, p->lora, loss, err, errlen);
 }
 
-static int eval_loop(model_t *model, fsdp_t *f, lora_t *lora, int T, int64_t n,
-                     train_window_fn window, void *ctx, double *loss, int64_t *tokens_out,
-                     char *err, size_t errlen) {
+static int backward(const passes_t *p, float loss_scale, char *err, size_t errlen) {
+  if (p->dev) return p->dev->backward(p->dev->ctx, loss_scale, err, errlen);
+  if (p->f) return fsdp_backward(p->f, p->lora, loss_scale, err, errlen);
+  model_backward(p->m, p->lora, loss_scale);
+  return 0;
+}
+
+static int eval_loop(const passes_t *p, int T, int64_t n, train_window_fn window, void *ctx,
+                     double *loss, int64_t *tokens_out, char *err, size_t errlen) {
+  model_t *model = p->m;
   const int B = model->B;
   if (T > model->T || n < 1) {
     snprintf(err, errlen, "evaluation of %lld windows of %d tokens on a model built for %d",
@@ -55,7 +70,7 @@ static int eval_loop(model_t *model, fsdp_t *f, lora_t *lora, int T, int64_t n,
     if (rc) break;
     split_windows(win, b, T, inputs, targets);
     double l = 0;
-    rc = forward(model, f, lora, inputs, targets, b, T, &l, err, errlen);
+    rc = forward(p, inputs, targets, b, T, &l, err, errlen);
     sum += l * b * T;
   }
   free(win);
@@ -69,7 +84,8 @@ static int eval_loop(model_t *model, fsdp_t *f, lora_t *lora, int T, int64_t n,
 
 int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
                double *loss, int64_t *tokens_out, char *err, size_t errlen) {
-  return eval_loop(model, NULL, lora, T, n, window, ctx, loss, tokens_out, err, errlen);
+  passes_t p = {model, NULL, lora, NULL};
+  return eval_loop(&p, T, n, window, ctx, loss, tokens_out, err, errlen);
 }
 
 typedef struct {
@@ -115,8 +131,8 @@ static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, s
   if (a->eval_windows < n) n = a->eval_windows;
   if (n < 1) return 0;
   eval_ctx_t ctx = {d};
-  return eval_loop(a->model, a->fsdp, a->lora, a->spec->data.seq_len, n, eval_window, &ctx, loss,
-                   NULL, err, errlen);
+  passes_t p = {a->model, a->fsdp, a->lora, a->device};
+  return eval_loop(&p, a->spec->data.seq_len, n, eval_window, &ctx, loss, NULL, err, errlen);
 }
 
 int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errlen) {
@@ -137,6 +153,12 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
              m->B, m->T, (int)m->mode, B, T);
     return TY_EINTERNAL;
   }
+  if (a->device && (!a->lora || a->fsdp)) {
+    snprintf(err, errlen, "a device model trains adapters only, without host shards");
+    return TY_EINTERNAL;
+  }
+  const passes_t passes = {m, a->fsdp, a->lora, a->device};
+  const train_device_t *dev = a->device;
   data_config_t dc = {.path = s->data.path,
                       .format = s->data.format,
                       .vocab_size = m->d.V,
@@ -181,6 +203,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   rc = train_state_resume(s->output_dir, a->comm, d, o, params, n, sharded, &start, err, errlen);
   if (rc) goto out;
   res->start_step = start;
+  /* The device's copy of the span starts as the host's (resumed or not). */
+  if (dev && (rc = dev->params_from_host(dev->ctx, params, n, err, errlen))) goto out;
   if (start > 0) {
     char msg[96];
     snprintf(msg, sizeof msg, "resumed from the checkpoint of step %lld", (long long)start);
@@ -205,20 +229,19 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   for (int64_t step = start; step < stop; step++) {
     double t0 = now_s();
     memset(grads, 0, n * sizeof *grads);
+    if (dev && (rc = dev->zero_grads(dev->ctx, err, errlen))) goto out;
     double loss_sum = 0;
     for (int mb = 0; mb < A; mb++) {
       rc = data_train_micro_batch(d, step, mb, win, err, errlen);
       if (rc) goto out;
       split_windows(win, B, T, inputs, targets);
       double l = 0;
-      rc = forward(m, a->fsdp, a->lora, inputs, targets, B, T, &l, err, errlen);
-      if (!rc && a->fsdp)
-        rc = fsdp_backward(a->fsdp, a->lora, loss_scale, err, errlen);
-      else if (!rc)
-        model_backward(m, a->lora, loss_scale);
+      rc = forward(&passes, inputs, targets, B, T, &l, err, errlen);
+      if (!rc) rc = backward(&passes, loss_scale, err, errlen);
       if (rc) goto out;
       loss_sum += l;
     }
+    if (dev && (rc = dev->grads_to_host(dev->ctx, grads, n, err, errlen))) goto out;
     /* lossbuf: this rank's share of the mean loss, then the squared norm
      * of its gradient shard when the span is sharded. */
     float lossbuf[2] = {(float)(loss_sum * loss_scale), 0.0f};
@@ -250,6 +273,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     }
     double lr = optim_lr_at(&oc, step);
     optim_step(o, params, grads, lr, optim_clip_factor(norm, s->train.grad_clip));
+    if (dev && (rc = dev->params_from_host(dev->ctx, params, n, err, errlen))) goto out;
     double dt = now_s() - t0;
     if (step == start) res->first_loss = loss;
     res->last_loss = loss;

@@ -43,6 +43,23 @@ typedef struct {
  * returns TY_ECANCELLED), as when the server ends the attempt. */
 typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
 
+/* A model on an accelerator (worker/train_cuda.h). The loop runs the
+ * forward and backward passes there and keeps the trained span (adapters
+ * only), the optimizer, clipping and checkpoints on the host: gradients
+ * come down and parameters go up once a step, a few MiB for adapters. Each
+ * call returns 0 or a TY_E* code with the reason in err. */
+typedef struct {
+  void *ctx;
+  const char *name; /* for messages: "cuda:0" */
+  int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
+                 char *err, size_t errlen);
+  /* Adds the gradients of loss_scale * (mean loss) of the last forward. */
+  int (*backward)(void *ctx, float loss_scale, char *err, size_t errlen);
+  int (*zero_grads)(void *ctx, char *err, size_t errlen);
+  int (*grads_to_host)(void *ctx, float *grads, size_t n, char *err, size_t errlen);
+  int (*params_from_host)(void *ctx, const float *params, size_t n, char *err, size_t errlen);
+} train_device_t;
+
 typedef struct {
   const jobspec_t *spec;      /* validated; borrowed */
   comm_t *comm;               /* this rank's communicator; borrowed */
@@ -50,6 +67,9 @@ typedef struct {
   fsdp_t *fsdp;               /* the base weights' shards (then model's own buffers are unused),
                                * or NULL: model holds filled weights; borrowed */
   lora_t *lora;               /* the adapters for a LoRA job, else NULL; borrowed */
+  /* The passes run here instead of on model (then only model's shape, B,
+   * T and mode are read, and fsdp is NULL); needs lora. NULL: the host. */
+  const train_device_t *device;
   train_progress_fn progress; /* may be NULL */
   void *progress_ctx;
   /* Stop (after writing a checkpoint) once this many steps are done, as an

@@ -138,7 +138,8 @@ static int record(void *ctx, const train_progress_t *p) {
   return 0;
 }
 
-static train_result_t run(const jobspec_t *s, model_t *m, lora_t *lo, int64_t stop, losses_t *l) {
+static train_result_t run_on(const jobspec_t *s, model_t *m, lora_t *lo,
+                             const train_device_t *dev, int64_t stop, losses_t *l) {
   comm_t *comm;
   char err[512];
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
@@ -146,6 +147,7 @@ static train_result_t run(const jobspec_t *s, model_t *m, lora_t *lo, int64_t st
                     .comm = comm,
                     .model = m,
                     .lora = lo,
+                    .device = dev,
                     .progress = record,
                     .progress_ctx = l,
                     .stop_at_step = stop,
@@ -155,6 +157,10 @@ static train_result_t run(const jobspec_t *s, model_t *m, lora_t *lo, int64_t st
   comm_close(comm);
   if (rc) fail_msg("train_run: %s", err);
   return res;
+}
+
+static train_result_t run(const jobspec_t *s, model_t *m, lora_t *lo, int64_t stop, losses_t *l) {
+  return run_on(s, m, lo, NULL, stop, l);
 }
 
 static void test_full_training_lowers_heldout_loss(void **state) {
@@ -375,6 +381,90 @@ static void test_resume_rejects_other_batch(void **state) {
   model_free(m);
 }
 
+/* A stand-in accelerator: its own model and adapters, reached only through
+ * the hooks, as device memory would be. */
+typedef struct {
+  model_t *m;
+  lora_t *lo;
+  int ups, downs;
+} fake_dev_t;
+
+static int fd_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
+                      char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  return model_forward(f->m, in, tg, b, t, f->lo, loss, err, errlen);
+}
+static int fd_backward(void *ctx, float scale, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  model_backward(f->m, f->lo, scale);
+  return 0;
+}
+static int fd_zero(void *ctx, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  memset(f->lo->grads, 0, f->lo->n_params * sizeof(float));
+  return 0;
+}
+static int fd_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  assert_int_equal(n, f->lo->n_params);
+  memcpy(grads, f->lo->grads, n * sizeof(float));
+  f->downs++;
+  return 0;
+}
+static int fd_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  assert_int_equal(n, f->lo->n_params);
+  memcpy(f->lo->params, params, n * sizeof(float));
+  f->ups++;
+  return 0;
+}
+
+/* The loop's device path (passes on the device; adapters, optimizer and
+ * clipping on the host, gradients down and parameters up each step) gives
+ * the host path's losses and adapters exactly, and reads no host weights. */
+static void test_device_path_matches_host(void **state) {
+  jobspec_t s = tiny_spec(true, 10, "dev-host");
+  model_t *m;
+  lora_t *lo;
+  losses_t host = {{0}, 0}, onDev = {{0}, 0};
+  make_model(&s, &m, &lo);
+  train_result_t rh = run(&s, m, lo, 0, &host);
+
+  /* The device copy starts as garbage: only the first upload fixes it. */
+  fake_dev_t f = {0};
+  make_model(&s, &f.m, &f.lo);
+  for (size_t i = 0; i < f.lo->n_params; i++) f.lo->params[i] = NAN;
+  train_device_t dev = {&f, "fake", fd_forward, fd_backward, fd_zero, fd_down, fd_up};
+  /* The host holds the shape only (no weights) and adapters seeded as a job's. */
+  llama_config_t c = tiny_config();
+  model_t shape;
+  memset(&shape, 0, sizeof shape);
+  char err[256];
+  assert_int_equal(model_dims_from_config(&shape.d, &c, err, sizeof err), 0);
+  shape.B = s.train.micro_batch_size, shape.T = s.data.seq_len, shape.mode = MODEL_TRAIN_LORA;
+  lora_t *hl;
+  assert_int_equal(
+      lora_create(&hl, &shape, s.lora_rank, s.lora_alpha, s.target_modules, err, sizeof err), 0);
+  lora_init(hl, s.train.seed);
+  snprintf(s.output_dir, sizeof s.output_dir, "%s/dev-dev", g_dir);
+  train_result_t rd = run_on(&s, &shape, hl, &dev, 0, &onDev);
+
+  for (int i = 1; i <= 10; i++)
+    if (host.loss[i] != onDev.loss[i])
+      fail_msg("step %d: loss %.9g on the host, %.9g through the device hooks", i, host.loss[i],
+               onDev.loss[i]);
+  assert_true(rh.eval_loss_start == rd.eval_loss_start && rh.eval_loss_end == rd.eval_loss_end);
+  assert_memory_equal(lo->params, hl->params, lo->n_params * sizeof(float));
+  assert_memory_equal(hl->params, f.lo->params, lo->n_params * sizeof(float));
+  assert_int_equal(f.ups, 11); /* at the start, then after each step */
+  assert_int_equal(f.downs, 10);
+  lora_free(hl);
+  lora_free(f.lo);
+  model_free(f.m);
+  lora_free(lo);
+  model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_full_training_lowers_heldout_loss, setup, teardown),
@@ -383,6 +473,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_full_checkpoint_save_reload, setup, teardown),
       cmocka_unit_test_setup_teardown(test_resume_matches_uninterrupted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_resume_rejects_other_batch, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_path_matches_host, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
