@@ -20,6 +20,9 @@
 #include "worker/outputs.h"
 #include "worker/report.h"
 #include "worker/train.h"
+#ifdef TRAINYARD_HAVE_CUDA
+#include "worker/train_cuda.h"
+#endif
 
 static int env_int(const char *name, int dflt, int lo, int *out, char *err, size_t errlen) {
   const char *s = getenv(name);
@@ -147,15 +150,19 @@ static int on_progress(void *ctx, const train_progress_t *p) {
  * the model without one and load only their shards (the loader's standard or
  * memory-efficient path, as fsdp.memory_efficient_load says), in float32,
  * the compute type. */
-static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
-                       model_t **m, fsdp_t **f, loader_stats_t *ls, char *err, size_t errlen) {
-  int rc = 0;
+/* The model's shape: spec.model, or the checkpoint's config.json. */
+static int job_config(const jobspec_t *s, llama_config_t *cfg, char *err, size_t errlen) {
   if (s->init_from_scratch) {
     *cfg = s->model;
-  } else {
-    llama_config_init(cfg);
-    rc = model_io_read_config(s->model_path, cfg, err, errlen);
+    return 0;
   }
+  llama_config_init(cfg);
+  return model_io_read_config(s->model_path, cfg, err, errlen);
+}
+
+static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
+                       model_t **m, fsdp_t **f, loader_stats_t *ls, char *err, size_t errlen) {
+  int rc = job_config(s, cfg, err, errlen);
   /* Several ranks: no whole-model buffers, only activations. */
   int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
       comm_world_size(comm) == 1 ? model_create : model_create_unowned;
@@ -182,6 +189,54 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
   return fsdp_create(f, *m, comm, shard, !s->use_lora, err, errlen);
 }
 
+/* What this worker trains on device cuda: LoRA adapters on one GPU. 0, or
+ * TY_EUNAVAILABLE / TY_EUNIMPLEMENTED with the reason and the fix. */
+static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
+#ifndef TRAINYARD_HAVE_CUDA
+  (void)s;
+  snprintf(err, errlen,
+           "device cuda: this worker was built without the CUDA toolkit; rebuild where one is "
+           "installed, or set \"device\": \"cpu\"");
+  return TY_EUNAVAILABLE;
+#else
+  if (!s->use_lora) {
+    snprintf(err, errlen,
+             "device cuda: training every weight on a GPU is not available yet (LoRA adapters "
+             "are: set use_lora true), or set \"device\": \"cpu\"");
+    return TY_EUNIMPLEMENTED;
+  }
+  if (s->world_size > 1) {
+    snprintf(err, errlen,
+             "device cuda: a job trains on one GPU for now, and this one asks for world_size %d; "
+             "set world_size 1, or \"device\": \"cpu\" to shard across CPU ranks",
+             s->world_size);
+    return TY_EUNIMPLEMENTED;
+  }
+  return 0;
+#endif
+}
+
+#ifdef TRAINYARD_HAVE_CUDA
+/* device cuda: the model's shape on the host (no weights), the adapters
+ * (host: the trained span), and the base weights on device 0 (a rank's GPU
+ * is its device 0: the server sets CUDA_VISIBLE_DEVICES). */
+static int build_cuda(const jobspec_t *s, llama_config_t *cfg, model_t *shape, lora_t **lo,
+                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
+                      size_t errlen) {
+  memset(shape, 0, sizeof *shape);
+  int rc = job_config(s, cfg, err, errlen);
+  if (!rc) rc = model_dims_from_config(&shape->d, cfg, err, errlen);
+  if (rc) return rc;
+  shape->B = s->train.micro_batch_size;
+  shape->T = s->data.seq_len;
+  shape->mode = MODEL_TRAIN_LORA;
+  rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
+  if (rc) return rc;
+  lora_init(*lo, s->train.seed);
+  return train_cuda_create(tc, s, cfg, 0, *lo, shape->B, shape->T, ls, dev, err, errlen);
+}
+#endif
+
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
@@ -201,15 +256,14 @@ int worker_train_main(const worker_env_t *e) {
   }
   emit(&rep, "starting", 0, NAN, 0, NULL, "");
   rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
-  if (!rc && spec.device == JOBSPEC_DEVICE_CUDA) {
-    /* The CUDA kernels and placement exist (backend_cuda, placement_cuda),
-     * but the training loop runs the CPU model only: refuse rather than
-     * train on the CPU under a cuda label. */
-    snprintf(err, sizeof err,
-             "device cuda: training on a GPU is not available in this worker yet (only "
-             "'trainyard load' places shards on a GPU); set \"device\": \"cpu\" or \"auto\"");
-    rc = TY_EUNIMPLEMENTED;
-  }
+  /* Never the CPU model under a cuda label: a job it cannot run there fails. */
+  const bool cuda = !rc && spec.device == JOBSPEC_DEVICE_CUDA;
+  if (cuda) rc = cuda_supported(&spec, err, sizeof err);
+  model_t shape; /* device cuda: the host knows the model's shape only */
+  train_device_t dev;
+#ifdef TRAINYARD_HAVE_CUDA
+  train_cuda_t *tc = NULL;
+#endif
   if (!rc) {
     rep.total_steps = spec.train.steps;
     rc = comm_open_env(&comm, err, sizeof err);
@@ -217,10 +271,17 @@ int worker_train_main(const worker_env_t *e) {
   if (!rc) {
     emit(&rep, "loading", 0, NAN, 0, NULL,
          spec.init_from_scratch ? "initialising" : spec.model_path);
-    rc = build_model(&spec, comm, &pl, &cfg, &m, &f, &ls, err, sizeof err);
-    if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
+    if (cuda) {
+#ifdef TRAINYARD_HAVE_CUDA
+      rc = build_cuda(&spec, &cfg, &shape, &lo, &tc, &dev, &ls, err, sizeof err);
+      if (!rc) emit(&rep, "loading", 0, NAN, 0, &ls, "weights loaded onto the GPU");
+#endif
+    } else {
+      rc = build_model(&spec, comm, &pl, &cfg, &m, &f, &ls, err, sizeof err);
+      if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
+    }
   }
-  if (!rc && spec.use_lora) {
+  if (!rc && spec.use_lora && !cuda) {
     rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err, sizeof err);
     if (!rc) lora_init(lo, spec.train.seed);
   }
@@ -228,9 +289,10 @@ int worker_train_main(const worker_env_t *e) {
   if (!rc) {
     train_args_t a = {.spec = &spec,
                       .comm = comm,
-                      .model = m,
+                      .model = cuda ? &shape : m,
                       .fsdp = f,
                       .lora = lo,
+                      .device = cuda ? &dev : NULL,
                       .progress = on_progress,
                       .progress_ctx = &rep,
                       .eval_windows = 16};
@@ -252,12 +314,15 @@ int worker_train_main(const worker_env_t *e) {
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
                res.eval_loss_end);
-    emit(&rep, "done", res.steps_done, res.last_loss, 0, f ? &ls : NULL, msg);
+    emit(&rep, "done", res.steps_done, res.last_loss, 0, f || cuda ? &ls : NULL, msg);
   } else {
     emit(&rep, "failed", 0, NAN, 0, NULL, err);
     ty_error("%s", err);
   }
   lora_free(lo);
+#ifdef TRAINYARD_HAVE_CUDA
+  train_cuda_free(tc);
+#endif
   fsdp_free(f);
   model_free(m);
   comm_close(comm);

@@ -1,0 +1,123 @@
+/* train_cuda.c - LoRA training on one GPU: the loader into a CUDA
+ * placement, model_cuda's passes, and the loop's device hooks; see
+ * train_cuda.h. */
+#include "worker/train_cuda.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+#include "api/errors.h"
+#include "common/xalloc.h"
+#include "worker/backend_cuda.h"
+#include "worker/model_cuda.h"
+#include "worker/placement_cuda.h"
+
+struct train_cuda {
+  placement_t pl;
+  bool pl_ready;
+  cuda_backend_t *cb;
+  loader_shard_t *shard;
+  model_cuda_t *mc;
+  size_t n; /* adapter floats */
+  char name[32];
+};
+
+/* TY_EINTERNAL with what failed and CUDA's reason, or 0. */
+static int cuda_check(cudaError_t e, const char *what, char *err, size_t errlen) {
+  if (e == cudaSuccess) return 0;
+  snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
+  return TY_EINTERNAL;
+}
+
+static int span_check(const train_cuda_t *t, size_t n, char *err, size_t errlen) {
+  if (n == t->n) return 0;
+  snprintf(err, errlen, "%s: the adapters hold %zu floats on the device, not %zu", t->name, t->n,
+           n);
+  return TY_EINTERNAL;
+}
+
+static int tc_forward(void *ctx, const int *inputs, const int *targets, int b, int t,
+                      double *loss, char *err, size_t errlen) {
+  train_cuda_t *tc = ctx;
+  return model_cuda_forward(tc->mc, inputs, targets, b, t, loss, err, errlen);
+}
+
+static int tc_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
+  return model_cuda_backward(((train_cuda_t *)ctx)->mc, loss_scale, err, errlen);
+}
+
+static int tc_zero_grads(void *ctx, char *err, size_t errlen) {
+  train_cuda_t *tc = ctx;
+  return cuda_check(cudaMemset(model_cuda_lora_grads(tc->mc), 0, tc->n * sizeof(float)),
+                    "clearing the adapters' gradients", err, errlen);
+}
+
+/* cudaMemcpy on the legacy default stream waits for the queued passes. */
+static int tc_grads_to_host(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
+  train_cuda_t *tc = ctx;
+  int rc = span_check(tc, n, err, errlen);
+  return rc ? rc
+            : cuda_check(cudaMemcpy(grads, model_cuda_lora_grads(tc->mc), n * sizeof(float),
+                                    cudaMemcpyDeviceToHost),
+                         "copying the adapters' gradients to the host", err, errlen);
+}
+
+static int tc_params_from_host(void *ctx, const float *params, size_t n, char *err,
+                               size_t errlen) {
+  train_cuda_t *tc = ctx;
+  int rc = span_check(tc, n, err, errlen);
+  return rc ? rc
+            : cuda_check(cudaMemcpy(model_cuda_lora_params(tc->mc), params, n * sizeof(float),
+                                    cudaMemcpyHostToDevice),
+                         "copying the adapters to the device", err, errlen);
+}
+
+int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_config_t *cfg,
+                      int device, const lora_t *lora, int B, int T, loader_stats_t *ls,
+                      train_device_t *dev, char *err, size_t errlen) {
+  *out = NULL;
+  train_cuda_t *t = xcalloc(1, sizeof *t);
+  snprintf(t->name, sizeof t->name, "cuda:%d", device);
+  size_t bucket = (size_t)spec->fsdp.bucket_mb << 20;
+  int rc = placement_cuda_init(&t->pl, device, bucket, err, errlen);
+  t->pl_ready = rc == 0;
+  if (!rc) rc = cuda_backend_create(&t->cb, device, err, errlen);
+  if (!rc) {
+    loader_opts_t o = {.rank = 0,
+                       .world_size = 1,
+                       .dtype = spec->dtype,
+                       .memory_efficient = spec->fsdp.memory_efficient_load,
+                       .bucket_bytes = bucket,
+                       .seed = spec->train.seed,
+                       .pl = &t->pl};
+    rc = spec->init_from_scratch ? loader_init_scratch(cfg, &o, &t->shard, ls, err, errlen)
+                                 : loader_load(spec->model_path, &o, &t->shard, ls, err, errlen);
+  }
+  if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, B, T, err, errlen);
+  if (rc) {
+    train_cuda_free(t);
+    return rc;
+  }
+  t->n = model_cuda_lora_size(t->mc);
+  *dev = (train_device_t){.ctx = t,
+                          .name = t->name,
+                          .forward = tc_forward,
+                          .backward = tc_backward,
+                          .zero_grads = tc_zero_grads,
+                          .grads_to_host = tc_grads_to_host,
+                          .params_from_host = tc_params_from_host};
+  *out = t;
+  return 0;
+}
+
+void train_cuda_free(train_cuda_t *t) {
+  if (!t) return;
+  model_cuda_free(t->mc);
+  loader_shard_free(t->shard);
+  if (t->pl_ready) placement_cuda_free(&t->pl);
+  cuda_backend_free(t->cb);
+  free(t);
+}
