@@ -2,7 +2,9 @@
  * Plain, checkable kernels: one block per row for the row ops (norms,
  * softmaxes, attention rows), one thread per element otherwise; every
  * reduction is in a fixed order for a fixed launch, so results repeat. */
+#include <dlfcn.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,6 +27,62 @@ struct cuda_backend {
 
 #define CB_THREADS 256
 
+/* ---- cuBLAS, loaded when the first backend is created rather than at
+ * program start: mapping libcublas and libcublasLt costs a process some 200
+ * MiB of resident memory, which a CPU job or a load should not pay. The
+ * worker links only the CUDA runtime. ---- */
+/* cublasGemmEx's C entry point (C++ also sees an inline overload). */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                     int, const void *, const void *, cudaDataType, int,
+                                     const void *, cudaDataType, int, const void *, void *,
+                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+static struct {
+  pthread_once_t once;
+  char why[512]; /* empty once loaded */
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSgemm_v2) sgemm;
+  gemm_ex_fn gemm_ex;
+} g_blas = {PTHREAD_ONCE_INIT, "not loaded", NULL, NULL, NULL, NULL, NULL};
+
+/* dlopen of name, or of name beside the CUDA runtime this program uses
+ * (the toolkit's lib directory, which the loader's path may not list). */
+static void *open_beside_cudart(const char *name) {
+  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  Dl_info info;
+  if (h || !dladdr((void *)&cudaGetDeviceCount, &info) || !info.dli_fname) return h;
+  char path[4096];
+  snprintf(path, sizeof path, "%s", info.dli_fname);
+  char *slash = strrchr(path, '/');
+  if (!slash) return NULL;
+  snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", name);
+  return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void blas_load(void) {
+  char name[64];
+  snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+  void *h = open_beside_cudart(name);
+  if (!h) {
+    snprintf(g_blas.why, sizeof g_blas.why, "cannot load %s (%s)", name, dlerror());
+    return;
+  }
+#define TY_BLAS_SYM(field, sym)                                                       \
+  if (!(g_blas.field = (decltype(g_blas.field))dlsym(h, #sym))) {                      \
+    snprintf(g_blas.why, sizeof g_blas.why, "%s has no %s (a cuBLAS older than %d.x?)", \
+             name, #sym, CUBLAS_VER_MAJOR);                                          \
+    return;                                                                           \
+  }
+  TY_BLAS_SYM(create, cublasCreate_v2)
+  TY_BLAS_SYM(destroy, cublasDestroy_v2)
+  TY_BLAS_SYM(set_math_mode, cublasSetMathMode)
+  TY_BLAS_SYM(sgemm, cublasSgemm_v2)
+  TY_BLAS_SYM(gemm_ex, cublasGemmEx)
+#undef TY_BLAS_SYM
+  g_blas.why[0] = '\0'; /* the handle stays open for the process */
+}
+
 static int cb_fail(char *err, size_t errlen, int code, const char *what, const char *why) {
   if (err && errlen) snprintf(err, errlen, "cuda backend: %s: %s", what, why);
   return code;
@@ -32,6 +90,11 @@ static int cb_fail(char *err, size_t errlen, int code, const char *what, const c
 
 static unsigned cb_blocks(size_t n) {
   return (unsigned)((n + CB_THREADS - 1) / CB_THREADS);
+}
+
+extern "C" int cuda_backend_blas_check(char *err, size_t errlen) {
+  pthread_once(&g_blas.once, blas_load);
+  return g_blas.why[0] ? cb_fail(err, errlen, TY_EUNAVAILABLE, "cuBLAS", g_blas.why) : 0;
 }
 
 extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen) {
@@ -48,17 +111,19 @@ extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, 
                    "use a device index below the number of visible devices");
   if ((e = cudaSetDevice(device)) != cudaSuccess)
     return cb_fail(err, errlen, TY_EUNAVAILABLE, "cudaSetDevice", cudaGetErrorString(e));
+  int rc = cuda_backend_blas_check(err, errlen);
+  if (rc) return rc;
   cuda_backend_t *b = (cuda_backend_t *)calloc(1, sizeof *b);
   if (!b) return TY_EEXHAUSTED;
   b->device = device;
-  if (cublasCreate(&b->blas) != CUBLAS_STATUS_SUCCESS) {
+  if (g_blas.create(&b->blas) != CUBLAS_STATUS_SUCCESS) {
     free(b);
     return cb_fail(err, errlen, TY_EINTERNAL, "cublasCreate", "failed");
   }
   /* Plain fp32 for Sgemm: no TF32 unless asked for, so fp32 matches the CPU. */
-  cublasSetMathMode(b->blas, CUBLAS_DEFAULT_MATH);
+  g_blas.set_math_mode(b->blas, CUBLAS_DEFAULT_MATH);
   if ((e = cudaMalloc((void **)&b->dsum, sizeof(double))) != cudaSuccess) {
-    cublasDestroy(b->blas);
+    g_blas.destroy(b->blas);
     free(b);
     return cb_fail(err, errlen, TY_EEXHAUSTED, "cudaMalloc", cudaGetErrorString(e));
   }
@@ -69,7 +134,7 @@ extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, 
 extern "C" void cuda_backend_free(cuda_backend_t *b) {
   if (!b) return;
   cudaFree(b->dsum);
-  cublasDestroy(b->blas);
+  g_blas.destroy(b->blas);
   free(b);
 }
 
@@ -151,11 +216,11 @@ static int gemm(cuda_backend_t *b, ty_dtype_t dt, cublasOperation_t ta, cublasOp
   if (m == 0 || n == 0) return 0;
   cublasStatus_t s;
   if (dt == TY_DTYPE_F32)
-    s = cublasSgemm(b->blas, ta, tb, m, n, k, &alpha, (const float *)A, lda, (const float *)B, ldb,
-                    &beta, C, ldc);
+    s = g_blas.sgemm(b->blas, ta, tb, m, n, k, &alpha, (const float *)A, lda, (const float *)B,
+                     ldb, &beta, C, ldc);
   else if (dt == TY_DTYPE_BF16)
-    s = cublasGemmEx(b->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
-                     &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    s = g_blas.gemm_ex(b->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF,
+                       ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   else
     return TY_EINVAL;
   return s == CUBLAS_STATUS_SUCCESS ? 0 : TY_EINTERNAL;

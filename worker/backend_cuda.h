@@ -32,6 +32,11 @@ typedef struct cuda_backend cuda_backend_t;
 int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen);
 /* Accepts NULL. */
 void cuda_backend_free(cuda_backend_t *b);
+/* Loads cuBLAS (dlopen: the worker does not link it, so that a process
+ * that never computes on a GPU does not map it); needs no device. Called by
+ * cuda_backend_create. 0, or TY_EUNAVAILABLE with the library's name and
+ * the loader's reason in err. */
+int cuda_backend_blas_check(char *err, size_t errlen);
 /* Waits for the queued work; 0, or TY_EINTERNAL naming the first error. */
 int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen);
 
