@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "api/errors.h"
 
@@ -34,4 +35,23 @@ int ty_mkdirs(const char *dir, char *err, size_t errlen) {
     if (!c) break;
   }
   return 0;
+}
+
+int ty_find_worker(char *out, size_t n) {
+  char self[PATH_MAX];
+  ssize_t k = readlink("/proc/self/exe", self, sizeof self - 1);
+  char *slash = NULL;
+  if (k > 0) {
+    self[k] = '\0';
+    slash = strrchr(self, '/');
+  }
+  if (!slash) {
+    snprintf(out, n, "trainyard-worker");
+    return -1;
+  }
+  *slash = '\0';
+  snprintf(out, n, "%s/trainyard-worker", self);
+  if (!access(out, X_OK)) return 0;
+  snprintf(out, n, "%s/../worker/trainyard-worker", self);
+  return access(out, X_OK) ? -1 : 0;
 }

@@ -10,4 +10,11 @@
  * component and the system's reason in err (may be NULL). */
 int ty_mkdirs(const char *dir, char *err, size_t errlen);
 
+/* Where our programs (trainyardd, trainyard) find trainyard-worker: beside
+ * the running executable (an installed layout), else in ../worker/ of it
+ * (the build tree). Writes the path into out (n bytes); returns 0 when that
+ * file is executable, -1 otherwise (out then holds the last path tried, or
+ * "trainyard-worker" when the executable's own path is unknown). */
+int ty_find_worker(char *out, size_t n);
+
 #endif

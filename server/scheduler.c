@@ -79,20 +79,6 @@ static double mono_now(void) {
 
 /* The default worker: trainyard-worker in the directory of this binary (an
  * installed layout), else in ../worker/ beside it (the build tree). */
-static void default_worker(char *out, size_t size) {
-  char self[PATH_MAX - 32];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) {
-    snprintf(out, size, "trainyard-worker");
-    return;
-  }
-  self[n] = '\0';
-  char *slash = strrchr(self, '/');
-  if (slash) *slash = '\0';
-  snprintf(out, size, "%s/../worker/trainyard-worker", self);
-  if (access(out, X_OK)) snprintf(out, size, "%s/trainyard-worker", self);
-}
-
 int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_base,
                  sched_t **out, char *msg, size_t msgsz) {
   sched_t *s = xcalloc(1, sizeof *s);
@@ -102,7 +88,7 @@ int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_bas
   if (*cfg->worker)
     snprintf(s->worker, sizeof s->worker, "%s", cfg->worker);
   else
-    default_worker(s->worker, sizeof s->worker);
+    ty_find_worker(s->worker, sizeof s->worker); /* checked just below */
   if (access(s->worker, X_OK))
     ty_warn("the worker program %s cannot be run (%s): jobs will fail until it can (--worker)",
             s->worker, strerror(errno));

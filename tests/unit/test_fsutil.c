@@ -54,7 +54,20 @@ static void test_mkdirs(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+/* This test runs from <build>/tests: the worker is found in ../worker/. */
+static void test_find_worker(void **state) {
+  (void)state;
+  char path[4096];
+  assert_int_equal(ty_find_worker(path, sizeof path), 0);
+  const char *tail = "/tests/../worker/trainyard-worker";
+  size_t n = strlen(path);
+  assert_true(n > strlen(tail));
+  assert_string_equal(path + n - strlen(tail), tail);
+  assert_int_equal(access(path, X_OK), 0);
+}
+
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mkdirs)};
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mkdirs),
+                                     cmocka_unit_test(test_find_worker)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
