@@ -36,7 +36,7 @@ rc=0
 run gpu cuda float32 || rc=$?
 if [ $rc -ne 0 ]; then
   if grep -q 'no CUDA device is visible' "$tmp/gpu.reports"; then
-    echo "SKIP: $(grep -o 'device cuda: no CUDA device[^"]*' "$tmp/gpu.reports" | head -1)"
+    echo "SKIP gpu/train: $(grep -o 'device cuda: no CUDA device[^"]*' "$tmp/gpu.reports" | head -1)"
     exit 77
   fi
   cat "$tmp/gpu.log" >&2
