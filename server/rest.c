@@ -361,10 +361,14 @@ static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_re
          "# HELP trainyard_reports_rejected_total Progress reports refused.\n"
          "# TYPE trainyard_reports_rejected_total counter\n"
          "trainyard_reports_rejected_total %lld\n"
+         "# HELP trainyard_http_connections Open REST client connections.\n"
+         "# TYPE trainyard_http_connections gauge\ntrainyard_http_connections %d\n"
+         "# HELP trainyard_event_streams Open event streams (Server-Sent Events).\n"
+         "# TYPE trainyard_event_streams gauge\ntrainyard_event_streams %d\n"
          "# HELP trainyard_http_requests_total HTTP requests by route and status.\n"
          "# TYPE trainyard_http_requests_total counter\n",
          (long long)st.ranks_running, (long long)st.reports_ingested,
-         (long long)st.reports_rejected);
+         (long long)st.reports_rejected, atomic_load(&r->connections), atomic_load(&r->sse_open));
   for (size_t i = 0; i <= N_ROUTES; i++)
     for (int k = 0; k < STATUS_SLOTS; k++) {
       int status = atomic_load_explicit(&g_counts[i][k].status, memory_order_acquire);

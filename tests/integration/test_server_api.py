@@ -387,6 +387,36 @@ class StreamKeepalive(unittest.TestCase):
         finally:
             srv.cleanup()
 
+    def test_abandoned_streams_are_reclaimed(self):
+        # A client that goes away while its stream is idle (connection
+        # suspended) is noticed at the next keepalive write.
+        srv = Server(extra=["--sse-keepalive", "0.3", "--cpu-slots", "1"]).start()
+        try:
+            holder = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0")).json()
+            srv.wait_state(holder["id"], ["starting", "running"])
+            job = srv.post("/v1/jobs", srv.spec(world_size=1, name="waits")).json()
+            streams = [srv.get("/v1/jobs/%s/events" % job["id"], stream=True, timeout=10)
+                       for _ in range(20)]
+            self.assertEqual(gauge(srv, "trainyard_event_streams"), 20)
+            self.assertGreaterEqual(gauge(srv, "trainyard_http_connections"), 20)
+            for r in streams:
+                r.close()
+            deadline = time.time() + 10
+            while gauge(srv, "trainyard_event_streams") != 0:
+                self.assertLess(time.time(), deadline, "abandoned streams still open")
+                time.sleep(0.1)
+            self.assertLess(gauge(srv, "trainyard_http_connections"), 5)
+        finally:
+            srv.cleanup()
+
+
+def gauge(srv, name):
+    """A gauge's value from /metrics."""
+    for line in srv.get("/metrics").text.splitlines():
+        if line.startswith(name + " "):
+            return int(float(line.split()[1]))
+    raise AssertionError("no %s in /metrics" % name)
+
 
 def parse_sse(text):
     events = []
