@@ -199,20 +199,25 @@ void dbi_text_copy(sqlite3_stmt *st, int col, char *buf, size_t size) {
   snprintf(buf, size, "%s", t ? (const char *)t : "");
 }
 
-int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *data) {
+int64_t dbi_event_append_text(db_t *db, const char *id, const char *type, const char *data) {
   sqlite3_stmt *st;
   int rc = dbi_prepare(db, "INSERT INTO events(job_id, t, type, data) VALUES (?,?,?,?)", &st);
   if (rc) return rc;
-  char *text = json_dumps(data, JSON_COMPACT);
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   sqlite3_bind_double(st, 2, db_now());
   sqlite3_bind_text(st, 3, type, -1, SQLITE_STATIC);
-  sqlite3_bind_text(st, 4, text ? text : "{}", -1, SQLITE_TRANSIENT);
-  free(text);
+  sqlite3_bind_text(st, 4, data ? data : "{}", -1, SQLITE_STATIC);
   rc = sqlite3_step(st);
   dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert event");
   return sqlite3_last_insert_rowid(db->conn);
+}
+
+int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *data) {
+  char *text = json_dumps(data, JSON_COMPACT);
+  int64_t seq = dbi_event_append_text(db, id, type, text);
+  free(text);
+  return seq;
 }
 
 /* mkdir -p of the directory that holds path. */

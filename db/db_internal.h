@@ -60,6 +60,8 @@ char *dbi_text_dup(sqlite3_stmt *st, int col);
 void dbi_text_copy(sqlite3_stmt *st, int col, char *buf, size_t size);
 /* Appends an event row inside the caller's transaction; returns its seq or
  * a negative TY_E* code. data is borrowed. */
+/* dbi_event_append with data already rendered as JSON text (NULL: {}). */
+int64_t dbi_event_append_text(db_t *db, const char *id, const char *type, const char *data);
 int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *data);
 
 /* The "state" event of a new job (from null to queued), written by

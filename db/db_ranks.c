@@ -84,7 +84,9 @@ static json_t *report_json(const db_report_t *r) {
                    r->load_seconds, "message", r->message);
 }
 
-static int ingest_locked(db_t *db, const char *id, const db_report_t *r, bool *progressed) {
+/* ev_text: the report's "progress" event, rendered before the lock. */
+static int ingest_locked(db_t *db, const char *id, const db_report_t *r, const char *ev_text,
+                         bool *progressed) {
   sqlite3_stmt *st;
   int rc = dbi_prepare(db,
                        "SELECT phase, step, finished_at IS NOT NULL FROM ranks"
@@ -154,9 +156,7 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, bool *p
     if ((rc = step_done(db, st, "insert metric"))) return rc;
   }
   if (changed) {
-    json_t *ev = report_json(r);
-    int64_t seq = dbi_event_append(db, id, "progress", ev);
-    json_decref(ev);
+    int64_t seq = dbi_event_append_text(db, id, "progress", ev_text);
     if (seq < 0) return (int)seq;
   }
   if (progressed) *progressed = changed;
@@ -165,6 +165,10 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, bool *p
 
 int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progressed) {
   if (progressed) *progressed = false;
+  /* Rendered outside the lock: every report that moves is an event. */
+  json_t *ev = report_json(r);
+  char *ev_text = json_dumps(ev, JSON_COMPACT);
+  json_decref(ev);
   pthread_mutex_lock(&db->lock);
   int rc = 0;
   if (!db->batch_open) {
@@ -174,7 +178,7 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   }
   /* A savepoint per report: a report that fails leaves the batch intact. */
   if (!rc && !(rc = dbi_run(db, "SAVEPOINT report"))) {
-    rc = ingest_locked(db, id, r, progressed);
+    rc = ingest_locked(db, id, r, ev_text, progressed);
     if (rc) dbi_run(db, "ROLLBACK TO report");
     int end = dbi_run(db, "RELEASE report");
     if (!rc) rc = end;
@@ -184,6 +188,7 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
     if (!rc) rc = end;
   }
   pthread_mutex_unlock(&db->lock);
+  free(ev_text);
   return rc;
 }
 
