@@ -1,4 +1,4 @@
-/* test_rest_match.c - REST path patterns: captures, their bounds, and no
+/* test_routes_rest.c - REST path patterns: captures, their bounds, and no
  * stale bytes left in the capture slots a pattern does not use (the pool
  * threads reuse their stacks, so stale bytes would leak between requests). */
 #include <setjmp.h>
