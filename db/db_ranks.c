@@ -183,7 +183,8 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
     int end = dbi_run(db, "RELEASE report");
     if (!rc) rc = end;
   }
-  if (db->batch_open && (++db->batch_n >= DBI_BATCH_N || db_now() - db->batch_since > DBI_BATCH_S)) {
+  if (db->batch_open &&
+      (++db->batch_n >= DBI_BATCH_N || db_now() - db->batch_since > DBI_BATCH_S)) {
     int end = dbi_flush(db);
     if (!rc) rc = end;
   }

@@ -44,7 +44,7 @@
     "concurrent client connections (429 above it)")                                     \
   X(http_threads, INT, "0", 0, 1024, "TRAINYARD_HTTP_THREADS",                             \
     "threads serving REST connections, each many at once (0: the number of online CPUs)")  \
-  X(sse_keepalive, SEC, "15", 0.1, 3600, "TRAINYARD_SSE_KEEPALIVE",                       \
+  X(sse_keepalive, SEC, "15", 0.1, 60, "TRAINYARD_SSE_KEEPALIVE",                         \
     "seconds of silence after which an event stream sends a comment line (for proxies)")   \
   X(log_max, INT, "16777216", 4096, 1099511627776, "TRAINYARD_LOG_MAX",                    \
     "bytes kept of each rank's log file (the rest is dropped, with a note)")               \

@@ -18,6 +18,9 @@
 
 /* How long shutdown waits for open event streams to end cleanly. */
 #define STREAM_END_S 2.0
+/* A connection silent this long is closed; event streams write at least
+ * every --sse_keepalive seconds (at most 60), so they stay open. */
+#define IDLE_TIMEOUT_S 120u
 
 static enum MHD_Result h_healthz(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
@@ -58,8 +61,7 @@ static void count_request(const rest_route_t *route, int status) {
     int seen = atomic_load_explicit(&sc->status, memory_order_acquire);
     if (seen == 0) {
       int expected = 0;
-      if (!atomic_compare_exchange_strong(&sc->status, &expected, status)) seen = expected;
-      else seen = status;
+      seen = atomic_compare_exchange_strong(&sc->status, &expected, status) ? status : expected;
     }
     if (seen == status) {
       atomic_fetch_add_explicit(&sc->count, 1, memory_order_relaxed);
@@ -200,7 +202,8 @@ bool rest_query_int(struct MHD_Connection *c, const char *name, int64_t min, int
 
 /* Whether method may use route (HEAD wherever GET may). */
 static bool method_ok(const rest_route_t *route, const char *method) {
-  return !strcmp(method, route->method) || (!strcmp(method, "HEAD") && !strcmp(route->method, "GET"));
+  return !strcmp(method, route->method) ||
+         (!strcmp(method, "HEAD") && !strcmp(route->method, "GET"));
 }
 
 /* No route has this method and path: 404 when no route has the path, else
@@ -433,8 +436,8 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
   if (mem < 32768) mem = 32768;
   /* A pool of epoll threads, each serving many connections; no handler
    * blocks (event streams suspend their connection while idle). */
-  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO | MHD_ALLOW_SUSPEND_RESUME |
-                   MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+  unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO |
+                   MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
   if (rest_events_start(r)) {
     snprintf(msg, msgsz, "cannot start the event stream thread");
     free(r);
@@ -446,8 +449,8 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
                             MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
                             MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 120u, MHD_OPTION_NOTIFY_COMPLETED,
-                            on_completed, r, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
   if (!r->mhd) {
     snprintf(msg, msgsz, "cannot listen on %s (address in use, or not this host's?)",
              cfg->listen);

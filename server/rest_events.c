@@ -18,20 +18,20 @@
 #include "server/rest_internal.h"
 #include "server/service.h"
 
-#define BATCH 256          /* events read per query */
-#define WAKE_SLICE_S 1.0   /* longest wait before the waker looks at the keepalive clocks */
+#define BATCH 256        /* events read per query */
+#define WAKE_SLICE_S 1.0 /* longest wait before the waker looks at the keepalive clocks */
 
 struct sse {
   rest_t *rest;
   struct MHD_Connection *conn;
   char id[DB_ID_MAX];
-  int64_t last_seq;        /* last event sent */
-  char *pending;           /* formatted, not yet handed to MHD; owned */
+  int64_t last_seq; /* last event sent */
+  char *pending;    /* formatted, not yet handed to MHD; owned */
   size_t pending_len, pending_off;
-  bool done;               /* the final event is in pending: end after it */
-  uint64_t seen_gen;       /* event generation of the last empty query */
-  double last_write;       /* monotonic seconds of the last bytes handed to MHD */
-  sse_t *next;             /* in the waiting list while suspended */
+  bool done;         /* the final event is in pending: end after it */
+  uint64_t seen_gen; /* event generation of the last empty query */
+  double last_write; /* monotonic seconds of the last bytes handed to MHD */
+  sse_t *next;       /* in the waiting list while suspended */
 };
 
 static double now_s(void) {
@@ -50,9 +50,9 @@ static void format_events(sse_t *s, json_t *events) {
     long long seq = (long long)json_integer_value(json_object_get(ev, "seq"));
     size_t need = strlen(data) + 128;
     s->pending = xrealloc(s->pending, s->pending_len + need);
-    s->pending_len += (size_t)snprintf(s->pending + s->pending_len, need,
-                                       "id: %lld\nevent: %s\ndata: %s\n\n", seq,
-                                       type ? type : "message", data);
+    s->pending_len +=
+        (size_t)snprintf(s->pending + s->pending_len, need, "id: %lld\nevent: %s\ndata: %s\n\n",
+                         seq, type ? type : "message", data);
     free(data);
   }
 }

@@ -39,8 +39,8 @@ static int span_check(const train_cuda_t *t, size_t n, char *err, size_t errlen)
   return TY_EINTERNAL;
 }
 
-static int tc_forward(void *ctx, const int *inputs, const int *targets, int b, int t,
-                      double *loss, char *err, size_t errlen) {
+static int tc_forward(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
+                      char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   return model_cuda_forward(tc->mc, inputs, targets, b, t, loss, err, errlen);
 }
@@ -65,8 +65,7 @@ static int tc_grads_to_host(void *ctx, float *grads, size_t n, char *err, size_t
                          "copying the adapters' gradients to the host", err, errlen);
 }
 
-static int tc_params_from_host(void *ctx, const float *params, size_t n, char *err,
-                               size_t errlen) {
+static int tc_params_from_host(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   int rc = span_check(tc, n, err, errlen);
   return rc ? rc

@@ -25,14 +25,14 @@ static void test_captures(void **state) {
 static void test_refusals(void **state) {
   (void)state;
   char p[REST_MAX_PARAMS][128];
-  assert_false(rest_route_match("/v1/jobs/{id}", "/v1/jobs/", p));       /* empty segment */
-  assert_false(rest_route_match("/v1/jobs/{id}", "/v1/jobs/a/b", p));    /* one segment only */
+  assert_false(rest_route_match("/v1/jobs/{id}", "/v1/jobs/", p));    /* empty segment */
+  assert_false(rest_route_match("/v1/jobs/{id}", "/v1/jobs/a/b", p)); /* one segment only */
   assert_false(rest_route_match("/v1/jobs/{id}", "/v1/jobs/a:cancel", p));
   assert_false(rest_route_match("/v1/jobs", "/v1/jobs/", p));
   assert_false(rest_route_match("/", "/index", p));
   char long_path[300] = "/v1/jobs/";
   memset(long_path + 9, 'x', 200);
-  assert_false(rest_route_match("/v1/jobs/{id}", long_path, p));          /* over 127 bytes */
+  assert_false(rest_route_match("/v1/jobs/{id}", long_path, p)); /* over 127 bytes */
 }
 
 static void test_unused_slots_are_empty(void **state) {
