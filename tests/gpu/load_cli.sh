@@ -5,11 +5,7 @@
 # rank must load onto its device by the memory-efficient path and report a
 # device peak and the cudaMemGetInfo cross-check in its message.
 set -euo pipefail
-bin=${TRAINYARD_BIN_DIR:?set by ctest}
-ty="$bin/cli/trainyard"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "$0")/../testlib.sh"
 
 "$ty" mkmodel --out "$tmp/m" --hidden-size 64 --intermediate-size 100 --layers 2 --heads 4 \
   --kv-heads 2 --vocab-size 97 --dtype bf16 --seed 3 >/dev/null

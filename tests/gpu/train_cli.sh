@@ -6,18 +6,10 @@
 # bfloat16 weights train too (the loss falls). Its reports carry the load's
 # device peak. Exits 77 (a ctest skip), saying why, where no GPU is visible.
 set -euo pipefail
-bin=${TRAINYARD_BIN_DIR:?set by ctest}
-ty="$bin/cli/trainyard"
-worker="$bin/worker/trainyard-worker"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "$0")/../testlib.sh"
 
 data="$tmp/words.txt"
-python3 -c "
-import random; r = random.Random(1)
-w = 'the cat sat on a mat and dog ran to house with red door'.split()
-open('$data', 'w').write(' '.join(r.choice(w) for _ in range(20000)))"
+words "$data" 20000
 "$ty" mkmodel --out "$tmp/base" --hidden-size 128 --intermediate-size 256 --layers 2 --heads 4 \
   --kv-heads 2 --vocab-size 256 --dtype bf16 --seed 3 >/dev/null
 

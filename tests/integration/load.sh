@@ -4,12 +4,7 @@
 # dimensions do not divide evenly, every rank's figures checked; a damaged
 # checkpoint fails naming the tensor; a bad spec fails naming the field.
 set -euo pipefail
-bin=${TRAINYARD_BIN_DIR:?set by ctest}
-ty="$bin/cli/trainyard"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "$0")/../testlib.sh"
 
 "$ty" mkmodel --out "$tmp/m" --hidden-size 24 --intermediate-size 50 --layers 2 --heads 3 \
   --kv-heads 1 --vocab-size 37 --dtype bf16 --shards 2 --seed 5 >/dev/null

@@ -6,21 +6,13 @@
 # adapter lowers the loss; evaluation is reproducible) and `trainyard load`
 # reading the trained checkpoint back.
 set -euo pipefail
-bin=${TRAINYARD_BIN_DIR:?set by ctest}
-ty="$bin/cli/trainyard"
-worker="$bin/worker/trainyard-worker"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "$0")/../testlib.sh"
 
 # Text every Debian system has; generated words where it is missing.
 data=/usr/share/common-licenses/GPL-3
 if [ ! -r "$data" ]; then
   data="$tmp/words.txt"
-  python3 -c "
-import random; r = random.Random(1)
-w = 'the cat sat on a mat and dog ran to house with red door'.split()
-open('$data', 'w').write(' '.join(r.choice(w) for _ in range(8000)))"
+  words "$data" 8000
 fi
 
 "$ty" mkmodel --out "$tmp/base" --hidden-size 64 --intermediate-size 96 --layers 2 --heads 4 \

@@ -13,17 +13,10 @@
 # reassociation costs ~1e-7 relative; over 8 AdamW steps the observed gap
 # stays near 1e-7, two orders below the bound.
 set -euo pipefail
-bin=${TRAINYARD_BIN_DIR:?set by ctest}
-ty="$bin/cli/trainyard"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
+. "$(dirname "$0")/../testlib.sh"
 
 data="$tmp/words.txt"
-python3 -c "
-import random; r = random.Random(1)
-w = 'the cat sat on a mat and dog ran to house with red door'.split()
-open('$data', 'w').write(' '.join(r.choice(w) for _ in range(6000)))"
+words "$data" 6000
 "$ty" mkmodel --out "$tmp/base" --hidden-size 48 --intermediate-size 80 --layers 2 --heads 4 \
   --kv-heads 2 --vocab-size 256 --seed 3 >/dev/null
 
