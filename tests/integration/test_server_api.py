@@ -308,10 +308,7 @@ class StreamsOnFewThreads(unittest.TestCase):
         import threading
         srv = Server(extra=["--http-threads", "2", "--cpu-slots", "1"]).start()
         try:
-            blocker = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0")).json()
-            srv.wait_state(blocker["id"], ["starting", "running"])
-            job = srv.post("/v1/jobs", srv.spec(world_size=1, name="behind",
-                                                train={"steps": 20})).json()
+            blocker, job = queued_behind_silent(srv, "silent0", "behind", train={"steps": 20})
             n = 24
             got = [None] * n
             opened = threading.Barrier(n + 1)
@@ -342,9 +339,7 @@ class StreamsOnFewThreads(unittest.TestCase):
                                   if e["event"] == "state"], states)
 
             # Streams open at shutdown end at once, and the server exits 0.
-            holder = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0-again")).json()
-            srv.wait_state(holder["id"], ["starting", "running"])
-            other = srv.post("/v1/jobs", srv.spec(world_size=1, name="stays-queued")).json()
+            _, other = queued_behind_silent(srv, "silent0-again", "stays-queued")
             streams = [srv.get("/v1/jobs/%s/events" % other["id"], stream=True, timeout=30)
                        for _ in range(8)]
             time.sleep(0.3)
@@ -363,9 +358,7 @@ class StreamKeepalive(unittest.TestCase):
         import threading
         srv = Server(extra=["--sse-keepalive", "0.3", "--cpu-slots", "1"]).start()
         try:
-            holder = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0")).json()
-            srv.wait_state(holder["id"], ["starting", "running"])
-            job = srv.post("/v1/jobs", srv.spec(world_size=1, name="waits")).json()
+            _, job = queued_behind_silent(srv, "silent0", "waits")
             r = srv.get("/v1/jobs/%s/events" % job["id"], stream=True, timeout=30)
             text = []
             reader = threading.Thread(target=lambda: text.extend(
@@ -392,9 +385,7 @@ class StreamKeepalive(unittest.TestCase):
         # suspended) is noticed at the next keepalive write.
         srv = Server(extra=["--sse-keepalive", "0.3", "--cpu-slots", "1"]).start()
         try:
-            holder = srv.post("/v1/jobs", srv.spec(world_size=1, name="silent0")).json()
-            srv.wait_state(holder["id"], ["starting", "running"])
-            job = srv.post("/v1/jobs", srv.spec(world_size=1, name="waits")).json()
+            _, job = queued_behind_silent(srv, "silent0", "waits")
             streams = [srv.get("/v1/jobs/%s/events" % job["id"], stream=True, timeout=10)
                        for _ in range(20)]
             self.assertEqual(gauge(srv, "trainyard_event_streams"), 20)
@@ -408,6 +399,15 @@ class StreamKeepalive(unittest.TestCase):
             self.assertLess(gauge(srv, "trainyard_http_connections"), 5)
         finally:
             srv.cleanup()
+
+
+def queued_behind_silent(srv, holder_name, name, **over):
+    """On a one-slot server: a job whose rank never reports (its name says
+    so to the test worker) takes the slot, and job `name` queues behind it.
+    Both jobs, as the API returned them."""
+    holder = srv.post("/v1/jobs", srv.spec(world_size=1, name=holder_name)).json()
+    srv.wait_state(holder["id"], ["starting", "running"])
+    return holder, srv.post("/v1/jobs", srv.spec(world_size=1, name=name, **over)).json()
 
 
 def gauge(srv, name):
