@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "common/clock.h"
 #include "common/xalloc.h"
 #include "server/rest_internal.h"
 #include "server/service.h"
@@ -33,12 +34,6 @@ struct sse {
   double last_write; /* monotonic seconds of the last bytes handed to MHD */
   sse_t *next;       /* in the waiting list while suspended */
 };
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 /* Formats events (a JSON array) as SSE frames appended to pending. */
 static void format_events(sse_t *s, json_t *events) {
@@ -97,7 +92,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
      * not full, every event of the job has been sent. */
     if (final && n < BATCH) s->done = true;
     if (n || s->done) continue;
-    if (now_s() - s->last_write >= s->rest->cfg->sse_keepalive) {
+    if (ty_mono_s() - s->last_write >= s->rest->cfg->sse_keepalive) {
       s->pending = xstrdup(": keepalive\n\n");
       s->pending_len = strlen(s->pending);
       continue;
@@ -108,7 +103,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
   if (n > max) n = max;
   memcpy(buf, s->pending + s->pending_off, n);
   s->pending_off += n;
-  s->last_write = now_s();
+  s->last_write = ty_mono_s();
   return (ssize_t)n;
 }
 
@@ -122,7 +117,7 @@ static void sse_free(void *cls) {
 /* Resumes the waiting streams that have something to do: all of them when
  * all is set. Called with sse_lock held. */
 static void wake(rest_t *r, uint64_t gen, bool all) {
-  double t = now_s();
+  double t = ty_mono_s();
   sse_t **link = &r->sse_waiting;
   while (*link) {
     sse_t *s = *link;
@@ -176,7 +171,7 @@ void rest_events_release(rest_t *r, double timeout_s) {
   pthread_mutex_unlock(&r->sse_lock);
   /* Each resumed stream sends its last bytes and the end of its chunked
    * body, so a client sees the stream end rather than break. */
-  for (double until = now_s() + timeout_s; atomic_load(&r->sse_open) > 0 && now_s() < until;)
+  for (double until = ty_mono_s() + timeout_s; atomic_load(&r->sse_open) > 0 && ty_mono_s() < until;)
     nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
 }
 
@@ -215,7 +210,7 @@ enum MHD_Result rest_h_events(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   s->conn = c;
   snprintf(s->id, sizeof s->id, "%s", job->id);
   s->last_seq = after;
-  s->last_write = now_s();
+  s->last_write = ty_mono_s();
   atomic_fetch_add(&r->sse_open, 1);
   db_job_free(job);
   struct MHD_Response *resp =

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
 #include "common/xalloc.h"
@@ -70,12 +71,6 @@ struct sched {
   int64_t cpu_used, gpu_used;
   uint64_t gpu_busy;       /* bit g: GPU g is held by a rank (gpus <= 64) */
 };
-
-static double mono_now(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + ts.tv_nsec / 1e9;
-}
 
 /* The default worker: trainyard-worker in the directory of this binary (an
  * installed layout), else in ../worker/ beside it (the build tree). */
@@ -148,7 +143,7 @@ void sched_note_report(sched_t *s, const char *id, const db_report_t *rep) {
   for (run_t *r = s->runs; r; r = r->next) {
     if (strcmp(r->id, id) || r->attempt != rep->attempt || rep->rank >= r->world) continue;
     srank_t *k = &r->ranks[rep->rank];
-    double now = mono_now();
+    double now = ty_mono_s();
     k->last_report = now;
     if (strcmp(k->phase, rep->phase) || k->step != rep->step ||
         k->bytes_loaded != rep->bytes_loaded) {
@@ -167,7 +162,7 @@ void sched_note_report(sched_t *s, const char *id, const db_report_t *rep) {
 static void begin_stop(sched_t *s, run_t *r) {
   if (r->stopping) return;
   r->stopping = true;
-  r->kill_at = mono_now() + s->cfg->grace;
+  r->kill_at = ty_mono_s() + s->cfg->grace;
   for (int i = 0; i < r->world; i++) {
     srank_t *k = &r->ranks[i];
     if (!k->started || k->exited) continue;
@@ -305,7 +300,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   char mkerr[2400];
   int mk = ty_mkdirs(dir, mkerr, sizeof mkerr);
   if (!mk) write_spec_file(spec_path, j->spec);
-  double now = mono_now();
+  double now = ty_mono_s();
   for (int i = 0; i < r->world; i++) {
     char log_path[2300], msg[2600];
     snprintf(log_path, sizeof log_path, "%s/rank-%d.log", dir, i);
@@ -435,7 +430,7 @@ static void tick(sched_t *s) {
   db_flush(svc_db(s->svc));
   handle_cancels(s);
   reap(s);
-  double now = mono_now();
+  double now = ty_mono_s();
   run_t *ended = NULL;
   for (run_t **pp = &s->runs; *pp;) {
     run_t *r = *pp;

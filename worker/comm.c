@@ -8,7 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/errors.h"
 #include "common/xalloc.h"
@@ -28,12 +27,6 @@ size_t comm_displ(const size_t *counts, int r) {
   size_t d = 0;
   for (int i = 0; i < r; i++) d += counts[i];
   return d;
-}
-
-long long comm_now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Parses a decimal int in [lo, hi]; -1 when s is not one. */

@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 
+#include "common/clock.h"
 #include "worker/comm.h"
 
 /* One backend. The dispatcher has already checked the arguments (non-NULL
@@ -49,8 +50,5 @@ int comm_fail(comm_t *c, int code, int rank, const char *fmt, ...)
 
 /* Element offset of rank r's block: sum(counts[0..r-1]). */
 size_t comm_displ(const size_t *counts, int r);
-
-/* Monotonic milliseconds. */
-long long comm_now_ms(void);
 
 #endif

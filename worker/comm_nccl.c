@@ -49,7 +49,7 @@ static int wait_issued(comm_t *c, nccl_t *n, long long deadline, const char *op)
       n->comm = NULL;
       return comm_fail(c, TY_EABORTED, -1, "%s: NCCL failed: %s", op, ncclGetErrorString(st));
     }
-    if (comm_now_ms() >= deadline) {
+    if (ty_mono_ms() >= deadline) {
       ncclCommAbort(n->comm);
       n->comm = NULL;
       return comm_fail(c, TY_EDEADLINE, -1,
@@ -63,7 +63,7 @@ static int wait_issued(comm_t *c, nccl_t *n, long long deadline, const char *op)
 /* Checks an enqueue's result, then polls the stream to completion. */
 static int finish(comm_t *c, ncclResult_t enq, const char *op) {
   nccl_t *n = c->impl;
-  long long deadline = comm_now_ms() + c->timeout_ms;
+  long long deadline = ty_mono_ms() + c->timeout_ms;
   if (enq != ncclSuccess && enq != ncclInProgress) {
     ncclCommAbort(n->comm);
     n->comm = NULL;
@@ -195,7 +195,7 @@ static int exchange_id(const char *path, int rank, ncclUniqueId *id, long long d
       close(fd);
       if (got == (ssize_t)sizeof *id) return 0;
     }
-    if (comm_now_ms() >= deadline) {
+    if (ty_mono_ms() >= deadline) {
       return ty_errf(err, errlen, TY_EDEADLINE, "rank 0 did not publish the NCCL id at %s in time",
                      path);
     }
@@ -210,7 +210,7 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
                    arg);
   }
   const char *path = arg + 5;
-  long long deadline = comm_now_ms() + c->timeout_ms;
+  long long deadline = ty_mono_ms() + c->timeout_ms;
   int ndev = 0;
   cudaError_t ce = cudaGetDeviceCount(&ndev);
   if (ce != cudaSuccess || ndev < 1) {

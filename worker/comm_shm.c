@@ -212,7 +212,7 @@ static int attach_segment(comm_t *c, shm_t *s, long long deadline, char *err, si
       }
       munmap(base, (size_t)st.st_size);
     }
-    if (comm_now_ms() >= deadline) {
+    if (ty_mono_ms() >= deadline) {
       if (fd >= 0) close(fd);
       return ty_errf(err, errlen, TY_EDEADLINE,
                      "rank 0 did not create /dev/shm%s within %d ms (did it start?)", s->path,
@@ -318,7 +318,7 @@ int shm_sync(comm_t *c, int first) {
       if (atomic_load(&h->fail_claim)) return fail_from_header(c, s);
       struct timespec ts = {0, SHM_SLICE_MS * 1000000L};
       futex(&h->bar_gen, FUTEX_WAIT, gen, &ts);
-      long long now = comm_now_ms();
+      long long now = ty_mono_ms();
       if (!start) start = last = now;
       if (now - last >= SHM_CHECK_MS) {
         last = now;
@@ -389,7 +389,7 @@ static int join(comm_t *c, shm_t *s, long long deadline, char *err, size_t errle
       ty_errf(err, errlen, 0, "%s", c->err);
       return c->broken;
     }
-    if (comm_now_ms() >= deadline) {
+    if (ty_mono_ms() >= deadline) {
       int missing = -1;
       for (int r = 0; r < c->world && missing < 0; r++)
         if (atomic_load(&s->ranks[r].state) == SHM_ABSENT) missing = r;
@@ -437,7 +437,7 @@ int comm_shm_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   c->impl = s;
   c->ops = &comm_shm_ops;
   s->displ = xcalloc((size_t)c->world, sizeof(size_t));
-  long long deadline = comm_now_ms() + c->timeout_ms;
+  long long deadline = ty_mono_ms() + c->timeout_ms;
   rc = c->rank == 0 ? create_segment(c, s, err, errlen)
                     : attach_segment(c, s, deadline, err, errlen);
   if (rc == 0) {

@@ -17,12 +17,12 @@
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/clock.h"
 #include "common/xalloc.h"
 #include "worker/comm.h"
 
@@ -51,12 +51,6 @@ typedef struct {
   int killed;        /* SIGKILL has been sent */
   long long kill_at; /* when SIGKILL follows */
 } launch_t;
-
-static long long now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static void set_reason(launch_result_t *res, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
@@ -153,7 +147,7 @@ static void signal_all(launch_t *L, int sig) {
 static void stop_all(launch_t *L, int sig) {
   if (L->stopping) return;
   L->stopping = 1;
-  L->kill_at = now_ms() + L->grace_ms;
+  L->kill_at = ty_mono_ms() + L->grace_ms;
   signal_all(L, sig);
 }
 
@@ -177,7 +171,7 @@ static void take_report(rank_t *k, const char *line) {
            (long long)json_number_value(json_object_get(j, "bytes_loaded")));
   if (strcmp(where, k->last_where)) {
     snprintf(k->last_where, sizeof k->last_where, "%s", where);
-    k->last_progress_ms = now_ms();
+    k->last_progress_ms = ty_mono_ms();
   }
   json_decref(j);
 }
@@ -356,7 +350,7 @@ static void run_loop(launch_t *L, int sfd) {
           who[open_fds++] = r * 2 + s;
         }
     if (L->live == 0 && open_fds == 0) break;
-    long long now = now_ms();
+    long long now = ty_mono_ms();
     if (L->live == 0 && !drain_until) drain_until = now + L->grace_ms;
     int n = poll(pfd, (nfds_t)(1 + open_fds), next_timeout(L, now, drain_until));
     if (n > 0 && (pfd[0].revents & POLLIN)) {
@@ -366,7 +360,7 @@ static void run_loop(launch_t *L, int sfd) {
     for (int i = 0; n > 0 && i < open_fds; i++)
       if (pfd[1 + i].revents) read_stream(L, who[i] / 2, who[i] % 2);
     reap(L);
-    now = now_ms();
+    now = ty_mono_ms();
     check_progress(L, now);
     if (L->stopping && !L->killed && now >= L->kill_at) {
       signal_all(L, SIGKILL);
@@ -413,7 +407,7 @@ static int start_rank(launch_t *L, int r, char **argv, char **env, int devnull,
   k->fd[1] = err[0];
   fcntl(out[0], F_SETFL, O_NONBLOCK);
   fcntl(err[0], F_SETFL, O_NONBLOCK);
-  k->last_progress_ms = now_ms();
+  k->last_progress_ms = ty_mono_ms();
   L->live++;
   return 0;
 }
@@ -448,7 +442,7 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   if (o->job_id)
     snprintf(res->job_id, sizeof res->job_id, "%s", o->job_id);
   else
-    snprintf(res->job_id, sizeof res->job_id, "local-%d-%lld", (int)getpid(), now_ms());
+    snprintf(res->job_id, sizeof res->job_id, "local-%d-%lld", (int)getpid(), ty_mono_ms());
   char rdv[256];
   if (o->rendezvous) {
     snprintf(rdv, sizeof rdv, "%s", o->rendezvous);

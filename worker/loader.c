@@ -6,21 +6,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "api/errors.h"
+#include "common/clock.h"
 #include "common/xalloc.h"
 #include "worker/memstat.h"
 #include "worker/weightinit.h"
 
 #define LOADER_ALIGN 64
 #define LOADER_MIN_BUCKET 64 /* bytes; tests use tiny buckets to exercise chunking */
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 void loader_rows(int64_t R, int rank, int world, int64_t *row0, int64_t *count) {
   int64_t base = R / world, extra = R % world;
@@ -121,7 +115,7 @@ static void finish_stats(loader_stats_t *st, const loader_shard_t *s, double t0)
   st->host_peak_bytes = m.hwm_bytes;
   st->device_peak_bytes = s->pl->peak;
   st->shard_bytes = s->bytes;
-  st->load_seconds = now_s() - t0;
+  st->load_seconds = ty_mono_s() - t0;
 }
 
 /* Memory-efficient path: this rank's byte range of each tensor, through one
@@ -240,7 +234,7 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
   *out = NULL;
   loader_stats_t local = {0}, *st = stats ? stats : &local;
   memset(st, 0, sizeof *st);
-  double t0 = now_s();
+  double t0 = ty_mono_s();
   ckpt_t *ck;
   int rc = ckpt_open(dir, &ck, err, errlen);
   if (rc) return rc;
@@ -272,7 +266,7 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
   *out = NULL;
   loader_stats_t local = {0}, *st = stats ? stats : &local;
   memset(st, 0, sizeof *st);
-  double t0 = now_s();
+  double t0 = ty_mono_s();
   loader_shard_t *s;
   int rc = shard_layout(cfg, o, &s, err, errlen);
   if (rc) return rc;

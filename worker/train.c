@@ -5,18 +5,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 #include "worker/optim.h"
 #include "worker/train_state.h"
-
-static double now_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Splits windows [b, T+1] into inputs and targets [b, T]. */
 static void split_windows(const int32_t *win, int b, int T, int *inputs, int *targets) {
@@ -227,7 +221,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   targets = xmalloc((size_t)B * T * sizeof *targets);
   const float loss_scale = 1.0f / (float)(A * world);
   for (int64_t step = start; step < stop; step++) {
-    double t0 = now_s();
+    double t0 = ty_mono_s();
     memset(grads, 0, n * sizeof *grads);
     if (dev && (rc = dev->zero_grads(dev->ctx, err, errlen))) goto out;
     double loss_sum = 0;
@@ -274,7 +268,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     double lr = optim_lr_at(&oc, step);
     optim_step(o, params, grads, lr, optim_clip_factor(norm, s->train.grad_clip));
     if (dev && (rc = dev->params_from_host(dev->ctx, params, n, err, errlen))) goto out;
-    double dt = now_s() - t0;
+    double dt = ty_mono_s() - t0;
     if (step == start) res->first_loss = loss;
     res->last_loss = loss;
     res->steps_done = step + 1;

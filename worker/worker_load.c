@@ -7,11 +7,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/clock.h"
 #include "worker/memstat.h"
 #include "worker/report.h"
 #ifdef TRAINYARD_HAVE_CUDA
@@ -22,12 +22,6 @@ typedef struct {
   const wload_rank_t *who;
   double last; /* monotonic seconds of the last "loading" report */
 } wload_progress_t;
-
-static double mono_s(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* One report through worker/report (POST to TRAINYARD_REPORT_URL, or a JSON
  * line on stdout; the human line on stderr). st may be NULL (nothing
@@ -54,7 +48,7 @@ static void wload_send(const char *phase, const loader_stats_t *st, const char *
 
 static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   wload_progress_t *p = ctx;
-  double t = mono_s();
+  double t = ty_mono_s();
   if (t - p->last < 1.0 || done >= total) return;
   p->last = t;
   loader_stats_t st = {.bytes_read = done, .bytes_total = total};
@@ -93,7 +87,7 @@ int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
   } else {
     placement_cpu_init(&pl);
   }
-  wload_progress_t prog = {who, mono_s()};
+  wload_progress_t prog = {who, ty_mono_s()};
   loader_opts_t o = {.rank = who->rank,
                      .world_size = who->world_size,
                      .dtype = spec->dtype,
