@@ -52,6 +52,11 @@ static void format_events(sse_t *s, json_t *events) {
   }
 }
 
+/* Whether s has written nothing for --sse_keepalive seconds by time now. */
+static bool keepalive_due(const sse_t *s, double now) {
+  return now - s->last_write >= s->rest->cfg->sse_keepalive;
+}
+
 /* Suspends s's connection unless the generation moved past gen or the
  * server is stopping (then false: look again). Under the waiting lock, so
  * the waker cannot miss it. */
@@ -92,7 +97,7 @@ static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
      * not full, every event of the job has been sent. */
     if (final && n < BATCH) s->done = true;
     if (n || s->done) continue;
-    if (ty_mono_s() - s->last_write >= s->rest->cfg->sse_keepalive) {
+    if (keepalive_due(s, ty_mono_s())) {
       s->pending = xstrdup(": keepalive\n\n");
       s->pending_len = strlen(s->pending);
       continue;
@@ -121,7 +126,7 @@ static void wake(rest_t *r, uint64_t gen, bool all) {
   sse_t **link = &r->sse_waiting;
   while (*link) {
     sse_t *s = *link;
-    if (all || s->seen_gen != gen || t - s->last_write >= r->cfg->sse_keepalive) {
+    if (all || s->seen_gen != gen || keepalive_due(s, t)) {
       *link = s->next;
       s->next = NULL;
       MHD_resume_connection(s->conn);
@@ -171,7 +176,8 @@ void rest_events_release(rest_t *r, double timeout_s) {
   pthread_mutex_unlock(&r->sse_lock);
   /* Each resumed stream sends its last bytes and the end of its chunked
    * body, so a client sees the stream end rather than break. */
-  for (double until = ty_mono_s() + timeout_s; atomic_load(&r->sse_open) > 0 && ty_mono_s() < until;)
+  for (double until = ty_mono_s() + timeout_s;
+       atomic_load(&r->sse_open) > 0 && ty_mono_s() < until;)
     nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
 }
 
