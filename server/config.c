@@ -196,6 +196,12 @@ bool srv_config_is_loopback(const char *listen) {
   return !strncmp(listen, "127.", 4);
 }
 
+/* What an option's 0 means where it counts CPUs. */
+static int64_t online_cpus(void) {
+  long n = sysconf(_SC_NPROCESSORS_ONLN);
+  return n > 0 ? n : 1;
+}
+
 int srv_config_check(srv_config_t *c, char *msg, size_t msgsz) {
   bool has_token = false;
   for (const char *p = c->tokens; *p; p++)
@@ -207,14 +213,8 @@ int srv_config_check(srv_config_t *c, char *msg, size_t msgsz) {
              c->listen);
     return TY_EINVAL;
   }
-  if (c->cpu_slots == 0) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    c->cpu_slots = n > 0 ? n : 1;
-  }
-  if (c->http_threads == 0) {
-    long n = sysconf(_SC_NPROCESSORS_ONLN);
-    c->http_threads = n > 0 ? n : 1;
-  }
+  if (c->cpu_slots == 0) c->cpu_slots = online_cpus();
+  if (c->http_threads == 0) c->http_threads = online_cpus();
   if (!*c->roots) {
     snprintf(msg, msgsz, "roots is empty: name at least one directory (--roots DIR[:DIR...])");
     return TY_EINVAL;

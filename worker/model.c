@@ -145,28 +145,36 @@ static int acts_create(model_t *m) {
   return 0;
 }
 
-/* own: allocate the parameter (and gradient) buffers; else the caller
- * supplies every weight to the stage functions. */
-static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
-                  bool own, char *err, size_t errlen) {
-  *out = NULL;
-  model_dims_t d;
-  int rc = model_dims_from_config(&d, cfg, err, errlen);
+int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                     char *err, size_t errlen) {
+  memset(m, 0, sizeof *m);
+  int rc = model_dims_from_config(&m->d, cfg, err, errlen);
   if (rc) return rc;
   if (B < 1 || T < 1 || (int64_t)B * T > (1 << 24))
     return ty_errf(err, errlen, TY_EINVAL,
                    "model: micro-batch %d x %d tokens; both must be at least 1 and their product "
                    "at most %d",
                    B, T, 1 << 24);
-  model_t *m = calloc(1, sizeof *m);
-  if (!m) return ty_errf(err, errlen, TY_EEXHAUSTED, "model: out of memory");
-  m->d = d;
   m->B = B;
   m->T = T;
   m->mode = mode;
-  m->tensors = calloc((size_t)d.L * 9 + 3, sizeof *m->tensors);
-  m->w.layers = calloc((size_t)d.L, sizeof *m->w.layers);
-  m->dw.layers = calloc((size_t)d.L, sizeof *m->dw.layers);
+  return 0;
+}
+
+/* own: allocate the parameter (and gradient) buffers; else the caller
+ * supplies every weight to the stage functions. */
+static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                  bool own, char *err, size_t errlen) {
+  *out = NULL;
+  model_t shape;
+  int rc = model_init_shape(&shape, cfg, B, T, mode, err, errlen);
+  if (rc) return rc;
+  model_t *m = malloc(sizeof *m);
+  if (!m) return ty_errf(err, errlen, TY_EEXHAUSTED, "model: out of memory");
+  *m = shape;
+  m->tensors = calloc((size_t)m->d.L * 9 + 3, sizeof *m->tensors);
+  m->w.layers = calloc((size_t)m->d.L, sizeof *m->w.layers);
+  m->dw.layers = calloc((size_t)m->d.L, sizeof *m->dw.layers);
   rc = TY_EEXHAUSTED;
   if (!m->tensors || !m->w.layers || !m->dw.layers) goto fail_alloc;
   table_build(m);

@@ -118,6 +118,13 @@ typedef struct {
  * Returns 0 or TY_EINVAL with the reason in err (may be NULL). */
 int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err, size_t errlen);
 
+/* Fills m with a model's shape only (dimensions, B, T, mode; every pointer
+ * NULL, nothing allocated, so not for model_free): what adapters
+ * (lora_create) and the training loop read of a model whose weights live
+ * elsewhere, such as on a GPU. Returns 0 or TY_EINVAL with the reason. */
+int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                     char *err, size_t errlen);
+
 /* Allocates the parameters (zeroed), the gradients for MODEL_TRAIN_FULL and
  * the activations for micro-batches of up to B x T tokens. The caller owns
  * *out and frees it with model_free. Returns 0, TY_EINVAL (bad config or

@@ -223,13 +223,11 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 static int build_cuda(const jobspec_t *s, llama_config_t *cfg, model_t *shape, lora_t **lo,
                       train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
                       size_t errlen) {
-  memset(shape, 0, sizeof *shape);
   int rc = job_config(s, cfg, err, errlen);
-  if (!rc) rc = model_dims_from_config(&shape->d, cfg, err, errlen);
+  if (!rc)
+    rc = model_init_shape(shape, cfg, s->train.micro_batch_size, s->data.seq_len,
+                          MODEL_TRAIN_LORA, err, errlen);
   if (rc) return rc;
-  shape->B = s->train.micro_batch_size;
-  shape->T = s->data.seq_len;
-  shape->mode = MODEL_TRAIN_LORA;
   rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
   if (rc) return rc;
   lora_init(*lo, s->train.seed);

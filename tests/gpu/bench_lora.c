@@ -66,12 +66,10 @@ int main(int argc, char **argv) {
   }
   /* lora_create reads only the shape and the micro-batch size. */
   model_t shape;
-  memset(&shape, 0, sizeof shape);
-  if (model_dims_from_config(&shape.d, &s->layout.cfg, err, sizeof err)) {
+  if (model_init_shape(&shape, &s->layout.cfg, B, T, MODEL_TRAIN_LORA, err, sizeof err)) {
     fprintf(stderr, "bench_lora: %s\n", err);
     return 1;
   }
-  shape.B = B, shape.T = T;
   lora_t *lo;
   model_cuda_t *mc;
   if (lora_create(&lo, &shape, R, 2.0 * R, JOBSPEC_TARGET_ALL_LINEAR, err, sizeof err)) {

@@ -438,10 +438,10 @@ static void test_device_path_matches_host(void **state) {
   /* The host holds the shape only (no weights) and adapters seeded as a job's. */
   llama_config_t c = tiny_config();
   model_t shape;
-  memset(&shape, 0, sizeof shape);
   char err[256];
-  assert_int_equal(model_dims_from_config(&shape.d, &c, err, sizeof err), 0);
-  shape.B = s.train.micro_batch_size, shape.T = s.data.seq_len, shape.mode = MODEL_TRAIN_LORA;
+  assert_int_equal(model_init_shape(&shape, &c, s.train.micro_batch_size, s.data.seq_len,
+                                    MODEL_TRAIN_LORA, err, sizeof err),
+                   0);
   lora_t *hl;
   assert_int_equal(
       lora_create(&hl, &shape, s.lora_rank, s.lora_alpha, s.target_modules, err, sizeof err), 0);
