@@ -77,7 +77,7 @@ static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loade
 
 uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype) {
   loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dtype};
-  loader_shard_t *s;
+  loader_shard_t *s = NULL; /* set on success; NULL also quiets -Wmaybe-uninitialized */
   char err[8];
   if (shard_layout(cfg, &o, &s, err, sizeof err)) return 0;
   uint64_t bytes = s->bytes;
