@@ -15,6 +15,11 @@
 
 typedef struct placement placement_t;
 
+/* What a worker built without the CUDA toolkit says to a device cuda job. */
+#define PLACEMENT_NO_CUDA_MSG                                                      \
+  "device cuda: this worker was built without the CUDA toolkit; rebuild where one " \
+  "is installed, or use device cpu"
+
 typedef struct {
   const char *name; /* "cpu", "cuda", ... */
   /* n bytes of placement memory into *out (n may be 0: *out may then be

@@ -79,9 +79,7 @@ int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
       return 1;
     }
 #else
-    wload_send("failed", NULL,
-               "device cuda: this worker was built without the CUDA toolkit; rebuild where one is "
-               "installed, or use device cpu or auto");
+    wload_send("failed", NULL, PLACEMENT_NO_CUDA_MSG);
     return 1;
 #endif
   } else {

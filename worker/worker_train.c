@@ -194,9 +194,7 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
 static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 #ifndef TRAINYARD_HAVE_CUDA
   (void)s;
-  snprintf(err, errlen,
-           "device cuda: this worker was built without the CUDA toolkit; rebuild where one is "
-           "installed, or set \"device\": \"cpu\"");
+  snprintf(err, errlen, "%s", PLACEMENT_NO_CUDA_MSG);
   return TY_EUNAVAILABLE;
 #else
   if (!s->use_lora) {
