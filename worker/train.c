@@ -147,10 +147,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
              m->B, m->T, (int)m->mode, B, T);
     return TY_EINTERNAL;
   }
-  if (a->device && (!a->lora || a->fsdp)) {
-    snprintf(err, errlen, "a device model trains adapters only, without host shards");
-    return TY_EINTERNAL;
-  }
+  if (a->device && (!a->lora || a->fsdp))
+    return ty_errf(err, errlen, TY_EINTERNAL,
+                   "a device model trains adapters only, without host shards");
   const passes_t passes = {m, a->fsdp, a->lora, a->device};
   const train_device_t *dev = a->device;
   data_config_t dc = {.path = s->data.path,

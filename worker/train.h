@@ -50,7 +50,6 @@ typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
  * call returns 0 or a TY_E* code with the reason in err. */
 typedef struct {
   void *ctx;
-  const char *name; /* for messages: "cuda:0" */
   int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
                  char *err, size_t errlen);
   /* Adds the gradients of loss_scale * (mean loss) of the last forward. */

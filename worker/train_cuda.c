@@ -27,16 +27,16 @@ struct train_cuda {
 
 /* TY_EINTERNAL with what failed and CUDA's reason, or 0. */
 static int cuda_check(cudaError_t e, const char *what, char *err, size_t errlen) {
-  if (e == cudaSuccess) return 0;
-  snprintf(err, errlen, "%s: %s", what, cudaGetErrorString(e));
-  return TY_EINTERNAL;
+  return e == cudaSuccess
+             ? 0
+             : ty_errf(err, errlen, TY_EINTERNAL, "%s: %s", what, cudaGetErrorString(e));
 }
 
 static int span_check(const train_cuda_t *t, size_t n, char *err, size_t errlen) {
-  if (n == t->n) return 0;
-  snprintf(err, errlen, "%s: the adapters hold %zu floats on the device, not %zu", t->name, t->n,
-           n);
-  return TY_EINTERNAL;
+  return n == t->n
+             ? 0
+             : ty_errf(err, errlen, TY_EINTERNAL,
+                       "%s: the adapters hold %zu floats on the device, not %zu", t->name, t->n, n);
 }
 
 static int tc_forward(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
@@ -102,7 +102,6 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   }
   t->n = model_cuda_lora_size(t->mc);
   *dev = (train_device_t){.ctx = t,
-                          .name = t->name,
                           .forward = tc_forward,
                           .backward = tc_backward,
                           .zero_grads = tc_zero_grads,

@@ -194,22 +194,18 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
 static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 #ifndef TRAINYARD_HAVE_CUDA
   (void)s;
-  snprintf(err, errlen, "%s", PLACEMENT_NO_CUDA_MSG);
-  return TY_EUNAVAILABLE;
+  return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", PLACEMENT_NO_CUDA_MSG);
 #else
-  if (!s->use_lora) {
-    snprintf(err, errlen,
-             "device cuda: training every weight on a GPU is not available yet (LoRA adapters "
-             "are: set use_lora true), or set \"device\": \"cpu\"");
-    return TY_EUNIMPLEMENTED;
-  }
-  if (s->world_size > 1) {
-    snprintf(err, errlen,
-             "device cuda: a job trains on one GPU for now, and this one asks for world_size %d; "
-             "set world_size 1, or \"device\": \"cpu\" to shard across CPU ranks",
-             s->world_size);
-    return TY_EUNIMPLEMENTED;
-  }
+  if (!s->use_lora)
+    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                   "device cuda: training every weight on a GPU is not available yet (LoRA "
+                   "adapters are: set use_lora true), or set \"device\": \"cpu\"");
+  if (s->world_size > 1)
+    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                   "device cuda: a job trains on one GPU for now, and this one asks for "
+                   "world_size %d; set world_size 1, or \"device\": \"cpu\" to shard across "
+                   "CPU ranks",
+                   s->world_size);
   return 0;
 #endif
 }

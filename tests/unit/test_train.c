@@ -434,7 +434,7 @@ static void test_device_path_matches_host(void **state) {
   fake_dev_t f = {0};
   make_model(&s, &f.m, &f.lo);
   for (size_t i = 0; i < f.lo->n_params; i++) f.lo->params[i] = NAN;
-  train_device_t dev = {&f, "fake", fd_forward, fd_backward, fd_zero, fd_down, fd_up};
+  train_device_t dev = {&f, fd_forward, fd_backward, fd_zero, fd_down, fd_up};
   /* The host holds the shape only (no weights) and adapters seeded as a job's. */
   llama_config_t c = tiny_config();
   model_t shape;
