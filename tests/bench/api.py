@@ -23,15 +23,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
 from tyserver import Server, free_port  # noqa: E402
 
 
+def stat_fields(pid):
+    """/proc/PID/stat after the command name: fields[0] is the state,
+    fields[1] the parent, fields[11] and [12] utime and stime in ticks."""
+    with open("/proc/%s/stat" % pid) as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
 def cpu_seconds(pids):
     """User + system CPU seconds used so far by the processes pids (all
     their threads)."""
-    total = 0
-    for pid in pids:
-        with open("/proc/%d/stat" % pid) as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        total += int(fields[11]) + int(fields[12])  # utime, stime
-    return total / os.sysconf("SC_CLK_TCK")
+    ticks = sum(int(f[11]) + int(f[12]) for f in map(stat_fields, pids))
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def wrk(url, seconds, conns, threads, script=None, pids=()):
@@ -57,9 +60,8 @@ def children(pid):
     for d in os.listdir("/proc"):
         if d.isdigit():
             try:
-                with open("/proc/%s/stat" % d) as f:
-                    if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
-                        out.append(int(d))
+                if int(stat_fields(d)[1]) == pid:
+                    out.append(int(d))
             except OSError:
                 pass
     return out
