@@ -157,7 +157,7 @@ static int enter(comm_t *c) {
   return 0;
 }
 
-static int check_counts(comm_t *c, const char *op, const float *mine, const float *all,
+static int check_counts(comm_t *c, const char *op, const void *mine, const void *all,
                         const size_t *counts, size_t *total) {
   if (!counts) return comm_fail(c, TY_EINVAL, -1, "%s: counts is NULL", op);
   size_t t = 0;
@@ -207,6 +207,50 @@ int comm_barrier(comm_t *c) {
   int rc = enter(c);
   if (rc) return rc;
   return c->ops->barrier(c);
+}
+
+int comm_all_gather_queue(comm_t *c, const void *send, void *recv, const size_t *counts,
+                          size_t elem_size) {
+  int rc = enter(c);
+  if (rc) return rc;
+  if (elem_size != 2 && elem_size != 4)
+    return comm_fail(c, TY_EINVAL, -1, "all_gather: elements of %zu bytes (2 or 4 are moved)",
+                     elem_size);
+  size_t total;
+  if ((rc = check_counts(c, "all_gather", send, recv, counts, &total))) return rc;
+  if (c->ops->all_gather_queue) return c->ops->all_gather_queue(c, send, recv, counts, elem_size);
+  if (c->world == 1) { /* self: a copy of any size */
+    if (counts[0] && send != recv) memmove(recv, send, counts[0] * elem_size);
+    return 0;
+  }
+  /* Host backends move floats: whole floats per rank, the same bytes. */
+  for (int r = 0; r < c->world; r++)
+    if (counts[r] * elem_size % sizeof(float))
+      return comm_fail(c, TY_EINVAL, -1,
+                       "all_gather: rank %d's %zu elements of %zu bytes are not whole floats, "
+                       "which the %s backend moves",
+                       r, counts[r], elem_size, c->ops->name);
+  size_t *floats = xcalloc((size_t)c->world, sizeof *floats);
+  for (int r = 0; r < c->world; r++) floats[r] = counts[r] * elem_size / sizeof(float);
+  rc = c->ops->all_gather(c, send, recv, floats, total * elem_size / sizeof(float));
+  free(floats);
+  return rc;
+}
+
+void *comm_stream(comm_t *c) {
+  return c->ops->stream ? c->ops->stream(c) : NULL;
+}
+
+int comm_wait_event(comm_t *c, void *event, const char *what) {
+  int rc = enter(c);
+  if (rc || !c->ops->wait_event) return rc;
+  return c->ops->wait_event(c, event, what);
+}
+
+int comm_drain(comm_t *c) {
+  int rc = enter(c);
+  if (rc || !c->ops->drain) return rc;
+  return c->ops->drain(c);
 }
 
 void comm_shard_rows(size_t rows, int world_size, int rank, size_t *first_row, size_t *nrows) {

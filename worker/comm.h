@@ -11,7 +11,9 @@
  *                CUDA and NCCL.
  *
  * Buffers are fp32 in the memory the backend works on: host memory for self
- * and shm, device memory for nccl. Every rank must call the same collectives
+ * and shm; device memory for nccl, which also takes host buffers (staged
+ * through a device buffer of its own: the training loop's adapter
+ * gradients and loss, a few MiB a step). Every rank must call the same collectives
  * in the same order with the same counts array (shm checks the element
  * totals and fails every rank with TY_EINVAL when they disagree).
  *
@@ -89,6 +91,32 @@ int comm_all_reduce(comm_t *c, float *buf, size_t count);
 int comm_broadcast(comm_t *c, float *buf, size_t count, int root);
 
 int comm_barrier(comm_t *c);
+
+/* --- Queued gathers, for overlapping communication with computation (the
+ * units of worker/prefetch.h). Bytes are moved, never added, so any dtype
+ * goes: elem_size is 2 (bfloat16) or 4 (float32). --- */
+
+/* The all_gather of comm_all_gather on elements of elem_size bytes, queued
+ * rather than waited for. nccl queues it on the communicator's stream
+ * (comm_stream) and returns: recv may be read only after an event recorded
+ * on that stream after it has completed (comm_wait_event) or after
+ * comm_drain. self and shm complete it before returning (host buffers;
+ * shm needs every counts[r] x elem_size to be a multiple of 4). */
+int comm_all_gather_queue(comm_t *c, const void *send, void *recv, const size_t *counts,
+                          size_t elem_size);
+
+/* The nccl communicator's CUDA stream (a cudaStream_t); NULL for self and
+ * shm. */
+void *comm_stream(comm_t *c);
+
+/* Waits until `event` (a cudaEvent_t) has completed, polling, under the
+ * collective timeout and NCCL's asynchronous errors as a blocking
+ * collective is; `what` names the wait in the error. self and shm return 0
+ * at once (their gathers are done already). */
+int comm_wait_event(comm_t *c, void *event, const char *what);
+
+/* Waits for everything queued on the communicator, as comm_wait_event. */
+int comm_drain(comm_t *c);
 
 /* The dim-0 shard of `rows` rows that rank `rank` of `world_size` holds:
  * the first rows % world_size ranks get rows / world_size + 1 rows, the

@@ -20,6 +20,13 @@ typedef struct {
   int (*all_reduce)(comm_t *c, float *buf, size_t count);
   int (*broadcast)(comm_t *c, float *buf, size_t count, int root);
   int (*barrier)(comm_t *c);
+  /* Optional (NULL: the dispatcher runs comm_all_gather_queue as a blocking
+   * all_gather, and the waits return 0). */
+  int (*all_gather_queue)(comm_t *c, const void *send, void *recv, const size_t *counts,
+                          size_t elem_size);
+  void *(*stream)(comm_t *c);
+  int (*wait_event)(comm_t *c, void *event, const char *what);
+  int (*drain)(comm_t *c);
   /* Frees c->impl (the dispatcher frees c itself). */
   void (*close)(comm_t *c);
 } comm_ops_t;

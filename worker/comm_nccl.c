@@ -8,7 +8,13 @@
  * TRAINYARD_COMM_TIMEOUT_MS (the communicator is then aborted) or into
  * TY_EABORTED when NCCL reports the failure itself; NCCL cannot say which
  * peer it was, so comm_failed_rank() is -1. Uneven all_gather and
- * reduce_scatter are grouped broadcasts and reduces, one per rank. */
+ * reduce_scatter are grouped broadcasts and reduces, one per rank.
+ *
+ * Host buffers (the training loop's adapter gradients and loss) are staged
+ * through one device buffer of the communicator's, grown to the largest
+ * call. Queued gathers (comm_all_gather_queue) move bytes on the same
+ * stream and return at once; comm_wait_event and comm_drain poll as a
+ * blocking collective does. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>
@@ -31,6 +37,8 @@ typedef struct {
   cudaStream_t stream;
   float *scratch; /* one float on the device, for the barrier */
   int device;
+  void *bounce; /* device staging for host buffers */
+  size_t bounce_bytes;
 } nccl_t;
 
 static void nap(void) {
@@ -60,19 +68,15 @@ static int wait_issued(comm_t *c, nccl_t *n, long long deadline, const char *op)
   }
 }
 
-/* Checks an enqueue's result, then polls the stream to completion. */
-static int finish(comm_t *c, ncclResult_t enq, const char *op) {
+/* Polls until `done` says the work is complete, applying the deadline and
+ * NCCL's asynchronous errors. */
+static int poll_until(comm_t *c, cudaError_t (*done)(void *), void *what_to_poll, const char *op) {
   nccl_t *n = c->impl;
   long long deadline = ty_mono_ms() + c->timeout_ms;
-  if (enq != ncclSuccess && enq != ncclInProgress) {
-    ncclCommAbort(n->comm);
-    n->comm = NULL;
-    return comm_fail(c, TY_EABORTED, -1, "%s: %s", op, ncclGetErrorString(enq));
-  }
   int rc = wait_issued(c, n, deadline, op);
   if (rc) return rc;
   for (;;) {
-    cudaError_t e = cudaStreamQuery(n->stream);
+    cudaError_t e = done(what_to_poll);
     if (e == cudaSuccess) return 0;
     if (e != cudaErrorNotReady)
       return comm_fail(c, TY_EINTERNAL, -1, "%s: CUDA: %s", op, cudaGetErrorString(e));
@@ -82,62 +86,210 @@ static int finish(comm_t *c, ncclResult_t enq, const char *op) {
   }
 }
 
+static cudaError_t stream_done(void *s) {
+  return cudaStreamQuery((cudaStream_t)s);
+}
+static cudaError_t event_done(void *e) {
+  return cudaEventQuery((cudaEvent_t)e);
+}
+
+/* Checks an enqueue's result (NCCL's, or TY_E* from staging), then polls
+ * the stream to completion. */
+static int enqueued(comm_t *c, ncclResult_t enq, const char *op) {
+  nccl_t *n = c->impl;
+  if (enq != ncclSuccess && enq != ncclInProgress) {
+    ncclCommAbort(n->comm);
+    n->comm = NULL;
+    return comm_fail(c, TY_EABORTED, -1, "%s: %s", op, ncclGetErrorString(enq));
+  }
+  return 0;
+}
+
+static int finish(comm_t *c, ncclResult_t enq, const char *op) {
+  int rc = enqueued(c, enq, op);
+  return rc ? rc : poll_until(c, stream_done, ((nccl_t *)c->impl)->stream, op);
+}
+
+/* --- Host buffers: up to two staged spans per call (send and receive). */
+typedef struct {
+  void *host; /* the caller's host pointer, or NULL when on the device */
+  void *dev;  /* what NCCL is given */
+  size_t bytes;
+} stage_t;
+
+static int on_device(const void *p) {
+  struct cudaPointerAttributes a;
+  if (!p) return 1;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError(); /* a plain host pointer on older runtimes */
+    return 0;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
+}
+
+/* Points st[i].dev at the caller's device buffer, or at the bounce buffer
+ * (grown as needed) for a host one; copies the `in` spans there. */
+static int stage_in(comm_t *c, stage_t *st, int k, const void *const *ptrs, const size_t *bytes,
+                    const int *in, const char *op) {
+  nccl_t *n = c->impl;
+  size_t need = 0;
+  for (int i = 0; i < k; i++) {
+    st[i] = (stage_t){.host = on_device(ptrs[i]) ? NULL : (void *)ptrs[i],
+                      .dev = (void *)ptrs[i],
+                      .bytes = bytes[i]};
+    if (st[i].host) need += (bytes[i] + 255) & ~(size_t)255;
+  }
+  if (need > n->bounce_bytes) {
+    cudaFree(n->bounce);
+    n->bounce = NULL;
+    n->bounce_bytes = 0;
+    if (cudaMalloc(&n->bounce, need) != cudaSuccess) {
+      cudaGetLastError();
+      return comm_fail(c, TY_EEXHAUSTED, -1,
+                       "%s: no device memory to stage %zu bytes of host buffers", op, need);
+    }
+    n->bounce_bytes = need;
+  }
+  size_t off = 0;
+  for (int i = 0; i < k; i++) {
+    if (!st[i].host) continue;
+    st[i].dev = (char *)n->bounce + off;
+    off += (st[i].bytes + 255) & ~(size_t)255;
+    if (in[i] && st[i].bytes &&
+        cudaMemcpyAsync(st[i].dev, st[i].host, st[i].bytes, cudaMemcpyHostToDevice, n->stream) !=
+            cudaSuccess)
+      return comm_fail(c, TY_EINTERNAL, -1, "%s: staging a host buffer: %s", op,
+                       cudaGetErrorString(cudaGetLastError()));
+  }
+  return 0;
+}
+
+/* After the collective finished: copies a staged receive span back. */
+static int stage_out(comm_t *c, const stage_t *st, const char *op) {
+  if (!st->host || !st->bytes) return 0;
+  if (cudaMemcpy(st->host, st->dev, st->bytes, cudaMemcpyDeviceToHost) != cudaSuccess)
+    return comm_fail(c, TY_EINTERNAL, -1, "%s: copying the result to the host buffer: %s", op,
+                     cudaGetErrorString(cudaGetLastError()));
+  return 0;
+}
+
 static int all_equal(const size_t *counts, int world) {
   for (int r = 1; r < world; r++)
     if (counts[r] != counts[0]) return 0;
   return 1;
 }
 
-static int nccl_all_gather(comm_t *c, const float *send, float *recv, const size_t *counts,
-                           size_t total) {
+/* Queues the all_gather of elements of `dt` (counts in elements of esz
+ * bytes) on the stream; device buffers. */
+static ncclResult_t queue_all_gather(comm_t *c, const void *send, void *recv, const size_t *counts,
+                                     ncclDataType_t dt, size_t esz) {
   nccl_t *n = c->impl;
-  if (!total) return 0;
   if (all_equal(counts, c->world))
-    return finish(c, ncclAllGather(send, recv, counts[0], ncclFloat, n->comm, n->stream),
-                  "all_gather");
+    return ncclAllGather(send, recv, counts[0], dt, n->comm, n->stream);
   ncclResult_t res = ncclGroupStart();
   size_t d = 0;
   for (int r = 0; r < c->world && res == ncclSuccess; d += counts[r], r++) {
     if (!counts[r]) continue;
-    const float *src = r == c->rank ? send : recv + d;
-    res = ncclBroadcast(src, recv + d, counts[r], ncclFloat, r, n->comm, n->stream);
+    const void *src = r == c->rank ? send : (const char *)recv + d * esz;
+    res = ncclBroadcast(src, (char *)recv + d * esz, counts[r], dt, r, n->comm, n->stream);
   }
   ncclResult_t end = ncclGroupEnd();
-  return finish(c, res != ncclSuccess ? res : end, "all_gather");
+  return res != ncclSuccess ? res : end;
+}
+
+static int nccl_all_gather(comm_t *c, const float *send, float *recv, const size_t *counts,
+                           size_t total) {
+  if (!total) return 0;
+  stage_t st[2];
+  const void *ptrs[2] = {send, recv};
+  size_t bytes[2] = {counts[c->rank] * sizeof(float), total * sizeof(float)};
+  int in[2] = {1, 0};
+  int rc = stage_in(c, st, 2, ptrs, bytes, in, "all_gather");
+  if (!rc)
+    rc = finish(c, queue_all_gather(c, st[0].dev, st[1].dev, counts, ncclFloat, sizeof(float)),
+                "all_gather");
+  return rc ? rc : stage_out(c, &st[1], "all_gather");
+}
+
+static int nccl_all_gather_queue(comm_t *c, const void *send, void *recv, const size_t *counts,
+                                 size_t elem_size) {
+  size_t total = comm_displ(counts, c->world);
+  if (!total) return 0;
+  if (!on_device(send) || !on_device(recv))
+    return comm_fail(c, TY_EINVAL, -1, "all_gather: a queued gather needs device buffers");
+  ncclDataType_t dt = elem_size == 2 ? ncclBfloat16 : ncclFloat;
+  return enqueued(c, queue_all_gather(c, send, recv, counts, dt, elem_size), "all_gather");
+}
+
+static void *nccl_stream(comm_t *c) {
+  return ((nccl_t *)c->impl)->stream;
+}
+
+static int nccl_wait_event(comm_t *c, void *event, const char *what) {
+  return poll_until(c, event_done, event, what);
+}
+
+static int nccl_drain(comm_t *c) {
+  return poll_until(c, stream_done, ((nccl_t *)c->impl)->stream, "queued gathers");
 }
 
 static int nccl_reduce_scatter(comm_t *c, const float *send, float *recv, const size_t *counts,
                                size_t total) {
   nccl_t *n = c->impl;
   if (!total) return 0;
-  if (all_equal(counts, c->world))
-    return finish(c,
-                  ncclReduceScatter(send, recv, counts[0], ncclFloat, ncclSum, n->comm, n->stream),
-                  "reduce_scatter");
-  ncclResult_t res = ncclGroupStart();
-  size_t d = 0;
-  for (int r = 0; r < c->world && res == ncclSuccess; d += counts[r], r++) {
-    if (!counts[r]) continue;
-    /* recvbuff is only written on the root. */
-    float *dst = r == c->rank ? recv : (float *)send + d;
-    res = ncclReduce(send + d, dst, counts[r], ncclFloat, ncclSum, r, n->comm, n->stream);
+  stage_t st[2];
+  const void *ptrs[2] = {send, recv};
+  size_t bytes[2] = {total * sizeof(float), counts[c->rank] * sizeof(float)};
+  int in[2] = {1, 0};
+  int rc = stage_in(c, st, 2, ptrs, bytes, in, "reduce_scatter");
+  if (rc) return rc;
+  const float *dsend = st[0].dev;
+  float *drecv = st[1].dev;
+  ncclResult_t res;
+  if (all_equal(counts, c->world)) {
+    res = ncclReduceScatter(dsend, drecv, counts[0], ncclFloat, ncclSum, n->comm, n->stream);
+  } else {
+    res = ncclGroupStart();
+    size_t d = 0;
+    for (int r = 0; r < c->world && res == ncclSuccess; d += counts[r], r++) {
+      if (!counts[r]) continue;
+      /* recvbuff is only written on the root. */
+      float *dst = r == c->rank ? drecv : (float *)dsend + d;
+      res = ncclReduce(dsend + d, dst, counts[r], ncclFloat, ncclSum, r, n->comm, n->stream);
+    }
+    ncclResult_t end = ncclGroupEnd();
+    if (res == ncclSuccess) res = end;
   }
-  ncclResult_t end = ncclGroupEnd();
-  return finish(c, res != ncclSuccess ? res : end, "reduce_scatter");
+  rc = finish(c, res, "reduce_scatter");
+  return rc ? rc : stage_out(c, &st[1], "reduce_scatter");
 }
 
 static int nccl_all_reduce(comm_t *c, float *buf, size_t count) {
   nccl_t *n = c->impl;
   if (!count) return 0;
-  return finish(c, ncclAllReduce(buf, buf, count, ncclFloat, ncclSum, n->comm, n->stream),
+  stage_t st;
+  const void *ptrs[1] = {buf};
+  size_t bytes[1] = {count * sizeof(float)};
+  int in[1] = {1};
+  int rc = stage_in(c, &st, 1, ptrs, bytes, in, "all_reduce");
+  if (!rc)
+    rc = finish(c, ncclAllReduce(st.dev, st.dev, count, ncclFloat, ncclSum, n->comm, n->stream),
                 "all_reduce");
+  return rc ? rc : stage_out(c, &st, "all_reduce");
 }
 
 static int nccl_broadcast(comm_t *c, float *buf, size_t count, int root) {
   nccl_t *n = c->impl;
   if (!count) return 0;
-  return finish(c, ncclBroadcast(buf, buf, count, ncclFloat, root, n->comm, n->stream),
+  stage_t st;
+  const void *ptrs[1] = {buf};
+  size_t bytes[1] = {count * sizeof(float)};
+  int in[1] = {c->rank == root};
+  int rc = stage_in(c, &st, 1, ptrs, bytes, in, "broadcast");
+  if (!rc)
+    rc = finish(c, ncclBroadcast(st.dev, st.dev, count, ncclFloat, root, n->comm, n->stream),
                 "broadcast");
+  return rc ? rc : stage_out(c, &st, "broadcast");
 }
 
 static int nccl_barrier(comm_t *c) {
@@ -155,6 +307,7 @@ static void nccl_release(nccl_t *n, int broken) {
   }
   if (n->stream) cudaStreamDestroy(n->stream);
   if (n->scratch) cudaFree(n->scratch);
+  if (n->bounce) cudaFree(n->bounce);
   free(n);
 }
 
@@ -170,6 +323,10 @@ static const comm_ops_t nccl_ops = {
     .all_reduce = nccl_all_reduce,
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
+    .all_gather_queue = nccl_all_gather_queue,
+    .stream = nccl_stream,
+    .wait_event = nccl_wait_event,
+    .drain = nccl_drain,
     .close = nccl_close,
 };
 

@@ -1,0 +1,95 @@
+/* prefetch.h - FSDP units of a sharded base gathered into a few reused
+ * slots, the next unit's gather queued while the current unit computes.
+ *
+ * A unit is what one stage of the model reads: the embedding (unit 0), one
+ * layer (unit 1 + l), or the final norm with the head (unit L + 1; with
+ * tied embeddings its lm_head is the embedding table). Each tensor of a
+ * unit lies whole in the slot, row-major in the shard's dtype, at a 64-byte
+ * aligned offset; gathering it concatenates every rank's dim-0 rows
+ * (worker/loader.h) with one all-gather.
+ *
+ * A pass declares the order of its units (forward: embedding, layers,
+ * head; backward: head, layers in reverse), then acquires them in turn.
+ * Acquiring unit i releases unit i-1's slot (everything queued so far was
+ * its last use), queues unit i+1's gather into the slot just released,
+ * and only then makes the computation wait for unit i. With two slots the
+ * next unit's gather thus runs while the current unit computes; a unit
+ * still resident (the head, from the forward into the backward pass) is not
+ * gathered again. With one slot nothing overlaps.
+ *
+ * Where the bytes move is the caller's (prefetch_ops_t): on the GPU, NCCL
+ * on the communicator's stream ordered by CUDA events against the compute
+ * stream (worker/prefetch_cuda.c); on the host, blocking collectives
+ * (prefetch_host_ops). The schedule itself knows neither. */
+#ifndef TY_WORKER_PREFETCH_H
+#define TY_WORKER_PREFETCH_H
+
+#include <stddef.h>
+
+#include "worker/comm.h"
+#include "worker/loader.h"
+
+/* Slots at most. */
+#define PREFETCH_MAX_SLOTS 4
+
+/* Each call returns 0 or a TY_E* code with the reason in err. */
+typedef struct {
+  void *ctx;
+  /* Gathers queued into `slot` from now on start only after its last
+   * release. */
+  int (*begin)(void *ctx, int slot, char *err, size_t errlen);
+  /* All-gathers counts[r] elements of elem_size bytes of every rank from
+   * send (this rank's rows) into recv (the whole tensor). */
+  int (*gather)(void *ctx, const void *send, void *recv, const size_t *counts, size_t elem_size,
+                char *err, size_t errlen);
+  /* The gathers since begin(slot) are the slot's contents. */
+  int (*end)(void *ctx, int slot, char *err, size_t errlen);
+  /* Computation queued from now on reads the slot: it waits for the slot's
+   * gathers (the host too, until they are done: run-ahead stays bounded
+   * and a failed peer shows here). */
+  int (*wait)(void *ctx, int slot, char *err, size_t errlen);
+  /* The computation queued so far is the slot's last use. */
+  int (*release)(void *ctx, int slot, char *err, size_t errlen);
+} prefetch_ops_t;
+
+typedef struct prefetch prefetch_t;
+
+/* The largest unit of shard's model, in bytes: what each slot must hold. */
+size_t prefetch_slot_bytes(const loader_shard_t *shard);
+
+/* A prefetcher over shard (this rank's shard; read, borrowed) with nslots (1..PREFETCH_MAX_SLOTS)
+ * slots of slot_bytes each (borrowed; the memory ops move bytes in). ops is copied. *out is the
+ * caller's (prefetch_free). TY_EINVAL when the slots are too small or the
+ * shard's rows do not follow the collectives' split. */
+int prefetch_create(prefetch_t **out, const loader_shard_t *shard, int nslots, void *const *slots,
+                    size_t slot_bytes, const prefetch_ops_t *ops, char *err, size_t errlen);
+/* Accepts NULL. */
+void prefetch_free(prefetch_t *p);
+
+/* Units of the model: L + 2. */
+int prefetch_units(const prefetch_t *p);
+/* Unit numbers. */
+#define PREFETCH_EMBED 0
+#define PREFETCH_LAYER(l) (1 + (l))
+int prefetch_head(const prefetch_t *p);
+
+/* Starts a pass over order[n] (copied; units in 0..units-1). The unit
+ * acquired last stays held until the next acquire. */
+int prefetch_pass(prefetch_t *p, const int *order, int n, char *err, size_t errlen);
+/* Acquires the pass's next unit (see the top of this file); its tensors
+ * are then prefetch_tensor's. TY_EINVAL past the pass's end. */
+int prefetch_acquire(prefetch_t *p, char *err, size_t errlen);
+/* The unit acquired last, or -1. */
+int prefetch_current(const prefetch_t *p);
+/* Tensor (kind, layer) of the unit acquired last (layer ignored for the
+ * global kinds; CKPT_LM_HEAD of a tied model is the embedding), in its
+ * slot; NULL when that unit does not hold it. */
+void *prefetch_tensor(const prefetch_t *p, ckpt_kind_t kind, int layer);
+/* Gathers unit u has queued since prefetch_create (each gathered once per
+ * residence). */
+long prefetch_gathers(const prefetch_t *p, int u);
+
+/* Blocking host collectives through comm (self or shm; host slots). */
+prefetch_ops_t prefetch_host_ops(comm_t *comm);
+
+#endif
