@@ -6,6 +6,7 @@
  * launcher's grace period) and its reason is printed; Ctrl-C stops every
  * rank. */
 #include <errno.h>
+#include <stdbool.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -111,10 +112,16 @@ int cmd_train(int argc, char **argv) {
           s.world_size, s.world_size == 1 ? "" : "s", s.use_lora ? "LoRA" : "full training",
           s.train.steps, s.data.path[0] ? s.data.path : "the built-in corpus (no data.path)",
           s.output_dir);
+  /* GPU ranks meet through NCCL, its id published in a file beside the
+   * outputs (CPU ranks: the launcher's shm segment). */
+  char rdv[PATH_MAX + 32];
+  snprintf(rdv, sizeof rdv, "nccl:file:%.*s/nccl.id", PATH_MAX - 16, s.output_dir);
+  const bool nccl = s.device == JOBSPEC_DEVICE_CUDA && s.world_size > 1;
   launch_opts_t o = {.worker = worker,
                      .world_size = s.world_size,
                      .spec_path = spec_path,
                      .mode = "train",
+                     .rendezvous = nccl ? rdv : NULL,
                      .progress_timeout_ms = progress_timeout_ms(),
                      .on_line = on_line,
                      .ctx = &view};

@@ -218,7 +218,10 @@ static int nccl_all_gather_queue(comm_t *c, const void *send, void *recv, const 
   if (!on_device(send) || !on_device(recv))
     return comm_fail(c, TY_EINVAL, -1, "all_gather: a queued gather needs device buffers");
   ncclDataType_t dt = elem_size == 2 ? ncclBfloat16 : ncclFloat;
-  return enqueued(c, queue_all_gather(c, send, recv, counts, dt, elem_size), "all_gather");
+  int rc = enqueued(c, queue_all_gather(c, send, recv, counts, dt, elem_size), "all_gather");
+  /* A non-blocking communicator takes its next call only once this one is
+   * issued (the gather itself runs on). */
+  return rc ? rc : wait_issued(c, c->impl, ty_mono_ms() + c->timeout_ms, "all_gather");
 }
 
 static void *nccl_stream(comm_t *c) {

@@ -1,6 +1,7 @@
-/* model_cuda.c - the Llama decoder's LoRA training step on one GPU (see
+/* model_cuda.c - the Llama decoder's LoRA training step on a GPU (see
  * model_cuda.h): model_step.c's order of operations on the kernels of
- * backend_cuda.h, base weights read in place from a CUDA loader shard. */
+ * backend_cuda.h, base weights read in place from a whole CUDA loader
+ * shard, or from the unit slots of worker/prefetch_cuda.h. */
 #include "worker/model_cuda.h"
 
 #include <stdarg.h>
@@ -12,6 +13,7 @@
 
 #include "api/errors.h"
 #include "api/jobspec.h"
+#include "common/xalloc.h"
 
 #define TC JOBSPEC_TARGET_COUNT
 
@@ -64,6 +66,9 @@ struct model_cuda {
   ty_dtype_t wdt; /* the base weights' dtype */
   cuda_backend_t *cb;
   const loader_shard_t *base;
+  prefetch_cuda_t *pc; /* sharded base: the units' slots, else NULL */
+  prefetch_t *units;
+  int *order; /* the passes' units: forward (L + 2), then backward (L + 1) */
   const lora_t *lo;
   int *tokens, *targets; /* device (B*T) */
   uint16_t *xb;          /* bf16 scratch: an activation or gradient on its way to cuBLAS */
@@ -83,37 +88,44 @@ static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
   return 0;
 }
 
+/* Tensor (kind, layer l) of the base: in the whole shard, or in the unit
+ * acquired last. */
 static const void *wt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
+  if (m->units) return prefetch_tensor(m->units, kind, l);
   const loader_view_t *v = loader_view(m->base, kind, l);
   if (!v && kind == CKPT_LM_HEAD) v = loader_view(m->base, CKPT_EMBED, -1); /* tied */
   return v ? v->data : NULL;
 }
 
-/* The fp32 norm gains: layer l's input norm at 2l, post-attention at 2l+1,
- * the final norm at 2L. */
-static int copy_norms(model_cuda_t *m) {
+/* The fp32 norm gain i: layer l's input norm at 2l, post-attention at
+ * 2l+1, the final norm at 2L. From a sharded base, its unit must be the one
+ * acquired last. */
+static int copy_norm(model_cuda_t *m, int i) {
   const int L = m->d.L, C = m->d.C;
-  for (int i = 0; i <= 2 * L; i++) {
-    ckpt_kind_t kind = i == 2 * L ? CKPT_FINAL_NORM : (i % 2 ? CKPT_MLP_NORM : CKPT_ATTN_NORM);
-    const void *src = wt(m, kind, i / 2);
-    float *dst = m->normw + (size_t)i * C;
-    if (m->wdt == TY_DTYPE_BF16)
-      cuda_bf16_to_f32(m->cb, dst, src, (size_t)C);
-    else if (cudaMemcpy(dst, src, (size_t)C * sizeof(float), cudaMemcpyDeviceToDevice) !=
-             cudaSuccess)
-      return TY_EINTERNAL;
-  }
+  ckpt_kind_t kind = i == 2 * L ? CKPT_FINAL_NORM : (i % 2 ? CKPT_MLP_NORM : CKPT_ATTN_NORM);
+  const void *src = wt(m, kind, i / 2);
+  float *dst = m->normw + (size_t)i * C;
+  if (!src) return TY_EINTERNAL; /* cannot happen: every unit holds its norms */
+  if (m->wdt == TY_DTYPE_BF16)
+    cuda_bf16_to_f32(m->cb, dst, src, (size_t)C);
+  else if (cudaMemcpyAsync(dst, src, (size_t)C * sizeof(float), cudaMemcpyDeviceToDevice, 0) !=
+           cudaSuccess)
+    return TY_EINTERNAL;
   return 0;
 }
 
 int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,
-                      const lora_t *lora, int B, int T, char *err, size_t errlen) {
+                      const lora_t *lora, comm_t *comm, int slots, int B, int T, char *err,
+                      size_t errlen) {
   *out = NULL;
-  if (base->world_size != 1)
+  if (!comm && base->world_size != 1)
     return ty_errf(err, errlen, TY_EINVAL,
-                   "model_cuda: needs a whole model (world size 1), got "
-                   "a shard of %d ranks",
+                   "model_cuda: a shard of %d ranks needs the ranks' comm to gather it",
                    base->world_size);
+  if (comm && (base->world_size != comm_world_size(comm) || base->rank != comm_rank(comm)))
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model_cuda: the shard of rank %d of %d does not fit rank %d of %d", base->rank,
+                   base->world_size, comm_rank(comm), comm_world_size(comm));
   if (base->dtype != TY_DTYPE_F32 && base->dtype != TY_DTYPE_BF16)
     return ty_errf(err, errlen, TY_EINVAL, "model_cuda: base weights must be float32 or bfloat16");
   if (!lora) return ty_errf(err, errlen, TY_EINVAL, "model_cuda: LoRA adapters are required");
@@ -140,6 +152,18 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   if ((size_t)QD > wmax) wmax = QD;
   if ((size_t)d->FF > wmax) wmax = d->FF;
   if ((size_t)d->V > wmax) wmax = d->V;
+  if (comm) {
+    rc = prefetch_cuda_create(&m->pc, base, comm, slots, err, errlen);
+    if (rc) {
+      model_cuda_free(m);
+      return rc;
+    }
+    m->units = prefetch_cuda_units(m->pc);
+    m->bytes += prefetch_cuda_bytes(m->pc);
+    m->order = xcalloc((size_t)(2 * L + 3), sizeof *m->order);
+    for (int u = 0; u < L + 2; u++) m->order[u] = u;
+    for (int i = 0; i < L + 1; i++) m->order[L + 2 + i] = L + 1 - i;
+  }
   rc = mc_alloc(m, (void **)&m->tokens, NA * sizeof(int));
   if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
   if (!rc) rc = mc_alloc(m, (void **)&m->xb, NA * wmax * sizeof(uint16_t));
@@ -160,7 +184,8 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
       cudaMemset(m->lg, 0, lo->n_params * sizeof(float)) != cudaSuccess)
     rc = TY_EINTERNAL;
   if (!rc) rc = cuda_rope_tables(cb, m->rope_cos, m->rope_sin, T, d->HS, d->rope_theta);
-  if (!rc) rc = copy_norms(m);
+  /* A sharded base's norms are copied as their units come by. */
+  for (int i = 0; i <= 2 * L && !rc && !m->units; i++) rc = copy_norm(m, i);
   if (!rc) rc = cuda_backend_sync(cb, err, errlen);
   if (rc) {
     model_cuda_free(m);
@@ -172,6 +197,9 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
 
 void model_cuda_free(model_cuda_t *m) {
   if (!m) return;
+  if (m->pc) cudaDeviceSynchronize(); /* no gather may still write a slot */
+  prefetch_cuda_free(m->pc);
+  free(m->order);
   cudaFree(m->tokens);
   cudaFree(m->targets);
   cudaFree(m->xb);
@@ -320,6 +348,40 @@ static int check_ids(const int *ids, int n, int V, const char *what, int t, char
   return 0;
 }
 
+/* Declares a pass over the units (forward: embedding, layers, head;
+ * backward: head, layers in reverse); nothing to do for a whole base. */
+static int units_pass(model_cuda_t *m, bool forward, char *err, size_t errlen) {
+  if (!m->units) return 0;
+  const int L = m->d.L;
+  return forward ? prefetch_pass(m->units, m->order, L + 2, err, errlen)
+                 : prefetch_pass(m->units, m->order + L + 2, L + 1, err, errlen);
+}
+
+/* The pass's next unit (its tensors are then wt's), with the norm gains it
+ * holds copied into normw on the forward pass. */
+static int units_next(model_cuda_t *m, bool forward, char *err, size_t errlen) {
+  if (!m->units) return 0;
+  int rc = prefetch_acquire(m->units, err, errlen);
+  const int u = prefetch_current(m->units), L = m->d.L;
+  if (rc || !forward || u == PREFETCH_EMBED) return rc;
+  if (u == L + 1) return copy_norm(m, 2 * L);
+  rc = copy_norm(m, 2 * (u - 1));
+  return rc ? rc : copy_norm(m, 2 * (u - 1) + 1);
+}
+
+/* Ends a pass: waits for the queued gathers (where a failed peer shows),
+ * then for the compute stream. msg: err holds the reason already. */
+static int pass_end(model_cuda_t *m, int rc, bool msg, const char *pass, char *err, size_t errlen) {
+  if (rc && !msg)
+    ty_errf(err, errlen, rc, "model_cuda: a matrix product failed in the %s pass", pass);
+  if (m->pc) {
+    int drc = prefetch_cuda_drain(m->pc, rc ? NULL : err, rc ? 0 : errlen);
+    if (!rc) rc = drc;
+  }
+  if (rc) return rc;
+  return cuda_backend_sync(m->cb, err, errlen);
+}
+
 int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
                        double *loss, char *err, size_t errlen) {
   const model_dims_t *d = &m->d;
@@ -336,18 +398,23 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
       cudaMemcpy(m->targets, targets, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess)
     return ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: copying the batch to the device failed");
   const size_t NA = (size_t)m->B * m->T;
-  cuda_embedding_forward(m->cb, RES(0), m->tokens, wt(m, CKPT_EMBED, -1), m->wdt, n, d->C);
-  for (int l = 0; l < d->L && !rc; l++) rc = layer_forward(m, l);
-  cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), m->normw + (size_t)2 * d->L * d->C, n,
-                       d->C, d->eps);
-  if (!rc)
+  bool msg = true; /* a failure of units_* has its reason in err */
+  rc = units_pass(m, true, err, errlen);
+  if (!rc) rc = units_next(m, true, err, errlen);
+  if (!rc) cuda_embedding_forward(m->cb, RES(0), m->tokens, wt(m, CKPT_EMBED, -1), m->wdt, n, d->C);
+  for (int l = 0; l < d->L && !rc; l++)
+    if (!(rc = units_next(m, true, err, errlen))) msg = !(rc = layer_forward(m, l));
+  if (!rc) rc = units_next(m, true, err, errlen);
+  if (!rc) {
+    cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), m->normw + (size_t)2 * d->L * d->C, n,
+                         d->C, d->eps);
     rc = proj_forward(m, 0, -1, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
+    msg = !rc;
+  }
   double sum = 0.0;
-  if (!rc) rc = cuda_crossentropy_forward(m->cb, m->losses, m->logits, m->targets, n, d->V, &sum);
   if (!rc)
-    rc = cuda_backend_sync(m->cb, err, errlen);
-  else
-    ty_errf(err, errlen, rc, "model_cuda: a matrix product failed in the forward pass");
+    msg = !(rc = cuda_crossentropy_forward(m->cb, m->losses, m->logits, m->targets, n, d->V, &sum));
+  rc = pass_end(m, rc, msg, "forward", err, errlen);
   if (loss) *loss = sum / n;
   return rc;
 }
@@ -356,14 +423,20 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
   const model_dims_t *d = &m->d;
   const int n = m->b * m->t;
   const size_t NA = (size_t)m->B * m->T;
-  /* logits become dlogits; then the head's input gradient and the final norm. */
-  cuda_crossentropy_backward(m->cb, m->logits, m->targets, n, d->V, loss_scale / n);
-  int rc =
-      proj_backward(m, 0, -1, m->dln, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
-  cuda_rmsnorm_backward(m->cb, m->dres, NULL, m->dln, NULL, RES(d->L),
-                        m->normw + (size_t)2 * d->L * d->C, m->rstdf, n, d->C);
-  for (int l = d->L - 1; l >= 0 && !rc; l--) rc = layer_backward(m, l);
-  if (rc)
-    return ty_errf(err, errlen, rc, "model_cuda: a matrix product failed in the backward pass");
-  return cuda_backend_sync(m->cb, err, errlen);
+  bool msg = true;
+  int rc = units_pass(m, false, err, errlen);
+  if (!rc) rc = units_next(m, false, err, errlen);
+  if (!rc) {
+    /* logits become dlogits; then the head's input gradient and the final
+     * norm. */
+    cuda_crossentropy_backward(m->cb, m->logits, m->targets, n, d->V, loss_scale / n);
+    rc = proj_backward(m, 0, -1, m->dln, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V,
+                       0.0f);
+    msg = !rc;
+    cuda_rmsnorm_backward(m->cb, m->dres, NULL, m->dln, NULL, RES(d->L),
+                          m->normw + (size_t)2 * d->L * d->C, m->rstdf, n, d->C);
+  }
+  for (int l = d->L - 1; l >= 0 && !rc; l--)
+    if (!(rc = units_next(m, false, err, errlen))) msg = !(rc = layer_backward(m, l));
+  return pass_end(m, rc, msg, "backward", err, errlen);
 }

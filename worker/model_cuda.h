@@ -1,16 +1,22 @@
-/* model_cuda.h - the Llama decoder on one GPU, for LoRA training: the same
+/* model_cuda.h - the Llama decoder on a GPU, for LoRA training: the same
  * forward and backward as worker/model_step.c, built from the kernels of
  * worker/backend_cuda.h. Base weights are a loader shard on the CUDA
- * placement (world size 1: every tensor whole), fp32 or bf16, frozen and
- * borrowed; matrix products take them as they lie (bf16 through
- * cublasGemmEx with fp32 accumulation, the fp32 activations rounded to bf16
- * on the way in). LoRA adapters, their gradients and all activations are
- * fp32 on the device. Every buffer is allocated by model_cuda_create for
- * micro-batches of up to B x T tokens; a step allocates nothing.
+ * placement, fp32 or bf16, frozen and borrowed: either the whole model
+ * (world size 1), read in place, or this rank's dim-0 shard of it, each
+ * unit (the embedding, a layer, norm + head) all-gathered by NCCL into one
+ * of a few reused slots as the pass reaches it, the next unit's gather
+ * running while the current unit computes (worker/prefetch_cuda.h). Matrix
+ * products take the weights as they lie (bf16 through cublasGemmEx with
+ * fp32 accumulation, the fp32 activations rounded to bf16 on the way in).
+ * LoRA adapters, their gradients and all activations are fp32 on the
+ * device, replicated on every rank (the caller sums their gradients). Every
+ * buffer is allocated by model_cuda_create for micro-batches of up to
+ * B x T tokens; a step allocates nothing.
  *
  * Device memory: the activations of every layer (as the CPU model keeps
  * them for its backward pass: the attention keeps each score row's
- * log-sum-exp, and one layer's (B, NH, T, T) scratch serves all layers);
+ * log-sum-exp, and one layer's (B, NH, T, T) scratch serves all layers),
+ * plus, for a sharded base, the slots (each the size of the largest unit);
  * model_cuda_bytes says how much. */
 #ifndef TY_WORKER_MODEL_CUDA_H
 #define TY_WORKER_MODEL_CUDA_H
@@ -18,28 +24,38 @@
 #include <stddef.h>
 
 #include "worker/backend_cuda.h"
+#include "worker/comm.h"
 #include "worker/loader.h"
 #include "worker/lora.h"
 #include "worker/model.h"
+#include "worker/prefetch_cuda.h"
 
 typedef struct model_cuda model_cuda_t;
 
-/* A GPU model over base (a world-size-1 shard on a CUDA placement; its dtype
- * F32 or BF16) with adapters shaped and initialised like the host lora (its
- * parameters are copied to the device; lora may not be NULL). Returns 0,
- * TY_EINVAL (a sharded or half-precision-f16 base, a shape mismatch) or
- * TY_EEXHAUSTED (device memory), with the reason in err. base, cb and lora
- * are borrowed and must outlive the model. */
+/* A GPU model over base (a CUDA placement's shard; its dtype F32 or BF16)
+ * with adapters shaped and initialised like the host lora (its parameters
+ * are copied to the device; lora may not be NULL). comm NULL: base is a
+ * whole model (world size 1). Otherwise comm (nccl, this rank's) gathers
+ * base, a shard of comm's world, unit by unit through `slots` slots (2
+ * overlaps the next unit's gather with the current unit's computation, 1
+ * does not); every rank must then run the same passes. Returns 0, TY_EINVAL
+ * (a shard without a comm, a shard of other ranks, a half-precision-f16
+ * base, a shape mismatch) or TY_EEXHAUSTED (device memory), with the
+ * reason in err. base, cb, comm and lora are borrowed and must outlive the
+ * model. */
 int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,
-                      const lora_t *lora, int B, int T, char *err, size_t errlen);
+                      const lora_t *lora, comm_t *comm, int slots, int B, int T, char *err,
+                      size_t errlen);
 void model_cuda_free(model_cuda_t *m);
 
-/* Device bytes the model allocated (activations, scratch, adapters). */
+/* Device bytes the model allocated (activations, scratch, adapters, unit
+ * slots). */
 size_t model_cuda_bytes(const model_cuda_t *m);
 
 /* tokens, targets: host (b, t) ids. Copies them, runs the forward pass and
  * returns the mean loss in *loss. TY_EINVAL for a batch too large or an id
- * outside the vocabulary (err names it), TY_EINTERNAL for a CUDA error. */
+ * outside the vocabulary (err names it), TY_EINTERNAL for a CUDA error, or
+ * a failed gather's code (TY_EABORTED, TY_EDEADLINE) with comm's reason. */
 int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
                        double *loss, char *err, size_t errlen);
 /* Backward of loss_scale * (mean loss) of the last forward into the

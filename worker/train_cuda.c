@@ -1,4 +1,4 @@
-/* train_cuda.c - LoRA training on one GPU: the loader into a CUDA
+/* train_cuda.c - LoRA training on GPU ranks: the loader into a CUDA
  * placement, model_cuda's passes, and the loop's device hooks; see
  * train_cuda.h. */
 #include "worker/train_cuda.h"
@@ -75,8 +75,8 @@ static int tc_params_from_host(void *ctx, const float *params, size_t n, char *e
 }
 
 int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_config_t *cfg,
-                      int device, const lora_t *lora, int B, int T, loader_stats_t *ls,
-                      train_device_t *dev, char *err, size_t errlen) {
+                      comm_t *comm, int device, const lora_t *lora, int B, int T,
+                      loader_stats_t *ls, train_device_t *dev, char *err, size_t errlen) {
   *out = NULL;
   train_cuda_t *t = xcalloc(1, sizeof *t);
   snprintf(t->name, sizeof t->name, "cuda:%d", device);
@@ -85,8 +85,8 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   t->pl_ready = rc == 0;
   if (!rc) rc = cuda_backend_create(&t->cb, device, err, errlen);
   if (!rc) {
-    loader_opts_t o = {.rank = 0,
-                       .world_size = 1,
+    loader_opts_t o = {.rank = comm_rank(comm),
+                       .world_size = comm_world_size(comm),
                        .dtype = spec->dtype,
                        .memory_efficient = spec->fsdp.memory_efficient_load,
                        .bucket_bytes = bucket,
@@ -95,7 +95,10 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
     rc = spec->init_from_scratch ? loader_init_scratch(cfg, &o, &t->shard, ls, err, errlen)
                                  : loader_load(spec->model_path, &o, &t->shard, ls, err, errlen);
   }
-  if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, B, T, err, errlen);
+  /* Several ranks gather their shards unit by unit, two slots: the next
+   * unit's gather overlaps the current unit's computation. */
+  comm_t *gather = comm_world_size(comm) > 1 ? comm : NULL;
+  if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T, err, errlen);
   if (rc) {
     train_cuda_free(t);
     return rc;

@@ -1,9 +1,11 @@
-/* train_cuda.h - LoRA training on one GPU for the loop of worker/train.h:
- * the base weights loaded onto the device through the loader (its
- * memory-efficient or standard path into a CUDA placement, world size 1,
- * in spec->dtype: float32 or bfloat16), worker/model_cuda.h's passes, and
- * the train_device_t hooks that bring the adapters' gradients down and
- * send their parameters up once a step. Built only with the CUDA toolkit
+/* train_cuda.h - LoRA training on GPU ranks for the loop of
+ * worker/train.h: the base weights loaded onto the device through the
+ * loader (its memory-efficient or standard path into a CUDA placement, in
+ * spec->dtype: float32 or bfloat16; with several ranks only this rank's
+ * shard, gathered unit by unit during the passes), worker/model_cuda.h's
+ * passes, and the train_device_t hooks that bring the adapters' gradients
+ * down and send their parameters up once a step (the loop sums the
+ * gradients over ranks through the comm). Built only with the CUDA toolkit
  * (TRAINYARD_HAVE_CUDA). */
 #ifndef TY_WORKER_TRAIN_CUDA_H
 #define TY_WORKER_TRAIN_CUDA_H
@@ -12,23 +14,26 @@
 
 #include "api/jobspec.h"
 #include "api/llama_config.h"
+#include "worker/comm.h"
 #include "worker/loader.h"
 #include "worker/lora.h"
 #include "worker/train.h"
 
 typedef struct train_cuda train_cuda_t;
 
-/* Sets up CUDA device `device` for spec: loads spec->model_path (or the
- * seeded initialisation of cfg when spec->init_from_scratch), creates the
- * device model for micro-batches of B x T tokens with adapters shaped like
- * lora, and fills *dev with its hooks (valid until train_cuda_free). ls
- * receives the load's figures (bytes, seconds, device peak). Returns 0,
- * TY_EUNAVAILABLE (no such device), TY_EINVAL (a dtype the device model
- * does not take) or TY_EEXHAUSTED (device memory), with the reason in err.
- * cfg and lora are borrowed. */
+/* Sets up CUDA device `device` for this rank of comm (self for one rank,
+ * nccl for several; its device must be `device`): loads the rank's shard
+ * of spec->model_path (or of the seeded initialisation of cfg when
+ * spec->init_from_scratch), creates the device model for micro-batches of
+ * B x T tokens with adapters shaped like lora, and fills *dev with its
+ * hooks (valid until train_cuda_free). ls receives the load's figures
+ * (bytes, seconds, device peak). Returns 0, TY_EUNAVAILABLE (no such
+ * device), TY_EINVAL (a dtype the device model does not take, a comm that
+ * cannot gather device memory) or TY_EEXHAUSTED (device memory), with the
+ * reason in err. cfg, comm and lora are borrowed. */
 int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_config_t *cfg,
-                      int device, const lora_t *lora, int B, int T, loader_stats_t *ls,
-                      train_device_t *dev, char *err, size_t errlen);
+                      comm_t *comm, int device, const lora_t *lora, int B, int T,
+                      loader_stats_t *ls, train_device_t *dev, char *err, size_t errlen);
 /* Accepts NULL. */
 void train_cuda_free(train_cuda_t *t);
 

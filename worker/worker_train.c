@@ -21,6 +21,7 @@
 #include "worker/report.h"
 #include "worker/train.h"
 #ifdef TRAINYARD_HAVE_CUDA
+#include "worker/placement_cuda.h"
 #include "worker/train_cuda.h"
 #endif
 
@@ -189,8 +190,9 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
   return fsdp_create(f, *m, comm, shard, !s->use_lora, err, errlen);
 }
 
-/* What this worker trains on device cuda: LoRA adapters on one GPU. 0, or
- * TY_EUNAVAILABLE / TY_EUNIMPLEMENTED with the reason and the fix. */
+/* What this worker trains on device cuda: LoRA adapters on one GPU per
+ * rank, sharded over several through NCCL. 0, or TY_EUNAVAILABLE /
+ * TY_EUNIMPLEMENTED with the reason and the fix. */
 static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 #ifndef TRAINYARD_HAVE_CUDA
   (void)s;
@@ -200,32 +202,40 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
     return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
                    "device cuda: training every weight on a GPU is not available yet (LoRA "
                    "adapters are: set use_lora true), or set \"device\": \"cpu\"");
+#ifndef TRAINYARD_HAVE_NCCL
   if (s->world_size > 1)
-    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
-                   "device cuda: a job trains on one GPU for now, and this one asks for "
-                   "world_size %d; set world_size 1, or \"device\": \"cpu\" to shard across "
-                   "CPU ranks",
+    return ty_errf(err, errlen, TY_EUNAVAILABLE,
+                   "device cuda: world_size %d needs NCCL, and this worker was built without "
+                   "it; rebuild where NCCL is installed, set world_size 1, or \"device\": "
+                   "\"cpu\" to shard across CPU ranks",
                    s->world_size);
-  return 0;
+#endif
+  int ndev;
+  return placement_cuda_devices(&ndev, err, errlen);
 #endif
 }
 
 #ifdef TRAINYARD_HAVE_CUDA
 /* device cuda: the model's shape on the host (no weights), the adapters
- * (host: the trained span), and the base weights on device 0 (a rank's GPU
- * is its device 0: the server sets CUDA_VISIBLE_DEVICES). */
-static int build_cuda(const jobspec_t *s, llama_config_t *cfg, model_t *shape, lora_t **lo,
-                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
-                      size_t errlen) {
+ * (host: the trained span), and the base weights (this rank's shard) on
+ * the rank's GPU: device rank % visible devices, as the nccl comm picks it
+ * (the server makes each rank's GPU its only one, CUDA_VISIBLE_DEVICES). */
+static int build_cuda(const jobspec_t *s, comm_t *comm, llama_config_t *cfg, model_t *shape,
+                      lora_t **lo, train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls,
+                      char *err, size_t errlen) {
   int rc = job_config(s, cfg, err, errlen);
   if (!rc)
-    rc = model_init_shape(shape, cfg, s->train.micro_batch_size, s->data.seq_len,
-                          MODEL_TRAIN_LORA, err, errlen);
+    rc = model_init_shape(shape, cfg, s->train.micro_batch_size, s->data.seq_len, MODEL_TRAIN_LORA,
+                          err, errlen);
   if (rc) return rc;
   rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
   if (rc) return rc;
   lora_init(*lo, s->train.seed);
-  return train_cuda_create(tc, s, cfg, 0, *lo, shape->B, shape->T, ls, dev, err, errlen);
+  int ndev;
+  rc = placement_cuda_devices(&ndev, err, errlen);
+  if (rc) return rc;
+  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, *lo, shape->B, shape->T, ls,
+                           dev, err, errlen);
 }
 #endif
 
@@ -248,6 +258,12 @@ int worker_train_main(const worker_env_t *e) {
   }
   emit(&rep, "starting", 0, NAN, 0, NULL, "");
   rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
+  if (!rc && spec.world_size != e->world_size)
+    rc = ty_errf(err, sizeof err, TY_EINVAL,
+                 "the spec asks for world_size %d, and this rank was started as one of %d "
+                 "(TRAINYARD_WORLD_SIZE); start the job with trainyard train or through "
+                 "trainyardd, which start every rank",
+                 spec.world_size, e->world_size);
   /* Never the CPU model under a cuda label: a job it cannot run there fails. */
   const bool cuda = !rc && spec.device == JOBSPEC_DEVICE_CUDA;
   if (cuda) rc = cuda_supported(&spec, err, sizeof err);
@@ -265,7 +281,7 @@ int worker_train_main(const worker_env_t *e) {
          spec.init_from_scratch ? "initialising" : spec.model_path);
     if (cuda) {
 #ifdef TRAINYARD_HAVE_CUDA
-      rc = build_cuda(&spec, &cfg, &shape, &lo, &tc, &dev, &ls, err, sizeof err);
+      rc = build_cuda(&spec, comm, &cfg, &shape, &lo, &tc, &dev, &ls, err, sizeof err);
       if (!rc) emit(&rep, "loading", 0, NAN, 0, &ls, "weights loaded onto the GPU");
 #endif
     } else {

@@ -11,6 +11,14 @@ if(TRAINYARD_HAVE_CUDA)
                          ENVIRONMENT "${TY_TEST_ENV}")
   endforeach()
 endif()
+# Sharded LoRA passes over NCCL against the whole model (one rank per GPU).
+if(TRAINYARD_HAVE_CUDA AND NCCL_LIB AND NCCL_INCLUDE)
+  add_executable(gpu_fsdp_check ${CMAKE_SOURCE_DIR}/tests/gpu/fsdp_check.c)
+  target_link_libraries(gpu_fsdp_check PRIVATE ty_worker)
+  add_test(NAME gpu/fsdp COMMAND gpu_fsdp_check)
+  set_tests_properties(gpu/fsdp PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
+endif()
 # LoRA training on one GPU against the CPU worker (skips without a GPU).
 if(TRAINYARD_HAVE_CUDA)
   add_test(NAME gpu/train COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/train_cli.sh)

@@ -7,7 +7,9 @@
 #          2 ranks (bench_load: ranks one after another on device 0), with
 #          the cudaMemGetInfo cross-check;
 #   lora   LoRA training tokens/s and model-FLOP utilisation on the GPU
-#          (bench_lora), when built;
+#          (bench_lora), when built: the whole base read in place (slots 0),
+#          then the sharded path at world size 1, every unit gathered by
+#          NCCL into 2 slots (overlapped) and into 1 (not);
 #   torch  the same checkpoint and batch through transformers + peft, when
 #          python3 has torch, transformers and peft.
 # Figures go to OUTDIR/bench.jsonl; a table to stdout.
@@ -34,7 +36,9 @@ for w in 1 2; do
   "$build/tests/gpu_bench_load" "$ck" $w 64 | sed 's/^{/{"bench":"load",/' >>"$jl" || rc=1
 done
 if [ -x "$build/tests/gpu_bench_lora" ]; then
-  "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
+  for slots in 0 2 1; do
+    "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS $slots | sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
+  done
 fi
 # PyTorch runs with the host's own libraries, not the unpacked .debs.
 [ -n "${TY_HOST_LD_LIBRARY_PATH+set}" ] && export LD_LIBRARY_PATH=$TY_HOST_LD_LIBRARY_PATH

@@ -14,11 +14,18 @@
  * mask (half of T x T), forward (2 products) and backward (4), 2 FLOPs per
  * multiply-add. The adapters' own FLOPs (rank R, under 1%) are not counted.
  *
- * usage: bench_lora CHECKPOINT_DIR B T R STEPS */
+ * SLOTS (optional, default 0): 0 reads the whole base in place; 1 or 2
+ * runs the sharded path (worker/prefetch_cuda.h) at world size 1 through an
+ * NCCL comm, every unit gathered into 1 slot (no overlap) or 2 (the next
+ * unit's gather overlapping the current unit's compute), so that the
+ * gathers' cost and the overlap's gain show against the whole model.
+ *
+ * usage: bench_lora CHECKPOINT_DIR B T R STEPS [SLOTS] */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "api/jobspec.h"
 #include "tests/gpu/gpu_util.h"
@@ -33,15 +40,16 @@ static double now_s(void) {
 }
 
 int main(int argc, char **argv) {
-  if (argc != 6) {
-    fprintf(stderr, "usage: bench_lora CHECKPOINT_DIR B T R STEPS\n");
+  if (argc != 6 && argc != 7) {
+    fprintf(stderr, "usage: bench_lora CHECKPOINT_DIR B T R STEPS [SLOTS]\n");
     return 2;
   }
+  const int slots = argc == 7 ? atoi(argv[6]) : 0;
   gpu_require_device("bench_lora");
   const char *dir = argv[1];
   int B = atoi(argv[2]), T = atoi(argv[3]), R = atoi(argv[4]), steps = atoi(argv[5]);
-  if (B < 1 || T < 2 || R < 1 || steps < 1) {
-    fprintf(stderr, "bench_lora: B, R, STEPS must be positive and T at least 2\n");
+  if (B < 1 || T < 2 || R < 1 || steps < 1 || slots < 0 || slots > 2) {
+    fprintf(stderr, "bench_lora: B, R, STEPS must be positive, T at least 2, SLOTS 0..2\n");
     return 2;
   }
   char err[1024];
@@ -77,7 +85,14 @@ int main(int argc, char **argv) {
     return 1;
   }
   lora_init(lo, 1);
-  if (model_cuda_create(&mc, cb, s, lo, B, T, err, sizeof err)) {
+  comm_t *comm = NULL;
+  char rdv[96];
+  snprintf(rdv, sizeof rdv, "nccl:file:/tmp/trainyard-bench-lora-%d.id", (int)getpid());
+  if (slots && comm_open(&comm, rdv, 0, 1, err, sizeof err)) {
+    fprintf(stderr, "bench_lora: %s\n", err);
+    return 1;
+  }
+  if (model_cuda_create(&mc, cb, s, lo, comm, slots, B, T, err, sizeof err)) {
     fprintf(stderr, "bench_lora: %s\n", err);
     return 1;
   }
@@ -122,18 +137,21 @@ int main(int argc, char **argv) {
   size_t fr, tot;
   cudaMemGetInfo(&fr, &tot);
   printf(
-      "{\"status\":\"ok\",\"params\":%llu,\"B\":%d,\"T\":%d,\"lora_rank\":%d,\"steps\":%d,"
+      "{\"status\":\"ok\",\"slots\":%d,\"params\":%llu,\"B\":%d,\"T\":%d,\"lora_rank\":%d,"
+      "\"steps\":%d,"
       "\"tokens_per_s\":%.1f,\"flops_per_token\":%.4g,\"model_tflops\":%.2f,"
       "\"mfu\":%.4f,\"peak_tflops\":%.0f,\"loss_first\":%.4f,\"loss_last\":%.4f,"
       "\"load_device_peak_bytes\":%llu,\"train_activation_bytes\":%llu,"
       "\"device_used_bytes\":%llu}\n",
-      (unsigned long long)s->layout.nparams, B, T, R, steps, tps, flops_tok, tps * flops_tok / 1e12,
-      tps * flops_tok / 1e12 / peak, peak, first, loss, (unsigned long long)st.device_peak_bytes,
-      (unsigned long long)model_cuda_bytes(mc), (unsigned long long)(tot - fr));
+      slots, (unsigned long long)s->layout.nparams, B, T, R, steps, tps, flops_tok,
+      tps * flops_tok / 1e12, tps * flops_tok / 1e12 / peak, peak, first, loss,
+      (unsigned long long)st.device_peak_bytes, (unsigned long long)model_cuda_bytes(mc),
+      (unsigned long long)(tot - fr));
   cudaFree(mom);
   free(tok);
   free(tgt);
   model_cuda_free(mc);
+  comm_close(comm);
   lora_free(lo);
   loader_shard_free(s);
   placement_cuda_free(&pl);

@@ -81,7 +81,7 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
   o.pl = &gpu;
   model_cuda_t *mc;
   if (loader_init_scratch(&cfg, &o, &ds, NULL, err, sizeof err) ||
-      model_cuda_create(&mc, cb, ds, lo, B, T, err, sizeof err)) {
+      model_cuda_create(&mc, cb, ds, lo, NULL, 0, B, T, err, sizeof err)) {
     printf("FAIL gpu setup: %s\n", err);
     return 1;
   }

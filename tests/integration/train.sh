@@ -105,10 +105,19 @@ grep 'done: held-out' "$tmp/areal.log"
 sed 's/"seq_len": 64/"seq_len": 0/' "$tmp/full.json" >"$tmp/bad.json"
 TRAINYARD_SPEC="$tmp/bad.json" "$worker" >"$tmp/bad.reports" 2>/dev/null && fail "a bad spec ran"
 grep -q '"phase":"failed".*seq_len' "$tmp/bad.reports" || fail "the failure does not name data.seq_len"
-# Device cuda: LoRA on one GPU. Never the CPU model under a cuda label: on
-# a host without a GPU (or a worker built without CUDA) the job fails and
-# says why; what is not wired for GPUs yet (every weight, several ranks)
-# fails naming the fix. tests/gpu/train_cli.sh runs it on a GPU.
+# A rank started alone for a spec of several ranks fails saying how to start
+# the job, rather than training as a world of one.
+python3 -c "
+import json
+s = json.load(open('$tmp/lora.json')); s['world_size'] = 2
+json.dump(s, open('$tmp/w2.json', 'w'))"
+TRAINYARD_SPEC="$tmp/w2.json" "$worker" >"$tmp/w2.reports" 2>/dev/null && fail "a lone rank of 2 ran"
+grep -q '"phase":"failed".*world_size 2.*one of 1 (TRAINYARD_WORLD_SIZE)' "$tmp/w2.reports" ||
+  fail "the lone rank's failure does not say why: $(cat "$tmp/w2.reports")"
+# Device cuda: LoRA on GPU ranks. Never the CPU model under a cuda label:
+# on a host without a GPU (or a worker built without CUDA) the job fails
+# and says why; what is not wired for GPUs yet (every weight) fails naming
+# the fix. tests/gpu/train_cli.sh runs it on a GPU.
 cuda_case() { # NAME PYTHON-EDIT WANT-IN-MESSAGE
   python3 -c "
 import json
@@ -128,5 +137,15 @@ else
   echo "device cuda, LoRA: trained on the GPU (tests/gpu/train_cli.sh checks it)"
 fi
 cuda_case cuda-full "s['use_lora'] = False" "every weight|$no_cuda" || fail "cuda-full ran"
-cuda_case cuda-world2 "s['world_size'] = 2" "one GPU for now|$no_cuda" || fail "cuda-world2 ran"
+# Several GPU ranks through the launcher (NCCL's rendezvous): refused here
+# with the same reason; on GPUs tests/gpu/train_cli.sh trains them.
+if "$ty" train --model_path "$tmp/base" --use_lora true --device cuda --world_size 2 \
+  --data.seq_len 32 --train.steps 2 --output_dir "$tmp/out-cuda-w2" >"$tmp/cuda-w2.log" 2>&1; then
+  echo "device cuda, 2 ranks: trained on GPUs"
+else
+  grep -qE "rank [01] failed: device cuda: ($no_cuda)" "$tmp/cuda-w2.log" ||
+    fail "2 cuda ranks: the failure does not say why: $(cat "$tmp/cuda-w2.log")"
+  [ ! -e "$tmp/out-cuda-w2/nccl.id" ] || fail "2 cuda ranks: the NCCL id file was left behind"
+  echo "device cuda, 2 ranks: refused on this host (no GPU or no CUDA build)"
+fi
 echo "ok"

@@ -1,0 +1,135 @@
+/* prefetch_cuda.c - prefetch's ops on a GPU; see prefetch_cuda.h. */
+#include "worker/prefetch_cuda.h"
+
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <cuda_runtime.h>
+
+#include "api/errors.h"
+#include "common/xalloc.h"
+
+struct prefetch_cuda {
+  comm_t *comm;
+  cudaStream_t cs; /* the comm's stream */
+  int nslots;
+  void *slots[PREFETCH_MAX_SLOTS];
+  size_t slot_bytes;
+  cudaEvent_t gathered[PREFETCH_MAX_SLOTS], released[PREFETCH_MAX_SLOTS];
+  bool was_released[PREFETCH_MAX_SLOTS];
+  prefetch_t *p;
+};
+
+static int cuda_fail(cudaError_t e, const char *what, char *err, size_t errlen) {
+  return ty_errf(err, errlen, TY_EINTERNAL, "prefetch: %s: %s", what, cudaGetErrorString(e));
+}
+
+static int from_comm(prefetch_cuda_t *pc, int rc, char *err, size_t errlen) {
+  return ty_errf(err, errlen, rc, "prefetch: %s", comm_error(pc->comm));
+}
+
+static int pc_begin(void *ctx, int slot, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  if (!pc->was_released[slot]) return 0;
+  cudaError_t e = cudaStreamWaitEvent(pc->cs, pc->released[slot], 0);
+  return e == cudaSuccess
+             ? 0
+             : cuda_fail(e, "ordering a gather after the slot's last use", err, errlen);
+}
+
+static int pc_gather(void *ctx, const void *send, void *recv, const size_t *counts,
+                     size_t elem_size, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  int rc = comm_all_gather_queue(pc->comm, send, recv, counts, elem_size);
+  return rc ? from_comm(pc, rc, err, errlen) : 0;
+}
+
+static int pc_end(void *ctx, int slot, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  cudaError_t e = cudaEventRecord(pc->gathered[slot], pc->cs);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "recording a gather", err, errlen);
+}
+
+static int pc_wait(void *ctx, int slot, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  cudaError_t e = cudaStreamWaitEvent(0, pc->gathered[slot], 0);
+  if (e != cudaSuccess) return cuda_fail(e, "ordering compute after a gather", err, errlen);
+  int rc = comm_wait_event(pc->comm, pc->gathered[slot], "gathering a unit");
+  return rc ? from_comm(pc, rc, err, errlen) : 0;
+}
+
+static int pc_release(void *ctx, int slot, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  cudaError_t e = cudaEventRecord(pc->released[slot], 0);
+  if (e != cudaSuccess) return cuda_fail(e, "recording a slot's last use", err, errlen);
+  pc->was_released[slot] = true;
+  return 0;
+}
+
+int prefetch_cuda_create(prefetch_cuda_t **out, const loader_shard_t *shard, comm_t *comm,
+                         int nslots, char *err, size_t errlen) {
+  *out = NULL;
+  if (!comm_stream(comm))
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "prefetch: sharded GPU weights are gathered by NCCL, and this comm is %s",
+                   comm_backend(comm));
+  if (nslots < 1 || nslots > PREFETCH_MAX_SLOTS)
+    return ty_errf(err, errlen, TY_EINVAL, "prefetch: %d slots (1..%d)", nslots,
+                   PREFETCH_MAX_SLOTS);
+  prefetch_cuda_t *pc = xcalloc(1, sizeof *pc);
+  pc->comm = comm;
+  pc->cs = (cudaStream_t)comm_stream(comm);
+  pc->nslots = nslots;
+  pc->slot_bytes = prefetch_slot_bytes(shard);
+  int rc = 0;
+  for (int k = 0; k < nslots && !rc; k++) {
+    cudaError_t e = cudaMalloc(&pc->slots[k], pc->slot_bytes ? pc->slot_bytes : 64);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      pc->slots[k] = NULL;
+      rc = ty_errf(err, errlen, TY_EEXHAUSTED,
+                   "prefetch: no device memory for %d unit slots of %.1f MiB (the largest unit: "
+                   "the embedding or the head)",
+                   nslots, (double)pc->slot_bytes / 1048576.0);
+    } else if ((e = cudaEventCreateWithFlags(&pc->gathered[k], cudaEventDisableTiming)) !=
+                   cudaSuccess ||
+               (e = cudaEventCreateWithFlags(&pc->released[k], cudaEventDisableTiming)) !=
+                   cudaSuccess) {
+      rc = cuda_fail(e, "creating events", err, errlen);
+    }
+  }
+  prefetch_ops_t ops = {pc, pc_begin, pc_gather, pc_end, pc_wait, pc_release};
+  if (!rc)
+    rc = prefetch_create(&pc->p, shard, nslots, pc->slots, pc->slot_bytes, &ops, err, errlen);
+  if (rc) {
+    prefetch_cuda_free(pc);
+    return rc;
+  }
+  *out = pc;
+  return 0;
+}
+
+void prefetch_cuda_free(prefetch_cuda_t *pc) {
+  if (!pc) return;
+  prefetch_free(pc->p);
+  for (int k = 0; k < pc->nslots; k++) {
+    cudaFree(pc->slots[k]);
+    if (pc->gathered[k]) cudaEventDestroy(pc->gathered[k]);
+    if (pc->released[k]) cudaEventDestroy(pc->released[k]);
+  }
+  free(pc);
+}
+
+prefetch_t *prefetch_cuda_units(prefetch_cuda_t *pc) {
+  return pc->p;
+}
+
+size_t prefetch_cuda_bytes(const prefetch_cuda_t *pc) {
+  return (size_t)pc->nslots * pc->slot_bytes;
+}
+
+int prefetch_cuda_drain(prefetch_cuda_t *pc, char *err, size_t errlen) {
+  int rc = comm_drain(pc->comm);
+  return rc ? from_comm(pc, rc, err, errlen) : 0;
+}
