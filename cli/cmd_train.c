@@ -117,6 +117,8 @@ int cmd_train(int argc, char **argv) {
   char rdv[PATH_MAX + 32];
   snprintf(rdv, sizeof rdv, "nccl:file:%.*s/nccl.id", PATH_MAX - 16, s.output_dir);
   const bool nccl = s.device == JOBSPEC_DEVICE_CUDA && s.world_size > 1;
+  /* A crashed run's id would send the other ranks to a dead rendezvous. */
+  if (nccl) unlink(rdv + strlen("nccl:file:"));
   launch_opts_t o = {.worker = worker,
                      .world_size = s.world_size,
                      .spec_path = spec_path,

@@ -138,14 +138,16 @@ else
 fi
 cuda_case cuda-full "s['use_lora'] = False" "every weight|$no_cuda" || fail "cuda-full ran"
 # Several GPU ranks through the launcher (NCCL's rendezvous): refused here
-# with the same reason; on GPUs tests/gpu/train_cli.sh trains them.
+# with the same reason; on GPUs tests/gpu/train_cli.sh trains them. A
+# crashed run's NCCL id is removed before the ranks start.
+mkdir -p "$tmp/out-cuda-w2" && echo stale >"$tmp/out-cuda-w2/nccl.id"
 if "$ty" train --model_path "$tmp/base" --use_lora true --device cuda --world_size 2 \
   --data.seq_len 32 --train.steps 2 --output_dir "$tmp/out-cuda-w2" >"$tmp/cuda-w2.log" 2>&1; then
   echo "device cuda, 2 ranks: trained on GPUs"
 else
   grep -qE "rank [01] failed: device cuda: ($no_cuda)" "$tmp/cuda-w2.log" ||
     fail "2 cuda ranks: the failure does not say why: $(cat "$tmp/cuda-w2.log")"
-  [ ! -e "$tmp/out-cuda-w2/nccl.id" ] || fail "2 cuda ranks: the NCCL id file was left behind"
+  [ ! -e "$tmp/out-cuda-w2/nccl.id" ] || fail "2 cuda ranks: a stale NCCL id file was left behind"
   echo "device cuda, 2 ranks: refused on this host (no GPU or no CUDA build)"
 fi
 echo "ok"
