@@ -104,6 +104,10 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
     return rc;
   }
   t->n = model_cuda_lora_size(t->mc);
+  /* The rank's device peak: the load's, or what training holds (the shard,
+   * the activations, the adapters and any unit slots), whichever is more. */
+  uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc);
+  if (ls && held > ls->device_peak_bytes) ls->device_peak_bytes = held;
   *dev = (train_device_t){.ctx = t,
                           .forward = tc_forward,
                           .backward = tc_backward,

@@ -26,8 +26,10 @@ typedef struct train_cuda train_cuda_t;
  * of spec->model_path (or of the seeded initialisation of cfg when
  * spec->init_from_scratch), creates the device model for micro-batches of
  * B x T tokens with adapters shaped like lora, and fills *dev with its
- * hooks (valid until train_cuda_free). ls receives the load's figures
- * (bytes, seconds, device peak). Returns 0, TY_EUNAVAILABLE (no such
+ * hooks (valid until train_cuda_free). ls (may be NULL) receives the
+ * load's figures (bytes, seconds) and as device peak the load's or what
+ * training then holds on the device (shard, activations, adapters, unit
+ * slots), whichever is larger. Returns 0, TY_EUNAVAILABLE (no such
  * device), TY_EINVAL (a dtype the device model does not take, a comm that
  * cannot gather device memory) or TY_EEXHAUSTED (device memory), with the
  * reason in err. cfg, comm and lora are borrowed. */

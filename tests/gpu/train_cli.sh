@@ -57,7 +57,7 @@ assert lb[-1] < lb[0], lb
 print("# bf16 GPU: loss %.4f -> %.4f (CPU fp32 %.4f -> %.4f)" % (lb[0], lb[-1], lc[0], lc[-1]))
 done = gpu[-1]
 assert done["phase"] == "done" and done["device_peak_bytes"] > 0, done
-print("# GPU run: device peak %.1f MiB at load; %s" % (done["device_peak_bytes"] / 2**20,
+print("# GPU run: device peak %.1f MiB (load, or training: shard + activations); %s" % (done["device_peak_bytes"] / 2**20,
                                                      done["message"]))
 PY
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
