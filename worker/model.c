@@ -162,9 +162,9 @@ int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_
 }
 
 /* own: allocate the parameter (and gradient) buffers; else the caller
- * supplies every weight to the stage functions. */
+ * supplies every weight to the stage functions. acts: the activations. */
 static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
-                  bool own, char *err, size_t errlen) {
+                  bool own, bool acts, char *err, size_t errlen) {
   *out = NULL;
   model_t shape;
   int rc = model_init_shape(&shape, cfg, B, T, mode, err, errlen);
@@ -189,7 +189,7 @@ static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_
   }
   views_set(m, &m->w, m->params);
   views_set(m, &m->dw, m->grads);
-  if ((rc = acts_create(m))) goto fail_alloc;
+  if (acts && (rc = acts_create(m))) goto fail_alloc;
   *out = m;
   return 0;
 fail_alloc:
@@ -203,12 +203,17 @@ fail_alloc:
 
 int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
                  char *err, size_t errlen) {
-  return create(out, cfg, B, T, mode, true, err, errlen);
+  return create(out, cfg, B, T, mode, true, true, err, errlen);
+}
+
+int model_create_weights(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                         char *err, size_t errlen) {
+  return create(out, cfg, B, T, mode, true, false, err, errlen);
 }
 
 int model_create_unowned(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
                          char *err, size_t errlen) {
-  return create(out, cfg, B, T, mode, false, err, errlen);
+  return create(out, cfg, B, T, mode, false, true, err, errlen);
 }
 
 size_t model_layer_floats(const model_dims_t *d) {
@@ -246,7 +251,7 @@ void model_free(model_t *m) {
 }
 
 size_t model_activation_bytes(const model_t *m) {
-  return m->acts->bytes;
+  return m->acts ? m->acts->bytes : 0;
 }
 
 const model_tensor_t *model_find_tensor(const model_t *m, const char *name) {

@@ -133,6 +133,13 @@ int model_create(model_t **out, const llama_config_t *cfg, int B, int T, model_m
                  char *err, size_t errlen);
 void model_free(model_t *m);
 
+/* The parameters and (for MODEL_TRAIN_FULL) gradients only, no activations
+ * (B and T are recorded for the training loop's checks): the host's copy
+ * of weights that are trained on a device (worker/train_cuda.h), which the
+ * optimizer updates and checkpoints are written from. No pass runs on it. */
+int model_create_weights(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                         char *err, size_t errlen);
+
 /* The same without the parameter and gradient buffers (params, grads, the
  * views in w and dw and each tensor's data and grad are NULL; offsets still
  * describe the full layout): for a rank that holds only its shards and

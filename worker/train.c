@@ -147,9 +147,10 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
              m->B, m->T, (int)m->mode, B, T);
     return TY_EINTERNAL;
   }
-  if (a->device && (!a->lora || a->fsdp))
+  if (a->device && (a->fsdp || (!a->lora && !m->params)))
     return ty_errf(err, errlen, TY_EINTERNAL,
-                   "a device model trains adapters only, without host shards");
+                   "a device model trains adapters, or the weights of a host model that holds "
+                   "them (model_create_weights), without host shards");
   const passes_t passes = {m, a->fsdp, a->lora, a->device};
   const train_device_t *dev = a->device;
   data_config_t dc = {.path = s->data.path,

@@ -44,10 +44,12 @@ typedef struct {
 typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
 
 /* A model on an accelerator (worker/train_cuda.h). The loop runs the
- * forward and backward passes there and keeps the trained span (adapters
- * only), the optimizer, clipping and checkpoints on the host: gradients
- * come down and parameters go up once a step, a few MiB for adapters. Each
- * call returns 0 or a TY_E* code with the reason in err. */
+ * forward and backward passes there and keeps the trained span (the
+ * adapters, or for full training the host model's own weights), the
+ * optimizer, clipping and checkpoints on the host: gradients come down and
+ * parameters go up once a step (a few MiB for adapters; the whole model
+ * for full training). Each call returns 0 or a TY_E* code with the reason
+ * in err. */
 typedef struct {
   void *ctx;
   int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
@@ -60,14 +62,15 @@ typedef struct {
 } train_device_t;
 
 typedef struct {
-  const jobspec_t *spec;      /* validated; borrowed */
-  comm_t *comm;               /* this rank's communicator; borrowed */
-  model_t *model;             /* created for (micro_batch_size, seq_len); borrowed */
-  fsdp_t *fsdp;               /* the base weights' shards (then model's own buffers are unused),
-                               * or NULL: model holds filled weights; borrowed */
-  lora_t *lora;               /* the adapters for a LoRA job, else NULL; borrowed */
+  const jobspec_t *spec; /* validated; borrowed */
+  comm_t *comm;          /* this rank's communicator; borrowed */
+  model_t *model;        /* created for (micro_batch_size, seq_len); borrowed */
+  fsdp_t *fsdp;          /* the base weights' shards (then model's own buffers are unused),
+                          * or NULL: model holds filled weights; borrowed */
+  lora_t *lora;          /* the adapters for a LoRA job, else NULL; borrowed */
   /* The passes run here instead of on model (then only model's shape, B,
-   * T and mode are read, and fsdp is NULL); needs lora. NULL: the host. */
+   * T and mode are read, plus its params and grads as the trained span
+   * when there is no lora; fsdp is NULL). NULL: the host. */
   const train_device_t *device;
   train_progress_fn progress; /* may be NULL */
   void *progress_ctx;

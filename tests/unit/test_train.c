@@ -138,8 +138,8 @@ static int record(void *ctx, const train_progress_t *p) {
   return 0;
 }
 
-static train_result_t run_on(const jobspec_t *s, model_t *m, lora_t *lo,
-                             const train_device_t *dev, int64_t stop, losses_t *l) {
+static train_result_t run_on(const jobspec_t *s, model_t *m, lora_t *lo, const train_device_t *dev,
+                             int64_t stop, losses_t *l) {
   comm_t *comm;
   char err[512];
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
@@ -465,6 +465,86 @@ static void test_device_path_matches_host(void **state) {
   model_free(m);
 }
 
+/* Full training through the hooks: the stand-in holds a whole model
+ * (weights and gradients, as model_cuda's full mode does on a GPU); the
+ * host holds weights and gradients only (model_create_weights), which the
+ * optimizer updates and the checkpoint is written from. */
+static int fdf_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
+                       char *err, size_t errlen) {
+  return model_forward(((fake_dev_t *)ctx)->m, in, tg, b, t, NULL, loss, err, errlen);
+}
+static int fdf_backward(void *ctx, float scale, char *err, size_t errlen) {
+  model_backward(((fake_dev_t *)ctx)->m, NULL, scale);
+  return 0;
+}
+static int fdf_zero(void *ctx, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  memset(f->m->grads, 0, f->m->n_params * sizeof(float));
+  return 0;
+}
+static int fdf_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  assert_int_equal(n, f->m->n_params);
+  memcpy(grads, f->m->grads, n * sizeof(float));
+  f->downs++;
+  return 0;
+}
+static int fdf_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
+  fake_dev_t *f = ctx;
+  assert_int_equal(n, f->m->n_params);
+  memcpy(f->m->params, params, n * sizeof(float));
+  f->ups++;
+  return 0;
+}
+
+static void test_device_full_training_matches_host(void **state) {
+  jobspec_t s = tiny_spec(false, 8, "devfull-host");
+  model_t *m;
+  lora_t *lo;
+  losses_t host = {{0}, 0}, onDev = {{0}, 0};
+  make_model(&s, &m, &lo);
+  run(&s, m, lo, 0, &host);
+
+  fake_dev_t f = {0};
+  make_model(&s, &f.m, &f.lo);
+  for (size_t i = 0; i < f.m->n_params; i++) f.m->params[i] = NAN; /* fixed by the first upload */
+  train_device_t dev = {&f, fdf_forward, fdf_backward, fdf_zero, fdf_down, fdf_up};
+  llama_config_t c = tiny_config();
+  model_t *hw;
+  char err[256];
+  assert_int_equal(model_create_weights(&hw, &c, s.train.micro_batch_size, s.data.seq_len,
+                                        MODEL_TRAIN_FULL, err, sizeof err),
+                   0);
+  assert_int_equal(model_activation_bytes(hw), 0);
+  model_io_init_scratch(hw, 99);
+  snprintf(s.output_dir, sizeof s.output_dir, "%s/devfull-dev", g_dir);
+  run_on(&s, hw, NULL, &dev, 0, &onDev);
+  for (int i = 1; i <= 8; i++)
+    if (host.loss[i] != onDev.loss[i])
+      fail_msg("step %d: loss %.9g on the host, %.9g through the device hooks", i, host.loss[i],
+               onDev.loss[i]);
+  assert_memory_equal(m->params, hw->params, m->n_params * sizeof(float));
+  assert_memory_equal(hw->params, f.m->params, m->n_params * sizeof(float));
+  assert_int_equal(f.ups, 9);
+  assert_int_equal(f.downs, 8);
+
+  /* Without weights of its own the host model cannot be the trained span. */
+  model_t shape;
+  assert_int_equal(model_init_shape(&shape, &c, s.train.micro_batch_size, s.data.seq_len,
+                                    MODEL_TRAIN_FULL, err, sizeof err),
+                   0);
+  comm_t *comm;
+  assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
+  train_args_t a = {.spec = &s, .comm = comm, .model = &shape, .device = &dev};
+  train_result_t res;
+  assert_int_equal(train_run(&a, &res, err, sizeof err), TY_EINTERNAL);
+  assert_non_null(strstr(err, "model_create_weights"));
+  comm_close(comm);
+  model_free(hw);
+  model_free(f.m);
+  model_free(m);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_full_training_lowers_heldout_loss, setup, teardown),
@@ -474,6 +554,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_resume_matches_uninterrupted, setup, teardown),
       cmocka_unit_test_setup_teardown(test_resume_rejects_other_batch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_path_matches_host, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_full_training_matches_host, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
