@@ -54,10 +54,10 @@
   X(dgate, NA * d->FF)                                   \
   X(dup, NA * d->FF)                                     \
   X(attscr, 2 * NA * d->NH * T)                          \
-  X(xa, (size_t)L * TC * NA * lo->R)                     \
-  X(dxa, NA * lo->R)                                     \
-  X(lp, lo->n_params)                                    \
-  X(lg, lo->n_params)
+  X(xa, (size_t)L * TC * NA * LR)                        \
+  X(dxa, NA * LR)                                        \
+  X(lp, NP)                                              \
+  X(lg, NP)
 // clang-format on
 
 struct model_cuda {
@@ -68,8 +68,9 @@ struct model_cuda {
   const loader_shard_t *base;
   prefetch_cuda_t *pc; /* sharded base: the units' slots, else NULL */
   prefetch_t *units;
-  int *order; /* the passes' units: forward (L + 2), then backward (L + 1) */
-  const lora_t *lo;
+  int *order;            /* the passes' units: forward (L + 2), then backward (L + 1) */
+  const lora_t *lo;      /* NULL: full training */
+  float *gbase;          /* full training: the base's gradients, laid out as base */
   int *tokens, *targets; /* device (B*T) */
   uint16_t *xb;          /* bf16 scratch: an activation or gradient on its way to cuBLAS */
   size_t bytes;
@@ -97,13 +98,36 @@ static const void *wt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
   return v ? v->data : NULL;
 }
 
+/* Full training: the gradient of (kind, layer l), laid out as the base
+ * (a tied head's is the embedding's); NULL for LoRA. */
+static float *gwt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
+  if (!m->gbase) return NULL;
+  const loader_view_t *v = loader_view(m->base, kind, l);
+  if (!v && kind == CKPT_LM_HEAD) v = loader_view(m->base, CKPT_EMBED, -1);
+  return v ? m->gbase + v->offset / sizeof(float) : NULL;
+}
+
+static ckpt_kind_t norm_kind(int i, int L) {
+  return i == 2 * L ? CKPT_FINAL_NORM : (i % 2 ? CKPT_MLP_NORM : CKPT_ATTN_NORM);
+}
+
+/* Norm gain i (as copy_norm numbers them) and its gradient: for full
+ * training the float32 base itself, which the optimizer updates; else the
+ * fp32 copy (no gradient). */
+static const float *norm_w(const model_cuda_t *m, int i) {
+  if (m->gbase) return wt(m, norm_kind(i, m->d.L), i / 2);
+  return m->normw + (size_t)i * m->d.C;
+}
+static float *norm_dw(const model_cuda_t *m, int i) {
+  return gwt(m, norm_kind(i, m->d.L), i / 2);
+}
+
 /* The fp32 norm gain i: layer l's input norm at 2l, post-attention at
  * 2l+1, the final norm at 2L. From a sharded base, its unit must be the one
  * acquired last. */
 static int copy_norm(model_cuda_t *m, int i) {
-  const int L = m->d.L, C = m->d.C;
-  ckpt_kind_t kind = i == 2 * L ? CKPT_FINAL_NORM : (i % 2 ? CKPT_MLP_NORM : CKPT_ATTN_NORM);
-  const void *src = wt(m, kind, i / 2);
+  const int C = m->d.C;
+  const void *src = wt(m, norm_kind(i, m->d.L), i / 2);
   float *dst = m->normw + (size_t)i * C;
   if (!src) return TY_EINTERNAL; /* cannot happen: every unit holds its norms */
   if (m->wdt == TY_DTYPE_BF16)
@@ -128,7 +152,10 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
                    base->world_size, comm_rank(comm), comm_world_size(comm));
   if (base->dtype != TY_DTYPE_F32 && base->dtype != TY_DTYPE_BF16)
     return ty_errf(err, errlen, TY_EINVAL, "model_cuda: base weights must be float32 or bfloat16");
-  if (!lora) return ty_errf(err, errlen, TY_EINVAL, "model_cuda: LoRA adapters are required");
+  if (!lora && (comm || base->dtype != TY_DTYPE_F32))
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model_cuda: training every weight needs a whole float32 base on one GPU "
+                   "(set dtype float32 and world_size 1)");
   model_cuda_t *m = calloc(1, sizeof *m);
   if (!m) return TY_EEXHAUSTED;
   int rc = model_dims_from_config(&m->d, &base->layout.cfg, err, errlen);
@@ -136,16 +163,17 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
     free(m);
     return rc;
   }
-  if (B < 1 || T < 1 || lora->L != m->d.L || (size_t)lora->N < (size_t)B * T) {
+  if (B < 1 || T < 1 || (lora && (lora->L != m->d.L || (size_t)lora->N < (size_t)B * T))) {
     free(m);
     return ty_errf(err, errlen, TY_EINVAL,
                    "model_cuda: micro-batch %d x %d, or adapters for %d layers and %d rows, do "
                    "not fit the model",
-                   B, T, lora->L, lora->N);
+                   B, T, lora ? lora->L : 0, lora ? lora->N : 0);
   }
   m->B = B, m->T = T, m->wdt = base->dtype, m->cb = cb, m->base = base, m->lo = lora;
   const model_dims_t *d = &m->d;
   const lora_t *lo = lora;
+  const size_t LR = lo ? (size_t)lo->R : 0, NP = lo ? lo->n_params : 0;
   const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const size_t NA = (size_t)B * T;
   size_t wmax = (size_t)d->C;
@@ -165,6 +193,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
     for (int i = 0; i < L + 1; i++) m->order[L + 2 + i] = L + 1 - i;
   }
   rc = mc_alloc(m, (void **)&m->tokens, NA * sizeof(int));
+  if (!rc && !lo) rc = mc_alloc(m, (void **)&m->gbase, base->bytes);
   if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
   if (!rc) rc = mc_alloc(m, (void **)&m->xb, NA * wmax * sizeof(uint16_t));
 #define TY_X(field, n) \
@@ -179,13 +208,15 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
                    "micro-batch or seq_len)",
                    (double)want / 1048576.0);
   }
-  if (cudaMemcpy(m->lp, lo->params, lo->n_params * sizeof(float), cudaMemcpyHostToDevice) !=
-          cudaSuccess ||
-      cudaMemset(m->lg, 0, lo->n_params * sizeof(float)) != cudaSuccess)
+  if ((lo &&
+       cudaMemcpy(m->lp, lo->params, NP * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) ||
+      cudaMemset(m->lg, 0, NP * sizeof(float)) != cudaSuccess ||
+      (m->gbase && cudaMemset(m->gbase, 0, base->bytes) != cudaSuccess))
     rc = TY_EINTERNAL;
   if (!rc) rc = cuda_rope_tables(cb, m->rope_cos, m->rope_sin, T, d->HS, d->rope_theta);
-  /* A sharded base's norms are copied as their units come by. */
-  for (int i = 0; i <= 2 * L && !rc && !m->units; i++) rc = copy_norm(m, i);
+  /* A sharded base's norms are copied as their units come by; full
+   * training reads them from the base. */
+  for (int i = 0; i <= 2 * L && !rc && !m->units && lo; i++) rc = copy_norm(m, i);
   if (!rc) rc = cuda_backend_sync(cb, err, errlen);
   if (rc) {
     model_cuda_free(m);
@@ -202,6 +233,7 @@ void model_cuda_free(model_cuda_t *m) {
   free(m->order);
   cudaFree(m->tokens);
   cudaFree(m->targets);
+  cudaFree(m->gbase);
   cudaFree(m->xb);
 #define TY_X(field, n) cudaFree(m->field);
   MC_BUFS(TY_X)
@@ -219,7 +251,10 @@ float *model_cuda_lora_grads(model_cuda_t *m) {
   return m->lg;
 }
 size_t model_cuda_lora_size(const model_cuda_t *m) {
-  return m->lo->n_params;
+  return m->lo ? m->lo->n_params : 0;
+}
+float *model_cuda_base_grads(model_cuda_t *m) {
+  return m->gbase;
 }
 
 /* The adapter of (l, target), if any: device A, B, dA, dB and its xa slot. */
@@ -230,7 +265,7 @@ typedef struct {
 
 static bool adapter(const model_cuda_t *m, int l, int target, mc_adapter_t *a) {
   const lora_t *lo = m->lo;
-  if (!lora_has_target(lo, target)) return false;
+  if (!lo || !lora_has_target(lo, target)) return false;
   const lora_pair_t *p = &lo->w[l * TC + target];
   size_t oa = (size_t)(p->A - lo->params), ob = (size_t)(p->B - lo->params);
   a->A = m->lp + oa, a->B = m->lp + ob, a->dA = m->lg + oa, a->dB = m->lg + ob;
@@ -257,16 +292,19 @@ static int proj_forward(model_cuda_t *m, int l, int target, float *out, const fl
 }
 
 /* dx (n, IN) = dx_beta * dx + dout @ W (+ the adapter's part and its
- * gradients). The base weight is frozen: no dW. */
-static int proj_backward(model_cuda_t *m, int l, int target, float *dx, const float *dout,
-                         const float *x, const void *W, int IN, int OUT, float dx_beta) {
+ * gradients); dW (OUT, IN) += dout^T @ x for full training (an fp32 base),
+ * NULL when the base is frozen. */
+static int proj_backward(model_cuda_t *m, int l, int target, float *dx, float *dW,
+                         const float *dout, const float *x, const void *W, int IN, int OUT,
+                         float dx_beta) {
   const int n = m->b * m->t;
   int rc;
   if (m->wdt == TY_DTYPE_BF16) {
     cuda_f32_to_bf16(m->cb, m->xb, dout, (size_t)n * OUT);
     rc = cuda_matmul_backward(m->cb, dx, NULL, m->xb, NULL, W, TY_DTYPE_BF16, n, IN, OUT, dx_beta);
   } else {
-    rc = cuda_matmul_backward(m->cb, dx, NULL, dout, NULL, W, TY_DTYPE_F32, n, IN, OUT, dx_beta);
+    rc = cuda_matmul_backward(m->cb, dx, dW, dout, dW ? x : NULL, W, TY_DTYPE_F32, n, IN, OUT,
+                              dx_beta);
   }
   mc_adapter_t a;
   if (!rc && target >= 0 && adapter(m, l, target, &a))
@@ -279,6 +317,7 @@ static int proj_backward(model_cuda_t *m, int l, int target, float *dx, const fl
 #define LAYER(buf, width) (m->buf + (size_t)l * NA * (width))
 #define RES(r) (m->res + (size_t)(r)*NA * d->C)
 #define W(kind) wt(m, CKPT_##kind, l)
+#define GW(kind) gwt(m, CKPT_##kind, l)
 #define TGT(x) JOBSPEC_TARGET_BIT_##x
 
 static int layer_forward(model_cuda_t *m, int l) {
@@ -290,9 +329,8 @@ static int layer_forward(model_cuda_t *m, int l) {
   float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
   float *lse = LAYER(lse, d->NH);
-  const float *nw = m->normw + (size_t)2 * l * C;
   int rc = 0;
-  cuda_rmsnorm_forward(cb, ln1, LAYER(rstd1, 1), RES(l), nw, n, C, d->eps);
+  cuda_rmsnorm_forward(cb, ln1, LAYER(rstd1, 1), RES(l), norm_w(m, 2 * l), n, C, d->eps);
   if (!rc) rc = proj_forward(m, l, TGT(Q), q, ln1, W(WQ), C, QD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(K), k, ln1, W(WK), C, KVD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
@@ -301,7 +339,7 @@ static int layer_forward(model_cuda_t *m, int l) {
   cuda_attention_forward(cb, atty, lse, m->attscr, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
   cudaMemcpyAsync(mid, RES(l), sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
   if (!rc) rc = proj_forward(m, l, TGT(O), mid, atty, W(WO), QD, C, 1.0f);
-  cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, nw + C, n, C, d->eps);
+  cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, norm_w(m, 2 * l + 1), n, C, d->eps);
   if (!rc) rc = proj_forward(m, l, TGT(GATE), gate, ln2, W(WGATE), C, FF, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(UP), up, ln2, W(WUP), C, FF, 0.0f);
   cuda_swiglu_forward(cb, h, gate, up, (size_t)n * FF);
@@ -319,22 +357,24 @@ static int layer_backward(model_cuda_t *m, int l) {
   const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   const float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
   const float *lse = LAYER(lse, d->NH);
-  const float *nw = m->normw + (size_t)2 * l * C;
   /* m->dres holds d(loss)/d(res_{l+1}) on entry and d/d(res_l) on return. */
-  int rc = proj_backward(m, l, TGT(DOWN), m->dh, m->dres, h, W(WDOWN), FF, C, 0.0f);
+  int rc = proj_backward(m, l, TGT(DOWN), m->dh, GW(WDOWN), m->dres, h, W(WDOWN), FF, C, 0.0f);
   cuda_swiglu_backward(cb, m->dgate, m->dup, m->dh, gate, up, (size_t)n * FF);
-  if (!rc) rc = proj_backward(m, l, TGT(GATE), m->dln, m->dgate, ln2, W(WGATE), C, FF, 0.0f);
-  if (!rc) rc = proj_backward(m, l, TGT(UP), m->dln, m->dup, ln2, W(WUP), C, FF, 1.0f);
-  cuda_rmsnorm_backward(cb, m->dmid, NULL, m->dln, m->dres, mid, nw + C, LAYER(rstd2, 1), n, C);
-  if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, m->dmid, atty, W(WO), QD, C, 0.0f);
+  if (!rc)
+    rc = proj_backward(m, l, TGT(GATE), m->dln, GW(WGATE), m->dgate, ln2, W(WGATE), C, FF, 0.0f);
+  if (!rc) rc = proj_backward(m, l, TGT(UP), m->dln, GW(WUP), m->dup, ln2, W(WUP), C, FF, 1.0f);
+  cuda_rmsnorm_backward(cb, m->dmid, norm_dw(m, 2 * l + 1), m->dln, m->dres, mid,
+                        norm_w(m, 2 * l + 1), LAYER(rstd2, 1), n, C);
+  if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, GW(WO), m->dmid, atty, W(WO), QD, C, 0.0f);
   cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->attscr, m->datty, lse, q, k, v, m->b, m->t,
                           d->NH, d->NKV, d->HS);
   cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
-  if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, m->dq, ln1, W(WQ), C, QD, 0.0f);
-  if (!rc) rc = proj_backward(m, l, TGT(K), m->dln, m->dk, ln1, W(WK), C, KVD, 1.0f);
-  if (!rc) rc = proj_backward(m, l, TGT(V), m->dln, m->dv, ln1, W(WV), C, KVD, 1.0f);
-  cuda_rmsnorm_backward(cb, m->dres, NULL, m->dln, m->dmid, RES(l), nw, LAYER(rstd1, 1), n, C);
+  if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, GW(WQ), m->dq, ln1, W(WQ), C, QD, 0.0f);
+  if (!rc) rc = proj_backward(m, l, TGT(K), m->dln, GW(WK), m->dk, ln1, W(WK), C, KVD, 1.0f);
+  if (!rc) rc = proj_backward(m, l, TGT(V), m->dln, GW(WV), m->dv, ln1, W(WV), C, KVD, 1.0f);
+  cuda_rmsnorm_backward(cb, m->dres, norm_dw(m, 2 * l), m->dln, m->dmid, RES(l), norm_w(m, 2 * l),
+                        LAYER(rstd1, 1), n, C);
   return rc;
 }
 
@@ -406,8 +446,7 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
     if (!(rc = units_next(m, true, err, errlen))) msg = !(rc = layer_forward(m, l));
   if (!rc) rc = units_next(m, true, err, errlen);
   if (!rc) {
-    cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), m->normw + (size_t)2 * d->L * d->C, n,
-                         d->C, d->eps);
+    cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), norm_w(m, 2 * d->L), n, d->C, d->eps);
     rc = proj_forward(m, 0, -1, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
     msg = !rc;
   }
@@ -430,13 +469,16 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
     /* logits become dlogits; then the head's input gradient and the final
      * norm. */
     cuda_crossentropy_backward(m->cb, m->logits, m->targets, n, d->V, loss_scale / n);
-    rc = proj_backward(m, 0, -1, m->dln, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V,
-                       0.0f);
+    rc = proj_backward(m, 0, -1, m->dln, gwt(m, CKPT_LM_HEAD, -1), m->logits, m->lnf,
+                       wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
     msg = !rc;
-    cuda_rmsnorm_backward(m->cb, m->dres, NULL, m->dln, NULL, RES(d->L),
-                          m->normw + (size_t)2 * d->L * d->C, m->rstdf, n, d->C);
+    cuda_rmsnorm_backward(m->cb, m->dres, norm_dw(m, 2 * d->L), m->dln, NULL, RES(d->L),
+                          norm_w(m, 2 * d->L), m->rstdf, n, d->C);
   }
   for (int l = d->L - 1; l >= 0 && !rc; l--)
     if (!(rc = units_next(m, false, err, errlen))) msg = !(rc = layer_backward(m, l));
+  /* Full training: the embedding's rows take d(loss)/d(res_0). */
+  if (!rc && m->gbase)
+    cuda_embedding_backward(m->cb, gwt(m, CKPT_EMBED, -1), m->dres, m->tokens, n, d->C);
   return pass_end(m, rc, msg, "backward", err, errlen);
 }

@@ -1,4 +1,5 @@
-/* model_cuda.h - the Llama decoder on a GPU, for LoRA training: the same
+/* model_cuda.h - the Llama decoder on a GPU, for LoRA training (or, over a
+ * whole float32 base on one GPU, for training every weight): the same
  * forward and backward as worker/model_step.c, built from the kernels of
  * worker/backend_cuda.h. Base weights are a loader shard on the CUDA
  * placement, fp32 or bf16, frozen and borrowed: either the whole model
@@ -34,7 +35,9 @@ typedef struct model_cuda model_cuda_t;
 
 /* A GPU model over base (a CUDA placement's shard; its dtype F32 or BF16)
  * with adapters shaped and initialised like the host lora (its parameters
- * are copied to the device; lora may not be NULL). comm NULL: base is a
+ * are copied to the device). lora NULL: full training, where base (whole,
+ * F32, comm NULL) is trained in place and its gradients are kept on the
+ * device in the same layout (model_cuda_base_grads). comm NULL: base is a
  * whole model (world size 1). Otherwise comm (nccl, this rank's) gathers
  * base, a shard of comm's world, unit by unit through `slots` slots (2
  * overlaps the next unit's gather with the current unit's computation, 1
@@ -62,8 +65,13 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
  * adapters' gradients (+=). */
 int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen);
 
+/* Full training: the base's gradients on the device, laid out as the base
+ * shard (view v's at v->offset bytes), added to by every backward pass;
+ * NULL for LoRA. The weights are the base shard's own memory. */
+float *model_cuda_base_grads(model_cuda_t *m);
+
 /* The adapters' parameters and gradients (n_params floats each, in the host
- * lora's layout), on the device. */
+ * lora's layout), on the device; 0 floats for full training. */
 float *model_cuda_lora_params(model_cuda_t *m);
 float *model_cuda_lora_grads(model_cuda_t *m);
 size_t model_cuda_lora_size(const model_cuda_t *m);

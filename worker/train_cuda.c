@@ -6,6 +6,7 @@
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include <cuda_runtime.h>
 
@@ -15,13 +16,22 @@
 #include "worker/model_cuda.h"
 #include "worker/placement_cuda.h"
 
+/* Full training: where a host tensor's floats lie in the device shard. */
+typedef struct {
+  size_t host_off; /* floats from the host model's params (and grads) */
+  size_t dev_off;  /* bytes from the shard's base (and the gradients') */
+  size_t numel;
+} tc_map_t;
+
 struct train_cuda {
   placement_t pl;
   bool pl_ready;
   cuda_backend_t *cb;
   loader_shard_t *shard;
   model_cuda_t *mc;
-  size_t n; /* adapter floats */
+  size_t n;      /* floats of the trained span: adapters, or the host model */
+  tc_map_t *map; /* full training: [n_map], else NULL */
+  int n_map;
   char name[32];
 };
 
@@ -51,14 +61,36 @@ static int tc_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
 
 static int tc_zero_grads(void *ctx, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
+  if (tc->map)
+    return cuda_check(cudaMemset(model_cuda_base_grads(tc->mc), 0, tc->shard->bytes),
+                      "clearing the weights' gradients", err, errlen);
   return cuda_check(cudaMemset(model_cuda_lora_grads(tc->mc), 0, tc->n * sizeof(float)),
                     "clearing the adapters' gradients", err, errlen);
+}
+
+/* Full training: every tensor between the host model's layout and the
+ * device shard's (dev: the weights or their gradients). */
+static int map_copy(const train_cuda_t *tc, float *host, char *dev, enum cudaMemcpyKind kind,
+                    const char *what, char *err, size_t errlen) {
+  for (int i = 0; i < tc->n_map; i++) {
+    const tc_map_t *e = &tc->map[i];
+    float *h = host + e->host_off;
+    char *d = dev + e->dev_off;
+    cudaError_t ce = kind == cudaMemcpyHostToDevice
+                         ? cudaMemcpy(d, h, e->numel * sizeof(float), kind)
+                         : cudaMemcpy(h, d, e->numel * sizeof(float), kind);
+    if (ce != cudaSuccess) return cuda_check(ce, what, err, errlen);
+  }
+  return 0;
 }
 
 /* cudaMemcpy on the legacy default stream waits for the queued passes. */
 static int tc_grads_to_host(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   int rc = span_check(tc, n, err, errlen);
+  if (!rc && tc->map)
+    return map_copy(tc, grads, (char *)model_cuda_base_grads(tc->mc), cudaMemcpyDeviceToHost,
+                    "copying the weights' gradients to the host", err, errlen);
   return rc ? rc
             : cuda_check(cudaMemcpy(grads, model_cuda_lora_grads(tc->mc), n * sizeof(float),
                                     cudaMemcpyDeviceToHost),
@@ -68,14 +100,36 @@ static int tc_grads_to_host(void *ctx, float *grads, size_t n, char *err, size_t
 static int tc_params_from_host(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   int rc = span_check(tc, n, err, errlen);
+  if (!rc && tc->map)
+    return map_copy(tc, (float *)params, tc->shard->base, cudaMemcpyHostToDevice,
+                    "copying the weights to the device", err, errlen);
   return rc ? rc
             : cuda_check(cudaMemcpy(model_cuda_lora_params(tc->mc), params, n * sizeof(float),
                                     cudaMemcpyHostToDevice),
                          "copying the adapters to the device", err, errlen);
 }
 
+/* Full training: the host model's tensors matched by name to the shard's,
+ * and the loaded weights brought down into the host model. */
+static int map_build(train_cuda_t *t, model_t *host, char *err, size_t errlen) {
+  t->map = xcalloc((size_t)host->n_tensors, sizeof *t->map);
+  for (int i = 0; i < host->n_tensors; i++) {
+    const model_tensor_t *ht = &host->tensors[i];
+    const loader_view_t *v = NULL;
+    for (size_t k = 0; k < t->shard->layout.ntensors && !v; k++)
+      if (!strcmp(t->shard->views[k].t->name, ht->name)) v = &t->shard->views[k];
+    if (!v || v->nbytes != ht->numel * sizeof(float))
+      return ty_errf(err, errlen, TY_EINTERNAL, "%s: tensor %s has no float32 match on the device",
+                     t->name, ht->name);
+    t->map[t->n_map++] = (tc_map_t){ht->offset, v->offset, ht->numel};
+  }
+  t->n = host->n_params;
+  return map_copy(t, host->params, t->shard->base, cudaMemcpyDeviceToHost,
+                  "copying the loaded weights to the host", err, errlen);
+}
+
 int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_config_t *cfg,
-                      comm_t *comm, int device, const lora_t *lora, int B, int T,
+                      comm_t *comm, int device, const lora_t *lora, model_t *host, int B, int T,
                       loader_stats_t *ls, train_device_t *dev, char *err, size_t errlen) {
   *out = NULL;
   train_cuda_t *t = xcalloc(1, sizeof *t);
@@ -99,11 +153,12 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
    * unit's gather overlaps the current unit's computation. */
   comm_t *gather = comm_world_size(comm) > 1 ? comm : NULL;
   if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T, err, errlen);
+  if (!rc && !lora) rc = map_build(t, host, err, errlen);
   if (rc) {
     train_cuda_free(t);
     return rc;
   }
-  t->n = model_cuda_lora_size(t->mc);
+  if (lora) t->n = model_cuda_lora_size(t->mc);
   /* The rank's device peak: the load's, or what training holds (the shard,
    * the activations, the adapters and any unit slots), whichever is more. */
   uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc);
@@ -120,6 +175,7 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
 
 void train_cuda_free(train_cuda_t *t) {
   if (!t) return;
+  free(t->map);
   model_cuda_free(t->mc);
   loader_shard_free(t->shard);
   if (t->pl_ready) placement_cuda_free(&t->pl);

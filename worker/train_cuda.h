@@ -17,11 +17,18 @@
 #include "worker/comm.h"
 #include "worker/loader.h"
 #include "worker/lora.h"
+#include "worker/model.h"
 #include "worker/train.h"
 
 typedef struct train_cuda train_cuda_t;
 
-/* Sets up CUDA device `device` for this rank of comm (self for one rank,
+/* lora NULL: full training on one GPU (world size 1, float32): the base
+ * is trained in place on the device, and host (a weights-only model of the
+ * same shape, model_create_weights) receives the loaded weights and is the
+ * trained span the hooks copy (every weight up, every gradient down, once a
+ * step); host is otherwise unused and may be NULL.
+ *
+ * Sets up CUDA device `device` for this rank of comm (self for one rank,
  * nccl for several; its device must be `device`): loads the rank's shard
  * of spec->model_path (or of the seeded initialisation of cfg when
  * spec->init_from_scratch), creates the device model for micro-batches of
@@ -34,7 +41,7 @@ typedef struct train_cuda train_cuda_t;
  * cannot gather device memory) or TY_EEXHAUSTED (device memory), with the
  * reason in err. cfg, comm and lora are borrowed. */
 int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_config_t *cfg,
-                      comm_t *comm, int device, const lora_t *lora, int B, int T,
+                      comm_t *comm, int device, const lora_t *lora, model_t *host, int B, int T,
                       loader_stats_t *ls, train_device_t *dev, char *err, size_t errlen);
 /* Accepts NULL. */
 void train_cuda_free(train_cuda_t *t);

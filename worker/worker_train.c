@@ -191,17 +191,25 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
 }
 
 /* What this worker trains on device cuda: LoRA adapters on one GPU per
- * rank, sharded over several through NCCL. 0, or TY_EUNAVAILABLE /
- * TY_EUNIMPLEMENTED with the reason and the fix. */
+ * rank, sharded over several through NCCL; every weight in float32 on one
+ * GPU. 0, or TY_EUNAVAILABLE / TY_EUNIMPLEMENTED with the reason and the
+ * fix. */
 static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 #ifndef TRAINYARD_HAVE_CUDA
   (void)s;
   return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", PLACEMENT_NO_CUDA_MSG);
 #else
-  if (!s->use_lora)
+  if (!s->use_lora && s->world_size > 1)
     return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
-                   "device cuda: training every weight on a GPU is not available yet (LoRA "
-                   "adapters are: set use_lora true), or set \"device\": \"cpu\"");
+                   "device cuda: training every weight runs on one GPU for now, and this job "
+                   "asks for world_size %d; set world_size 1, use_lora true (LoRA shards over "
+                   "GPUs), or \"device\": \"cpu\" to shard across CPU ranks",
+                   s->world_size);
+  if (!s->use_lora && s->dtype != TY_DTYPE_F32)
+    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                   "device cuda: training every weight keeps float32 weights on the GPU; set "
+                   "dtype float32 (or use_lora true to train adapters over %s weights)",
+                   ty_dtype_name(s->dtype));
 #ifndef TRAINYARD_HAVE_NCCL
   if (s->world_size > 1)
     return ty_errf(err, errlen, TY_EUNAVAILABLE,
@@ -216,26 +224,32 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 }
 
 #ifdef TRAINYARD_HAVE_CUDA
-/* device cuda: the model's shape on the host (no weights), the adapters
- * (host: the trained span), and the base weights (this rank's shard) on
- * the rank's GPU: device rank % visible devices, as the nccl comm picks it
- * (the server makes each rank's GPU its only one, CUDA_VISIBLE_DEVICES). */
+/* device cuda: the model's shape on the host (no weights) and the
+ * adapters (the trained span), or for full training a weights-only host
+ * model (*m: the trained span, what the outputs are written from); the base
+ * weights (this rank's shard) on the rank's GPU: device rank % visible
+ * devices, as the nccl comm picks it (the server makes each rank's GPU its
+ * only one, CUDA_VISIBLE_DEVICES). */
 static int build_cuda(const jobspec_t *s, comm_t *comm, llama_config_t *cfg, model_t *shape,
-                      lora_t **lo, train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls,
-                      char *err, size_t errlen) {
+                      model_t **m, lora_t **lo, train_cuda_t **tc, train_device_t *dev,
+                      loader_stats_t *ls, char *err, size_t errlen) {
+  const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
+  const int B = s->train.micro_batch_size, T = s->data.seq_len;
   int rc = job_config(s, cfg, err, errlen);
-  if (!rc)
-    rc = model_init_shape(shape, cfg, s->train.micro_batch_size, s->data.seq_len, MODEL_TRAIN_LORA,
-                          err, errlen);
+  if (!rc) rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);
   if (rc) return rc;
-  rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
+  if (s->use_lora) {
+    rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
+    if (!rc) lora_init(*lo, s->train.seed);
+  } else {
+    rc = model_create_weights(m, cfg, B, T, mode, err, errlen);
+  }
   if (rc) return rc;
-  lora_init(*lo, s->train.seed);
   int ndev;
   rc = placement_cuda_devices(&ndev, err, errlen);
   if (rc) return rc;
-  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, *lo, shape->B, shape->T, ls,
-                           dev, err, errlen);
+  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, *lo, *m, B, T, ls, dev, err,
+                           errlen);
 }
 #endif
 
@@ -281,7 +295,7 @@ int worker_train_main(const worker_env_t *e) {
          spec.init_from_scratch ? "initialising" : spec.model_path);
     if (cuda) {
 #ifdef TRAINYARD_HAVE_CUDA
-      rc = build_cuda(&spec, comm, &cfg, &shape, &lo, &tc, &dev, &ls, err, sizeof err);
+      rc = build_cuda(&spec, comm, &cfg, &shape, &m, &lo, &tc, &dev, &ls, err, sizeof err);
       if (!rc) emit(&rep, "loading", 0, NAN, 0, &ls, "weights loaded onto the GPU");
 #endif
     } else {
@@ -297,7 +311,7 @@ int worker_train_main(const worker_env_t *e) {
   if (!rc) {
     train_args_t a = {.spec = &spec,
                       .comm = comm,
-                      .model = cuda ? &shape : m,
+                      .model = cuda && !m ? &shape : m,
                       .fsdp = f,
                       .lora = lo,
                       .device = cuda ? &dev : NULL,

@@ -4,7 +4,8 @@
 # on the CPU: float32 weights give the CPU's per-step losses up to summation
 # order (1e-3 relative), and the adapter it writes evaluates like the CPU's;
 # bfloat16 weights train too (the loss falls). Its reports carry the load's
-# device peak. Where two GPUs are visible, `trainyard train --world_size 2
+# device peak. Training every weight (float32, one GPU) gives the CPU's
+# per-step losses likewise. Where two GPUs are visible, `trainyard train --world_size 2
 # --device cuda` (NCCL, each rank its shard, units gathered as the passes go)
 # gives the one-GPU run's losses for the same global batch. Exits 77 (a
 # ctest skip), saying why, where no GPU is visible.
@@ -16,9 +17,9 @@ words "$data" 20000
 "$ty" mkmodel --out "$tmp/base" --hidden-size 128 --intermediate-size 256 --layers 2 --heads 4 \
   --kv-heads 2 --vocab-size 256 --dtype bf16 --seed 3 >/dev/null
 
-run() { # NAME DEVICE DTYPE
+run() { # NAME DEVICE DTYPE [USE_LORA]
   cat >"$tmp/$1.json" <<JSON
-{"name": "gpu-$1", "model_path": "$tmp/base", "use_lora": true, "lora_rank": 8,
+{"name": "gpu-$1", "model_path": "$tmp/base", "use_lora": ${4:-true}, "lora_rank": 8,
  "lora_alpha": 16, "target_modules": "all-linear", "device": "$2", "dtype": "$3",
  "fsdp": {"memory_efficient_load": true, "bucket_mb": 1},
  "data": {"path": "$data", "format": "text", "seq_len": 64},
@@ -39,6 +40,8 @@ if [ $rc -ne 0 ]; then
 fi
 run cpu cpu float32 || { cat "$tmp/cpu.log" >&2; fail "the CPU run failed"; }
 run bf16 cuda bfloat16 || { cat "$tmp/bf16.log" >&2; fail "the bf16 GPU run failed"; }
+run fullgpu cuda float32 false || { cat "$tmp/fullgpu.log" >&2; fail "full training on the GPU failed"; }
+run fullcpu cpu float32 false || { cat "$tmp/fullcpu.log" >&2; fail "full training on the CPU failed"; }
 
 python3 - "$tmp" <<'PY'
 import json, sys
@@ -55,6 +58,11 @@ print("# fp32 GPU vs CPU: 20 step losses, worst relative difference %.2e" % wors
 assert worst < 1e-3, list(zip(lg, lc))
 assert lb[-1] < lb[0], lb
 print("# bf16 GPU: loss %.4f -> %.4f (CPU fp32 %.4f -> %.4f)" % (lb[0], lb[-1], lc[0], lc[-1]))
+fg, fc = losses(reports("fullgpu")), losses(reports("fullcpu"))
+assert len(fg) == len(fc) == 20, (len(fg), len(fc))
+worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(fg, fc))
+print("# every weight, fp32 GPU vs CPU: 20 step losses, worst relative difference %.2e" % worst)
+assert worst < 1e-3, list(zip(fg, fc))
 done = gpu[-1]
 assert done["phase"] == "done" and done["device_peak_bytes"] > 0, done
 print("# GPU run: device peak %.1f MiB (load, or training: shard + activations); %s" % (done["device_peak_bytes"] / 2**20,
@@ -93,4 +101,12 @@ python3 -c "
 import json, sys
 g, c = json.loads('''$with_gpu'''), json.loads('''$with_cpu''')
 assert abs(g['loss'] - c['loss']) < 1e-3 * max(1, c['loss']), (g, c)"
+# The fully trained checkpoints, written from the host's copy, evaluate alike.
+fg=$("$ty" eval --model_path "$tmp/out-fullgpu" --data "$data" --seq_len 64 --batches 8)
+fc=$("$ty" eval --model_path "$tmp/out-fullcpu" --data "$data" --seq_len 64 --batches 8)
+echo "# eval (CPU) of the fully trained models: GPU $fg, CPU $fc"
+python3 -c "
+import json, sys
+g, c = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert abs(g['loss'] - c['loss']) < 1e-3 * max(1, c['loss']), (g, c)" "$fg" "$fc"
 echo "ok"
