@@ -112,6 +112,9 @@ static int tc_params_from_host(void *ctx, const float *params, size_t n, char *e
 /* Full training: the host model's tensors matched by name to the shard's,
  * and the loaded weights brought down into the host model. */
 static int map_build(train_cuda_t *t, model_t *host, char *err, size_t errlen) {
+  if (!host || !host->params)
+    return ty_errf(err, errlen, TY_EINTERNAL,
+                   "%s: training every weight needs the host's weights-only model", t->name);
   t->map = xcalloc((size_t)host->n_tensors, sizeof *t->map);
   for (int i = 0; i < host->n_tensors; i++) {
     const model_tensor_t *ht = &host->tensors[i];
