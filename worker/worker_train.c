@@ -281,8 +281,8 @@ int worker_train_main(const worker_env_t *e) {
   /* Never the CPU model under a cuda label: a job it cannot run there fails. */
   const bool cuda = !rc && spec.device == JOBSPEC_DEVICE_CUDA;
   if (cuda) rc = cuda_supported(&spec, err, sizeof err);
-  model_t shape; /* device cuda: the host knows the model's shape only */
-  train_device_t dev;
+  model_t shape = {0}; /* device cuda, LoRA: the host knows the model's shape only */
+  train_device_t dev = {0};
 #ifdef TRAINYARD_HAVE_CUDA
   train_cuda_t *tc = NULL;
 #endif
