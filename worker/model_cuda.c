@@ -89,12 +89,17 @@ static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
   return 0;
 }
 
+/* The whole base's view of (kind, layer l); a tied head is the embedding. */
+static const loader_view_t *base_view(const model_cuda_t *m, ckpt_kind_t kind, int l) {
+  const loader_view_t *v = loader_view(m->base, kind, l);
+  return v || kind != CKPT_LM_HEAD ? v : loader_view(m->base, CKPT_EMBED, -1);
+}
+
 /* Tensor (kind, layer l) of the base: in the whole shard, or in the unit
  * acquired last. */
 static const void *wt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
   if (m->units) return prefetch_tensor(m->units, kind, l);
-  const loader_view_t *v = loader_view(m->base, kind, l);
-  if (!v && kind == CKPT_LM_HEAD) v = loader_view(m->base, CKPT_EMBED, -1); /* tied */
+  const loader_view_t *v = base_view(m, kind, l);
   return v ? v->data : NULL;
 }
 
@@ -102,8 +107,7 @@ static const void *wt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
  * (a tied head's is the embedding's); NULL for LoRA. */
 static float *gwt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
   if (!m->gbase) return NULL;
-  const loader_view_t *v = loader_view(m->base, kind, l);
-  if (!v && kind == CKPT_LM_HEAD) v = loader_view(m->base, CKPT_EMBED, -1);
+  const loader_view_t *v = base_view(m, kind, l);
   return v ? m->gbase + v->offset / sizeof(float) : NULL;
 }
 

@@ -58,8 +58,8 @@ static void add_tensor(prefetch_t *p, const loader_view_t *v, ckpt_kind_t role, 
   pt->layer = t->layer;
   pt->off = (u->bytes + 63) & ~(size_t)63;
   pt->counts = xcalloc((size_t)p->world, sizeof *pt->counts);
-  comm_shard_counts((size_t)t->rows, (size_t)(t->ndim == 2 ? t->cols : 1), p->world, pt->counts);
-  u->bytes = pt->off + (size_t)t->rows * (size_t)(t->ndim == 2 ? t->cols : 1) * p->esz;
+  comm_shard_counts((size_t)t->rows, (size_t)t->cols, p->world, pt->counts);
+  u->bytes = pt->off + (size_t)t->rows * (size_t)t->cols * p->esz;
   u->n++;
   p->nts++;
 }
@@ -81,15 +81,19 @@ static void build_units(prefetch_t *p) {
   }
 }
 
+static void free_units(prefetch_t *p) {
+  for (int i = 0; i < p->nts; i++) free(p->ts[i].counts);
+  free(p->ts);
+  free(p->units);
+}
+
 size_t prefetch_slot_bytes(const loader_shard_t *shard) {
   prefetch_t p = {.s = shard, .world = shard->world_size, .esz = ty_dtype_size(shard->dtype)};
   build_units(&p);
   size_t most = 0;
   for (int u = 0; u < p.nunits; u++)
     if (p.units[u].bytes > most) most = p.units[u].bytes;
-  for (int i = 0; i < p.nts; i++) free(p.ts[i].counts);
-  free(p.ts);
-  free(p.units);
+  free_units(&p);
   return most;
 }
 
@@ -111,7 +115,7 @@ int prefetch_create(prefetch_t **out, const loader_shard_t *shard, int nslots, v
   int rc = 0;
   for (int i = 0; i < p->nts && !rc; i++) {
     const pf_tensor_t *t = &p->ts[i];
-    size_t cols = (size_t)(t->v->t->ndim == 2 ? t->v->t->cols : 1);
+    size_t cols = (size_t)t->v->t->cols;
     if (t->counts[shard->rank] != (size_t)t->v->rows * cols)
       rc =
           ty_errf(err, errlen, TY_EINVAL,
@@ -136,9 +140,7 @@ int prefetch_create(prefetch_t **out, const loader_shard_t *shard, int nslots, v
 
 void prefetch_free(prefetch_t *p) {
   if (!p) return;
-  for (int i = 0; i < p->nts; i++) free(p->ts[i].counts);
-  free(p->ts);
-  free(p->units);
+  free_units(p);
   free(p->gathers);
   free(p->order);
   free(p);
