@@ -136,14 +136,22 @@ static void run_passes(prefetch_t *p, fake_t *f) {
   assert_non_null(strstr(err, "over"));
 }
 
-static void schedule(int nslots, const char *want, bool tied) {
+/* A world-1 float32 shard of a fresh checkpoint in g_dir/name. */
+static loader_shard_t *whole_shard(const char *name, bool tied, placement_t *pl) {
   char dir[300], err[512];
-  snprintf(dir, sizeof dir, "%s/sched-%d-%d", g_dir, nslots, tied);
+  snprintf(dir, sizeof dir, "%s/%s", g_dir, name);
   make_ckpt(dir, tied);
+  placement_cpu_init(pl);
+  loader_shard_t *s = load(dir, 0, 1, TY_DTYPE_F32, pl, err, sizeof err);
+  if (!s) fail_msg("load: %s", err);
+  return s;
+}
+
+static void schedule(int nslots, const char *want, bool tied) {
+  char name[64], err[512];
+  snprintf(name, sizeof name, "sched-%d-%d", nslots, tied);
   placement_t pl;
-  placement_cpu_init(&pl);
-  loader_shard_t *s = load(dir, 0, 1, TY_DTYPE_F32, &pl, err, sizeof err);
-  assert_non_null(s);
+  loader_shard_t *s = whole_shard(name, tied, &pl);
   size_t sb = prefetch_slot_bytes(s);
   void *slots[2] = {malloc(sb), malloc(sb)};
   fake_t f = {.s = s};
@@ -184,13 +192,9 @@ static void test_schedule(void **state) {
 
 static void test_bad_arguments(void **state) {
   (void)state;
-  char dir[300], err[512];
-  snprintf(dir, sizeof dir, "%s/bad", g_dir);
-  make_ckpt(dir, false);
+  char err[512];
   placement_t pl;
-  placement_cpu_init(&pl);
-  loader_shard_t *s = load(dir, 0, 1, TY_DTYPE_F32, &pl, err, sizeof err);
-  assert_non_null(s);
+  loader_shard_t *s = whole_shard("bad", false, &pl);
   size_t sb = prefetch_slot_bytes(s);
   void *slots[1] = {malloc(sb)};
   fake_t f = {.s = s};
