@@ -529,6 +529,15 @@ extern "C" void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup
   if (n) k_swiglu_bwd<<<cb_blocks(n), CB_THREADS>>>(dgate, dup, dh, gate, up, n);
 }
 
+__global__ void k_add(float *dst, const float *src, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] += src[i];
+}
+extern "C" void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n) {
+  (void)b;
+  if (n) k_add<<<cb_blocks(n), CB_THREADS>>>(dst, src, n);
+}
+
 /* ---- embedding ---- */
 
 template <typename W>

@@ -126,6 +126,9 @@ typedef struct {
 void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, float *v, size_t n,
                      const cuda_adamw_cfg_t *c, int64_t t, double grad_scale, int decay_on);
 
+/* dst[n] += src[n]. */
+void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n);
+
 /* Sum of squares of x (n) in double, for gradient clipping; waits. */
 int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out);
 

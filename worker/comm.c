@@ -237,6 +237,14 @@ int comm_all_gather_queue(comm_t *c, const void *send, void *recv, const size_t 
   return rc;
 }
 
+int comm_reduce_scatter_queue(comm_t *c, float *send, float *recv, const size_t *counts) {
+  int rc = enter(c);
+  size_t total;
+  if (rc || (rc = check_counts(c, "reduce_scatter", recv, send, counts, &total))) return rc;
+  if (c->ops->reduce_scatter_queue) return c->ops->reduce_scatter_queue(c, send, recv, counts, total);
+  return c->ops->reduce_scatter(c, send, recv, counts, total);
+}
+
 void *comm_stream(comm_t *c) {
   return c->ops->stream ? c->ops->stream(c) : NULL;
 }

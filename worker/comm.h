@@ -92,9 +92,9 @@ int comm_broadcast(comm_t *c, float *buf, size_t count, int root);
 
 int comm_barrier(comm_t *c);
 
-/* --- Queued gathers, for overlapping communication with computation (the
- * units of worker/prefetch.h). Bytes are moved, never added, so any dtype
- * goes: elem_size is 2 (bfloat16) or 4 (float32). --- */
+/* --- Queued collectives, for overlapping communication with computation
+ * (the units of worker/prefetch.h). Gathers move bytes, never add them, so
+ * any dtype goes: elem_size is 2 (bfloat16) or 4 (float32). --- */
 
 /* The all_gather of comm_all_gather on elements of elem_size bytes, queued
  * rather than waited for. nccl queues it on the communicator's stream
@@ -104,6 +104,13 @@ int comm_barrier(comm_t *c);
  * shm needs every counts[r] x elem_size to be a multiple of 4). */
 int comm_all_gather_queue(comm_t *c, const void *send, void *recv, const size_t *counts,
                           size_t elem_size);
+
+/* The reduce_scatter of comm_reduce_scatter (float32 sums), queued rather
+ * than waited for, as comm_all_gather_queue is: nccl queues it on
+ * comm_stream (device buffers; send is read only once the stream reaches
+ * it), self and shm complete it before returning. For the gradients of
+ * full training (worker/prefetch.h's prefetch_scatter_add). */
+int comm_reduce_scatter_queue(comm_t *c, float *send, float *recv, const size_t *counts);
 
 /* The nccl communicator's CUDA stream (a cudaStream_t); NULL for self and
  * shm. */
@@ -127,6 +134,9 @@ void comm_shard_rows(size_t rows, int world_size, int rank, size_t *first_row, s
  * `row_elems` elements each (the counts array of all_gather and
  * reduce_scatter). */
 void comm_shard_counts(size_t rows, size_t row_elems, int world_size, size_t *counts);
+
+/* Element offset of rank r's block: sum(counts[0..r-1]). */
+size_t comm_displ(const size_t *counts, int r);
 
 /* Removes the shm segment of a "shm:<name>" rendezvous if it still exists
  * (a launcher cleaning up after ranks that died before joining). Returns 0

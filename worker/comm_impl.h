@@ -24,6 +24,9 @@ typedef struct {
    * all_gather, and the waits return 0). */
   int (*all_gather_queue)(comm_t *c, const void *send, void *recv, const size_t *counts,
                           size_t elem_size);
+  /* Optional (NULL: comm_reduce_scatter_queue runs reduce_scatter). */
+  int (*reduce_scatter_queue)(comm_t *c, float *send, float *recv, const size_t *counts,
+                              size_t total);
   void *(*stream)(comm_t *c);
   int (*wait_event)(comm_t *c, void *event, const char *what);
   int (*drain)(comm_t *c);
@@ -54,8 +57,5 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen);
  * message into c->err. Returns code. */
 int comm_fail(comm_t *c, int code, int rank, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
-
-/* Element offset of rank r's block: sum(counts[0..r-1]). */
-size_t comm_displ(const size_t *counts, int r);
 
 #endif

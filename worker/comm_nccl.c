@@ -12,8 +12,8 @@
  *
  * Host buffers (the training loop's adapter gradients and loss) are staged
  * through one device buffer of the communicator's, grown to the largest
- * call. Queued gathers (comm_all_gather_queue) move bytes on the same
- * stream and return at once; comm_wait_event and comm_drain poll as a
+ * call. Queued gathers and reduce-scatters (comm_all_gather_queue,
+ * comm_reduce_scatter_queue) go on the same stream and return at once; comm_wait_event and comm_drain poll as a
  * blocking collective does. */
 #include <errno.h>
 #include <fcntl.h>
@@ -236,35 +236,44 @@ static int nccl_drain(comm_t *c) {
   return poll_until(c, stream_done, ((nccl_t *)c->impl)->stream, "queued gathers");
 }
 
+/* Queues the float32 reduce_scatter on the stream; device buffers. */
+static ncclResult_t queue_reduce_scatter(comm_t *c, const float *dsend, float *drecv,
+                                         const size_t *counts) {
+  nccl_t *n = c->impl;
+  if (all_equal(counts, c->world))
+    return ncclReduceScatter(dsend, drecv, counts[0], ncclFloat, ncclSum, n->comm, n->stream);
+  ncclResult_t res = ncclGroupStart();
+  size_t d = 0;
+  for (int r = 0; r < c->world && res == ncclSuccess; d += counts[r], r++) {
+    if (!counts[r]) continue;
+    /* recvbuff is only written on the root. */
+    float *dst = r == c->rank ? drecv : (float *)dsend + d;
+    res = ncclReduce(dsend + d, dst, counts[r], ncclFloat, ncclSum, r, n->comm, n->stream);
+  }
+  ncclResult_t end = ncclGroupEnd();
+  return res != ncclSuccess ? res : end;
+}
+
 static int nccl_reduce_scatter(comm_t *c, const float *send, float *recv, const size_t *counts,
                                size_t total) {
-  nccl_t *n = c->impl;
   if (!total) return 0;
   stage_t st[2];
   const void *ptrs[2] = {send, recv};
   size_t bytes[2] = {total * sizeof(float), counts[c->rank] * sizeof(float)};
   int in[2] = {1, 0};
   int rc = stage_in(c, st, 2, ptrs, bytes, in, "reduce_scatter");
-  if (rc) return rc;
-  const float *dsend = st[0].dev;
-  float *drecv = st[1].dev;
-  ncclResult_t res;
-  if (all_equal(counts, c->world)) {
-    res = ncclReduceScatter(dsend, drecv, counts[0], ncclFloat, ncclSum, n->comm, n->stream);
-  } else {
-    res = ncclGroupStart();
-    size_t d = 0;
-    for (int r = 0; r < c->world && res == ncclSuccess; d += counts[r], r++) {
-      if (!counts[r]) continue;
-      /* recvbuff is only written on the root. */
-      float *dst = r == c->rank ? drecv : (float *)dsend + d;
-      res = ncclReduce(dsend + d, dst, counts[r], ncclFloat, ncclSum, r, n->comm, n->stream);
-    }
-    ncclResult_t end = ncclGroupEnd();
-    if (res == ncclSuccess) res = end;
-  }
-  rc = finish(c, res, "reduce_scatter");
+  if (!rc) rc = finish(c, queue_reduce_scatter(c, st[0].dev, st[1].dev, counts), "reduce_scatter");
   return rc ? rc : stage_out(c, &st[1], "reduce_scatter");
+}
+
+static int nccl_reduce_scatter_queue(comm_t *c, float *send, float *recv, const size_t *counts,
+                                     size_t total) {
+  if (!total) return 0;
+  if (!on_device(send) || !on_device(recv))
+    return comm_fail(c, TY_EINVAL, -1,
+                     "reduce_scatter: a queued reduce_scatter needs device buffers");
+  int rc = enqueued(c, queue_reduce_scatter(c, send, recv, counts), "reduce_scatter");
+  return rc ? rc : wait_issued(c, c->impl, ty_mono_ms() + c->timeout_ms, "reduce_scatter");
 }
 
 static int nccl_all_reduce(comm_t *c, float *buf, size_t count) {
@@ -327,6 +336,7 @@ static const comm_ops_t nccl_ops = {
     .broadcast = nccl_broadcast,
     .barrier = nccl_barrier,
     .all_gather_queue = nccl_all_gather_queue,
+    .reduce_scatter_queue = nccl_reduce_scatter_queue,
     .stream = nccl_stream,
     .wait_event = nccl_wait_event,
     .drain = nccl_drain,

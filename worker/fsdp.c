@@ -182,9 +182,7 @@ static int gather(fsdp_t *f, int i, float *dst, char *err, size_t errlen) {
  * block of src receives the sum) and adds it into the gradient shard. */
 static int scatter_add(fsdp_t *f, int i, float *src, char *err, size_t errlen) {
   const fsdp_tensor_t *ft = &f->ts[i];
-  size_t before = 0;
-  for (int r = 0; r < f->rank; r++) before += ft->counts[r];
-  float *mine = src + before;
+  float *mine = src + comm_displ(ft->counts, f->rank);
   int rc = comm_reduce_scatter(f->comm, src, mine, ft->counts);
   if (rc) return fail_comm(f, rc, ft->t->name, err, errlen);
   for (size_t k = 0; k < ft->counts[f->rank]; k++) ft->gshard[k] += mine[k];

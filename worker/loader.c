@@ -96,6 +96,31 @@ static int shard_alloc(loader_shard_t *s, char *err, size_t errlen) {
   return 0;
 }
 
+int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out,
+                        char *err, size_t errlen) {
+  *out = NULL;
+  if (strcmp(src->pl->ops->name, "cpu"))
+    return ty_errf(err, errlen, TY_EINVAL, "rank %d: a shard on %s is not in host memory",
+                   src->rank, src->pl->ops->name);
+  loader_opts_t o = {
+      .rank = src->rank, .world_size = src->world_size, .dtype = src->dtype, .pl = pl};
+  loader_shard_t *s;
+  int rc = shard_layout(&src->layout.cfg, &o, &s, err, errlen);
+  if (rc) return rc;
+  if (s->bytes != src->bytes) /* cannot happen: one layout rule */
+    rc = ty_errf(err, errlen, TY_EINTERNAL, "rank %d: the copy's layout differs", src->rank);
+  if (!rc) rc = shard_alloc(s, err, errlen);
+  if (!rc && s->bytes && pl->ops->copy_in(pl, s->base, 0, src->base, s->bytes))
+    rc = ty_errf(err, errlen, TY_EINTERNAL, "rank %d: copying its shard onto %s failed", s->rank,
+                 pl->ops->name);
+  if (rc) {
+    loader_shard_free(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
 void loader_shard_free(loader_shard_t *s) {
   if (!s) return;
   if (s->base) placement_release(s->pl, s->base, s->bytes);

@@ -71,6 +71,8 @@ struct model_cuda {
   int *order;            /* the passes' units: forward (L + 2), then backward (L + 1) */
   const lora_t *lo;      /* NULL: full training */
   float *gbase;          /* full training: the base's gradients, laid out as base */
+  float *gunit;          /* full training over a shard: one unit's whole gradients, laid out as
+                          * the unit lies in a slot, reduce-scattered into gbase */
   int *tokens, *targets; /* device (B*T) */
   uint16_t *xb;          /* bf16 scratch: an activation or gradient on its way to cuBLAS */
   size_t bytes;
@@ -104,9 +106,14 @@ static const void *wt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
 }
 
 /* Full training: the gradient of (kind, layer l), laid out as the base
- * (a tied head's is the embedding's); NULL for LoRA. */
+ * (a tied head's is the embedding's), or over a shard in the unit gradient
+ * buffer where its unit's slot holds the weight; NULL for LoRA. */
 static float *gwt(const model_cuda_t *m, ckpt_kind_t kind, int l) {
   if (!m->gbase) return NULL;
+  if (m->units) {
+    long off = prefetch_offset(m->units, prefetch_unit_of(m->units, kind, l), kind, l);
+    return off < 0 ? NULL : m->gunit + (size_t)off / sizeof(float);
+  }
   const loader_view_t *v = base_view(m, kind, l);
   return v ? m->gbase + v->offset / sizeof(float) : NULL;
 }
@@ -156,10 +163,9 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
                    base->world_size, comm_rank(comm), comm_world_size(comm));
   if (base->dtype != TY_DTYPE_F32 && base->dtype != TY_DTYPE_BF16)
     return ty_errf(err, errlen, TY_EINVAL, "model_cuda: base weights must be float32 or bfloat16");
-  if (!lora && (comm || base->dtype != TY_DTYPE_F32))
+  if (!lora && base->dtype != TY_DTYPE_F32)
     return ty_errf(err, errlen, TY_EINVAL,
-                   "model_cuda: training every weight needs a whole float32 base on one GPU "
-                   "(set dtype float32 and world_size 1)");
+                   "model_cuda: training every weight needs float32 weights (set dtype float32)");
   model_cuda_t *m = calloc(1, sizeof *m);
   if (!m) return TY_EEXHAUSTED;
   int rc = model_dims_from_config(&m->d, &base->layout.cfg, err, errlen);
@@ -185,7 +191,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   if ((size_t)d->FF > wmax) wmax = d->FF;
   if ((size_t)d->V > wmax) wmax = d->V;
   if (comm) {
-    rc = prefetch_cuda_create(&m->pc, base, comm, slots, err, errlen);
+    rc = prefetch_cuda_create(&m->pc, cb, base, comm, slots, err, errlen);
     if (rc) {
       model_cuda_free(m);
       return rc;
@@ -198,6 +204,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   }
   rc = mc_alloc(m, (void **)&m->tokens, NA * sizeof(int));
   if (!rc && !lo) rc = mc_alloc(m, (void **)&m->gbase, base->bytes);
+  if (!rc && !lo && m->units) rc = mc_alloc(m, (void **)&m->gunit, prefetch_slot_bytes(base));
   if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
   if (!rc) rc = mc_alloc(m, (void **)&m->xb, NA * wmax * sizeof(uint16_t));
 #define TY_X(field, n) \
@@ -238,6 +245,7 @@ void model_cuda_free(model_cuda_t *m) {
   cudaFree(m->tokens);
   cudaFree(m->targets);
   cudaFree(m->gbase);
+  cudaFree(m->gunit);
   cudaFree(m->xb);
 #define TY_X(field, n) cudaFree(m->field);
   MC_BUFS(TY_X)
@@ -462,13 +470,30 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
   return rc;
 }
 
+/* Full training over a shard: unit u's gradients start at zero in the
+ * unit buffer (the previous unit's were added into the shard already: the
+ * same stream), then are summed over the ranks and this rank's rows added
+ * into gbase. Nothing to do otherwise. */
+static int unit_grads_clear(model_cuda_t *m, int u, char *err, size_t errlen) {
+  if (!m->gunit) return 0;
+  cudaError_t e = cudaMemsetAsync(m->gunit, 0, prefetch_unit_bytes(m->units, u), 0);
+  return e == cudaSuccess ? 0
+                          : ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: clearing unit %d's "
+                                    "gradients: %s", u, cudaGetErrorString(e));
+}
+static int unit_grads_reduce(model_cuda_t *m, int u, char *err, size_t errlen) {
+  return m->gunit ? prefetch_scatter_add(m->units, u, m->gunit, m->gbase, err, errlen) : 0;
+}
+
 int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen) {
   const model_dims_t *d = &m->d;
   const int n = m->b * m->t;
   const size_t NA = (size_t)m->B * m->T;
   bool msg = true;
+  const int head = d->L + 1;
   int rc = units_pass(m, false, err, errlen);
   if (!rc) rc = units_next(m, false, err, errlen);
+  if (!rc) rc = unit_grads_clear(m, head, err, errlen);
   if (!rc) {
     /* logits become dlogits; then the head's input gradient and the final
      * norm. */
@@ -478,11 +503,20 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
     msg = !rc;
     cuda_rmsnorm_backward(m->cb, m->dres, norm_dw(m, 2 * d->L), m->dln, NULL, RES(d->L),
                           norm_w(m, 2 * d->L), m->rstdf, n, d->C);
+    if (!rc) rc = unit_grads_reduce(m, head, err, errlen);
   }
-  for (int l = d->L - 1; l >= 0 && !rc; l--)
-    if (!(rc = units_next(m, false, err, errlen))) msg = !(rc = layer_backward(m, l));
+  for (int l = d->L - 1; l >= 0 && !rc; l--) {
+    if ((rc = units_next(m, false, err, errlen)) ||
+        (rc = unit_grads_clear(m, PREFETCH_LAYER(l), err, errlen)))
+      break;
+    msg = !(rc = layer_backward(m, l));
+    if (!rc) rc = unit_grads_reduce(m, PREFETCH_LAYER(l), err, errlen);
+  }
   /* Full training: the embedding's rows take d(loss)/d(res_0). */
-  if (!rc && m->gbase)
+  if (!rc && m->gbase) rc = unit_grads_clear(m, PREFETCH_EMBED, err, errlen);
+  if (!rc && m->gbase) {
     cuda_embedding_backward(m->cb, gwt(m, CKPT_EMBED, -1), m->dres, m->tokens, n, d->C);
+    rc = unit_grads_reduce(m, PREFETCH_EMBED, err, errlen);
+  }
   return pass_end(m, rc, msg, "backward", err, errlen);
 }

@@ -1,5 +1,5 @@
 /* model_cuda.h - the Llama decoder on a GPU, for LoRA training (or, over a
- * whole float32 base on one GPU, for training every weight): the same
+ * float32 base, for training every weight): the same
  * forward and backward as worker/model_step.c, built from the kernels of
  * worker/backend_cuda.h. Base weights are a loader shard on the CUDA
  * placement, fp32 or bf16, frozen and borrowed: either the whole model
@@ -10,15 +10,21 @@
  * products take the weights as they lie (bf16 through cublasGemmEx with
  * fp32 accumulation, the fp32 activations rounded to bf16 on the way in).
  * LoRA adapters, their gradients and all activations are fp32 on the
- * device, replicated on every rank (the caller sums their gradients). Every
+ * device, replicated on every rank (the caller sums their gradients).
+ * Training every weight keeps the gradients of the base (whole, or this
+ * rank's shard) in its layout; over a shard each unit's whole gradients are
+ * computed into one unit-sized buffer, then summed over the ranks by NCCL
+ * and this rank's rows added into the shard's gradients
+ * (prefetch_scatter_add), so a rank holds 1/N of the gradients. Every
  * buffer is allocated by model_cuda_create for micro-batches of up to
  * B x T tokens; a step allocates nothing.
  *
  * Device memory: the activations of every layer (as the CPU model keeps
  * them for its backward pass: the attention keeps each score row's
  * log-sum-exp, and one layer's (B, NH, T, T) scratch serves all layers),
- * plus, for a sharded base, the slots (each the size of the largest unit);
- * model_cuda_bytes says how much. */
+ * plus, for a sharded base, the slots (each the size of the largest unit),
+ * plus, for full training, the base's gradients (and over a shard one
+ * more unit-sized buffer); model_cuda_bytes says how much. */
 #ifndef TY_WORKER_MODEL_CUDA_H
 #define TY_WORKER_MODEL_CUDA_H
 
@@ -35,9 +41,10 @@ typedef struct model_cuda model_cuda_t;
 
 /* A GPU model over base (a CUDA placement's shard; its dtype F32 or BF16)
  * with adapters shaped and initialised like the host lora (its parameters
- * are copied to the device). lora NULL: full training, where base (whole,
- * F32, comm NULL) is trained in place and its gradients are kept on the
- * device in the same layout (model_cuda_base_grads). comm NULL: base is a
+ * are copied to the device). lora NULL: full training, where base (F32,
+ * whole or a shard) is the weights and their gradients are kept on the
+ * device in the same layout (model_cuda_base_grads); the caller updates
+ * the weights in place. comm NULL: base is a
  * whole model (world size 1). Otherwise comm (nccl, this rank's) gathers
  * base, a shard of comm's world, unit by unit through `slots` slots (2
  * overlaps the next unit's gather with the current unit's computation, 1
@@ -66,8 +73,9 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
 int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen);
 
 /* Full training: the base's gradients on the device, laid out as the base
- * shard (view v's at v->offset bytes), added to by every backward pass;
- * NULL for LoRA. The weights are the base shard's own memory. */
+ * shard (view v's at v->offset bytes), added to by every backward pass
+ * (over a shard: this rank's rows of the sum over ranks); NULL for LoRA.
+ * The weights are the base shard's own memory. */
 float *model_cuda_base_grads(model_cuda_t *m);
 
 /* The adapters' parameters and gradients (n_params floats each, in the host

@@ -232,15 +232,58 @@ int prefetch_acquire(prefetch_t *p, char *err, size_t errlen) {
   return 0;
 }
 
-void *prefetch_tensor(const prefetch_t *p, ckpt_kind_t kind, int layer) {
-  if (p->cur < 0) return NULL;
-  const pf_unit_t *un = &p->units[p->cur];
+/* The tensor of unit u in role (kind, layer), or NULL. */
+static const pf_tensor_t *find(const prefetch_t *p, int u, ckpt_kind_t kind, int layer) {
+  if (u < 0 || u >= p->nunits) return NULL;
+  const pf_unit_t *un = &p->units[u];
   for (int i = un->first; i < un->first + un->n; i++) {
     const pf_tensor_t *t = &p->ts[i];
-    if (t->role == kind && (t->layer < 0 || t->layer == layer))
-      return (char *)p->slots[p->cur_slot] + t->off;
+    if (t->role == kind && (t->layer < 0 || t->layer == layer)) return t;
   }
   return NULL;
+}
+
+void *prefetch_tensor(const prefetch_t *p, ckpt_kind_t kind, int layer) {
+  const pf_tensor_t *t = p->cur < 0 ? NULL : find(p, p->cur, kind, layer);
+  return t ? (char *)p->slots[p->cur_slot] + t->off : NULL;
+}
+
+int prefetch_unit_of(const prefetch_t *p, ckpt_kind_t kind, int layer) {
+  if (kind == CKPT_EMBED) return PREFETCH_EMBED;
+  if (kind == CKPT_FINAL_NORM || kind == CKPT_LM_HEAD) return prefetch_head(p);
+  return PREFETCH_LAYER(layer);
+}
+
+size_t prefetch_unit_bytes(const prefetch_t *p, int u) {
+  return u >= 0 && u < p->nunits ? p->units[u].bytes : 0;
+}
+
+long prefetch_offset(const prefetch_t *p, int u, ckpt_kind_t kind, int layer) {
+  const pf_tensor_t *t = find(p, u, kind, layer);
+  return t ? (long)t->off : -1;
+}
+
+int prefetch_scatter_add(prefetch_t *p, int u, float *grad, float *gshard, char *err,
+                         size_t errlen) {
+  if (p->esz != sizeof(float) || !p->ops.reduce || !p->ops.add)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "prefetch: gradients are summed over a float32 shard with reduction ops");
+  if (u < 0 || u >= p->nunits)
+    return ty_errf(err, errlen, TY_EINVAL, "prefetch: unit %d is not in 0..%d", u, p->nunits - 1);
+  const pf_unit_t *un = &p->units[u];
+  const int rank = p->s->rank;
+  int rc = p->ops.reduce_begin(p->ops.ctx, err, errlen);
+  for (int i = un->first; i < un->first + un->n && !rc; i++)
+    rc = p->ops.reduce(p->ops.ctx, grad + p->ts[i].off / sizeof(float), p->ts[i].counts, err,
+                       errlen);
+  if (!rc) rc = p->ops.reduce_end(p->ops.ctx, err, errlen);
+  for (int i = un->first; i < un->first + un->n && !rc; i++) {
+    const pf_tensor_t *t = &p->ts[i];
+    const float *mine = grad + t->off / sizeof(float) + comm_displ(t->counts, rank);
+    rc = p->ops.add(p->ops.ctx, gshard + t->v->offset / sizeof(float), mine, t->counts[rank], err,
+                    errlen);
+  }
+  return rc;
 }
 
 /* --- Blocking host collectives. */
@@ -257,11 +300,33 @@ static int host_gather(void *ctx, const void *send, void *recv, const size_t *co
   return rc ? ty_errf(err, errlen, rc, "prefetch: %s", comm_error(c)) : 0;
 }
 
+static int host_fence(void *ctx, char *err, size_t errlen) {
+  (void)ctx, (void)err, (void)errlen;
+  return 0;
+}
+
+static int host_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {
+  comm_t *c = ctx;
+  float *mine = buf + comm_displ(counts, comm_rank(c));
+  int rc = comm_reduce_scatter_queue(c, buf, mine, counts);
+  return rc ? ty_errf(err, errlen, rc, "prefetch: %s", comm_error(c)) : 0;
+}
+
+static int host_add(void *ctx, float *dst, const float *src, size_t n, char *err, size_t errlen) {
+  (void)ctx, (void)err, (void)errlen;
+  for (size_t i = 0; i < n; i++) dst[i] += src[i];
+  return 0;
+}
+
 prefetch_ops_t prefetch_host_ops(comm_t *comm) {
   return (prefetch_ops_t){.ctx = comm,
                           .begin = host_nop,
                           .gather = host_gather,
                           .end = host_nop,
                           .wait = host_nop,
-                          .release = host_nop};
+                          .release = host_nop,
+                          .reduce_begin = host_fence,
+                          .reduce = host_reduce,
+                          .reduce_end = host_fence,
+                          .add = host_add};
 }

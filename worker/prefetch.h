@@ -50,6 +50,17 @@ typedef struct {
   int (*wait)(void *ctx, int slot, char *err, size_t errlen);
   /* The computation queued so far is the slot's last use. */
   int (*release)(void *ctx, int slot, char *err, size_t errlen);
+  /* Full training's gradients (prefetch_scatter_add); may be NULL when it
+   * is not used. reduce_begin: reductions queued from now on read what the
+   * computation queued so far wrote. reduce: every rank's buf
+   * (sum(counts) floats) summed, this rank's block of buf (at its place in
+   * rank order) receiving the sum. reduce_end: computation queued from
+   * now on reads the reductions' results. add: dst[n] += src[n], queued as
+   * computation. */
+  int (*reduce_begin)(void *ctx, char *err, size_t errlen);
+  int (*reduce)(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen);
+  int (*reduce_end)(void *ctx, char *err, size_t errlen);
+  int (*add)(void *ctx, float *dst, const float *src, size_t n, char *err, size_t errlen);
 } prefetch_ops_t;
 
 typedef struct prefetch prefetch_t;
@@ -85,11 +96,33 @@ int prefetch_current(const prefetch_t *p);
  * global kinds; CKPT_LM_HEAD of a tied model is the embedding), in its
  * slot; NULL when that unit does not hold it. */
 void *prefetch_tensor(const prefetch_t *p, ckpt_kind_t kind, int layer);
+/* The unit that holds tensor (kind, layer): the embedding's, layer's, or
+ * for the final norm and lm_head the head unit. */
+int prefetch_unit_of(const prefetch_t *p, ckpt_kind_t kind, int layer);
+/* Unit u's extent in a slot, in bytes (0 for a unit out of range). */
+size_t prefetch_unit_bytes(const prefetch_t *p, int u);
+/* Where tensor (kind, layer) lies in unit u's slot, in bytes from the
+ * slot's start (as prefetch_tensor finds it), or -1 when u does not hold
+ * it. A buffer laid out like a slot (full training's unit gradients) uses
+ * the same offsets. */
+long prefetch_offset(const prefetch_t *p, int u, ckpt_kind_t kind, int layer);
+
+/* Full training (a float32 shard): grad holds unit u's whole gradients,
+ * laid out as the unit lies in a slot. Each tensor's gradient is summed
+ * over the ranks (ops->reduce, in place in grad) and this rank's rows are
+ * added into gshard, laid out as the shard (a view's rows at its offset;
+ * a tied head's into the embedding's). Every rank must call it for the
+ * same units in the same order. TY_EINVAL for a shard not in float32 or
+ * ops without the reductions. */
+int prefetch_scatter_add(prefetch_t *p, int u, float *grad, float *gshard, char *err,
+                         size_t errlen);
+
 /* Gathers unit u has queued since prefetch_create (each gathered once per
  * residence). */
 long prefetch_gathers(const prefetch_t *p, int u);
 
-/* Blocking host collectives through comm (self or shm; host slots). */
+/* Blocking host collectives through comm (self or shm; host slots), the
+ * reductions included. */
 prefetch_ops_t prefetch_host_ops(comm_t *comm);
 
 #endif

@@ -11,6 +11,7 @@
 #include "common/xalloc.h"
 
 struct prefetch_cuda {
+  cuda_backend_t *cb;
   comm_t *comm;
   cudaStream_t cs; /* the comm's stream */
   int nslots;
@@ -18,6 +19,7 @@ struct prefetch_cuda {
   size_t slot_bytes;
   cudaEvent_t gathered[PREFETCH_MAX_SLOTS], released[PREFETCH_MAX_SLOTS];
   bool was_released[PREFETCH_MAX_SLOTS];
+  cudaEvent_t computed, reduced; /* full training's gradient reductions */
   prefetch_t *p;
 };
 
@@ -67,8 +69,37 @@ static int pc_release(void *ctx, int slot, char *err, size_t errlen) {
   return 0;
 }
 
-int prefetch_cuda_create(prefetch_cuda_t **out, const loader_shard_t *shard, comm_t *comm,
-                         int nslots, char *err, size_t errlen) {
+/* The reductions read what the compute stream has written so far. */
+static int pc_reduce_begin(void *ctx, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  cudaError_t e = cudaEventRecord(pc->computed, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(pc->cs, pc->computed, 0);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "ordering a reduction after the gradients", err, errlen);
+}
+
+static int pc_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  float *mine = buf + comm_displ(counts, comm_rank(pc->comm));
+  int rc = comm_reduce_scatter_queue(pc->comm, buf, mine, counts);
+  return rc ? from_comm(pc, rc, err, errlen) : 0;
+}
+
+/* The compute stream reads the sums only once they are made. */
+static int pc_reduce_end(void *ctx, char *err, size_t errlen) {
+  prefetch_cuda_t *pc = ctx;
+  cudaError_t e = cudaEventRecord(pc->reduced, pc->cs);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(0, pc->reduced, 0);
+  return e == cudaSuccess ? 0 : cuda_fail(e, "ordering compute after a reduction", err, errlen);
+}
+
+static int pc_add(void *ctx, float *dst, const float *src, size_t n, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  cuda_add(((prefetch_cuda_t *)ctx)->cb, dst, src, n);
+  return 0;
+}
+
+int prefetch_cuda_create(prefetch_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *shard,
+                         comm_t *comm, int nslots, char *err, size_t errlen) {
   *out = NULL;
   if (!comm_stream(comm))
     return ty_errf(err, errlen, TY_EINVAL,
@@ -78,11 +109,15 @@ int prefetch_cuda_create(prefetch_cuda_t **out, const loader_shard_t *shard, com
     return ty_errf(err, errlen, TY_EINVAL, "prefetch: %d slots (1..%d)", nslots,
                    PREFETCH_MAX_SLOTS);
   prefetch_cuda_t *pc = xcalloc(1, sizeof *pc);
+  pc->cb = cb;
   pc->comm = comm;
   pc->cs = (cudaStream_t)comm_stream(comm);
   pc->nslots = nslots;
   pc->slot_bytes = prefetch_slot_bytes(shard);
   int rc = 0;
+  cudaError_t ev = cudaEventCreateWithFlags(&pc->computed, cudaEventDisableTiming);
+  if (ev == cudaSuccess) ev = cudaEventCreateWithFlags(&pc->reduced, cudaEventDisableTiming);
+  if (ev != cudaSuccess) rc = cuda_fail(ev, "creating events", err, errlen);
   for (int k = 0; k < nslots && !rc; k++) {
     cudaError_t e = cudaMalloc(&pc->slots[k], pc->slot_bytes ? pc->slot_bytes : 64);
     if (e != cudaSuccess) {
@@ -99,7 +134,16 @@ int prefetch_cuda_create(prefetch_cuda_t **out, const loader_shard_t *shard, com
       rc = cuda_fail(e, "creating events", err, errlen);
     }
   }
-  prefetch_ops_t ops = {pc, pc_begin, pc_gather, pc_end, pc_wait, pc_release};
+  prefetch_ops_t ops = {.ctx = pc,
+                        .begin = pc_begin,
+                        .gather = pc_gather,
+                        .end = pc_end,
+                        .wait = pc_wait,
+                        .release = pc_release,
+                        .reduce_begin = pc_reduce_begin,
+                        .reduce = pc_reduce,
+                        .reduce_end = pc_reduce_end,
+                        .add = pc_add};
   if (!rc)
     rc = prefetch_create(&pc->p, shard, nslots, pc->slots, pc->slot_bytes, &ops, err, errlen);
   if (rc) {
@@ -118,6 +162,8 @@ void prefetch_cuda_free(prefetch_cuda_t *pc) {
     if (pc->gathered[k]) cudaEventDestroy(pc->gathered[k]);
     if (pc->released[k]) cudaEventDestroy(pc->released[k]);
   }
+  if (pc->computed) cudaEventDestroy(pc->computed);
+  if (pc->reduced) cudaEventDestroy(pc->reduced);
   free(pc);
 }
 

@@ -322,11 +322,64 @@ static void test_placement_faults(void **state) {
   }
 }
 
+/* A host shard copied onto another placement (a stand-in device): the
+ * same views and bytes, one allocation of the shard's size there; a failed
+ * allocation or copy leaves nothing placed; a shard not in host memory is
+ * refused by name. */
+static void test_upload(void **state) {
+  (void)state;
+  char err[1024];
+  llama_config_t c = tiny(true);
+  placement_t host;
+  placement_cpu_init(&host);
+  loader_opts_t o = {.rank = 1, .world_size = 3, .dtype = TY_DTYPE_F32, .seed = 5, .pl = &host};
+  loader_shard_t *s;
+  assert_int_equal(loader_init_scratch(&c, &o, &s, NULL, err, sizeof err), 0);
+  faulty_t f = {0, 0, 1000};
+  placement_t dev = {.ops = &g_faulty, .ctx = &f};
+  loader_shard_t *d;
+  assert_int_equal(loader_shard_upload(s, &dev, &d, err, sizeof err), 0);
+  assert_int_equal(d->bytes, s->bytes);
+  assert_int_equal(dev.peak, s->bytes);
+  assert_int_equal(f.allocs, 1);
+  assert_true(d->rank == 1 && d->world_size == 3 && d->dtype == TY_DTYPE_F32 && d->pl == &dev);
+  assert_int_equal(d->layout.ntensors, s->layout.ntensors);
+  for (size_t i = 0; i < s->layout.ntensors; i++) {
+    assert_string_equal(d->views[i].t->name, s->views[i].t->name);
+    assert_int_equal(d->views[i].offset, s->views[i].offset);
+    assert_int_equal(d->views[i].rows, s->views[i].rows);
+    assert_ptr_equal(d->views[i].data, (char *)d->base + d->views[i].offset);
+    assert_memory_equal(d->views[i].data, s->views[i].data, s->views[i].nbytes);
+  }
+  /* From a shard that is not in host memory. */
+  loader_shard_t *dd = (loader_shard_t *)1;
+  assert_int_equal(loader_shard_upload(d, &host, &dd, err, sizeof err), TY_EINVAL);
+  assert_null(dd);
+  assert_non_null(strstr(err, "not in host memory"));
+  loader_shard_free(d);
+  assert_int_equal(dev.in_use, 0);
+  /* No room, then a failed copy: nothing stays placed. */
+  faulty_t full = {0, 1, 1000}, broken = {0, 0, 0};
+  faulty_t *cases[] = {&full, &broken};
+  const char *want[] = {"cannot allocate its", "copying its shard onto faulty"};
+  for (int i = 0; i < 2; i++) {
+    placement_t pl = {.ops = &g_faulty, .ctx = cases[i]};
+    dd = (loader_shard_t *)1;
+    assert_int_not_equal(loader_shard_upload(s, &pl, &dd, err, sizeof err), 0);
+    assert_null(dd);
+    if (!strstr(err, want[i])) fail_msg("case %d: '%s'", i, err);
+    assert_int_equal(pl.in_use, 0);
+  }
+  loader_shard_free(s);
+  assert_int_equal(host.in_use, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rows),     cmocka_unit_test(test_paths_agree),
       cmocka_unit_test(test_views),    cmocka_unit_test(test_scratch),
       cmocka_unit_test(test_failures), cmocka_unit_test(test_placement_faults),
+      cmocka_unit_test(test_upload),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
