@@ -4,8 +4,11 @@
  * resident is not gathered again; one slot never overlaps. Then the bytes:
  * through real collectives (self, and 2 and 3 forked shm ranks), every
  * tensor of every acquired unit equals the whole tensor of a world-1 load,
- * in float32 and bfloat16, tied and untied; and the host backends refuse a
- * bfloat16 shard that is not whole floats, naming the rank. */
+ * in float32 and bfloat16, tied and untied; full training's gradients
+ * summed over 1 to 4 ranks land, exactly, in each rank's rows of the
+ * gradient shard (a tied head's in the embedding's) and nowhere else; and
+ * the host backends refuse a bfloat16 shard that is not whole floats,
+ * naming the rank. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -114,6 +117,43 @@ static int fk_release(void *ctx, int slot, char *err, size_t errlen) {
   put(ctx, "R%d ", slot);
   return 0;
 }
+/* The reductions: B(egin), S<floats> (one tensor), E(nd), A<floats>. */
+static int fk_reduce_begin(void *ctx, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  put(ctx, "B ");
+  return 0;
+}
+static int fk_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {
+  (void)buf, (void)err, (void)errlen;
+  put(ctx, "S%zu ", counts[0]);
+  return 0;
+}
+static int fk_reduce_end(void *ctx, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  put(ctx, "E ");
+  return 0;
+}
+static int fk_add(void *ctx, float *dst, const float *src, size_t n, char *err, size_t errlen) {
+  (void)dst, (void)src, (void)err, (void)errlen;
+  put(ctx, "A%zu ", n);
+  return 0;
+}
+
+static prefetch_ops_t fake_ops(fake_t *f, bool reductions) {
+  prefetch_ops_t o = {.ctx = f,
+                      .begin = fk_begin,
+                      .gather = fk_gather,
+                      .end = fk_end,
+                      .wait = fk_wait,
+                      .release = fk_release};
+  if (reductions) {
+    o.reduce_begin = fk_reduce_begin;
+    o.reduce = fk_reduce;
+    o.reduce_end = fk_reduce_end;
+    o.add = fk_add;
+  }
+  return o;
+}
 
 static const int FWD[] = {0, 1, 2, 3}, BWD[] = {3, 2, 1};
 
@@ -155,7 +195,7 @@ static void schedule(int nslots, const char *want, bool tied) {
   size_t sb = prefetch_slot_bytes(s);
   void *slots[2] = {malloc(sb), malloc(sb)};
   fake_t f = {.s = s};
-  prefetch_ops_t ops = {&f, fk_begin, fk_gather, fk_end, fk_wait, fk_release};
+  prefetch_ops_t ops = fake_ops(&f, false);
   prefetch_t *p;
   assert_int_equal(prefetch_create(&p, s, nslots, slots, sb, &ops, err, sizeof err), 0);
   assert_int_equal(prefetch_units(p), 4);
@@ -198,7 +238,7 @@ static void test_bad_arguments(void **state) {
   size_t sb = prefetch_slot_bytes(s);
   void *slots[1] = {malloc(sb)};
   fake_t f = {.s = s};
-  prefetch_ops_t ops = {&f, fk_begin, fk_gather, fk_end, fk_wait, fk_release};
+  prefetch_ops_t ops = fake_ops(&f, false);
   prefetch_t *p;
   assert_int_equal(prefetch_create(&p, s, 1, slots, sb - 1, &ops, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "a slot holds"));
@@ -208,6 +248,30 @@ static void test_bad_arguments(void **state) {
   assert_int_equal(prefetch_pass(p, bad, 2, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "unit 4"));
   assert_null(prefetch_tensor(p, CKPT_WQ, 0)); /* nothing acquired */
+  /* Summing gradients needs the reduction ops, and a unit in range. */
+  float *g = calloc(sb / sizeof(float), sizeof(float)), *gs = calloc(s->bytes, 1);
+  assert_int_equal(prefetch_scatter_add(p, 1, g, gs, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "reduction ops"));
+  prefetch_free(p);
+  ops = fake_ops(&f, true);
+  assert_int_equal(prefetch_create(&p, s, 1, slots, sb, &ops, err, sizeof err), 0);
+  assert_int_equal(prefetch_scatter_add(p, 4, g, gs, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "unit 4"));
+  /* Every reduction is queued after the gradients, every add after them
+   * all: layer 0's nine tensors (C 12, QD 12, KVD 4, FF 10). */
+  f.trace[0] = '\0';
+  assert_int_equal(prefetch_scatter_add(p, PREFETCH_LAYER(0), g, gs, err, sizeof err), 0);
+  const char *want = "B S12 S144 S48 S48 S144 S12 S120 S120 S120 E "
+                     "A12 A144 A48 A48 A144 A12 A120 A120 A120 ";
+  if (strcmp(f.trace, want)) fail_msg("reductions:\n got  %s\n want %s", f.trace, want);
+  assert_int_equal(prefetch_unit_of(p, CKPT_WK, 1), PREFETCH_LAYER(1));
+  assert_int_equal(prefetch_unit_of(p, CKPT_EMBED, -1), PREFETCH_EMBED);
+  assert_int_equal(prefetch_unit_of(p, CKPT_FINAL_NORM, -1), 3);
+  assert_int_equal(prefetch_offset(p, 1, CKPT_WO, 1), -1); /* layer 1 is unit 2 */
+  assert_int_equal(prefetch_offset(p, 1, CKPT_ATTN_NORM, 0), 0);
+  assert_int_equal(prefetch_unit_bytes(p, 9), 0);
+  free(g);
+  free(gs);
   prefetch_free(p);
   free(slots[0]);
   loader_shard_free(s);
@@ -281,25 +345,129 @@ static int bytes_rank(const bytes_arg_t *a, const char *rdv, int rank, int world
   return bad ? 1 : 0;
 }
 
-static void run_world(const bytes_arg_t *a, int world) {
+/* --- Full training's gradients, through real collectives: every rank
+ * writes known whole-unit gradients (small integers, so sums are exact);
+ * each rank's gradient shard must then hold its start value plus the sum
+ * over ranks of its rows, and nothing else may change. */
+
+/* Rank r's gradient of element e of tensor i (i + 100 for a tied head's
+ * part, which adds into the embedding's shard). */
+static float grad_of(int r, size_t i, size_t e) {
+  return (float)((r + 1) * (1 + (int)(e % 5)) + (int)i);
+}
+
+/* Writes rank r's gradients of unit u into g, laid out as in a slot. */
+static void fill_unit(const prefetch_t *p, const loader_shard_t *s, int u, int r, float *g) {
+  for (size_t i = 0; i < s->layout.ntensors; i++) {
+    const ckpt_tensor_t *t = s->views[i].t;
+    size_t numel = (size_t)t->rows * (size_t)(t->cols ? t->cols : 1);
+    long off = prefetch_offset(p, u, t->kind, t->layer);
+    for (size_t e = 0; off >= 0 && e < numel; e++) g[off / 4 + e] = grad_of(r, i, e);
+    off = t->kind == CKPT_EMBED ? prefetch_offset(p, u, CKPT_LM_HEAD, -1) : -1;
+    for (size_t e = 0; off >= 0 && e < numel; e++) g[off / 4 + e] = grad_of(r, i + 100, e);
+  }
+}
+
+static int scatter_rank(const char *dir, const char *rdv, int rank, int world) {
+  char err[512];
+  comm_t *c;
+  placement_t pl;
+  placement_cpu_init(&pl);
+  loader_shard_t *s = NULL;
+  if (comm_open(&c, rdv, rank, world, err, sizeof err) ||
+      !(s = load(dir, rank, world, TY_DTYPE_F32, &pl, err, sizeof err))) {
+    fprintf(stderr, "rank %d: %s\n", rank, err);
+    return 1;
+  }
+  size_t sb = prefetch_slot_bytes(s), n = s->bytes / sizeof(float);
+  void *slots[1] = {malloc(sb)};
+  float *g = malloc(sb), *gs = malloc(s->bytes);
+  for (size_t k = 0; k < n; k++) gs[k] = 0.25f; /* added to, never overwritten */
+  prefetch_ops_t ops = prefetch_host_ops(c);
+  prefetch_t *p;
+  int bad = prefetch_create(&p, s, 1, slots, sb, &ops, err, sizeof err);
+  /* The backward pass's order: head, layers in reverse, embedding. */
+  for (int u = prefetch_units(p) - 1; u >= 0 && !bad; u--) {
+    memset(g, 0, sb);
+    fill_unit(p, s, u, rank, g);
+    bad = prefetch_scatter_add(p, u, g, gs, err, sizeof err);
+  }
+  if (bad) fprintf(stderr, "rank %d: %s\n", rank, err);
+  bool tied = !loader_view(s, CKPT_LM_HEAD, -1);
+  char *seen = calloc(n, 1);
+  for (size_t i = 0; i < s->layout.ntensors && !bad; i++) {
+    const loader_view_t *v = &s->views[i];
+    size_t cols = (size_t)(v->t->cols ? v->t->cols : 1), k0 = v->offset / sizeof(float);
+    for (size_t k = 0; k < (size_t)v->rows * cols && !bad; k++) {
+      size_t e = (size_t)v->row0 * cols + k; /* the element in the whole tensor */
+      double want = 0.25;
+      for (int r = 0; r < world; r++) {
+        want += grad_of(r, i, e);
+        if (tied && v->t->kind == CKPT_EMBED) want += grad_of(r, i + 100, e);
+      }
+      seen[k0 + k] = 1;
+      if (gs[k0 + k] != (float)want) {
+        fprintf(stderr, "rank %d: %s[%zu]: %g, want %g\n", rank, v->t->name, e, gs[k0 + k], want);
+        bad = 1;
+      }
+    }
+  }
+  for (size_t k = 0; k < n && !bad; k++)
+    if (!seen[k] && gs[k] != 0.25f) {
+      fprintf(stderr, "rank %d: padding float %zu changed to %g\n", rank, k, gs[k]);
+      bad = 1;
+    }
+  free(seen);
+  prefetch_free(p);
+  free(slots[0]);
+  free(g);
+  free(gs);
+  loader_shard_free(s);
+  comm_close(c);
+  return bad ? 1 : 0;
+}
+
+/* Runs fn as `world` ranks: in process for one ("self"), else forked shm
+ * ranks; fails the test naming a rank that failed. */
+static void ranks(int world, const char *tag, int (*fn)(const void *arg, const char *rdv, int rank,
+                                                       int world),
+                  const void *arg) {
   static int serial;
   char rdv[96];
   if (world == 1) {
-    assert_int_equal(bytes_rank(a, "self", 0, 1), 0);
+    assert_int_equal(fn(arg, "self", 0, 1), 0);
     return;
   }
-  snprintf(rdv, sizeof rdv, "shm:test-prefetch-%d-%d", (int)getpid(), serial++);
+  snprintf(rdv, sizeof rdv, "shm:test-prefetch-%s-%d-%d", tag, (int)getpid(), serial++);
   pid_t pids[4];
   for (int r = 0; r < world; r++) {
     pids[r] = fork();
     assert_true(pids[r] >= 0);
-    if (pids[r] == 0) _exit(bytes_rank(a, rdv, r, world));
+    if (pids[r] == 0) _exit(fn(arg, rdv, r, world));
   }
   for (int r = 0; r < world; r++) {
     int st;
     assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("rank %d of %d failed", r, world);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("%s: rank %d of %d failed", tag, r, world);
   }
+}
+
+static int scatter_fn(const void *arg, const char *rdv, int rank, int world) {
+  return scatter_rank(arg, rdv, rank, world);
+}
+
+static void test_scatter_add(void **state) {
+  (void)state;
+  for (int tied = 0; tied < 2; tied++) {
+    char dir[300];
+    snprintf(dir, sizeof dir, "%s/scatter-%d", g_dir, tied);
+    make_ckpt(dir, tied);
+    for (int world = 1; world <= 4; world++) ranks(world, "scatter", scatter_fn, dir);
+  }
+}
+
+static int bytes_fn(const void *arg, const char *rdv, int rank, int world) {
+  return bytes_rank(arg, rdv, rank, world);
 }
 
 static void test_bytes(void **state) {
@@ -311,14 +479,15 @@ static void test_bytes(void **state) {
     const ty_dtype_t dts[] = {TY_DTYPE_F32, TY_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
       bytes_arg_t a = {dir, dts[d]};
-      for (int world = 1; world <= 3; world++) run_world(&a, world);
+      for (int world = 1; world <= 3; world++) ranks(world, "bytes", bytes_fn, &a);
     }
   }
 }
 
 /* bfloat16 over 4 shm ranks: a norm of 12 splits into 3 elements a rank,
  * 6 bytes, not whole floats. */
-static int odd_rank(const char *rdv, int rank, int world) {
+static int odd_rank(const void *arg, const char *rdv, int rank, int world) {
+  (void)arg;
   char err[512];
   comm_t *c;
   if (comm_open(&c, rdv, rank, world, err, sizeof err)) return 1;
@@ -333,19 +502,7 @@ static int odd_rank(const char *rdv, int rank, int world) {
 
 static void test_not_whole_floats(void **state) {
   (void)state;
-  char rdv[96];
-  snprintf(rdv, sizeof rdv, "shm:test-prefetch-odd-%d", (int)getpid());
-  pid_t pids[4];
-  for (int r = 0; r < 4; r++) {
-    pids[r] = fork();
-    assert_true(pids[r] >= 0);
-    if (pids[r] == 0) _exit(odd_rank(rdv, r, 4));
-  }
-  for (int r = 0; r < 4; r++) {
-    int st;
-    assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("rank %d failed", r);
-  }
+  ranks(4, "odd", odd_rank, NULL);
   /* self moves any size; an element size other than 2 or 4 is refused. */
   comm_t *c;
   char err[256];
@@ -366,6 +523,7 @@ int main(void) {
       cmocka_unit_test(test_schedule),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_bytes),
+      cmocka_unit_test(test_scatter_add),
       cmocka_unit_test(test_not_whole_floats),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
