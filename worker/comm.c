@@ -241,7 +241,8 @@ int comm_reduce_scatter_queue(comm_t *c, float *send, float *recv, const size_t 
   int rc = enter(c);
   size_t total;
   if (rc || (rc = check_counts(c, "reduce_scatter", recv, send, counts, &total))) return rc;
-  if (c->ops->reduce_scatter_queue) return c->ops->reduce_scatter_queue(c, send, recv, counts, total);
+  if (c->ops->reduce_scatter_queue)
+    return c->ops->reduce_scatter_queue(c, send, recv, counts, total);
   return c->ops->reduce_scatter(c, send, recv, counts, total);
 }
 

@@ -13,8 +13,8 @@
  * Host buffers (the training loop's adapter gradients and loss) are staged
  * through one device buffer of the communicator's, grown to the largest
  * call. Queued gathers and reduce-scatters (comm_all_gather_queue,
- * comm_reduce_scatter_queue) go on the same stream and return at once; comm_wait_event and comm_drain poll as a
- * blocking collective does. */
+ * comm_reduce_scatter_queue) go on the same stream and return at once; comm_wait_event and
+ * comm_drain poll as a blocking collective does. */
 #include <errno.h>
 #include <fcntl.h>
 #include <stdarg.h>

@@ -45,8 +45,9 @@ static int fail_comm(fsdp_t *f, int rc, const char *what, char *err, size_t errl
   return rc;
 }
 
-int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, bool full, char *err,
-                size_t errlen) {
+int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, fsdp_mode_t mode,
+                char *err, size_t errlen) {
+  const bool full = mode != FSDP_FROZEN;
   *out = NULL;
   if (shard->dtype != TY_DTYPE_F32 || shard->world_size != comm_world_size(comm) ||
       shard->rank != comm_rank(comm) || shard->layout.ntensors != (size_t)m->n_tensors) {
@@ -128,7 +129,7 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, b
     size_t len = f->ts[f->norm].t->numel + f->ts[f->embed].t->numel;
     if (len > f->unit_n) f->unit_n = len;
   }
-  if (!rc) {
+  if (!rc && mode != FSDP_SPAN) {
     f->unit = malloc(f->unit_n * sizeof(float));
     f->gunit = full ? malloc(f->unit_n * sizeof(float)) : NULL;
     if (!f->unit || (full && !f->gunit)) {
@@ -220,10 +221,18 @@ static int gather_head(fsdp_t *f, float **norm, float **head, char *err, size_t 
   return rc ? rc : gather(f, f->head, *head, err, errlen);
 }
 
+/* An FSDP_SPAN runs no pass. */
+static int no_passes(const fsdp_t *f, char *err, size_t errlen) {
+  return f->unit ? 0
+                 : ty_errf(err, errlen, TY_EINTERNAL,
+                           "fsdp: this span's passes run on the device, not here");
+}
+
 int fsdp_forward(fsdp_t *f, const int *tokens, const int *targets, int b, int t, lora_t *lora,
                  double *loss, char *err, size_t errlen) {
   model_t *m = f->m;
-  int rc = gather(f, f->embed, f->unit, err, errlen);
+  int rc = no_passes(f, err, errlen);
+  if (!rc) rc = gather(f, f->embed, f->unit, err, errlen);
   if (!rc) rc = model_embed_forward(m, f->unit, tokens, targets, b, t, err, errlen);
   for (int l = 0; l < m->d.L && !rc; l++) {
     rc = gather_layer(f, l, err, errlen);
@@ -240,6 +249,8 @@ int fsdp_forward(fsdp_t *f, const int *tokens, const int *targets, int b, int t,
 int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t errlen) {
   model_t *m = f->m;
   const bool full = f->gunit != NULL;
+  int rc = no_passes(f, err, errlen);
+  if (rc) return rc;
   /* The head unit is still gathered from the forward pass. */
   float *norm = f->unit, *head = f->unit + f->ts[f->norm].t->numel;
   float *dnorm = NULL, *dhead = NULL;
@@ -249,7 +260,6 @@ int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t e
     memset(f->gunit, 0, (f->ts[f->norm].t->numel + f->ts[f->head].t->numel) * sizeof(float));
   }
   model_head_backward(m, norm, head, dnorm, dhead, loss_scale);
-  int rc = 0;
   /* A tied head's gradient goes into the embedding's shard now; the
    * embedding's own part follows at the end (reduce-scatter is linear). */
   if (full && !(rc = scatter_add(f, f->norm, dnorm, err, errlen)))
@@ -278,6 +288,16 @@ int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t e
 int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char *err,
                      size_t errlen) {
   const model_t *m = f->m;
+  /* A span has no unit buffer: one of the largest tensor, for the writing. */
+  float *buf = f->unit;
+  if (!buf) {
+    size_t most = 1;
+    for (int i = 0; i < m->n_tensors; i++)
+      if (m->tensors[i].numel > most) most = m->tensors[i].numel;
+    if (!(buf = malloc(most * sizeof(float))))
+      return ty_errf(err, errlen, TY_EEXHAUSTED,
+                     "fsdp: cannot allocate %zu floats to gather a tensor into", most);
+  }
   int rc = 0;
   st_writer_t *w = NULL;
   if (f->rank == 0) {
@@ -297,14 +317,16 @@ int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char
   }
   /* Every rank takes part in every gather, whatever rank 0's state, so no
    * rank waits on a collective the others skipped. */
-  for (int i = 0; i < m->n_tensors; i++) {
-    int grc = gather(f, i, f->unit, err, errlen);
-    if (grc) {
-      st_writer_close(w, NULL, 0);
-      return grc;
-    }
-    if (w && !rc)
-      rc = st_writer_write(w, f->unit, m->tensors[i].numel * sizeof(float), err, errlen);
+  int grc = 0;
+  for (int i = 0; i < m->n_tensors && !grc; i++) {
+    grc = gather(f, i, buf, err, errlen);
+    if (!grc && w && !rc)
+      rc = st_writer_write(w, buf, m->tensors[i].numel * sizeof(float), err, errlen);
+  }
+  if (buf != f->unit) free(buf);
+  if (grc) {
+    st_writer_close(w, NULL, 0);
+    return grc;
   }
   if (w) {
     int rc2 = st_writer_close(w, rc ? NULL : err, rc ? 0 : errlen);

@@ -9,7 +9,12 @@
  * and its replicated adapters are all-reduced by the caller.
  *
  * The model_t passed in (model_create_unowned) provides the activations
- * and the layer functions; it has no parameter or gradient buffer. */
+ * and the layer functions; it has no parameter or gradient buffer.
+ *
+ * Full training whose passes run on GPUs (worker/train_cuda.h) keeps only
+ * the span here (FSDP_SPAN): the shards and their gradient shards, which
+ * the optimizer updates and checkpoints and outputs are written from; the
+ * model_t is then a table alone (model_create_table). */
 #ifndef TY_WORKER_FSDP_H
 #define TY_WORKER_FSDP_H
 
@@ -24,16 +29,21 @@
 
 typedef struct fsdp fsdp_t;
 
+typedef enum {
+  FSDP_FROZEN, /* LoRA: the base frozen, no gradient shards */
+  FSDP_FULL,   /* full training, the passes here: gradient shards, two unit buffers */
+  FSDP_SPAN,   /* full training, the passes elsewhere: gradient shards, no unit buffers */
+} fsdp_mode_t;
+
 /* Takes ownership of shard (this rank's float32 shards of m's tensors, from
- * loader_load or loader_init_scratch with world_size = comm's). full: keep
- * gradient shards (full training). *out is the caller's (fsdp_free, which
- * also frees the shard). */
-int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, bool full, char *err,
-                size_t errlen);
+ * loader_load or loader_init_scratch with world_size = comm's). *out is the
+ * caller's (fsdp_free, which also frees the shard). */
+int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, fsdp_mode_t mode,
+                char *err, size_t errlen);
 void fsdp_free(fsdp_t *f);
 
 /* The flat span of this rank's shards (padding between tensors included,
- * its gradients always zero), and its gradients (NULL unless full). */
+ * its gradients always zero), and its gradients (NULL for FSDP_FROZEN). */
 float *fsdp_params(fsdp_t *f);
 float *fsdp_grads(fsdp_t *f);
 size_t fsdp_span(const fsdp_t *f);
@@ -43,7 +53,8 @@ size_t fsdp_span(const fsdp_t *f);
 void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n), void *ctx);
 
 /* Forward over the gathered units; the same contract as model_forward. A
- * failed collective returns its code with comm_error's text in err. */
+ * failed collective returns its code with comm_error's text in err;
+ * TY_EINTERNAL for an FSDP_SPAN (as for fsdp_backward). */
 int fsdp_forward(fsdp_t *f, const int *tokens, const int *targets, int b, int t, lora_t *lora,
                  double *loss, char *err, size_t errlen);
 /* Backward of loss_scale * (mean loss) of the last forward: adapters'
@@ -52,7 +63,9 @@ int fsdp_forward(fsdp_t *f, const int *tokens, const int *targets, int b, int t,
 int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t errlen);
 
 /* Writes config.json + model.safetensors of the whole model into dir: every
- * rank gathers each tensor in turn, rank 0 writes it. All ranks call it. */
+ * rank gathers each tensor in turn (into the unit buffer, or for an
+ * FSDP_SPAN into a buffer of the largest tensor held meanwhile), rank 0
+ * writes it. All ranks call it. */
 int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char *err,
                      size_t errlen);
 

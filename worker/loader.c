@@ -96,8 +96,8 @@ static int shard_alloc(loader_shard_t *s, char *err, size_t errlen) {
   return 0;
 }
 
-int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out,
-                        char *err, size_t errlen) {
+int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out, char *err,
+                        size_t errlen) {
   *out = NULL;
   if (strcmp(src->pl->ops->name, "cpu"))
     return ty_errf(err, errlen, TY_EINVAL, "rank %d: a shard on %s is not in host memory",

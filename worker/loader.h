@@ -101,8 +101,8 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
  * device at once (full training over GPUs: the host's copy is what the
  * optimizer updates). *out is the caller's (loader_shard_free); TY_EINVAL
  * when src is not in host memory, TY_EEXHAUSTED when pl has no room. */
-int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out,
-                        char *err, size_t errlen);
+int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out, char *err,
+                        size_t errlen);
 
 /* Bytes of rank's shard of a model of shape cfg in dtype (what
  * loader_load / loader_init_scratch will allocate), without loading or

@@ -216,6 +216,11 @@ int model_create_unowned(model_t **out, const llama_config_t *cfg, int B, int T,
   return create(out, cfg, B, T, mode, false, true, err, errlen);
 }
 
+int model_create_table(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                       char *err, size_t errlen) {
+  return create(out, cfg, B, T, mode, false, false, err, errlen);
+}
+
 size_t model_layer_floats(const model_dims_t *d) {
   size_t n = 0;
 #define TY_X(field, suffix, rows, cols) n += (size_t)(rows) * (size_t)((cols) != 0 ? (cols) : 1);

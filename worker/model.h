@@ -148,6 +148,12 @@ int model_create_weights(model_t **out, const llama_config_t *cfg, int B, int T,
 int model_create_unowned(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
                          char *err, size_t errlen);
 
+/* The tensor table alone: neither weights nor activations (the shape and
+ * layout of a model whose shards live in an fsdp span and whose passes run
+ * on a device). No pass runs on it. */
+int model_create_table(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
+                       char *err, size_t errlen);
+
 /* Floats of one layer's tensors, and views of a buffer holding them
  * contiguously in MODEL_LAYER_TENSORS order (the order they have inside
  * params): a reused buffer for one all-gathered layer, or its gradients. */

@@ -74,7 +74,8 @@ static int pc_reduce_begin(void *ctx, char *err, size_t errlen) {
   prefetch_cuda_t *pc = ctx;
   cudaError_t e = cudaEventRecord(pc->computed, 0);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(pc->cs, pc->computed, 0);
-  return e == cudaSuccess ? 0 : cuda_fail(e, "ordering a reduction after the gradients", err, errlen);
+  return e == cudaSuccess ? 0
+                          : cuda_fail(e, "ordering a reduction after the gradients", err, errlen);
 }
 
 static int pc_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {

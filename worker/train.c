@@ -147,10 +147,12 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
              m->B, m->T, (int)m->mode, B, T);
     return TY_EINTERNAL;
   }
-  if (a->device && (a->fsdp || (!a->lora && !m->params)))
+  /* A device trains adapters, the weights of a host model that holds them
+   * (model_create_weights), or this rank's shards held in an fsdp span. */
+  if (a->device && (a->fsdp ? a->lora != NULL : !a->lora && !m->params))
     return ty_errf(err, errlen, TY_EINTERNAL,
-                   "a device model trains adapters, or the weights of a host model that holds "
-                   "them (model_create_weights), without host shards");
+                   "a device model trains adapters, the weights of a host model that holds "
+                   "them (model_create_weights), or the shards of an fsdp span (FSDP_SPAN)");
   const passes_t passes = {m, a->fsdp, a->lora, a->device};
   const train_device_t *dev = a->device;
   data_config_t dc = {.path = s->data.path,

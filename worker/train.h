@@ -45,11 +45,11 @@ typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
 
 /* A model on an accelerator (worker/train_cuda.h). The loop runs the
  * forward and backward passes there and keeps the trained span (the
- * adapters, or for full training the host model's own weights), the
- * optimizer, clipping and checkpoints on the host: gradients come down and
- * parameters go up once a step (a few MiB for adapters; the whole model
- * for full training). Each call returns 0 or a TY_E* code with the reason
- * in err. */
+ * adapters, or for full training the host model's own weights or this
+ * rank's shards), the optimizer, clipping and checkpoints on the host:
+ * gradients come down and parameters go up once a step (a few MiB for
+ * adapters; the model, or this rank's 1/N of it, for full training). Each
+ * call returns 0 or a TY_E* code with the reason in err. */
 typedef struct {
   void *ctx;
   int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
@@ -70,7 +70,8 @@ typedef struct {
   lora_t *lora;          /* the adapters for a LoRA job, else NULL; borrowed */
   /* The passes run here instead of on model (then only model's shape, B,
    * T and mode are read, plus its params and grads as the trained span
-   * when there is no lora; fsdp is NULL). NULL: the host. */
+   * for full training without fsdp; with fsdp, an FSDP_SPAN, its shards
+   * are the trained span). NULL: the host. */
   const train_device_t *device;
   train_progress_fn progress; /* may be NULL */
   void *progress_ctx;

@@ -187,7 +187,7 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
   rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
                             : loader_load(s->model_path, &o, &shard, ls, err, errlen);
   if (rc) return rc;
-  return fsdp_create(f, *m, comm, shard, !s->use_lora, err, errlen);
+  return fsdp_create(f, *m, comm, shard, s->use_lora ? FSDP_FROZEN : FSDP_FULL, err, errlen);
 }
 
 /* What this worker trains on device cuda: LoRA adapters on one GPU per

@@ -261,8 +261,9 @@ static void test_bad_arguments(void **state) {
    * all: layer 0's nine tensors (C 12, QD 12, KVD 4, FF 10). */
   f.trace[0] = '\0';
   assert_int_equal(prefetch_scatter_add(p, PREFETCH_LAYER(0), g, gs, err, sizeof err), 0);
-  const char *want = "B S12 S144 S48 S48 S144 S12 S120 S120 S120 E "
-                     "A12 A144 A48 A48 A144 A12 A120 A120 A120 ";
+  const char *want =
+      "B S12 S144 S48 S48 S144 S12 S120 S120 S120 E "
+      "A12 A144 A48 A48 A144 A12 A120 A120 A120 ";
   if (strcmp(f.trace, want)) fail_msg("reductions:\n got  %s\n want %s", f.trace, want);
   assert_int_equal(prefetch_unit_of(p, CKPT_WK, 1), PREFETCH_LAYER(1));
   assert_int_equal(prefetch_unit_of(p, CKPT_EMBED, -1), PREFETCH_EMBED);
@@ -429,8 +430,8 @@ static int scatter_rank(const char *dir, const char *rdv, int rank, int world) {
 
 /* Runs fn as `world` ranks: in process for one ("self"), else forked shm
  * ranks; fails the test naming a rank that failed. */
-static void ranks(int world, const char *tag, int (*fn)(const void *arg, const char *rdv, int rank,
-                                                       int world),
+static void ranks(int world, const char *tag,
+                  int (*fn)(const void *arg, const char *rdv, int rank, int world),
                   const void *arg) {
   static int serial;
   char rdv[96];

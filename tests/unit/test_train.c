@@ -12,11 +12,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
+#include "api/errors.h"
 #include "worker/comm.h"
+#include "worker/fsdp.h"
+#include "worker/loader.h"
 #include "worker/lora.h"
 #include "worker/model.h"
 #include "worker/model_io.h"
@@ -545,6 +549,169 @@ static void test_device_full_training_matches_host(void **state) {
   model_free(m);
 }
 
+/* --- Full training over several ranks through the hooks, as over GPUs:
+ * the host keeps only its shards as the trained span (an FSDP_SPAN over a
+ * table-only model); the stand-in device is a CPU fsdp of its own (the
+ * passes, the gradient reduce-scatter), reached only through the hooks.
+ * Run in forked shm ranks, so the checks below report on stderr and by
+ * exit status instead of cmocka's asserts. */
+typedef struct {
+  fsdp_t *f;
+  int ups, downs;
+  bool bad_n;
+} fake_shard_t;
+
+static int fs_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
+                      char *err, size_t errlen) {
+  return fsdp_forward(((fake_shard_t *)ctx)->f, in, tg, b, t, NULL, loss, err, errlen);
+}
+static int fs_backward(void *ctx, float scale, char *err, size_t errlen) {
+  return fsdp_backward(((fake_shard_t *)ctx)->f, NULL, scale, err, errlen);
+}
+static int fs_zero(void *ctx, char *err, size_t errlen) {
+  fsdp_t *f = ((fake_shard_t *)ctx)->f;
+  memset(fsdp_grads(f), 0, fsdp_span(f) * sizeof(float));
+  return 0;
+}
+static int fs_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
+  fake_shard_t *d = ctx;
+  d->bad_n |= n != fsdp_span(d->f);
+  memcpy(grads, fsdp_grads(d->f), fsdp_span(d->f) * sizeof(float));
+  d->downs++;
+  return 0;
+}
+static int fs_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
+  fake_shard_t *d = ctx;
+  d->bad_n |= n != fsdp_span(d->f);
+  memcpy(fsdp_params(d->f), params, fsdp_span(d->f) * sizeof(float));
+  d->ups++;
+  return 0;
+}
+
+/* This rank's float32 shard of the seeded model, over a model built by
+ * create, in mode. */
+static int shard_model(comm_t *c, model_mode_t mmode, fsdp_mode_t fmode, const jobspec_t *s,
+                       model_t **m, fsdp_t **f, char *err, size_t errlen) {
+  int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
+      fmode == FSDP_SPAN ? model_create_table : model_create_unowned;
+  static placement_t pl;
+  placement_cpu_init(&pl);
+  llama_config_t cfg = tiny_config();
+  loader_opts_t o = {.rank = comm_rank(c),
+                     .world_size = comm_world_size(c),
+                     .dtype = TY_DTYPE_F32,
+                     .seed = 99,
+                     .pl = &pl};
+  loader_shard_t *sh;
+  int rc = create(m, &cfg, s->train.micro_batch_size, s->data.seq_len, mmode, err, errlen);
+  if (!rc) rc = loader_init_scratch(&cfg, &o, &sh, NULL, err, errlen);
+  return rc ? rc : fsdp_create(f, *m, c, sh, fmode, err, errlen);
+}
+
+static int train_sharded(comm_t *c, const jobspec_t *s, fsdp_t *f, model_t *m,
+                         const train_device_t *dev, losses_t *l, char *err, size_t errlen) {
+  train_args_t a = {.spec = s,
+                    .comm = c,
+                    .model = m,
+                    .fsdp = f,
+                    .device = dev,
+                    .progress = record,
+                    .progress_ctx = l,
+                    .eval_windows = 8};
+  train_result_t res;
+  return train_run(&a, &res, err, errlen);
+}
+
+/* One line per failure, written at once (ranks share stderr). */
+#define CHILD_CHECK(cond, ...)                      \
+  do {                                              \
+    if (!(cond)) {                                  \
+      char msg_[600];                               \
+      snprintf(msg_, sizeof msg_, __VA_ARGS__);     \
+      fprintf(stderr, "rank %d: %s\n", rank, msg_); \
+      return 1;                                     \
+    }                                               \
+  } while (0)
+
+static int sharded_rank(const char *rdv, int rank, int world) {
+  char err[512] = "";
+  comm_t *c;
+  CHILD_CHECK(!comm_open(&c, rdv, rank, world, err, sizeof err), "%s", err);
+  jobspec_t s = tiny_spec(false, 6, "shard-host");
+  s.world_size = world;
+  s.train.micro_batch_size = 2;
+  model_t *mh, *md, *mt;
+  fsdp_t *fh, *ft;
+  losses_t host = {{0}, 0}, onDev = {{0}, 0};
+  /* The host's own sharded passes. */
+  CHILD_CHECK(!shard_model(c, MODEL_TRAIN_FULL, FSDP_FULL, &s, &mh, &fh, err, sizeof err) &&
+                  !train_sharded(c, &s, fh, mh, NULL, &host, err, sizeof err),
+              "host: %s", err);
+  /* Through the hooks: the device's copy starts as NaN, fixed by the
+   * first upload. */
+  fake_shard_t d = {0};
+  CHILD_CHECK(!shard_model(c, MODEL_TRAIN_FULL, FSDP_FULL, &s, &md, &d.f, err, sizeof err) &&
+                  !shard_model(c, MODEL_TRAIN_FULL, FSDP_SPAN, &s, &mt, &ft, err, sizeof err),
+              "%s", err);
+  for (size_t k = 0; k < fsdp_span(d.f); k++) fsdp_params(d.f)[k] = NAN;
+  CHILD_CHECK(model_activation_bytes(mt) == 0 && !mt->params, "the table model holds buffers");
+  int rc = fsdp_forward(ft, NULL, NULL, 1, 1, NULL, NULL, err, sizeof err);
+  CHILD_CHECK(rc == TY_EINTERNAL && strstr(err, "on the device"), "a span ran a pass: %d %s", rc,
+              err);
+  train_device_t dev = {&d, fs_forward, fs_backward, fs_zero, fs_down, fs_up};
+  snprintf(s.output_dir, sizeof s.output_dir, "%s/shard-dev", g_dir);
+  CHILD_CHECK(!train_sharded(c, &s, ft, mt, &dev, &onDev, err, sizeof err), "device: %s", err);
+  for (int i = 1; i <= 6; i++)
+    CHILD_CHECK(host.loss[i] == onDev.loss[i], "step %d: loss %.9g on the host, %.9g on the device",
+                i, host.loss[i], onDev.loss[i]);
+  CHILD_CHECK(d.ups == 7 && d.downs == 6 && !d.bad_n, "%d uploads, %d downloads, bad n %d", d.ups,
+              d.downs, d.bad_n);
+  const size_t n = fsdp_span(fh);
+  CHILD_CHECK(fsdp_span(ft) == n && !memcmp(fsdp_params(ft), fsdp_params(fh), n * sizeof(float)) &&
+                  !memcmp(fsdp_params(d.f), fsdp_params(fh), n * sizeof(float)),
+              "the trained shards differ");
+  /* The span writes the model the host's passes trained. */
+  char a[200], b[200];
+  snprintf(a, sizeof a, "%s/out-host", g_dir);
+  snprintf(b, sizeof b, "%s/out-span", g_dir);
+  llama_config_t cfg = tiny_config();
+  CHILD_CHECK(!fsdp_write_model(fh, a, &cfg, err, sizeof err) &&
+                  !fsdp_write_model(ft, b, &cfg, err, sizeof err),
+              "writing: %s", err);
+  fsdp_free(fh), fsdp_free(d.f), fsdp_free(ft);
+  model_free(mh), model_free(md), model_free(mt);
+  comm_close(c);
+  return 0;
+}
+
+static bool same_file(const char *a, const char *b) {
+  FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+  bool same = fa && fb;
+  for (int x = 0, y = 0; same && (x != EOF || y != EOF);) same = (x = fgetc(fa)) == (y = fgetc(fb));
+  if (fa) fclose(fa);
+  if (fb) fclose(fb);
+  return same;
+}
+
+static void test_device_sharded_full_matches_host(void **state) {
+  char rdv[96], a[200], b[200];
+  snprintf(rdv, sizeof rdv, "shm:test-train-shard-%d", (int)getpid());
+  pid_t pids[2];
+  for (int r = 0; r < 2; r++) {
+    pids[r] = fork();
+    assert_true(pids[r] >= 0);
+    if (pids[r] == 0) _exit(sharded_rank(rdv, r, 2));
+  }
+  for (int r = 0; r < 2; r++) {
+    int st;
+    assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
+    if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("rank %d failed", r);
+  }
+  snprintf(a, sizeof a, "%s/out-host/model.safetensors", g_dir);
+  snprintf(b, sizeof b, "%s/out-span/model.safetensors", g_dir);
+  assert_true(same_file(a, b));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_full_training_lowers_heldout_loss, setup, teardown),
@@ -555,6 +722,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_resume_rejects_other_batch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_path_matches_host, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_full_training_matches_host, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_sharded_full_matches_host, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
