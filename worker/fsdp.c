@@ -166,6 +166,9 @@ float *fsdp_grads(fsdp_t *f) {
 size_t fsdp_span(const fsdp_t *f) {
   return f->n;
 }
+const loader_shard_t *fsdp_shard(const fsdp_t *f) {
+  return f->shard;
+}
 
 void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n), void *ctx) {
   for (int i = 0; i < f->m->n_tensors; i++)

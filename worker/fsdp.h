@@ -47,6 +47,8 @@ void fsdp_free(fsdp_t *f);
 float *fsdp_params(fsdp_t *f);
 float *fsdp_grads(fsdp_t *f);
 size_t fsdp_span(const fsdp_t *f);
+/* The shard the span is (its layout: the views' offsets into the span). */
+const loader_shard_t *fsdp_shard(const fsdp_t *f);
 
 /* Calls fn(ctx, offset, numel) for every 1-D tensor's shard (norm gains) in
  * the span, for the optimizer's no-decay ranges. */

@@ -1,6 +1,6 @@
-/* train_cuda.c - LoRA training on GPU ranks: the loader into a CUDA
- * placement, model_cuda's passes, and the loop's device hooks; see
- * train_cuda.h. */
+/* train_cuda.c - training on GPU ranks: the loader into a CUDA placement
+ * (or a host span copied there), model_cuda's passes, and the loop's
+ * device hooks; see train_cuda.h. */
 #include "worker/train_cuda.h"
 
 #include <stdbool.h>
@@ -29,9 +29,10 @@ struct train_cuda {
   cuda_backend_t *cb;
   loader_shard_t *shard;
   model_cuda_t *mc;
-  size_t n;      /* floats of the trained span: adapters, or the host model */
-  tc_map_t *map; /* full training: [n_map], else NULL */
+  size_t n;      /* floats of the trained span: adapters, the host model, or the shard */
+  tc_map_t *map; /* full training on one GPU: [n_map], else NULL */
   int n_map;
+  bool whole; /* full training over GPUs: the span is the shard, byte for byte */
   char name[32];
 };
 
@@ -43,10 +44,10 @@ static int cuda_check(cudaError_t e, const char *what, char *err, size_t errlen)
 }
 
 static int span_check(const train_cuda_t *t, size_t n, char *err, size_t errlen) {
-  return n == t->n
-             ? 0
-             : ty_errf(err, errlen, TY_EINTERNAL,
-                       "%s: the adapters hold %zu floats on the device, not %zu", t->name, t->n, n);
+  return n == t->n ? 0
+                   : ty_errf(err, errlen, TY_EINTERNAL,
+                             "%s: the trained span holds %zu floats on the device, not %zu",
+                             t->name, t->n, n);
 }
 
 static int tc_forward(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
@@ -61,7 +62,7 @@ static int tc_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
 
 static int tc_zero_grads(void *ctx, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
-  if (tc->map)
+  if (tc->map || tc->whole)
     return cuda_check(cudaMemset(model_cuda_base_grads(tc->mc), 0, tc->shard->bytes),
                       "clearing the weights' gradients", err, errlen);
   return cuda_check(cudaMemset(model_cuda_lora_grads(tc->mc), 0, tc->n * sizeof(float)),
@@ -91,10 +92,10 @@ static int tc_grads_to_host(void *ctx, float *grads, size_t n, char *err, size_t
   if (!rc && tc->map)
     return map_copy(tc, grads, (char *)model_cuda_base_grads(tc->mc), cudaMemcpyDeviceToHost,
                     "copying the weights' gradients to the host", err, errlen);
+  const float *src = tc->whole ? model_cuda_base_grads(tc->mc) : model_cuda_lora_grads(tc->mc);
   return rc ? rc
-            : cuda_check(cudaMemcpy(grads, model_cuda_lora_grads(tc->mc), n * sizeof(float),
-                                    cudaMemcpyDeviceToHost),
-                         "copying the adapters' gradients to the host", err, errlen);
+            : cuda_check(cudaMemcpy(grads, src, n * sizeof(float), cudaMemcpyDeviceToHost),
+                         "copying the gradients to the host", err, errlen);
 }
 
 static int tc_params_from_host(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
@@ -103,10 +104,10 @@ static int tc_params_from_host(void *ctx, const float *params, size_t n, char *e
   if (!rc && tc->map)
     return map_copy(tc, (float *)params, tc->shard->base, cudaMemcpyHostToDevice,
                     "copying the weights to the device", err, errlen);
+  void *dst = tc->whole ? tc->shard->base : (void *)model_cuda_lora_params(tc->mc);
   return rc ? rc
-            : cuda_check(cudaMemcpy(model_cuda_lora_params(tc->mc), params, n * sizeof(float),
-                                    cudaMemcpyHostToDevice),
-                         "copying the adapters to the device", err, errlen);
+            : cuda_check(cudaMemcpy(dst, params, n * sizeof(float), cudaMemcpyHostToDevice),
+                         "copying the trained span to the device", err, errlen);
 }
 
 /* Full training: the host model's tensors matched by name to the shard's,
@@ -131,17 +132,33 @@ static int map_build(train_cuda_t *t, model_t *host, char *err, size_t errlen) {
                   "copying the loaded weights to the host", err, errlen);
 }
 
+/* Full training over GPUs: the host span's shard copied onto the device. */
+static int span_upload(train_cuda_t *t, const fsdp_t *span, char *err, size_t errlen) {
+  const loader_shard_t *hs = fsdp_shard(span);
+  if (hs->dtype != TY_DTYPE_F32 || fsdp_span(span) * sizeof(float) != hs->bytes)
+    return ty_errf(err, errlen, TY_EINTERNAL, "%s: the host span is not a float32 shard", t->name);
+  t->whole = true;
+  t->n = fsdp_span(span);
+  return loader_shard_upload(hs, &t->pl, &t->shard, err, errlen);
+}
+
 int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_config_t *cfg,
-                      comm_t *comm, int device, const lora_t *lora, model_t *host, int B, int T,
+                      comm_t *comm, int device, const train_cuda_trained_t *tr, int B, int T,
                       loader_stats_t *ls, train_device_t *dev, char *err, size_t errlen) {
   *out = NULL;
+  const lora_t *lora = tr->lora;
+  if (!!tr->lora + !!tr->host + !!tr->span != 1)
+    return ty_errf(err, errlen, TY_EINTERNAL,
+                   "train_cuda: train adapters, a host model or a span: exactly one");
   train_cuda_t *t = xcalloc(1, sizeof *t);
   snprintf(t->name, sizeof t->name, "cuda:%d", device);
   size_t bucket = (size_t)spec->fsdp.bucket_mb << 20;
   int rc = placement_cuda_init(&t->pl, device, bucket, err, errlen);
   t->pl_ready = rc == 0;
   if (!rc) rc = cuda_backend_create(&t->cb, device, err, errlen);
-  if (!rc) {
+  if (!rc && tr->span) {
+    rc = span_upload(t, tr->span, err, errlen);
+  } else if (!rc) {
     loader_opts_t o = {.rank = comm_rank(comm),
                        .world_size = comm_world_size(comm),
                        .dtype = spec->dtype,
@@ -156,15 +173,17 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
    * unit's gather overlaps the current unit's computation. */
   comm_t *gather = comm_world_size(comm) > 1 ? comm : NULL;
   if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T, err, errlen);
-  if (!rc && !lora) rc = map_build(t, host, err, errlen);
+  if (!rc && tr->host) rc = map_build(t, tr->host, err, errlen);
   if (rc) {
     train_cuda_free(t);
     return rc;
   }
   if (lora) t->n = model_cuda_lora_size(t->mc);
   /* The rank's device peak: the load's, or what training holds (the shard,
-   * the activations, the adapters and any unit slots), whichever is more. */
+   * the activations, the adapters and any unit slots), whichever is more.
+   * A span was loaded on the host: the device saw only its copy. */
   uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc);
+  if (ls && tr->span) ls->device_peak_bytes = t->pl.peak;
   if (ls && held > ls->device_peak_bytes) ls->device_peak_bytes = held;
   *dev = (train_device_t){.ctx = t,
                           .forward = tc_forward,

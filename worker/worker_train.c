@@ -161,6 +161,25 @@ static int job_config(const jobspec_t *s, llama_config_t *cfg, char *err, size_t
   return model_io_read_config(s->model_path, cfg, err, errlen);
 }
 
+/* This rank's float32 shards of the checkpoint (or the seeded
+ * initialisation) in host memory, by the loader's path the spec picks, as
+ * an fsdp over m. */
+static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
+                     model_t *m, fsdp_mode_t mode, fsdp_t **f, loader_stats_t *ls, char *err,
+                     size_t errlen) {
+  loader_opts_t o = {.rank = comm_rank(comm),
+                     .world_size = comm_world_size(comm),
+                     .dtype = TY_DTYPE_F32,
+                     .memory_efficient = s->fsdp.memory_efficient_load,
+                     .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20,
+                     .seed = s->train.seed,
+                     .pl = pl};
+  loader_shard_t *shard;
+  int rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
+                                : loader_load(s->model_path, &o, &shard, ls, err, errlen);
+  return rc ? rc : fsdp_create(f, m, comm, shard, mode, err, errlen);
+}
+
 static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
                        model_t **m, fsdp_t **f, loader_stats_t *ls, char *err, size_t errlen) {
   int rc = job_config(s, cfg, err, errlen);
@@ -176,35 +195,18 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
     model_io_init_scratch(*m, s->train.seed);
     return 0;
   }
-  loader_opts_t o = {.rank = comm_rank(comm),
-                     .world_size = comm_world_size(comm),
-                     .dtype = TY_DTYPE_F32,
-                     .memory_efficient = s->fsdp.memory_efficient_load,
-                     .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20,
-                     .seed = s->train.seed,
-                     .pl = pl};
-  loader_shard_t *shard;
-  rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
-                            : loader_load(s->model_path, &o, &shard, ls, err, errlen);
-  if (rc) return rc;
-  return fsdp_create(f, *m, comm, shard, s->use_lora ? FSDP_FROZEN : FSDP_FULL, err, errlen);
+  return load_span(s, comm, pl, cfg, *m, s->use_lora ? FSDP_FROZEN : FSDP_FULL, f, ls, err, errlen);
 }
 
 /* What this worker trains on device cuda: LoRA adapters on one GPU per
- * rank, sharded over several through NCCL; every weight in float32 on one
- * GPU. 0, or TY_EUNAVAILABLE / TY_EUNIMPLEMENTED with the reason and the
- * fix. */
+ * rank, sharded over several through NCCL; every weight in float32, on one
+ * GPU or sharded over several. 0, or TY_EUNAVAILABLE / TY_EUNIMPLEMENTED
+ * with the reason and the fix. */
 static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 #ifndef TRAINYARD_HAVE_CUDA
   (void)s;
   return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", PLACEMENT_NO_CUDA_MSG);
 #else
-  if (!s->use_lora && s->world_size > 1)
-    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
-                   "device cuda: training every weight runs on one GPU for now, and this job "
-                   "asks for world_size %d; set world_size 1, use_lora true (LoRA shards over "
-                   "GPUs), or \"device\": \"cpu\" to shard across CPU ranks",
-                   s->world_size);
   if (!s->use_lora && s->dtype != TY_DTYPE_F32)
     return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
                    "device cuda: training every weight keeps float32 weights on the GPU; set "
@@ -225,30 +227,39 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 
 #ifdef TRAINYARD_HAVE_CUDA
 /* device cuda: the model's shape on the host (no weights) and the
- * adapters (the trained span), or for full training a weights-only host
- * model (*m: the trained span, what the outputs are written from); the base
- * weights (this rank's shard) on the rank's GPU: device rank % visible
- * devices, as the nccl comm picks it (the server makes each rank's GPU its
- * only one, CUDA_VISIBLE_DEVICES). */
-static int build_cuda(const jobspec_t *s, comm_t *comm, llama_config_t *cfg, model_t *shape,
-                      model_t **m, lora_t **lo, train_cuda_t **tc, train_device_t *dev,
-                      loader_stats_t *ls, char *err, size_t errlen) {
+ * adapters (the trained span); or for full training on one GPU a
+ * weights-only host model (*m: the trained span, what the outputs are
+ * written from); or over several GPUs this rank's shards in host memory
+ * (*f, an FSDP_SPAN over a table-only *m). The base weights (this rank's
+ * shard) on the rank's GPU: device rank % visible devices, as the nccl comm
+ * picks it (the server makes each rank's GPU its only one,
+ * CUDA_VISIBLE_DEVICES). */
+static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
+                      model_t *shape, model_t **m, fsdp_t **f, lora_t **lo, train_cuda_t **tc,
+                      train_device_t *dev, loader_stats_t *ls, char *err, size_t errlen) {
   const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
   const int B = s->train.micro_batch_size, T = s->data.seq_len;
   int rc = job_config(s, cfg, err, errlen);
   if (!rc) rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);
   if (rc) return rc;
+  train_cuda_trained_t tr = {0};
   if (s->use_lora) {
     rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
     if (!rc) lora_init(*lo, s->train.seed);
-  } else {
+    tr.lora = *lo;
+  } else if (comm_world_size(comm) == 1) {
     rc = model_create_weights(m, cfg, B, T, mode, err, errlen);
+    tr.host = *m;
+  } else {
+    rc = model_create_table(m, cfg, B, T, mode, err, errlen);
+    if (!rc) rc = load_span(s, comm, pl, cfg, *m, FSDP_SPAN, f, ls, err, errlen);
+    tr.span = *f;
   }
   if (rc) return rc;
   int ndev;
   rc = placement_cuda_devices(&ndev, err, errlen);
   if (rc) return rc;
-  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, *lo, *m, B, T, ls, dev, err,
+  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, &tr, B, T, ls, dev, err,
                            errlen);
 }
 #endif
@@ -295,7 +306,7 @@ int worker_train_main(const worker_env_t *e) {
          spec.init_from_scratch ? "initialising" : spec.model_path);
     if (cuda) {
 #ifdef TRAINYARD_HAVE_CUDA
-      rc = build_cuda(&spec, comm, &cfg, &shape, &m, &lo, &tc, &dev, &ls, err, sizeof err);
+      rc = build_cuda(&spec, comm, &pl, &cfg, &shape, &m, &f, &lo, &tc, &dev, &ls, err, sizeof err);
       if (!rc) emit(&rep, "loading", 0, NAN, 0, &ls, "weights loaded onto the GPU");
 #endif
     } else {

@@ -114,11 +114,11 @@ json.dump(s, open('$tmp/w2.json', 'w'))"
 TRAINYARD_SPEC="$tmp/w2.json" "$worker" >"$tmp/w2.reports" 2>/dev/null && fail "a lone rank of 2 ran"
 grep -q '"phase":"failed".*world_size 2.*one of 1 (TRAINYARD_WORLD_SIZE)' "$tmp/w2.reports" ||
   fail "the lone rank's failure does not say why: $(cat "$tmp/w2.reports")"
-# Device cuda: LoRA on GPU ranks, every weight on one GPU. Never the CPU
-# model under a cuda label: on a host without a GPU (or a worker built
-# without CUDA) the job fails and says why; what is not wired for GPUs
-# (every weight in bfloat16, or over several GPUs) fails naming the fix
-# before looking for a GPU. tests/gpu/train_cli.sh runs them on a GPU.
+# Device cuda: LoRA on GPU ranks, every weight on one GPU or several.
+# Never the CPU model under a cuda label: on a host without a GPU (or a
+# worker built without CUDA) the job fails and says why; what is not wired
+# for GPUs (every weight in bfloat16) fails naming the fix before looking
+# for a GPU. tests/gpu/train_cli.sh runs them on a GPU.
 cuda_case() { # NAME PYTHON-EDIT WANT-IN-MESSAGE
   python3 -c "
 import json
@@ -145,23 +145,23 @@ fi
 cuda_case cuda-full-bf16 "s['use_lora'] = False; s['dtype'] = 'bfloat16'" \
   "keeps float32 weights on the GPU; set dtype float32|built without the CUDA toolkit" ||
   fail "cuda-full-bf16 ran"
-# Several GPU ranks through the launcher (NCCL's rendezvous): refused here
-# with the same reason; on GPUs tests/gpu/train_cli.sh trains them. A
-# crashed run's NCCL id is removed before the ranks start. Every weight
-# over two GPUs is refused wherever the worker was built with CUDA.
-mkdir -p "$tmp/out-cuda-w2" && echo stale >"$tmp/out-cuda-w2/nccl.id"
-if "$ty" train --model_path "$tmp/base" --use_lora true --device cuda --world_size 2 \
-  --data.seq_len 32 --train.steps 2 --output_dir "$tmp/out-cuda-w2" >"$tmp/cuda-w2.log" 2>&1; then
-  echo "device cuda, 2 ranks: trained on GPUs"
-else
-  grep -qE "rank [01] failed: device cuda: ($no_cuda)" "$tmp/cuda-w2.log" ||
-    fail "2 cuda ranks: the failure does not say why: $(cat "$tmp/cuda-w2.log")"
-  [ ! -e "$tmp/out-cuda-w2/nccl.id" ] || fail "2 cuda ranks: a stale NCCL id file was left behind"
-  echo "device cuda, 2 ranks: refused on this host (no GPU or no CUDA build)"
-fi
-"$ty" train --model_path "$tmp/base" --device cuda --world_size 2 --data.seq_len 32 \
-  --train.steps 2 --output_dir "$tmp/out-cuda-full-w2" >"$tmp/cuda-full-w2.log" 2>&1 &&
-  fail "every weight over 2 cuda ranks ran"
-grep -qE "rank [01] failed: device cuda: (training every weight runs on one GPU for now.*set world_size 1|built without the CUDA toolkit)" \
-  "$tmp/cuda-full-w2.log" || fail "every weight over 2 cuda ranks: $(cat "$tmp/cuda-full-w2.log")"
+# Several GPU ranks through the launcher (NCCL's rendezvous), adapters and
+# every weight: refused here with the same reason; on GPUs
+# tests/gpu/train_cli.sh trains them. A crashed run's NCCL id is removed
+# before the ranks start.
+for what in lora full; do
+  out="$tmp/out-cuda-$what-w2"
+  mkdir -p "$out" && echo stale >"$out/nccl.id"
+  if "$ty" train --model_path "$tmp/base" --use_lora "$([ $what = lora ] && echo true || echo false)" \
+    --dtype float32 --device cuda --world_size 2 --data.seq_len 32 --train.steps 2 \
+    --output_dir "$out" >"$tmp/cuda-$what-w2.log" 2>&1; then
+    echo "device cuda, $what, 2 ranks: trained on GPUs"
+  else
+    grep -qE "rank [01] failed: device cuda: ($no_cuda|world_size 2 needs NCCL)" \
+      "$tmp/cuda-$what-w2.log" ||
+      fail "2 cuda ranks ($what): the failure does not say why: $(cat "$tmp/cuda-$what-w2.log")"
+    [ ! -e "$out/nccl.id" ] || fail "2 cuda ranks ($what): a stale NCCL id file was left behind"
+    echo "device cuda, $what, 2 ranks: refused on this host (no GPU or no CUDA build)"
+  fi
+done
 echo "ok"
