@@ -1,16 +1,19 @@
-/* fsdp_check.c - LoRA over sharded GPU ranks (worker/model_cuda.c given a
- * comm; worker/prefetch_cuda.c) against the whole model on the same GPU
- * (ctest label gpu). One rank per visible device, at most 4: a host with
- * one GPU runs world size 1, where every unit still goes through NCCL and
- * the slots. Each rank loads only its shard of a generated checkpoint by
- * the memory-efficient path (its device peak exactly that shard), runs two
- * forward + backward passes with 2 slots and again with 1, and compares the
- * loss and every adapter gradient with the whole model's on its own GPU:
- * the same bytes reach the same kernels, so they agree to 1e-6 (and are
- * reported when bitwise equal). Then the adapter gradients are summed over
- * ranks from a host buffer (the nccl comm's staging path): world x the
- * whole model's. fp32 and bf16 bases, tied and untied heads. Exits 77 (a
- * skip) without a GPU. */
+/* fsdp_check.c - LoRA and full training over sharded GPU ranks
+ * (worker/model_cuda.c given a comm; worker/prefetch_cuda.c) against the
+ * whole model on the same GPU (ctest label gpu). One rank per visible
+ * device, at most 4: a host with one GPU runs world size 1, where every
+ * unit still goes through NCCL and the slots. Each rank loads only its
+ * shard of a generated checkpoint by the memory-efficient path (its device
+ * peak exactly that shard), runs two forward + backward passes with 2 slots
+ * and again with 1, and compares the loss and every adapter gradient with
+ * the whole model's on its own GPU: the same bytes reach the same kernels,
+ * so they agree to 1e-6 (and are reported when bitwise equal). Then the
+ * adapter gradients are summed over ranks from a host buffer (the nccl
+ * comm's staging path): world x the whole model's. fp32 and bf16 bases,
+ * tied and untied heads. Then, over an fp32 base, full training: each
+ * unit's gradients reduce-scattered into the rank's gradient shard, which
+ * must hold world x the whole model's gradient in its rows (every rank runs
+ * the same batch), within 1e-5. Exits 77 (a skip) without a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +63,25 @@ static int steps(model_cuda_t *mc, double *loss, float *grads, size_t n, char *e
     *loss += l;
   }
   gpu_get(grads, model_cuda_lora_grads(mc), n * sizeof(float));
+  return 0;
+}
+
+/* Full training: two steps' base gradients (laid out as the base shard)
+ * into grads (base->bytes). */
+static int full_steps(model_cuda_t *mc, const loader_shard_t *base, double *loss, void *grads,
+                      char *err, size_t errlen) {
+  int tok[B * T], tgt[B * T];
+  cudaMemset(model_cuda_base_grads(mc), 0, base->bytes);
+  *loss = 0.0;
+  for (int s = 0; s < 2; s++) {
+    for (int i = 0; i < B * T; i++) tok[i] = (i * 11 + 2 + s) % 67, tgt[i] = (i * 31 + 5 + s) % 67;
+    double l;
+    int rc = model_cuda_forward(mc, tok, tgt, B, T, &l, err, errlen);
+    if (!rc) rc = model_cuda_backward(mc, 0.5f, err, errlen);
+    if (rc) return rc;
+    *loss += l;
+  }
+  gpu_get(grads, model_cuda_base_grads(mc), base->bytes);
   return 0;
 }
 
@@ -147,6 +169,38 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   free(gw);
   free(gs);
   lora_free(lo);
+  /* Full training over the fp32 shard: world x the whole model's gradient
+   * in this rank's rows of every tensor. */
+  for (int slots = 2; slots >= 1 && dt == TY_DTYPE_F32; slots--) {
+    char *fw = malloc(whole->bytes), *fs = malloc(shard->bytes);
+    if (model_cuda_create(&mw, cb, whole, NULL, NULL, 0, B, T, err, sizeof err) ||
+        full_steps(mw, whole, &lw, fw, err, sizeof err))
+      FAIL("whole model, full training: %s", err);
+    if (model_cuda_create(&ms, cb, shard, NULL, comm, slots, B, T, err, sizeof err) ||
+        full_steps(ms, shard, &ls, fs, err, sizeof err))
+      FAIL("sharded full training, %d slot(s): %s", slots, err);
+    double ferr = fabs(ls - lw) / fabs(lw);
+    for (size_t i = 0; i < shard->layout.ntensors; i++) {
+      const loader_view_t *vs = &shard->views[i], *vw = &whole->views[i];
+      size_t cols = (size_t)(vs->t->cols ? vs->t->cols : 1), k = (size_t)vs->rows * cols;
+      const float *got = (const float *)(fs + vs->offset);
+      float *want = malloc((k ? k : 1) * sizeof(float));
+      memcpy(want, fw + vw->offset + (size_t)vs->row0 * cols * sizeof(float), k * sizeof(float));
+      for (size_t e = 0; e < k; e++) want[e] *= (float)world;
+      double e = worst_rel(got, want, k);
+      if (e > ferr) ferr = e;
+      free(want);
+    }
+    printf(
+        "%-4s rank %d/%d fp32 %s, full training, %d slot(s): loss %.7f vs whole %.7f, "
+        "gradient shard worst rel %.2g\n",
+        ferr <= 1e-5 ? "ok" : "FAIL", rank, world, tied ? "tied" : "untied", slots, ls, lw, ferr);
+    if (ferr > 1e-5) return 1;
+    model_cuda_free(ms);
+    model_cuda_free(mw);
+    free(fw);
+    free(fs);
+  }
   loader_shard_free(shard);
   loader_shard_free(whole);
   placement_cuda_free(&ps);
@@ -199,6 +253,6 @@ int main(void) {
     if (system(cmd)) bad = 1;
   }
   printf("gpu/fsdp: %d rank%s: %s\n", world, world == 1 ? "" : "s",
-         bad ? "FAILED" : "sharded LoRA passes match the whole model");
+         bad ? "FAILED" : "sharded LoRA and full-training passes match the whole model");
   return bad;
 }

@@ -5,9 +5,11 @@
 # order (1e-3 relative), and the adapter it writes evaluates like the CPU's;
 # bfloat16 weights train too (the loss falls). Its reports carry the load's
 # device peak. Training every weight (float32, one GPU) gives the CPU's
-# per-step losses likewise. Where two GPUs are visible, `trainyard train --world_size 2
-# --device cuda` (NCCL, each rank its shard, units gathered as the passes go)
-# gives the one-GPU run's losses for the same global batch. Exits 77 (a
+# per-step losses likewise. Where two GPUs are visible, `trainyard train
+# --world_size 2 --device cuda` (NCCL, each rank its shard, units gathered
+# as the passes go; for every weight, gradients reduce-scattered into the
+# shards) gives the one-GPU runs' losses for the same global batch, LoRA and
+# every weight, and the model gathered from the shards evaluates alike. Exits 77 (a
 # ctest skip), saying why, where no GPU is visible.
 set -euo pipefail
 . "$(dirname "$0")/../testlib.sh"
@@ -70,25 +72,40 @@ print("# GPU run: device peak %.1f MiB (load, or training: shard + activations);
 PY
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${ngpu:-0}" -ge 2 ]; then
-  # The same global batch (8 windows a step) as the one-GPU run: 2 x 4 x 1.
-  "$ty" train --model_path "$tmp/base" --use_lora true --lora_rank 8 --lora_alpha 16 \
-    --target_modules all-linear --device cuda --dtype float32 --world_size 2 \
-    --fsdp.memory_efficient_load true --fsdp.bucket_mb 1 --data.path "$data" --data.format text \
-    --data.seq_len 64 --train.steps 20 --train.micro_batch_size 4 --train.grad_accum 1 \
-    --train.lr 1e-2 --train.warmup_steps 3 --output_dir "$tmp/out-w2" --json \
-    >"$tmp/w2.out" 2>"$tmp/w2.log" || { cat "$tmp/w2.log" >&2; fail "world size 2 on GPUs failed"; }
+  # The same global batch (8 windows a step) as the one-GPU runs: 2 x 4 x 1;
+  # adapters, then every weight (the host keeps each rank's shards).
+  for what in lora full; do
+    lora_args=(--use_lora false)
+    [ $what = lora ] && lora_args=(--use_lora true --lora_rank 8 --lora_alpha 16 --target_modules all-linear)
+    "$ty" train --model_path "$tmp/base" "${lora_args[@]}" --device cuda --dtype float32 \
+      --world_size 2 --fsdp.memory_efficient_load true --fsdp.bucket_mb 1 --data.path "$data" \
+      --data.format text --data.seq_len 64 --train.steps 20 --train.micro_batch_size 4 \
+      --train.grad_accum 1 --train.lr 1e-2 --train.warmup_steps 3 --output_dir "$tmp/out-w2-$what" \
+      --json >"$tmp/w2-$what.out" 2>"$tmp/w2-$what.log" ||
+      { cat "$tmp/w2-$what.log" >&2; fail "$what over 2 GPUs failed"; }
+  done
   python3 - "$tmp" <<'PY'
 import json, sys
 tmp = sys.argv[1]
-w1 = [json.loads(l) for l in open(f"{tmp}/gpu.reports")]
-w2 = [json.loads(l) for l in open(f"{tmp}/w2.out")]
-l1 = [r["loss"] for r in w1 if r["phase"] == "training" and r["loss"] is not None]
-l2 = [r["loss"] for r in w2 if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None]
-assert len(l1) == len(l2) == 20, (len(l1), len(l2))
-worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(l2, l1))
-print("# fp32 2 GPUs (sharded) vs 1 GPU: 20 step losses, worst relative difference %.2e" % worst)
-assert worst < 1e-4, list(zip(l2, l1))
+for what, one in (("lora", "gpu"), ("full", "fullgpu")):
+    w1 = [json.loads(l) for l in open(f"{tmp}/{one}.reports")]
+    w2 = [json.loads(l) for l in open(f"{tmp}/w2-{what}.out")]
+    l1 = [r["loss"] for r in w1 if r["phase"] == "training" and r["loss"] is not None]
+    l2 = [r["loss"] for r in w2 if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None]
+    assert len(l1) == len(l2) == 20, (what, len(l1), len(l2))
+    worst = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(l2, l1))
+    print("# %s, fp32 2 GPUs (sharded) vs 1 GPU: 20 step losses, worst relative difference %.2e"
+          % (what, worst))
+    assert worst < 1e-4, (what, list(zip(l2, l1)))
 PY
+  # The model both GPUs trained, gathered from their shards, evaluates like the one GPU's.
+  f2=$("$ty" eval --model_path "$tmp/out-w2-full" --data "$data" --seq_len 64 --batches 8)
+  f1=$("$ty" eval --model_path "$tmp/out-fullgpu" --data "$data" --seq_len 64 --batches 8)
+  echo "# eval (CPU) of every weight trained over 2 GPUs $f2, on one $f1"
+  python3 -c "
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert abs(a['loss'] - b['loss']) < 1e-3 * max(1, b['loss']), (a, b)" "$f2" "$f1"
 else
   echo "# world size 2 on GPUs: not run, this host shows ${ngpu:-0} GPU (NCCL needs one per rank);"
   echo "# gpu/fsdp checks the sharded passes through NCCL at world size 1"
