@@ -30,6 +30,23 @@ run() { # NAME DEVICE DTYPE [USE_LORA]
 JSON
   TRAINYARD_SPEC="$tmp/$1.json" "$worker" >"$tmp/$1.reports" 2>"$tmp/$1.log"
 }
+# same_eval WHAT ARGS-A... -- ARGS-B...: `trainyard eval` (CPU) of both on
+# the same held-out batches agrees within 1e-3.
+same_eval() {
+  local what=$1 a=() b=()
+  shift
+  while [ "$1" != -- ]; do a+=("$1"); shift; done
+  shift
+  b=("$@")
+  local ev=(--data "$data" --seq_len 64 --batches 8) ra rb
+  ra=$("$ty" eval "${a[@]}" "${ev[@]}")
+  rb=$("$ty" eval "${b[@]}" "${ev[@]}")
+  echo "# eval (CPU) of $what: $ra, $rb"
+  python3 -c "
+import json, sys
+a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+assert abs(a['loss'] - b['loss']) < 1e-3 * max(1, b['loss']), (a, b)" "$ra" "$rb"
+}
 rc=0
 run gpu cuda float32 || rc=$?
 if [ $rc -ne 0 ]; then
@@ -99,31 +116,15 @@ for what, one in (("lora", "gpu"), ("full", "fullgpu")):
     assert worst < 1e-4, (what, list(zip(l2, l1)))
 PY
   # The model both GPUs trained, gathered from their shards, evaluates like the one GPU's.
-  f2=$("$ty" eval --model_path "$tmp/out-w2-full" --data "$data" --seq_len 64 --batches 8)
-  f1=$("$ty" eval --model_path "$tmp/out-fullgpu" --data "$data" --seq_len 64 --batches 8)
-  echo "# eval (CPU) of every weight trained over 2 GPUs $f2, on one $f1"
-  python3 -c "
-import json, sys
-a, b = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-assert abs(a['loss'] - b['loss']) < 1e-3 * max(1, b['loss']), (a, b)" "$f2" "$f1"
+  same_eval "every weight trained over 2 GPUs, and on one" --model_path "$tmp/out-w2-full" -- \
+    --model_path "$tmp/out-fullgpu"
 else
   echo "# world size 2 on GPUs: not run, this host shows ${ngpu:-0} GPU (NCCL needs one per rank);"
   echo "# gpu/fsdp checks the sharded passes through NCCL at world size 1"
 fi
-ev=("$ty" eval --model_path "$tmp/base" --data "$data" --seq_len 64 --batches 8)
-with_gpu=$("${ev[@]}" --adapter "$tmp/out-gpu")
-with_cpu=$("${ev[@]}" --adapter "$tmp/out-cpu")
-echo "# eval (CPU) of the adapters: trained on the GPU $with_gpu, on the CPU $with_cpu"
-python3 -c "
-import json, sys
-g, c = json.loads('''$with_gpu'''), json.loads('''$with_cpu''')
-assert abs(g['loss'] - c['loss']) < 1e-3 * max(1, c['loss']), (g, c)"
+same_eval "the adapters trained on the GPU, and on the CPU" --model_path "$tmp/base" \
+  --adapter "$tmp/out-gpu" -- --model_path "$tmp/base" --adapter "$tmp/out-cpu"
 # The fully trained checkpoints, written from the host's copy, evaluate alike.
-fg=$("$ty" eval --model_path "$tmp/out-fullgpu" --data "$data" --seq_len 64 --batches 8)
-fc=$("$ty" eval --model_path "$tmp/out-fullcpu" --data "$data" --seq_len 64 --batches 8)
-echo "# eval (CPU) of the fully trained models: GPU $fg, CPU $fc"
-python3 -c "
-import json, sys
-g, c = json.loads(sys.argv[1]), json.loads(sys.argv[2])
-assert abs(g['loss'] - c['loss']) < 1e-3 * max(1, c['loss']), (g, c)" "$fg" "$fc"
+same_eval "the fully trained models, GPU and CPU" --model_path "$tmp/out-fullgpu" -- \
+  --model_path "$tmp/out-fullcpu"
 echo "ok"

@@ -142,22 +142,23 @@ static int record(void *ctx, const train_progress_t *p) {
   return 0;
 }
 
+/* One run of the loop over what a (fsdp, lora, device, stop) names,
+ * recording the losses into l. */
+static int run_loop(train_args_t a, const jobspec_t *s, comm_t *c, model_t *m, losses_t *l,
+                    train_result_t *res, char *err, size_t errlen) {
+  a.spec = s, a.comm = c, a.model = m, a.progress = record, a.progress_ctx = l;
+  a.eval_windows = 16;
+  return train_run(&a, res, err, errlen);
+}
+
 static train_result_t run_on(const jobspec_t *s, model_t *m, lora_t *lo, const train_device_t *dev,
                              int64_t stop, losses_t *l) {
   comm_t *comm;
   char err[512];
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
-  train_args_t a = {.spec = s,
-                    .comm = comm,
-                    .model = m,
-                    .lora = lo,
-                    .device = dev,
-                    .progress = record,
-                    .progress_ctx = l,
-                    .stop_at_step = stop,
-                    .eval_windows = 16};
   train_result_t res;
-  int rc = train_run(&a, &res, err, sizeof err);
+  train_args_t a = {.lora = lo, .device = dev, .stop_at_step = stop};
+  int rc = run_loop(a, s, comm, m, l, &res, err, sizeof err);
   comm_close(comm);
   if (rc) fail_msg("train_run: %s", err);
   return res;
@@ -610,16 +611,9 @@ static int shard_model(comm_t *c, model_mode_t mmode, fsdp_mode_t fmode, const j
 
 static int train_sharded(comm_t *c, const jobspec_t *s, fsdp_t *f, model_t *m,
                          const train_device_t *dev, losses_t *l, char *err, size_t errlen) {
-  train_args_t a = {.spec = s,
-                    .comm = c,
-                    .model = m,
-                    .fsdp = f,
-                    .device = dev,
-                    .progress = record,
-                    .progress_ctx = l,
-                    .eval_windows = 8};
   train_result_t res;
-  return train_run(&a, &res, err, errlen);
+  train_args_t a = {.fsdp = f, .device = dev};
+  return run_loop(a, s, c, m, l, &res, err, errlen);
 }
 
 /* One line per failure, written at once (ranks share stderr). */
