@@ -477,11 +477,9 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
 static int unit_grads_clear(model_cuda_t *m, int u, char *err, size_t errlen) {
   if (!m->gunit) return 0;
   cudaError_t e = cudaMemsetAsync(m->gunit, 0, prefetch_unit_bytes(m->units, u), 0);
-  return e == cudaSuccess ? 0
-                          : ty_errf(err, errlen, TY_EINTERNAL,
-                                    "model_cuda: clearing unit %d's "
-                                    "gradients: %s",
-                                    u, cudaGetErrorString(e));
+  if (e == cudaSuccess) return 0;
+  return ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: clearing unit %d's gradients: %s", u,
+                 cudaGetErrorString(e));
 }
 static int unit_grads_reduce(model_cuda_t *m, int u, char *err, size_t errlen) {
   return m->gunit ? prefetch_scatter_add(m->units, u, m->gunit, m->gbase, err, errlen) : 0;
