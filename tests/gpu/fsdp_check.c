@@ -172,7 +172,7 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   /* Full training over the fp32 shard: world x the whole model's gradient
    * in this rank's rows of every tensor. */
   for (int slots = 2; slots >= 1 && dt == TY_DTYPE_F32; slots--) {
-    char *fw = malloc(whole->bytes), *fs = malloc(shard->bytes);
+    float *fw = malloc(whole->bytes), *fs = malloc(shard->bytes);
     if (model_cuda_create(&mw, cb, whole, NULL, NULL, 0, B, T, err, sizeof err) ||
         full_steps(mw, whole, &lw, fw, err, sizeof err))
       FAIL("whole model, full training: %s", err);
@@ -183,9 +183,9 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
     for (size_t i = 0; i < shard->layout.ntensors; i++) {
       const loader_view_t *vs = &shard->views[i], *vw = &whole->views[i];
       size_t cols = (size_t)(vs->t->cols ? vs->t->cols : 1), k = (size_t)vs->rows * cols;
-      const float *got = (const float *)(fs + vs->offset);
+      const float *got = fs + vs->offset / sizeof(float);
       float *want = malloc((k ? k : 1) * sizeof(float));
-      memcpy(want, fw + vw->offset + (size_t)vs->row0 * cols * sizeof(float), k * sizeof(float));
+      memcpy(want, fw + vw->offset / sizeof(float) + (size_t)vs->row0 * cols, k * sizeof(float));
       for (size_t e = 0; e < k; e++) want[e] *= (float)world;
       double e = worst_rel(got, want, k);
       if (e > ferr) ferr = e;

@@ -360,7 +360,7 @@ static void test_upload(void **state) {
   assert_int_equal(dev.in_use, 0);
   /* No room, then a failed copy: nothing stays placed. */
   faulty_t full = {0, 1, 1000}, broken = {0, 0, 0};
-  faulty_t *cases[] = {&full, &broken};
+  faulty_t *const cases[] = {&full, &broken};
   const char *want[] = {"cannot allocate its", "copying its shard onto faulty"};
   for (int i = 0; i < 2; i++) {
     placement_t pl = {.ops = &g_faulty, .ctx = cases[i]};
