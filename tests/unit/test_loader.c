@@ -359,11 +359,10 @@ static void test_upload(void **state) {
   loader_shard_free(d);
   assert_int_equal(dev.in_use, 0);
   /* No room, then a failed copy: nothing stays placed. */
-  faulty_t full = {0, 1, 1000}, broken = {0, 0, 0};
-  faulty_t *const cases[] = {&full, &broken};
+  faulty_t cases[] = {{0, 1, 1000}, {0, 0, 0}}; /* no room; copies fail */
   const char *want[] = {"cannot allocate its", "copying its shard onto faulty"};
   for (int i = 0; i < 2; i++) {
-    placement_t pl = {.ops = &g_faulty, .ctx = cases[i]};
+    placement_t pl = {.ops = &g_faulty, .ctx = &cases[i]};
     dd = (loader_shard_t *)1;
     assert_int_not_equal(loader_shard_upload(s, &pl, &dd, err, sizeof err), 0);
     assert_null(dd);
