@@ -83,9 +83,7 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, f
   int prev_layer = -2;
   for (int i = 0; i < m->n_tensors && !rc; i++) {
     const model_tensor_t *t = &m->tensors[i];
-    const loader_view_t *v = NULL;
-    for (size_t k = 0; k < shard->layout.ntensors; k++)
-      if (!strcmp(shard->views[k].t->name, t->name)) v = &shard->views[k];
+    const loader_view_t *v = loader_view_by_name(shard, t->name);
     if (!v || (size_t)(v->t->rows * (v->t->ndim == 2 ? v->t->cols : 1)) != t->numel) {
       snprintf(err, errlen, "fsdp: tensor %s has no shard of its shape", t->name);
       rc = TY_EINTERNAL;

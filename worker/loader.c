@@ -134,6 +134,12 @@ const loader_view_t *loader_view(const loader_shard_t *s, ckpt_kind_t kind, int 
   return i < 0 ? NULL : &s->views[i];
 }
 
+const loader_view_t *loader_view_by_name(const loader_shard_t *s, const char *name) {
+  for (size_t i = 0; i < s->layout.ntensors; i++)
+    if (!strcmp(s->views[i].t->name, name)) return &s->views[i];
+  return NULL;
+}
+
 static void finish_stats(loader_stats_t *st, const loader_shard_t *s, double t0) {
   memstat_t m;
   memstat_read(&m);

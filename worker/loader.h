@@ -113,6 +113,9 @@ uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_d
  * absent (lm_head of a tied model). */
 const loader_view_t *loader_view(const loader_shard_t *s, ckpt_kind_t kind, int layer);
 
+/* The view of the tensor named `name` (the checkpoint's name), or NULL. */
+const loader_view_t *loader_view_by_name(const loader_shard_t *s, const char *name);
+
 /* Releases the shard's placement memory and the shard. Accepts NULL. */
 void loader_shard_free(loader_shard_t *s);
 

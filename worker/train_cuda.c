@@ -119,9 +119,7 @@ static int map_build(train_cuda_t *t, model_t *host, char *err, size_t errlen) {
   t->map = xcalloc((size_t)host->n_tensors, sizeof *t->map);
   for (int i = 0; i < host->n_tensors; i++) {
     const model_tensor_t *ht = &host->tensors[i];
-    const loader_view_t *v = NULL;
-    for (size_t k = 0; k < t->shard->layout.ntensors && !v; k++)
-      if (!strcmp(t->shard->views[k].t->name, ht->name)) v = &t->shard->views[k];
+    const loader_view_t *v = loader_view_by_name(t->shard, ht->name);
     if (!v || v->nbytes != ht->numel * sizeof(float))
       return ty_errf(err, errlen, TY_EINTERNAL, "%s: tensor %s has no float32 match on the device",
                      t->name, ht->name);

@@ -176,6 +176,8 @@ static void test_views(void **state) {
   assert_int_equal(q->offset % 64, 0);
   assert_ptr_equal(q->data, (char *)s->base + q->offset);
   assert_null(loader_view(s, CKPT_LM_HEAD, -1)); /* tied */
+  assert_ptr_equal(loader_view_by_name(s, "model.layers.1.self_attn.q_proj.weight"), q);
+  assert_null(loader_view_by_name(s, "lm_head.weight"));
   const loader_view_t *e = loader_view(s, CKPT_EMBED, -1);
   assert_int_equal(e->rows, 1);
   assert_int_equal(pl.peak, s->bytes);
