@@ -155,6 +155,13 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
                    "them (model_create_weights), or the shards of an fsdp span (FSDP_SPAN)");
   const passes_t passes = {m, a->fsdp, a->lora, a->device};
   const train_device_t *dev = a->device;
+  /* The optimizer on the device: full training whose gradients need no
+   * all-reduce (one rank, or shards). */
+  const bool dev_opt = dev && dev->adamw;
+  if (dev_opt && (a->lora || (world > 1 && !sharded)))
+    return ty_errf(err, errlen, TY_EINTERNAL,
+                   "the optimizer runs on the device for full training of one rank or of "
+                   "shards, not for a replicated span");
   data_config_t dc = {.path = s->data.path,
                       .format = s->data.format,
                       .vocab_size = m->d.V,
@@ -199,8 +206,12 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   rc = train_state_resume(s->output_dir, a->comm, d, o, params, n, sharded, &start, err, errlen);
   if (rc) goto out;
   res->start_step = start;
-  /* The device's copy of the span starts as the host's (resumed or not). */
-  if (dev && (rc = dev->params_from_host(dev->ctx, params, n, err, errlen))) goto out;
+  /* The device's copy of the span (and with the optimizer there, the
+   * moments) starts as the host's, resumed or not. */
+  rc = dev_opt ? dev->state_from_host(dev->ctx, params, o->m, o->v, n, err, errlen)
+       : dev   ? dev->params_from_host(dev->ctx, params, n, err, errlen)
+               : 0;
+  if (rc) goto out;
   if (start > 0) {
     char msg[96];
     snprintf(msg, sizeof msg, "resumed from the checkpoint of step %lld", (long long)start);
@@ -224,7 +235,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const float loss_scale = 1.0f / (float)(A * world);
   for (int64_t step = start; step < stop; step++) {
     double t0 = ty_mono_s();
-    memset(grads, 0, n * sizeof *grads);
+    if (!dev_opt) memset(grads, 0, n * sizeof *grads);
     if (dev && (rc = dev->zero_grads(dev->ctx, err, errlen))) goto out;
     double loss_sum = 0;
     for (int mb = 0; mb < A; mb++) {
@@ -237,11 +248,15 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       if (rc) goto out;
       loss_sum += l;
     }
-    if (dev && (rc = dev->grads_to_host(dev->ctx, grads, n, err, errlen))) goto out;
+    double sumsq;
+    if (dev_opt)
+      rc = dev->grad_sumsq(dev->ctx, &sumsq, err, errlen);
+    else if (!(rc = dev ? dev->grads_to_host(dev->ctx, grads, n, err, errlen) : 0))
+      sumsq = optim_sumsq(grads, n);
+    if (rc) goto out;
     /* lossbuf: this rank's share of the mean loss, then the squared norm
      * of its gradient shard when the span is sharded. */
     float lossbuf[2] = {(float)(loss_sum * loss_scale), 0.0f};
-    double sumsq = optim_sumsq(grads, n);
     if (world > 1) {
       /* A replicated span sums every rank's gradients of its loss share:
        * the gradient of the mean loss over the global batch. Shards were
@@ -267,9 +282,14 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       rc = TY_EABORTED;
       goto out;
     }
-    double lr = optim_lr_at(&oc, step);
-    optim_step(o, params, grads, lr, optim_clip_factor(norm, s->train.grad_clip));
-    if (dev && (rc = dev->params_from_host(dev->ctx, params, n, err, errlen))) goto out;
+    double lr = optim_lr_at(&oc, step), clip = optim_clip_factor(norm, s->train.grad_clip);
+    if (dev_opt) {
+      if ((rc = dev->adamw(dev->ctx, o, lr, clip, err, errlen))) goto out;
+      o->t++; /* the step the device took */
+    } else {
+      optim_step(o, params, grads, lr, clip);
+      if (dev && (rc = dev->params_from_host(dev->ctx, params, n, err, errlen))) goto out;
+    }
     double dt = ty_mono_s() - t0;
     if (step == start) res->first_loss = loss;
     res->last_loss = loss;
@@ -287,6 +307,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     int every = s->train.checkpoint_every;
     bool periodic = every > 0 && (step + 1) % every == 0 && step + 1 < steps;
     if (periodic || (step + 1 == stop && stop < steps)) {
+      if (dev_opt && (rc = dev->state_to_host(dev->ctx, params, o->m, o->v, n, err, errlen)))
+        goto out;
       rc =
           train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, sharded, err, errlen);
       if (rc) goto out;
@@ -298,6 +320,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     }
   }
   rc = held_out(a, d, &res->eval_loss_end, err, errlen);
+  /* The outputs are written from the host's span. */
+  if (!rc && dev_opt) rc = dev->state_to_host(dev->ctx, params, o->m, o->v, n, err, errlen);
 
 out:
   free(win);

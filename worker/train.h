@@ -24,6 +24,7 @@
 #include "worker/fsdp.h"
 #include "worker/lora.h"
 #include "worker/model.h"
+#include "worker/optim.h"
 
 /* One report of the loop (the caller turns it into DESIGN.md's progress
  * report and log line). */
@@ -59,6 +60,20 @@ typedef struct {
   int (*zero_grads)(void *ctx, char *err, size_t errlen);
   int (*grads_to_host)(void *ctx, float *grads, size_t n, char *err, size_t errlen);
   int (*params_from_host)(void *ctx, const float *params, size_t n, char *err, size_t errlen);
+  /* Optional (all four or none), for full training: AdamW on the device,
+   * over its own copy of the span and moments. The gradients then stay
+   * there: the loop takes their squared norm (summed over ranks for a
+   * sharded span), has the device step with the host optimizer's config,
+   * no-decay ranges and step count (o->t + 1; the loop then advances
+   * o->t), and moves the span and the moments only to write a checkpoint
+   * or the outputs (state_to_host) and after a resume (state_from_host,
+   * which replaces params_from_host). */
+  int (*grad_sumsq)(void *ctx, double *sumsq, char *err, size_t errlen);
+  int (*adamw)(void *ctx, const optim_t *o, double lr, double grad_scale, char *err, size_t errlen);
+  int (*state_to_host)(void *ctx, float *params, float *m, float *v, size_t n, char *err,
+                       size_t errlen);
+  int (*state_from_host)(void *ctx, const float *params, const float *m, const float *v, size_t n,
+                         char *err, size_t errlen);
 } train_device_t;
 
 typedef struct {

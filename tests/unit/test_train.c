@@ -386,9 +386,64 @@ static void test_resume_rejects_other_batch(void **state) {
   model_free(m);
 }
 
+/* A stand-in device optimizer over the stand-in's span p, g (n floats)
+ * and moments of its own: optim_step with the host optimizer's config,
+ * no-decay ranges and step, as the CUDA AdamW kernel does it. The first
+ * member of each stand-in below, so the hooks share one ctx. */
+typedef struct {
+  float *p, *g;
+  size_t n;
+  float *m, *v;
+  int to_host, from_host, steps;
+} fake_opt_t;
+
+static int fo_sumsq(void *ctx, double *sumsq, char *err, size_t errlen) {
+  const fake_opt_t *f = ctx;
+  *sumsq = optim_sumsq(f->g, f->n);
+  return 0;
+}
+static int fo_adamw(void *ctx, const optim_t *o, double lr, double scale, char *err,
+                    size_t errlen) {
+  fake_opt_t *f = ctx;
+  optim_t mine = *o; /* the host's config, ranges and step count */
+  mine.m = f->m, mine.v = f->v;
+  optim_step(&mine, f->p, f->g, lr, scale);
+  f->steps++;
+  return 0;
+}
+static int fo_to_host(void *ctx, float *p, float *m, float *v, size_t n, char *err, size_t errlen) {
+  fake_opt_t *f = ctx;
+  if (n != f->n) return TY_EINTERNAL;
+  memcpy(p, f->p, n * sizeof(float)), memcpy(m, f->m, n * sizeof(float));
+  memcpy(v, f->v, n * sizeof(float));
+  f->to_host++;
+  return 0;
+}
+static int fo_from_host(void *ctx, const float *p, const float *m, const float *v, size_t n,
+                        char *err, size_t errlen) {
+  fake_opt_t *f = ctx;
+  if (n != f->n) return TY_EINTERNAL;
+  if (!f->m) f->m = malloc(n * sizeof(float)), f->v = malloc(n * sizeof(float));
+  memcpy(f->p, p, n * sizeof(float)), memcpy(f->m, m, n * sizeof(float));
+  memcpy(f->v, v, n * sizeof(float));
+  f->from_host++;
+  return 0;
+}
+/* dev's optimizer hooks, over the stand-in's span p, g of n floats. */
+static void with_device_adamw(train_device_t *dev, fake_opt_t *f, float *p, float *g, size_t n) {
+  f->p = p, f->g = g, f->n = n;
+  dev->grad_sumsq = fo_sumsq, dev->adamw = fo_adamw;
+  dev->state_to_host = fo_to_host, dev->state_from_host = fo_from_host;
+}
+static void fake_opt_free(fake_opt_t *f) {
+  free(f->m);
+  free(f->v);
+}
+
 /* A stand-in accelerator: its own model and adapters, reached only through
  * the hooks, as device memory would be. */
 typedef struct {
+  fake_opt_t opt;
   model_t *m;
   lora_t *lo;
   int ups, downs;
@@ -439,7 +494,12 @@ static void test_device_path_matches_host(void **state) {
   fake_dev_t f = {0};
   make_model(&s, &f.m, &f.lo);
   for (size_t i = 0; i < f.lo->n_params; i++) f.lo->params[i] = NAN;
-  train_device_t dev = {&f, fd_forward, fd_backward, fd_zero, fd_down, fd_up};
+  train_device_t dev = {.ctx = &f,
+                        .forward = fd_forward,
+                        .backward = fd_backward,
+                        .zero_grads = fd_zero,
+                        .grads_to_host = fd_down,
+                        .params_from_host = fd_up};
   /* The host holds the shape only (no weights) and adapters seeded as a job's. */
   llama_config_t c = tiny_config();
   model_t shape;
@@ -513,7 +573,12 @@ static void test_device_full_training_matches_host(void **state) {
   fake_dev_t f = {0};
   make_model(&s, &f.m, &f.lo);
   for (size_t i = 0; i < f.m->n_params; i++) f.m->params[i] = NAN; /* fixed by the first upload */
-  train_device_t dev = {&f, fdf_forward, fdf_backward, fdf_zero, fdf_down, fdf_up};
+  train_device_t dev = {.ctx = &f,
+                        .forward = fdf_forward,
+                        .backward = fdf_backward,
+                        .zero_grads = fdf_zero,
+                        .grads_to_host = fdf_down,
+                        .params_from_host = fdf_up};
   llama_config_t c = tiny_config();
   model_t *hw;
   char err[256];
@@ -550,6 +615,76 @@ static void test_device_full_training_matches_host(void **state) {
   model_free(m);
 }
 
+/* AdamW on the stand-in device: the host path's losses bit for bit with
+ * neither weights nor gradients crossing during the steps; an interrupted
+ * run resumed from its checkpoint (the span and moments brought to the
+ * host for it, and sent back on resuming) continues them; the host model
+ * ends holding the trained weights, which the outputs are written from.
+ * A replicated span (LoRA) keeps the optimizer on the host. */
+static void test_device_optimizer_matches_host(void **state) {
+  jobspec_t s = tiny_spec(false, 8, "devopt-host");
+  model_t *m;
+  lora_t *lo;
+  losses_t host = {{0}, 0}, onDev = {{0}, 0};
+  make_model(&s, &m, &lo);
+  run(&s, m, lo, 0, &host);
+  llama_config_t c = tiny_config();
+  char err[256];
+  snprintf(s.output_dir, sizeof s.output_dir, "%s/devopt-dev", g_dir);
+  for (int part = 0; part < 2; part++) { /* 4 steps and a checkpoint, then the rest */
+    fake_dev_t f = {0};
+    make_model(&s, &f.m, &f.lo);
+    for (size_t i = 0; i < f.m->n_params; i++) f.m->params[i] = NAN;
+    train_device_t dev = {.ctx = &f,
+                          .forward = fdf_forward,
+                          .backward = fdf_backward,
+                          .zero_grads = fdf_zero,
+                          .grads_to_host = fdf_down,
+                          .params_from_host = fdf_up};
+    with_device_adamw(&dev, &f.opt, f.m->params, f.m->grads, f.m->n_params);
+    model_t *hw;
+    assert_int_equal(model_create_weights(&hw, &c, s.train.micro_batch_size, s.data.seq_len,
+                                          MODEL_TRAIN_FULL, err, sizeof err),
+                     0);
+    model_io_init_scratch(hw, 99);
+    train_result_t r = run_on(&s, hw, NULL, &dev, part == 0 ? 4 : 0, &onDev);
+    assert_int_equal(r.start_step, part == 0 ? 0 : 4);
+    assert_int_equal(f.ups + f.downs, 0);
+    assert_int_equal(f.opt.steps, 4);
+    assert_int_equal(f.opt.from_host, 1);
+    assert_int_equal(f.opt.to_host, part == 0 ? 2 : 1); /* the checkpoint, the end */
+    if (part == 1) assert_memory_equal(m->params, hw->params, m->n_params * sizeof(float));
+    fake_opt_free(&f.opt);
+    model_free(f.m);
+    model_free(hw);
+  }
+  for (int i = 1; i <= 8; i++)
+    if (host.loss[i] != onDev.loss[i])
+      fail_msg("step %d: loss %.9g on the host, %.9g with AdamW on the device", i, host.loss[i],
+               onDev.loss[i]);
+  model_free(m);
+
+  jobspec_t sl = tiny_spec(true, 2, "devopt-lora");
+  fake_dev_t f = {0};
+  make_model(&sl, &f.m, &f.lo);
+  train_device_t dev = {.ctx = &f,
+                        .forward = fd_forward,
+                        .backward = fd_backward,
+                        .zero_grads = fd_zero,
+                        .grads_to_host = fd_down,
+                        .params_from_host = fd_up};
+  with_device_adamw(&dev, &f.opt, f.lo->params, f.lo->grads, f.lo->n_params);
+  comm_t *comm;
+  assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
+  train_args_t a = {.spec = &sl, .comm = comm, .model = f.m, .lora = f.lo, .device = &dev};
+  train_result_t res;
+  assert_int_equal(train_run(&a, &res, err, sizeof err), TY_EINTERNAL);
+  assert_non_null(strstr(err, "not for a replicated span"));
+  comm_close(comm);
+  lora_free(f.lo);
+  model_free(f.m);
+}
+
 /* --- Full training over several ranks through the hooks, as over GPUs:
  * the host keeps only its shards as the trained span (an FSDP_SPAN over a
  * table-only model); the stand-in device is a CPU fsdp of its own (the
@@ -557,6 +692,7 @@ static void test_device_full_training_matches_host(void **state) {
  * Run in forked shm ranks, so the checks below report on stderr and by
  * exit status instead of cmocka's asserts. */
 typedef struct {
+  fake_opt_t opt;
   fsdp_t *f;
   int ups, downs;
   bool bad_n;
@@ -627,6 +763,20 @@ static int train_sharded(comm_t *c, const jobspec_t *s, fsdp_t *f, model_t *m,
     }                                               \
   } while (0)
 
+/* Every tensor's shard of a and b holds the same floats (the padding
+ * between them is not compared). */
+static bool same_shards(fsdp_t *a, fsdp_t *b) {
+  const loader_shard_t *sa = fsdp_shard(a), *sb = fsdp_shard(b);
+  for (size_t i = 0; i < sa->layout.ntensors; i++) {
+    const loader_view_t *va = &sa->views[i], *vb = &sb->views[i];
+    if (va->offset != vb->offset || va->nbytes != vb->nbytes ||
+        memcmp(fsdp_params(a) + va->offset / sizeof(float),
+               fsdp_params(b) + vb->offset / sizeof(float), va->nbytes))
+      return false;
+  }
+  return true;
+}
+
 static int sharded_rank(const char *rdv, int rank, int world) {
   char err[512] = "";
   comm_t *c;
@@ -634,46 +784,65 @@ static int sharded_rank(const char *rdv, int rank, int world) {
   jobspec_t s = tiny_spec(false, 6, "shard-host");
   s.world_size = world;
   s.train.micro_batch_size = 2;
-  model_t *mh, *md, *mt;
-  fsdp_t *fh, *ft;
-  losses_t host = {{0}, 0}, onDev = {{0}, 0};
+  model_t *mh;
+  fsdp_t *fh;
+  losses_t host = {{0}, 0};
   /* The host's own sharded passes. */
   CHILD_CHECK(!shard_model(c, MODEL_TRAIN_FULL, FSDP_FULL, &s, &mh, &fh, err, sizeof err) &&
                   !train_sharded(c, &s, fh, mh, NULL, &host, err, sizeof err),
               "host: %s", err);
-  /* Through the hooks: the device's copy starts as NaN, fixed by the
-   * first upload. */
-  fake_shard_t d = {0};
-  CHILD_CHECK(!shard_model(c, MODEL_TRAIN_FULL, FSDP_FULL, &s, &md, &d.f, err, sizeof err) &&
-                  !shard_model(c, MODEL_TRAIN_FULL, FSDP_SPAN, &s, &mt, &ft, err, sizeof err),
-              "%s", err);
-  for (size_t k = 0; k < fsdp_span(d.f); k++) fsdp_params(d.f)[k] = NAN;
-  CHILD_CHECK(model_activation_bytes(mt) == 0 && !mt->params, "the table model holds buffers");
-  int rc = fsdp_forward(ft, NULL, NULL, 1, 1, NULL, NULL, err, sizeof err);
-  CHILD_CHECK(rc == TY_EINTERNAL && strstr(err, "on the device"), "a span ran a pass: %d %s", rc,
-              err);
-  train_device_t dev = {&d, fs_forward, fs_backward, fs_zero, fs_down, fs_up};
-  snprintf(s.output_dir, sizeof s.output_dir, "%s/shard-dev", g_dir);
-  CHILD_CHECK(!train_sharded(c, &s, ft, mt, &dev, &onDev, err, sizeof err), "device: %s", err);
-  for (int i = 1; i <= 6; i++)
-    CHILD_CHECK(host.loss[i] == onDev.loss[i], "step %d: loss %.9g on the host, %.9g on the device",
-                i, host.loss[i], onDev.loss[i]);
-  CHILD_CHECK(d.ups == 7 && d.downs == 6 && !d.bad_n, "%d uploads, %d downloads, bad n %d", d.ups,
-              d.downs, d.bad_n);
-  const size_t n = fsdp_span(fh);
-  CHILD_CHECK(fsdp_span(ft) == n && !memcmp(fsdp_params(ft), fsdp_params(fh), n * sizeof(float)) &&
-                  !memcmp(fsdp_params(d.f), fsdp_params(fh), n * sizeof(float)),
-              "the trained shards differ");
-  /* The span writes the model the host's passes trained. */
-  char a[200], b[200];
-  snprintf(a, sizeof a, "%s/out-host", g_dir);
-  snprintf(b, sizeof b, "%s/out-span", g_dir);
   llama_config_t cfg = tiny_config();
-  CHILD_CHECK(!fsdp_write_model(fh, a, &cfg, err, sizeof err) &&
-                  !fsdp_write_model(ft, b, &cfg, err, sizeof err),
-              "writing: %s", err);
-  fsdp_free(fh), fsdp_free(d.f), fsdp_free(ft);
-  model_free(mh), model_free(md), model_free(mt);
+  char out[200];
+  snprintf(out, sizeof out, "%s/out-host", g_dir);
+  CHILD_CHECK(!fsdp_write_model(fh, out, &cfg, err, sizeof err), "writing: %s", err);
+  /* Through the hooks, AdamW on the host and then on the device: the
+   * device's copy starts as NaN, fixed by the first upload. */
+  for (int opt = 0; opt < 2; opt++) {
+    fake_shard_t d = {0};
+    model_t *md, *mt;
+    fsdp_t *ft;
+    losses_t onDev = {{0}, 0};
+    CHILD_CHECK(!shard_model(c, MODEL_TRAIN_FULL, FSDP_FULL, &s, &md, &d.f, err, sizeof err) &&
+                    !shard_model(c, MODEL_TRAIN_FULL, FSDP_SPAN, &s, &mt, &ft, err, sizeof err),
+                "%s", err);
+    for (size_t k = 0; k < fsdp_span(d.f); k++) fsdp_params(d.f)[k] = NAN;
+    CHILD_CHECK(model_activation_bytes(mt) == 0 && !mt->params, "the table model holds buffers");
+    int rc = fsdp_forward(ft, NULL, NULL, 1, 1, NULL, NULL, err, sizeof err);
+    CHILD_CHECK(rc == TY_EINTERNAL && strstr(err, "on the device"), "a span ran a pass: %d %s", rc,
+                err);
+    train_device_t dev = {.ctx = &d,
+                          .forward = fs_forward,
+                          .backward = fs_backward,
+                          .zero_grads = fs_zero,
+                          .grads_to_host = fs_down,
+                          .params_from_host = fs_up};
+    if (opt) with_device_adamw(&dev, &d.opt, fsdp_params(d.f), fsdp_grads(d.f), fsdp_span(d.f));
+    snprintf(s.output_dir, sizeof s.output_dir, "%s/shard-dev-%d", g_dir, opt);
+    CHILD_CHECK(!train_sharded(c, &s, ft, mt, &dev, &onDev, err, sizeof err), "device %d: %s", opt,
+                err);
+    for (int i = 1; i <= 6; i++)
+      CHILD_CHECK(host.loss[i] == onDev.loss[i],
+                  "step %d: loss %.9g on the host, %.9g on the device (AdamW there: %d)", i,
+                  host.loss[i], onDev.loss[i], opt);
+    if (opt)
+      CHILD_CHECK(
+          d.ups + d.downs == 0 && d.opt.steps == 6 && d.opt.from_host == 1 && d.opt.to_host == 1,
+          "AdamW on the device: %d uploads, %d downloads, %d steps, %d/%d state moves", d.ups,
+          d.downs, d.opt.steps, d.opt.from_host, d.opt.to_host);
+    else
+      CHILD_CHECK(d.ups == 7 && d.downs == 6 && !d.bad_n, "%d uploads, %d downloads, bad n %d",
+                  d.ups, d.downs, d.bad_n);
+    CHILD_CHECK(fsdp_span(ft) == fsdp_span(fh) && same_shards(ft, fh) && same_shards(d.f, fh),
+                "the trained shards differ (AdamW on the device: %d)", opt);
+    /* The span writes the model the host's passes trained. */
+    snprintf(out, sizeof out, "%s/out-span-%d", g_dir, opt);
+    CHILD_CHECK(!fsdp_write_model(ft, out, &cfg, err, sizeof err), "writing: %s", err);
+    fake_opt_free(&d.opt);
+    fsdp_free(d.f), fsdp_free(ft);
+    model_free(md), model_free(mt);
+  }
+  fsdp_free(fh);
+  model_free(mh);
   comm_close(c);
   return 0;
 }
@@ -702,8 +871,10 @@ static void test_device_sharded_full_matches_host(void **state) {
     if (!WIFEXITED(st) || WEXITSTATUS(st)) fail_msg("rank %d failed", r);
   }
   snprintf(a, sizeof a, "%s/out-host/model.safetensors", g_dir);
-  snprintf(b, sizeof b, "%s/out-span/model.safetensors", g_dir);
-  assert_true(same_file(a, b));
+  for (int opt = 0; opt < 2; opt++) {
+    snprintf(b, sizeof b, "%s/out-span-%d/model.safetensors", g_dir, opt);
+    assert_true(same_file(a, b));
+  }
 }
 
 int main(void) {
@@ -716,6 +887,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_resume_rejects_other_batch, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_path_matches_host, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_full_training_matches_host, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_device_optimizer_matches_host, setup, teardown),
       cmocka_unit_test_setup_teardown(test_device_sharded_full_matches_host, setup, teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
