@@ -135,8 +135,9 @@ void model_free(model_t *m);
 
 /* The parameters and (for MODEL_TRAIN_FULL) gradients only, no activations
  * (B and T are recorded for the training loop's checks): the host's copy
- * of weights that are trained on a device (worker/train_cuda.h), which the
- * optimizer updates and checkpoints are written from. No pass runs on it. */
+ * of weights that are trained on a device (worker/train_cuda.h), brought
+ * up to date for checkpoints and the outputs, which are written from it.
+ * No pass runs on it. */
 int model_create_weights(model_t **out, const llama_config_t *cfg, int B, int T, model_mode_t mode,
                          char *err, size_t errlen);
 

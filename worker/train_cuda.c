@@ -32,7 +32,8 @@ struct train_cuda {
   size_t n;      /* floats of the trained span: adapters, the host model, or the shard */
   tc_map_t *map; /* full training on one GPU: [n_map], else NULL */
   int n_map;
-  bool whole; /* full training over GPUs: the span is the shard, byte for byte */
+  bool whole;   /* full training over GPUs: the span is the shard, byte for byte */
+  float *m, *v; /* full training: AdamW's moments on the device, laid out as the shard */
   char name[32];
 };
 
@@ -110,6 +111,60 @@ static int tc_params_from_host(void *ctx, const float *params, size_t n, char *e
                          "copying the trained span to the device", err, errlen);
 }
 
+/* --- Full training's optimizer on the device (train.h's adamw hooks). */
+
+static int tc_grad_sumsq(void *ctx, double *sumsq, char *err, size_t errlen) {
+  train_cuda_t *tc = ctx;
+  int rc =
+      cuda_sumsq(tc->cb, model_cuda_base_grads(tc->mc), tc->shard->bytes / sizeof(float), sumsq);
+  return rc ? ty_errf(err, errlen, TY_EINTERNAL, "%s: the gradients' norm failed", tc->name) : 0;
+}
+
+/* One AdamW step per tensor of the shard (its padding untouched), norm
+ * gains without weight decay, as the host's optimizer excludes them. */
+static int tc_adamw(void *ctx, const optim_t *o, double lr, double grad_scale, char *err,
+                    size_t errlen) {
+  train_cuda_t *tc = ctx;
+  const cuda_adamw_cfg_t c = {lr, o->cfg.beta1, o->cfg.beta2, o->cfg.eps, o->cfg.weight_decay};
+  float *p = tc->shard->base, *g = model_cuda_base_grads(tc->mc);
+  for (size_t i = 0; i < tc->shard->layout.ntensors; i++) {
+    const loader_view_t *v = &tc->shard->views[i];
+    size_t off = v->offset / sizeof(float);
+    cuda_adamw_step(tc->cb, p + off, g + off, tc->m + off, tc->v + off, v->nbytes / sizeof(float),
+                    &c, o->t + 1, grad_scale, v->t->ndim == 2);
+  }
+  return cuda_check(cudaGetLastError(), "the AdamW step", err, errlen);
+}
+
+/* The span and the moments between the host and the device: a tensor at
+ * a time for a host model, else the shard's bytes at once. */
+static int state_copy(train_cuda_t *tc, float *const host[3], enum cudaMemcpyKind kind, size_t n,
+                      char *err, size_t errlen) {
+  int rc = span_check(tc, n, err, errlen);
+  char *dev[3] = {tc->shard->base, (char *)tc->m, (char *)tc->v};
+  for (int k = 0; k < 3 && !rc; k++) {
+    if (tc->map) {
+      rc = map_copy(tc, host[k], dev[k], kind, "moving the optimizer's state", err, errlen);
+    } else {
+      cudaError_t e = kind == cudaMemcpyHostToDevice
+                          ? cudaMemcpy(dev[k], host[k], n * sizeof(float), kind)
+                          : cudaMemcpy(host[k], dev[k], n * sizeof(float), kind);
+      rc = cuda_check(e, "moving the optimizer's state", err, errlen);
+    }
+  }
+  return rc;
+}
+static int tc_state_to_host(void *ctx, float *params, float *m, float *v, size_t n, char *err,
+                            size_t errlen) {
+  float *const host[3] = {params, m, v};
+  return state_copy(ctx, host, cudaMemcpyDeviceToHost, n, err, errlen);
+}
+static int tc_state_from_host(void *ctx, const float *params, const float *m, const float *v,
+                              size_t n, char *err, size_t errlen) {
+  float *const host[3] = {(float *)params, (float *)m, (float *)v};
+  return state_copy(ctx, host, cudaMemcpyHostToDevice, n, err, errlen);
+}
+
 /* Full training: the host model's tensors matched by name to the shard's,
  * and the loaded weights brought down into the host model. */
 static int map_build(train_cuda_t *t, model_t *host, char *err, size_t errlen) {
@@ -172,15 +227,27 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   comm_t *gather = comm_world_size(comm) > 1 ? comm : NULL;
   if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T, err, errlen);
   if (!rc && tr->host) rc = map_build(t, tr->host, err, errlen);
+  /* Full training: AdamW's moments beside the shard. */
+  if (!rc && !lora &&
+      (cudaMalloc((void **)&t->m, t->shard->bytes) != cudaSuccess ||
+       cudaMalloc((void **)&t->v, t->shard->bytes) != cudaSuccess ||
+       cudaMemset(t->m, 0, t->shard->bytes) != cudaSuccess ||
+       cudaMemset(t->v, 0, t->shard->bytes) != cudaSuccess)) {
+    cudaGetLastError();
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED,
+                 "%s: no device memory for AdamW's moments (2 x %.1f MiB; use more GPUs)", t->name,
+                 (double)t->shard->bytes / 1048576.0);
+  }
   if (rc) {
     train_cuda_free(t);
     return rc;
   }
   if (lora) t->n = model_cuda_lora_size(t->mc);
   /* The rank's device peak: the load's, or what training holds (the shard,
-   * the activations, the adapters and any unit slots), whichever is more.
-   * A span was loaded on the host: the device saw only its copy. */
-  uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc);
+   * the activations, the adapters or the gradients and AdamW's moments, any
+   * unit slots), whichever is more. A span was loaded on the host: the
+   * device saw only its copy. */
+  uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc) + (t->m ? 2 * t->shard->bytes : 0);
   if (ls && tr->span) ls->device_peak_bytes = t->pl.peak;
   if (ls && held > ls->device_peak_bytes) ls->device_peak_bytes = held;
   *dev = (train_device_t){.ctx = t,
@@ -189,6 +256,12 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
                           .zero_grads = tc_zero_grads,
                           .grads_to_host = tc_grads_to_host,
                           .params_from_host = tc_params_from_host};
+  if (!lora) {
+    dev->grad_sumsq = tc_grad_sumsq;
+    dev->adamw = tc_adamw;
+    dev->state_to_host = tc_state_to_host;
+    dev->state_from_host = tc_state_from_host;
+  }
   *out = t;
   return 0;
 }
@@ -196,6 +269,8 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
 void train_cuda_free(train_cuda_t *t) {
   if (!t) return;
   free(t->map);
+  cudaFree(t->m);
+  cudaFree(t->v);
   model_cuda_free(t->mc);
   loader_shard_free(t->shard);
   if (t->pl_ready) placement_cuda_free(&t->pl);

@@ -10,7 +10,11 @@
  * weight over several GPUs, where the host's fsdp span (this rank's float32
  * shards, loaded on the host) is copied onto the device and each unit's
  * gradients are reduce-scattered there, so the host, the device and the
- * optimizer hold 1/N of the model each. Built only with the CUDA toolkit
+ * optimizer hold 1/N of the model each. Full training also runs AdamW on
+ * the device (train.h's adamw hooks: the moments beside the shard, one
+ * cuda_adamw_step per tensor, norm gains without decay), so no weight or
+ * gradient crosses PCIe during the steps; the span and the moments come
+ * down for checkpoints and the outputs. Built only with the CUDA toolkit
  * (TRAINYARD_HAVE_CUDA). */
 #ifndef TY_WORKER_TRAIN_CUDA_H
 #define TY_WORKER_TRAIN_CUDA_H
@@ -45,8 +49,8 @@ typedef struct {
  * B x T tokens; and fills *dev with its hooks (valid until
  * train_cuda_free), whose span is tr's. ls (may be NULL) receives the
  * load's figures (bytes, seconds) and as device peak the load's or what
- * training then holds on the device (shard, gradients, activations,
- * adapters, unit slots), whichever is larger. Returns 0, TY_EUNAVAILABLE
+ * training then holds on the device (shard, gradients and moments,
+ * activations, adapters, unit slots), whichever is larger. Returns 0, TY_EUNAVAILABLE
  * (no such device), TY_EINVAL (a dtype the device model does not take, a
  * comm that cannot gather device memory) or TY_EEXHAUSTED (device memory),
  * with the reason in err. cfg, comm and tr's members are borrowed. */
