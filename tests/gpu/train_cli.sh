@@ -4,8 +4,9 @@
 # on the CPU: float32 weights give the CPU's per-step losses up to summation
 # order (1e-3 relative), and the adapter it writes evaluates like the CPU's;
 # bfloat16 weights train too (the loss falls). Its reports carry the load's
-# device peak. Training every weight (float32, one GPU) gives the CPU's
-# per-step losses likewise. Where two GPUs are visible, `trainyard train
+# device peak. Training every weight (float32, one GPU, AdamW on the GPU)
+# gives the CPU's per-step losses likewise, and resumed from its step-10
+# checkpoint repeats its steps 11-20. Where two GPUs are visible, `trainyard train
 # --world_size 2 --device cuda` (NCCL, each rank its shard, units gathered
 # as the passes go; for every weight, gradients reduce-scattered into the
 # shards) gives the one-GPU runs' losses for the same global batch, LoRA and
@@ -19,13 +20,14 @@ words "$data" 20000
 "$ty" mkmodel --out "$tmp/base" --hidden-size 128 --intermediate-size 256 --layers 2 --heads 4 \
   --kv-heads 2 --vocab-size 256 --dtype bf16 --seed 3 >/dev/null
 
-run() { # NAME DEVICE DTYPE [USE_LORA]
+run() { # NAME DEVICE DTYPE [USE_LORA [CHECKPOINT_EVERY]]
   cat >"$tmp/$1.json" <<JSON
 {"name": "gpu-$1", "model_path": "$tmp/base", "use_lora": ${4:-true}, "lora_rank": 8,
  "lora_alpha": 16, "target_modules": "all-linear", "device": "$2", "dtype": "$3",
  "fsdp": {"memory_efficient_load": true, "bucket_mb": 1},
  "data": {"path": "$data", "format": "text", "seq_len": 64},
- "train": {"steps": 20, "micro_batch_size": 4, "grad_accum": 2, "lr": 1e-2, "warmup_steps": 3},
+ "train": {"steps": 20, "micro_batch_size": 4, "grad_accum": 2, "lr": 1e-2, "warmup_steps": 3,
+           "checkpoint_every": ${5:-0}},
  "output_dir": "$tmp/out-$1"}
 JSON
   TRAINYARD_SPEC="$tmp/$1.json" "$worker" >"$tmp/$1.reports" 2>"$tmp/$1.log"
@@ -59,7 +61,7 @@ if [ $rc -ne 0 ]; then
 fi
 run cpu cpu float32 || { cat "$tmp/cpu.log" >&2; fail "the CPU run failed"; }
 run bf16 cuda bfloat16 || { cat "$tmp/bf16.log" >&2; fail "the bf16 GPU run failed"; }
-run fullgpu cuda float32 false || { cat "$tmp/fullgpu.log" >&2; fail "full training on the GPU failed"; }
+run fullgpu cuda float32 false 10 || { cat "$tmp/fullgpu.log" >&2; fail "full training on the GPU failed"; }
 run fullcpu cpu float32 false || { cat "$tmp/fullcpu.log" >&2; fail "full training on the CPU failed"; }
 
 python3 - "$tmp" <<'PY'
@@ -86,6 +88,28 @@ done = gpu[-1]
 assert done["phase"] == "done" and done["device_peak_bytes"] > 0, done
 print("# GPU run: device peak %.1f MiB (load, or training: shard + activations); %s" % (done["device_peak_bytes"] / 2**20,
                                                      done["message"]))
+PY
+# The full GPU run left its step-10 checkpoint: the same spec in a copy of
+# its output_dir resumes there (the weights and AdamW's moments go back up
+# to the GPU) and repeats the uninterrupted run's steps 11-20.
+cp -r "$tmp/out-fullgpu" "$tmp/out-resume"
+sed "s|out-fullgpu|out-resume|" "$tmp/fullgpu.json" >"$tmp/resume.json"
+TRAINYARD_SPEC="$tmp/resume.json" "$worker" >"$tmp/resume.reports" 2>"$tmp/resume.log" ||
+  { cat "$tmp/resume.log" >&2; fail "resuming full training on the GPU failed"; }
+python3 - "$tmp" <<'PY'
+import json, sys
+tmp = sys.argv[1]
+def steps(name):
+    reps = [json.loads(l) for l in open(f"{tmp}/{name}.reports")]
+    return reps, {r["step"]: r["loss"] for r in reps if r["phase"] == "training"}
+reps, resumed = steps("resume")
+_, whole = steps("fullgpu")
+assert any("resumed from the checkpoint of step 10" in r["message"] for r in reps), reps[:3]
+assert sorted(resumed) == list(range(11, 21)), sorted(resumed)
+worst = max(abs(resumed[k] - whole[k]) / max(1.0, abs(whole[k])) for k in resumed)
+print("# every weight on the GPU, resumed at step 10: steps 11-20 vs the uninterrupted run, "
+      "worst relative difference %.2e" % worst)
+assert worst < 1e-5, [(k, resumed[k], whole[k]) for k in sorted(resumed)]
 PY
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
 if [ "${ngpu:-0}" -ge 2 ]; then
