@@ -6,12 +6,12 @@
 # bfloat16 weights train too (the loss falls). Its reports carry the load's
 # device peak. Training every weight (float32, one GPU, AdamW on the GPU)
 # gives the CPU's per-step losses likewise, and resumed from its step-10
-# checkpoint repeats its steps 11-20. Where two GPUs are visible, `trainyard train
-# --world_size 2 --device cuda` (NCCL, each rank its shard, units gathered
-# as the passes go; for every weight, gradients reduce-scattered into the
-# shards) gives the one-GPU runs' losses for the same global batch, LoRA and
-# every weight, and the model gathered from the shards evaluates alike. Exits 77 (a
-# ctest skip), saying why, where no GPU is visible.
+# checkpoint repeats its steps 11-20. Where two GPUs are visible, `trainyard
+# train --world_size 2 --device cuda` (NCCL, each rank its shard, units
+# gathered as the passes go; for every weight, gradients reduce-scattered
+# into the shards) gives the one-GPU runs' losses for the same global batch,
+# LoRA and every weight, and the model gathered from the shards evaluates
+# alike. Exits 77 (a ctest skip), saying why, where no GPU is visible.
 set -euo pipefail
 . "$(dirname "$0")/../testlib.sh"
 
