@@ -2,9 +2,10 @@
 # run.sh OUTDIR - everything trainyard checks on a GPU host, in one command,
 # within about 8 minutes: builds the worker-only variant with CUDA, runs the
 # GPU suites (ctest label gpu: CUDA kernels against the CPU backend, both
-# load paths onto the device, NCCL collectives, sharded LoRA passes through
-# NCCL against the whole model, LoRA training against the CPU worker; and
-# `trainyard load --device cuda`), then the GPU bench (tests/gpu/bench.sh). Results land in OUTDIR:
+# load paths onto the device, NCCL collectives, sharded LoRA and
+# full-training passes through NCCL against the whole model, LoRA and full
+# training against the CPU worker; and `trainyard load --device cuda`),
+# then the GPU bench (tests/gpu/bench.sh). Results land in OUTDIR:
 #   preflight.txt  the host: GPU, driver, toolkit, compilers, libraries
 #   build.log      configure + build
 #   tests.log      ctest output of the GPU suites (pass/fail per test), and
