@@ -3,7 +3,9 @@
 #   1. installs what is missing (deploy/install-deps.sh test)
 #   2. the release build and every ctest suite (GPU tests skip without a GPU)
 #   3. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
-#      unit tests again, and each libFuzzer target for a bounded time
+#      unit tests again, each libFuzzer target for a bounded time, and the
+#      worker's loading and training suites (real worker processes, CPU
+#      ranks over shared memory)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,3 +29,5 @@ CC=clang cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON 
 cmake --build "$asan" -j "$jobs"
 echo "== unit and fuzz tests under the sanitizers ($asan)"
 ctest --test-dir "$asan" --output-on-failure -j "$jobs" --label-regex 'unit|fuzz'
+echo "== the worker's load and training suites under the sanitizers ($asan)"
+ctest --test-dir "$asan" --output-on-failure -j "$jobs" -R '^integration/(load|train|train_world)$'

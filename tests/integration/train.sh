@@ -157,7 +157,7 @@ for what in lora full; do
     --output_dir "$out" >"$tmp/cuda-$what-w2.log" 2>&1; then
     echo "device cuda, $what, 2 ranks: trained on GPUs"
   else
-    grep -qE "rank [01] failed: device cuda: ($no_cuda|world_size 2 needs NCCL)" \
+    grep -qE "rank [01] failed: device cuda: .*($no_cuda|world_size 2 needs NCCL)" \
       "$tmp/cuda-$what-w2.log" ||
       fail "2 cuda ranks ($what): the failure does not say why: $(cat "$tmp/cuda-$what-w2.log")"
     [ ! -e "$out/nccl.id" ] || fail "2 cuda ranks ($what): a stale NCCL id file was left behind"
