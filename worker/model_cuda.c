@@ -341,9 +341,8 @@ static int layer_forward(model_cuda_t *m, int l) {
   float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);
   float *gate = LAYER(gate, FF), *up = LAYER(up, FF), *h = LAYER(h, FF);
   float *lse = LAYER(lse, d->NH);
-  int rc = 0;
   cuda_rmsnorm_forward(cb, ln1, LAYER(rstd1, 1), RES(l), norm_w(m, 2 * l), n, C, d->eps);
-  if (!rc) rc = proj_forward(m, l, TGT(Q), q, ln1, W(WQ), C, QD, 0.0f);
+  int rc = proj_forward(m, l, TGT(Q), q, ln1, W(WQ), C, QD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(K), k, ln1, W(WK), C, KVD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
   cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);

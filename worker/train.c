@@ -208,9 +208,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   res->start_step = start;
   /* The device's copy of the span (and with the optimizer there, the
    * moments) starts as the host's, resumed or not. */
-  rc = dev_opt ? dev->state_from_host(dev->ctx, params, o->m, o->v, n, err, errlen)
-       : dev   ? dev->params_from_host(dev->ctx, params, n, err, errlen)
-               : 0;
+  if (dev)
+    rc = dev_opt ? dev->state_from_host(dev->ctx, params, o->m, o->v, n, err, errlen)
+                 : dev->params_from_host(dev->ctx, params, n, err, errlen);
   if (rc) goto out;
   if (start > 0) {
     char msg[96];
