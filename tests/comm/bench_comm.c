@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
   for (char *tok = strtok(list, ","); tok; tok = strtok(NULL, ",")) {
     size_t mib = (size_t)atol(tok), bytes = mib << 20;
     if (!bytes) continue;
-    double tm_best, tm = bench_memcpy(bytes, iters, &tm_best);
+    double tm_best = 0, tm = bench_memcpy(bytes, iters, &tm_best);
     char rdv[128];
     snprintf(rdv, sizeof rdv, "shm:bench-comm-%d-%zu", (int)getpid(), mib);
     int fds[2];
