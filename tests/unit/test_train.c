@@ -459,24 +459,47 @@ static int fd_backward(void *ctx, float scale, char *err, size_t errlen) {
   model_backward(f->m, f->lo, scale);
   return 0;
 }
+/* What the stand-in trains: its adapters, or without them its weights. */
+static void fd_span(const fake_dev_t *f, float **p, float **g, size_t *n) {
+  *p = f->lo ? f->lo->params : f->m->params;
+  *g = f->lo ? f->lo->grads : f->m->grads;
+  *n = f->lo ? f->lo->n_params : f->m->n_params;
+}
 static int fd_zero(void *ctx, char *err, size_t errlen) {
-  fake_dev_t *f = ctx;
-  memset(f->lo->grads, 0, f->lo->n_params * sizeof(float));
+  float *p, *g;
+  size_t n;
+  fd_span(ctx, &p, &g, &n);
+  memset(g, 0, n * sizeof(float));
   return 0;
 }
 static int fd_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
   fake_dev_t *f = ctx;
-  assert_int_equal(n, f->lo->n_params);
-  memcpy(grads, f->lo->grads, n * sizeof(float));
+  float *p, *g;
+  size_t mine;
+  fd_span(f, &p, &g, &mine);
+  assert_int_equal(n, mine);
+  memcpy(grads, g, n * sizeof(float));
   f->downs++;
   return 0;
 }
 static int fd_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
   fake_dev_t *f = ctx;
-  assert_int_equal(n, f->lo->n_params);
-  memcpy(f->lo->params, params, n * sizeof(float));
+  float *p, *g;
+  size_t mine;
+  fd_span(f, &p, &g, &mine);
+  assert_int_equal(n, mine);
+  memcpy(p, params, n * sizeof(float));
   f->ups++;
   return 0;
+}
+/* The stand-in's hooks. */
+static train_device_t fd_hooks(fake_dev_t *f) {
+  return (train_device_t){.ctx = f,
+                          .forward = fd_forward,
+                          .backward = fd_backward,
+                          .zero_grads = fd_zero,
+                          .grads_to_host = fd_down,
+                          .params_from_host = fd_up};
 }
 
 /* The loop's device path (passes on the device; adapters, optimizer and
@@ -494,12 +517,7 @@ static void test_device_path_matches_host(void **state) {
   fake_dev_t f = {0};
   make_model(&s, &f.m, &f.lo);
   for (size_t i = 0; i < f.lo->n_params; i++) f.lo->params[i] = NAN;
-  train_device_t dev = {.ctx = &f,
-                        .forward = fd_forward,
-                        .backward = fd_backward,
-                        .zero_grads = fd_zero,
-                        .grads_to_host = fd_down,
-                        .params_from_host = fd_up};
+  train_device_t dev = fd_hooks(&f);
   /* The host holds the shape only (no weights) and adapters seeded as a job's. */
   llama_config_t c = tiny_config();
   model_t shape;
@@ -534,34 +552,6 @@ static void test_device_path_matches_host(void **state) {
  * (weights and gradients, as model_cuda's full mode does on a GPU); the
  * host holds weights and gradients only (model_create_weights), which the
  * optimizer updates and the checkpoint is written from. */
-static int fdf_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
-                       char *err, size_t errlen) {
-  return model_forward(((fake_dev_t *)ctx)->m, in, tg, b, t, NULL, loss, err, errlen);
-}
-static int fdf_backward(void *ctx, float scale, char *err, size_t errlen) {
-  model_backward(((fake_dev_t *)ctx)->m, NULL, scale);
-  return 0;
-}
-static int fdf_zero(void *ctx, char *err, size_t errlen) {
-  fake_dev_t *f = ctx;
-  memset(f->m->grads, 0, f->m->n_params * sizeof(float));
-  return 0;
-}
-static int fdf_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
-  fake_dev_t *f = ctx;
-  assert_int_equal(n, f->m->n_params);
-  memcpy(grads, f->m->grads, n * sizeof(float));
-  f->downs++;
-  return 0;
-}
-static int fdf_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
-  fake_dev_t *f = ctx;
-  assert_int_equal(n, f->m->n_params);
-  memcpy(f->m->params, params, n * sizeof(float));
-  f->ups++;
-  return 0;
-}
-
 static void test_device_full_training_matches_host(void **state) {
   jobspec_t s = tiny_spec(false, 8, "devfull-host");
   model_t *m;
@@ -573,12 +563,7 @@ static void test_device_full_training_matches_host(void **state) {
   fake_dev_t f = {0};
   make_model(&s, &f.m, &f.lo);
   for (size_t i = 0; i < f.m->n_params; i++) f.m->params[i] = NAN; /* fixed by the first upload */
-  train_device_t dev = {.ctx = &f,
-                        .forward = fdf_forward,
-                        .backward = fdf_backward,
-                        .zero_grads = fdf_zero,
-                        .grads_to_host = fdf_down,
-                        .params_from_host = fdf_up};
+  train_device_t dev = fd_hooks(&f);
   llama_config_t c = tiny_config();
   model_t *hw;
   char err[256];
@@ -635,12 +620,7 @@ static void test_device_optimizer_matches_host(void **state) {
     fake_dev_t f = {0};
     make_model(&s, &f.m, &f.lo);
     for (size_t i = 0; i < f.m->n_params; i++) f.m->params[i] = NAN;
-    train_device_t dev = {.ctx = &f,
-                          .forward = fdf_forward,
-                          .backward = fdf_backward,
-                          .zero_grads = fdf_zero,
-                          .grads_to_host = fdf_down,
-                          .params_from_host = fdf_up};
+    train_device_t dev = fd_hooks(&f);
     with_device_adamw(&dev, &f.opt, f.m->params, f.m->grads, f.m->n_params);
     model_t *hw;
     assert_int_equal(model_create_weights(&hw, &c, s.train.micro_batch_size, s.data.seq_len,
@@ -667,12 +647,7 @@ static void test_device_optimizer_matches_host(void **state) {
   jobspec_t sl = tiny_spec(true, 2, "devopt-lora");
   fake_dev_t f = {0};
   make_model(&sl, &f.m, &f.lo);
-  train_device_t dev = {.ctx = &f,
-                        .forward = fd_forward,
-                        .backward = fd_backward,
-                        .zero_grads = fd_zero,
-                        .grads_to_host = fd_down,
-                        .params_from_host = fd_up};
+  train_device_t dev = fd_hooks(&f);
   with_device_adamw(&dev, &f.opt, f.lo->params, f.lo->grads, f.lo->n_params);
   comm_t *comm;
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
