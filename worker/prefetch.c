@@ -42,9 +42,11 @@ struct prefetch {
   int cur, cur_slot; /* the held unit and its slot, or -1 */
 };
 
-static int unit_of(const ckpt_tensor_t *t, int L) {
-  if (t->layer >= 0) return PREFETCH_LAYER(t->layer);
-  return t->kind == CKPT_EMBED ? PREFETCH_EMBED : L + 1;
+/* The unit of tensor (kind, layer) in a model of L layers. */
+static int unit_of(ckpt_kind_t kind, int layer, int L) {
+  if (kind == CKPT_EMBED) return PREFETCH_EMBED;
+  if (kind == CKPT_FINAL_NORM || kind == CKPT_LM_HEAD) return L + 1;
+  return PREFETCH_LAYER(layer);
 }
 
 /* Appends view v as role to the table (the caller walks units in order). */
@@ -75,7 +77,8 @@ static void build_units(prefetch_t *p) {
   const loader_view_t *embed = loader_view(s, CKPT_EMBED, -1);
   for (int u = 0; u < p->nunits; u++) {
     for (size_t i = 0; i < s->layout.ntensors; i++)
-      if (unit_of(s->views[i].t, L) == u) add_tensor(p, &s->views[i], s->views[i].t->kind, u);
+      if (unit_of(s->views[i].t->kind, s->views[i].t->layer, L) == u)
+        add_tensor(p, &s->views[i], s->views[i].t->kind, u);
     if (u == L + 1 && !loader_view(s, CKPT_LM_HEAD, -1) && embed)
       add_tensor(p, embed, CKPT_LM_HEAD, u);
   }
@@ -249,9 +252,7 @@ void *prefetch_tensor(const prefetch_t *p, ckpt_kind_t kind, int layer) {
 }
 
 int prefetch_unit_of(const prefetch_t *p, ckpt_kind_t kind, int layer) {
-  if (kind == CKPT_EMBED) return PREFETCH_EMBED;
-  if (kind == CKPT_FINAL_NORM || kind == CKPT_LM_HEAD) return prefetch_head(p);
-  return PREFETCH_LAYER(layer);
+  return unit_of(kind, layer, p->nunits - 2);
 }
 
 size_t prefetch_unit_bytes(const prefetch_t *p, int u) {
@@ -273,9 +274,13 @@ int prefetch_scatter_add(prefetch_t *p, int u, float *grad, float *gshard, char 
   const pf_unit_t *un = &p->units[u];
   const int rank = p->s->rank;
   int rc = p->ops.reduce_begin(p->ops.ctx, err, errlen);
-  for (int i = un->first; i < un->first + un->n && !rc; i++)
-    rc = p->ops.reduce(p->ops.ctx, grad + p->ts[i].off / sizeof(float), p->ts[i].counts, err,
-                       errlen);
+  /* Each tensor's whole gradient lies in grad as in a slot; this rank's
+   * rows of it receive the sum (in place). */
+  for (int i = un->first; i < un->first + un->n && !rc; i++) {
+    float *whole = grad + p->ts[i].off / sizeof(float);
+    rc = p->ops.reduce(p->ops.ctx, whole, whole + comm_displ(p->ts[i].counts, rank),
+                       p->ts[i].counts, err, errlen);
+  }
   if (!rc) rc = p->ops.reduce_end(p->ops.ctx, err, errlen);
   for (int i = un->first; i < un->first + un->n && !rc; i++) {
     const pf_tensor_t *t = &p->ts[i];
@@ -305,10 +310,10 @@ static int host_fence(void *ctx, char *err, size_t errlen) {
   return 0;
 }
 
-static int host_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {
+static int host_reduce(void *ctx, float *send, float *recv, const size_t *counts, char *err,
+                       size_t errlen) {
   comm_t *c = ctx;
-  float *mine = buf + comm_displ(counts, comm_rank(c));
-  int rc = comm_reduce_scatter_queue(c, buf, mine, counts);
+  int rc = comm_reduce_scatter_queue(c, send, recv, counts);
   return rc ? ty_errf(err, errlen, rc, "prefetch: %s", comm_error(c)) : 0;
 }
 

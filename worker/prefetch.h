@@ -52,13 +52,14 @@ typedef struct {
   int (*release)(void *ctx, int slot, char *err, size_t errlen);
   /* Full training's gradients (prefetch_scatter_add); may be NULL when it
    * is not used. reduce_begin: reductions queued from now on read what the
-   * computation queued so far wrote. reduce: every rank's buf
-   * (sum(counts) floats) summed, this rank's block of buf (at its place in
-   * rank order) receiving the sum. reduce_end: computation queued from
+   * computation queued so far wrote. reduce: comm_reduce_scatter_queue's
+   * contract, in place: every rank's send (sum(counts) floats) summed into
+   * recv, this rank's block of send. reduce_end: computation queued from
    * now on reads the reductions' results. add: dst[n] += src[n], queued as
    * computation. */
   int (*reduce_begin)(void *ctx, char *err, size_t errlen);
-  int (*reduce)(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen);
+  int (*reduce)(void *ctx, float *send, float *recv, const size_t *counts, char *err,
+                size_t errlen);
   int (*reduce_end)(void *ctx, char *err, size_t errlen);
   int (*add)(void *ctx, float *dst, const float *src, size_t n, char *err, size_t errlen);
 } prefetch_ops_t;

@@ -78,10 +78,10 @@ static int pc_reduce_begin(void *ctx, char *err, size_t errlen) {
                           : cuda_fail(e, "ordering a reduction after the gradients", err, errlen);
 }
 
-static int pc_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {
+static int pc_reduce(void *ctx, float *send, float *recv, const size_t *counts, char *err,
+                     size_t errlen) {
   prefetch_cuda_t *pc = ctx;
-  float *mine = buf + comm_displ(counts, comm_rank(pc->comm));
-  int rc = comm_reduce_scatter_queue(pc->comm, buf, mine, counts);
+  int rc = comm_reduce_scatter_queue(pc->comm, send, recv, counts);
   return rc ? from_comm(pc, rc, err, errlen) : 0;
 }
 

@@ -123,8 +123,9 @@ static int fk_reduce_begin(void *ctx, char *err, size_t errlen) {
   put(ctx, "B ");
   return 0;
 }
-static int fk_reduce(void *ctx, float *buf, const size_t *counts, char *err, size_t errlen) {
-  (void)buf, (void)err, (void)errlen;
+static int fk_reduce(void *ctx, float *send, float *recv, const size_t *counts, char *err,
+                     size_t errlen) {
+  (void)send, (void)recv, (void)err, (void)errlen;
   put(ctx, "S%zu ", counts[0]);
   return 0;
 }
