@@ -235,7 +235,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const float loss_scale = 1.0f / (float)(A * world);
   for (int64_t step = start; step < stop; step++) {
     double t0 = ty_mono_s();
-    if (!dev_opt) memset(grads, 0, n * sizeof *grads);
+    if (!dev) memset(grads, 0, n * sizeof *grads); /* host passes add into them */
     if (dev && (rc = dev->zero_grads(dev->ctx, err, errlen))) goto out;
     double loss_sum = 0;
     for (int mb = 0; mb < A; mb++) {

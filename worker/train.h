@@ -58,6 +58,7 @@ typedef struct {
   /* Adds the gradients of loss_scale * (mean loss) of the last forward. */
   int (*backward)(void *ctx, float loss_scale, char *err, size_t errlen);
   int (*zero_grads)(void *ctx, char *err, size_t errlen);
+  /* Not called (and may be NULL) when AdamW runs on the device. */
   int (*grads_to_host)(void *ctx, float *grads, size_t n, char *err, size_t errlen);
   int (*params_from_host)(void *ctx, const float *params, size_t n, char *err, size_t errlen);
   /* Optional (all four or none), for full training: AdamW on the device,

@@ -16,9 +16,10 @@
 #include "worker/model_cuda.h"
 #include "worker/placement_cuda.h"
 
-/* Full training: where a host tensor's floats lie in the device shard. */
+/* Full training: where a run of the host span's floats lies in the device
+ * shard (a tensor of a host model, or a host shard's whole span). */
 typedef struct {
-  size_t host_off; /* floats from the host model's params (and grads) */
+  size_t host_off; /* floats from the host span's start */
   size_t dev_off;  /* bytes from the shard's base (and the gradients') */
   size_t numel;
 } tc_map_t;
@@ -30,9 +31,8 @@ struct train_cuda {
   loader_shard_t *shard;
   model_cuda_t *mc;
   size_t n;      /* floats of the trained span: adapters, the host model, or the shard */
-  tc_map_t *map; /* full training on one GPU: [n_map], else NULL */
+  tc_map_t *map; /* full training: [n_map], else NULL */
   int n_map;
-  bool whole;   /* full training over GPUs: the span is the shard, byte for byte */
   float *m, *v; /* full training: AdamW's moments on the device, laid out as the shard */
   char name[32];
 };
@@ -63,15 +63,15 @@ static int tc_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
 
 static int tc_zero_grads(void *ctx, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
-  if (tc->map || tc->whole)
+  if (tc->map)
     return cuda_check(cudaMemset(model_cuda_base_grads(tc->mc), 0, tc->shard->bytes),
                       "clearing the weights' gradients", err, errlen);
   return cuda_check(cudaMemset(model_cuda_lora_grads(tc->mc), 0, tc->n * sizeof(float)),
                     "clearing the adapters' gradients", err, errlen);
 }
 
-/* Full training: every tensor between the host model's layout and the
- * device shard's (dev: the weights or their gradients). */
+/* Full training: the host span to or from the device shard's layout
+ * (dev: the weights, or a buffer laid out as them). */
 static int map_copy(const train_cuda_t *tc, float *host, char *dev, enum cudaMemcpyKind kind,
                     const char *what, char *err, size_t errlen) {
   for (int i = 0; i < tc->n_map; i++) {
@@ -86,29 +86,25 @@ static int map_copy(const train_cuda_t *tc, float *host, char *dev, enum cudaMem
   return 0;
 }
 
-/* cudaMemcpy on the legacy default stream waits for the queued passes. */
+/* LoRA: the adapters' gradients down and parameters up once a step
+ * (full training keeps both on the device: its optimizer runs there).
+ * cudaMemcpy on the legacy default stream waits for the queued passes. */
 static int tc_grads_to_host(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   int rc = span_check(tc, n, err, errlen);
-  if (!rc && tc->map)
-    return map_copy(tc, grads, (char *)model_cuda_base_grads(tc->mc), cudaMemcpyDeviceToHost,
-                    "copying the weights' gradients to the host", err, errlen);
-  const float *src = tc->whole ? model_cuda_base_grads(tc->mc) : model_cuda_lora_grads(tc->mc);
   return rc ? rc
-            : cuda_check(cudaMemcpy(grads, src, n * sizeof(float), cudaMemcpyDeviceToHost),
-                         "copying the gradients to the host", err, errlen);
+            : cuda_check(cudaMemcpy(grads, model_cuda_lora_grads(tc->mc), n * sizeof(float),
+                                    cudaMemcpyDeviceToHost),
+                         "copying the adapters' gradients to the host", err, errlen);
 }
 
 static int tc_params_from_host(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   int rc = span_check(tc, n, err, errlen);
-  if (!rc && tc->map)
-    return map_copy(tc, (float *)params, tc->shard->base, cudaMemcpyHostToDevice,
-                    "copying the weights to the device", err, errlen);
-  void *dst = tc->whole ? tc->shard->base : (void *)model_cuda_lora_params(tc->mc);
   return rc ? rc
-            : cuda_check(cudaMemcpy(dst, params, n * sizeof(float), cudaMemcpyHostToDevice),
-                         "copying the trained span to the device", err, errlen);
+            : cuda_check(cudaMemcpy(model_cuda_lora_params(tc->mc), params, n * sizeof(float),
+                                    cudaMemcpyHostToDevice),
+                         "copying the adapters to the device", err, errlen);
 }
 
 /* --- Full training's optimizer on the device (train.h's adamw hooks). */
@@ -136,22 +132,13 @@ static int tc_adamw(void *ctx, const optim_t *o, double lr, double grad_scale, c
   return cuda_check(cudaGetLastError(), "the AdamW step", err, errlen);
 }
 
-/* The span and the moments between the host and the device: a tensor at
- * a time for a host model, else the shard's bytes at once. */
+/* The span and the moments between the host and the device. */
 static int state_copy(train_cuda_t *tc, float *const host[3], enum cudaMemcpyKind kind, size_t n,
                       char *err, size_t errlen) {
   int rc = span_check(tc, n, err, errlen);
   char *dev[3] = {tc->shard->base, (char *)tc->m, (char *)tc->v};
-  for (int k = 0; k < 3 && !rc; k++) {
-    if (tc->map) {
-      rc = map_copy(tc, host[k], dev[k], kind, "moving the optimizer's state", err, errlen);
-    } else {
-      cudaError_t e = kind == cudaMemcpyHostToDevice
-                          ? cudaMemcpy(dev[k], host[k], n * sizeof(float), kind)
-                          : cudaMemcpy(host[k], dev[k], n * sizeof(float), kind);
-      rc = cuda_check(e, "moving the optimizer's state", err, errlen);
-    }
-  }
+  for (int k = 0; k < 3 && !rc; k++)
+    rc = map_copy(tc, host[k], dev[k], kind, "moving the optimizer's state", err, errlen);
   return rc;
 }
 static int tc_state_to_host(void *ctx, float *params, float *m, float *v, size_t n, char *err,
@@ -185,13 +172,15 @@ static int map_build(train_cuda_t *t, model_t *host, char *err, size_t errlen) {
                   "copying the loaded weights to the host", err, errlen);
 }
 
-/* Full training over GPUs: the host span's shard copied onto the device. */
+/* Full training over GPUs: the host span's shard copied onto the device,
+ * the same layout, so the span maps onto it as one run. */
 static int span_upload(train_cuda_t *t, const fsdp_t *span, char *err, size_t errlen) {
   const loader_shard_t *hs = fsdp_shard(span);
   if (hs->dtype != TY_DTYPE_F32 || fsdp_span(span) * sizeof(float) != hs->bytes)
     return ty_errf(err, errlen, TY_EINTERNAL, "%s: the host span is not a float32 shard", t->name);
-  t->whole = true;
   t->n = fsdp_span(span);
+  t->map = xcalloc(1, sizeof *t->map);
+  t->map[t->n_map++] = (tc_map_t){0, 0, t->n};
   return loader_shard_upload(hs, &t->pl, &t->shard, err, errlen);
 }
 
@@ -250,13 +239,12 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc) + (t->m ? 2 * t->shard->bytes : 0);
   if (ls && tr->span) ls->device_peak_bytes = t->pl.peak;
   if (ls && held > ls->device_peak_bytes) ls->device_peak_bytes = held;
-  *dev = (train_device_t){.ctx = t,
-                          .forward = tc_forward,
-                          .backward = tc_backward,
-                          .zero_grads = tc_zero_grads,
-                          .grads_to_host = tc_grads_to_host,
-                          .params_from_host = tc_params_from_host};
-  if (!lora) {
+  *dev = (train_device_t){
+      .ctx = t, .forward = tc_forward, .backward = tc_backward, .zero_grads = tc_zero_grads};
+  if (lora) {
+    dev->grads_to_host = tc_grads_to_host;
+    dev->params_from_host = tc_params_from_host;
+  } else {
     dev->grad_sumsq = tc_grad_sumsq;
     dev->adamw = tc_adamw;
     dev->state_to_host = tc_state_to_host;

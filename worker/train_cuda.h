@@ -3,9 +3,9 @@
  * memory-efficient or standard path into a CUDA placement, in spec->dtype:
  * float32 or bfloat16; with several ranks only this rank's shard, gathered
  * unit by unit during the passes), worker/model_cuda.h's passes, and the
- * train_device_t hooks that bring the trained span's gradients down and
- * send its parameters up once a step (the loop sums replicated gradients
- * over ranks through the comm). What is trained: LoRA adapters; every
+ * train_device_t hooks: for LoRA the adapters' gradients come down and
+ * their parameters go up once a step (the loop sums them over ranks
+ * through the comm). What is trained: LoRA adapters; every
  * weight on one GPU (a host weights-only model mirrors them); or every
  * weight over several GPUs, where the host's fsdp span (this rank's float32
  * shards, loaded on the host) is copied onto the device and each unit's
