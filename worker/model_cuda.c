@@ -409,12 +409,13 @@ static int units_pass(model_cuda_t *m, bool forward, char *err, size_t errlen) {
 }
 
 /* The pass's next unit (its tensors are then wt's), with the norm gains it
- * holds copied into normw on the forward pass. */
+ * holds copied into normw on LoRA's forward pass. */
 static int units_next(model_cuda_t *m, bool forward, char *err, size_t errlen) {
   if (!m->units) return 0;
   int rc = prefetch_acquire(m->units, err, errlen);
   const int u = prefetch_current(m->units), L = m->d.L;
-  if (rc || !forward || u == PREFETCH_EMBED) return rc;
+  /* Full training reads its float32 norms from the slot (norm_w). */
+  if (rc || !forward || u == PREFETCH_EMBED || !m->lo) return rc;
   if (u == L + 1) return copy_norm(m, 2 * L);
   rc = copy_norm(m, 2 * (u - 1));
   return rc ? rc : copy_norm(m, 2 * (u - 1) + 1);
@@ -512,8 +513,7 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
     if (!rc) rc = unit_grads_reduce(m, PREFETCH_LAYER(l), err, errlen);
   }
   /* Full training: the embedding's rows take d(loss)/d(res_0). */
-  if (!rc && m->gbase) rc = unit_grads_clear(m, PREFETCH_EMBED, err, errlen);
-  if (!rc && m->gbase) {
+  if (!rc && m->gbase && !(rc = unit_grads_clear(m, PREFETCH_EMBED, err, errlen))) {
     cuda_embedding_backward(m->cb, gwt(m, CKPT_EMBED, -1), m->dres, m->tokens, n, d->C);
     rc = unit_grads_reduce(m, PREFETCH_EMBED, err, errlen);
   }
