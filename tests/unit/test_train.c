@@ -386,67 +386,105 @@ static void test_resume_rejects_other_batch(void **state) {
   model_free(m);
 }
 
-/* A stand-in device optimizer over the stand-in's span p, g (n floats)
- * and moments of its own: optim_step with the host optimizer's config,
- * no-decay ranges and step, as the CUDA AdamW kernel does it. The first
- * member of each stand-in below, so the hooks share one ctx. */
+/* What a stand-in device trains: its own copy of the span (p, g: n
+ * floats), reached only through the hooks, as device memory would be; the
+ * moves counted; and for AdamW on the device, moments of its own, stepped
+ * by optim_step with the host optimizer's config, no-decay ranges and
+ * step, as the CUDA AdamW kernel does. The first member of each stand-in
+ * below, so the hooks share one ctx. */
 typedef struct {
   float *p, *g;
   size_t n;
   float *m, *v;
-  int to_host, from_host, steps;
-} fake_opt_t;
+  int ups, downs, to_host, from_host, steps;
+} fake_span_t;
 
-static int fo_sumsq(void *ctx, double *sumsq, char *err, size_t errlen) {
-  const fake_opt_t *f = ctx;
+static int span_size(const fake_span_t *f, size_t n, char *err, size_t errlen) {
+  return n == f->n ? 0
+                   : ty_errf(err, errlen, TY_EINTERNAL,
+                             "stand-in: the loop moves %zu floats, the span holds %zu", n, f->n);
+}
+static int span_zero(void *ctx, char *err, size_t errlen) {
+  const fake_span_t *f = ctx;
+  memset(f->g, 0, f->n * sizeof(float));
+  return 0;
+}
+static int span_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
+  fake_span_t *f = ctx;
+  int rc = span_size(f, n, err, errlen);
+  if (!rc) memcpy(grads, f->g, n * sizeof(float)), f->downs++;
+  return rc;
+}
+static int span_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
+  fake_span_t *f = ctx;
+  int rc = span_size(f, n, err, errlen);
+  if (!rc) memcpy(f->p, params, n * sizeof(float)), f->ups++;
+  return rc;
+}
+static int span_sumsq(void *ctx, double *sumsq, char *err, size_t errlen) {
+  const fake_span_t *f = ctx;
   *sumsq = optim_sumsq(f->g, f->n);
   return 0;
 }
-static int fo_adamw(void *ctx, const optim_t *o, double lr, double scale, char *err,
-                    size_t errlen) {
-  fake_opt_t *f = ctx;
+static int span_adamw(void *ctx, const optim_t *o, double lr, double scale, char *err,
+                      size_t errlen) {
+  fake_span_t *f = ctx;
   optim_t mine = *o; /* the host's config, ranges and step count */
   mine.m = f->m, mine.v = f->v;
   optim_step(&mine, f->p, f->g, lr, scale);
   f->steps++;
   return 0;
 }
-static int fo_to_host(void *ctx, float *p, float *m, float *v, size_t n, char *err, size_t errlen) {
-  fake_opt_t *f = ctx;
-  if (n != f->n) return TY_EINTERNAL;
+static int span_to_host(void *ctx, float *p, float *m, float *v, size_t n, char *err,
+                        size_t errlen) {
+  fake_span_t *f = ctx;
+  int rc = span_size(f, n, err, errlen);
+  if (rc) return rc;
   memcpy(p, f->p, n * sizeof(float)), memcpy(m, f->m, n * sizeof(float));
   memcpy(v, f->v, n * sizeof(float));
   f->to_host++;
   return 0;
 }
-static int fo_from_host(void *ctx, const float *p, const float *m, const float *v, size_t n,
-                        char *err, size_t errlen) {
-  fake_opt_t *f = ctx;
-  if (n != f->n) return TY_EINTERNAL;
+static int span_from_host(void *ctx, const float *p, const float *m, const float *v, size_t n,
+                          char *err, size_t errlen) {
+  fake_span_t *f = ctx;
+  int rc = span_size(f, n, err, errlen);
+  if (rc) return rc;
   if (!f->m) f->m = malloc(n * sizeof(float)), f->v = malloc(n * sizeof(float));
   memcpy(f->p, p, n * sizeof(float)), memcpy(f->m, m, n * sizeof(float));
   memcpy(f->v, v, n * sizeof(float));
   f->from_host++;
   return 0;
 }
-/* dev's optimizer hooks, over the stand-in's span p, g of n floats. */
-static void with_device_adamw(train_device_t *dev, fake_opt_t *f, float *p, float *g, size_t n) {
-  f->p = p, f->g = g, f->n = n;
-  dev->grad_sumsq = fo_sumsq, dev->adamw = fo_adamw;
-  dev->state_to_host = fo_to_host, dev->state_from_host = fo_from_host;
-}
-static void fake_opt_free(fake_opt_t *f) {
+static void span_free(fake_span_t *f) {
   free(f->m);
   free(f->v);
 }
 
-/* A stand-in accelerator: its own model and adapters, reached only through
- * the hooks, as device memory would be. */
+/* The hooks of a stand-in (ctx, its first member a fake_span_t) whose
+ * passes are forward and backward. */
+typedef int (*forward_fn)(void *, const int *, const int *, int, int, double *, char *, size_t);
+typedef int (*backward_fn)(void *, float, char *, size_t);
+static train_device_t span_hooks(void *ctx, forward_fn forward, backward_fn backward) {
+  return (train_device_t){.ctx = ctx,
+                          .forward = forward,
+                          .backward = backward,
+                          .zero_grads = span_zero,
+                          .grads_to_host = span_down,
+                          .params_from_host = span_up};
+}
+/* dev's optimizer hooks: AdamW on the stand-in. */
+static void with_device_adamw(train_device_t *dev) {
+  dev->grad_sumsq = span_sumsq, dev->adamw = span_adamw;
+  dev->state_to_host = span_to_host, dev->state_from_host = span_from_host;
+}
+
+/* A stand-in accelerator with a model and adapters of its own: it trains
+ * the adapters, or without them the weights. */
 typedef struct {
-  fake_opt_t opt;
+  fake_span_t span;
   model_t *m;
   lora_t *lo;
-  int ups, downs;
 } fake_dev_t;
 
 static int fd_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
@@ -459,47 +497,11 @@ static int fd_backward(void *ctx, float scale, char *err, size_t errlen) {
   model_backward(f->m, f->lo, scale);
   return 0;
 }
-/* What the stand-in trains: its adapters, or without them its weights. */
-static void fd_span(const fake_dev_t *f, float **p, float **g, size_t *n) {
-  *p = f->lo ? f->lo->params : f->m->params;
-  *g = f->lo ? f->lo->grads : f->m->grads;
-  *n = f->lo ? f->lo->n_params : f->m->n_params;
-}
-static int fd_zero(void *ctx, char *err, size_t errlen) {
-  float *p, *g;
-  size_t n;
-  fd_span(ctx, &p, &g, &n);
-  memset(g, 0, n * sizeof(float));
-  return 0;
-}
-static int fd_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
-  fake_dev_t *f = ctx;
-  float *p, *g;
-  size_t mine;
-  fd_span(f, &p, &g, &mine);
-  assert_int_equal(n, mine);
-  memcpy(grads, g, n * sizeof(float));
-  f->downs++;
-  return 0;
-}
-static int fd_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
-  fake_dev_t *f = ctx;
-  float *p, *g;
-  size_t mine;
-  fd_span(f, &p, &g, &mine);
-  assert_int_equal(n, mine);
-  memcpy(p, params, n * sizeof(float));
-  f->ups++;
-  return 0;
-}
-/* The stand-in's hooks. */
 static train_device_t fd_hooks(fake_dev_t *f) {
-  return (train_device_t){.ctx = f,
-                          .forward = fd_forward,
-                          .backward = fd_backward,
-                          .zero_grads = fd_zero,
-                          .grads_to_host = fd_down,
-                          .params_from_host = fd_up};
+  f->span.p = f->lo ? f->lo->params : f->m->params;
+  f->span.g = f->lo ? f->lo->grads : f->m->grads;
+  f->span.n = f->lo ? f->lo->n_params : f->m->n_params;
+  return span_hooks(f, fd_forward, fd_backward);
 }
 
 /* The loop's device path (passes on the device; adapters, optimizer and
@@ -539,8 +541,8 @@ static void test_device_path_matches_host(void **state) {
   assert_true(rh.eval_loss_start == rd.eval_loss_start && rh.eval_loss_end == rd.eval_loss_end);
   assert_memory_equal(lo->params, hl->params, lo->n_params * sizeof(float));
   assert_memory_equal(hl->params, f.lo->params, lo->n_params * sizeof(float));
-  assert_int_equal(f.ups, 11); /* at the start, then after each step */
-  assert_int_equal(f.downs, 10);
+  assert_int_equal(f.span.ups, 11); /* at the start, then after each step */
+  assert_int_equal(f.span.downs, 10);
   lora_free(hl);
   lora_free(f.lo);
   model_free(f.m);
@@ -580,8 +582,8 @@ static void test_device_full_training_matches_host(void **state) {
                onDev.loss[i]);
   assert_memory_equal(m->params, hw->params, m->n_params * sizeof(float));
   assert_memory_equal(hw->params, f.m->params, m->n_params * sizeof(float));
-  assert_int_equal(f.ups, 9);
-  assert_int_equal(f.downs, 8);
+  assert_int_equal(f.span.ups, 9);
+  assert_int_equal(f.span.downs, 8);
 
   /* Without weights of its own the host model cannot be the trained span. */
   model_t shape;
@@ -621,7 +623,7 @@ static void test_device_optimizer_matches_host(void **state) {
     make_model(&s, &f.m, &f.lo);
     for (size_t i = 0; i < f.m->n_params; i++) f.m->params[i] = NAN;
     train_device_t dev = fd_hooks(&f);
-    with_device_adamw(&dev, &f.opt, f.m->params, f.m->grads, f.m->n_params);
+    with_device_adamw(&dev);
     model_t *hw;
     assert_int_equal(model_create_weights(&hw, &c, s.train.micro_batch_size, s.data.seq_len,
                                           MODEL_TRAIN_FULL, err, sizeof err),
@@ -629,12 +631,12 @@ static void test_device_optimizer_matches_host(void **state) {
     model_io_init_scratch(hw, 99);
     train_result_t r = run_on(&s, hw, NULL, &dev, part == 0 ? 4 : 0, &onDev);
     assert_int_equal(r.start_step, part == 0 ? 0 : 4);
-    assert_int_equal(f.ups + f.downs, 0);
-    assert_int_equal(f.opt.steps, 4);
-    assert_int_equal(f.opt.from_host, 1);
-    assert_int_equal(f.opt.to_host, part == 0 ? 2 : 1); /* the checkpoint, the end */
+    assert_int_equal(f.span.ups + f.span.downs, 0);
+    assert_int_equal(f.span.steps, 4);
+    assert_int_equal(f.span.from_host, 1);
+    assert_int_equal(f.span.to_host, part == 0 ? 2 : 1); /* the checkpoint, the end */
     if (part == 1) assert_memory_equal(m->params, hw->params, m->n_params * sizeof(float));
-    fake_opt_free(&f.opt);
+    span_free(&f.span);
     model_free(f.m);
     model_free(hw);
   }
@@ -648,7 +650,7 @@ static void test_device_optimizer_matches_host(void **state) {
   fake_dev_t f = {0};
   make_model(&sl, &f.m, &f.lo);
   train_device_t dev = fd_hooks(&f);
-  with_device_adamw(&dev, &f.opt, f.lo->params, f.lo->grads, f.lo->n_params);
+  with_device_adamw(&dev);
   comm_t *comm;
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
   train_args_t a = {.spec = &sl, .comm = comm, .model = f.m, .lora = f.lo, .device = &dev};
@@ -667,10 +669,8 @@ static void test_device_optimizer_matches_host(void **state) {
  * Run in forked shm ranks, so the checks below report on stderr and by
  * exit status instead of cmocka's asserts. */
 typedef struct {
-  fake_opt_t opt;
+  fake_span_t span;
   fsdp_t *f;
-  int ups, downs;
-  bool bad_n;
 } fake_shard_t;
 
 static int fs_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
@@ -680,24 +680,9 @@ static int fs_forward(void *ctx, const int *in, const int *tg, int b, int t, dou
 static int fs_backward(void *ctx, float scale, char *err, size_t errlen) {
   return fsdp_backward(((fake_shard_t *)ctx)->f, NULL, scale, err, errlen);
 }
-static int fs_zero(void *ctx, char *err, size_t errlen) {
-  fsdp_t *f = ((fake_shard_t *)ctx)->f;
-  memset(fsdp_grads(f), 0, fsdp_span(f) * sizeof(float));
-  return 0;
-}
-static int fs_down(void *ctx, float *grads, size_t n, char *err, size_t errlen) {
-  fake_shard_t *d = ctx;
-  d->bad_n |= n != fsdp_span(d->f);
-  memcpy(grads, fsdp_grads(d->f), fsdp_span(d->f) * sizeof(float));
-  d->downs++;
-  return 0;
-}
-static int fs_up(void *ctx, const float *params, size_t n, char *err, size_t errlen) {
-  fake_shard_t *d = ctx;
-  d->bad_n |= n != fsdp_span(d->f);
-  memcpy(fsdp_params(d->f), params, fsdp_span(d->f) * sizeof(float));
-  d->ups++;
-  return 0;
+static train_device_t fs_hooks(fake_shard_t *d) {
+  d->span.p = fsdp_params(d->f), d->span.g = fsdp_grads(d->f), d->span.n = fsdp_span(d->f);
+  return span_hooks(d, fs_forward, fs_backward);
 }
 
 /* This rank's float32 shard of the seeded model, over a model built by
@@ -785,13 +770,8 @@ static int sharded_rank(const char *rdv, int rank, int world) {
     int rc = fsdp_forward(ft, NULL, NULL, 1, 1, NULL, NULL, err, sizeof err);
     CHILD_CHECK(rc == TY_EINTERNAL && strstr(err, "on the device"), "a span ran a pass: %d %s", rc,
                 err);
-    train_device_t dev = {.ctx = &d,
-                          .forward = fs_forward,
-                          .backward = fs_backward,
-                          .zero_grads = fs_zero,
-                          .grads_to_host = fs_down,
-                          .params_from_host = fs_up};
-    if (opt) with_device_adamw(&dev, &d.opt, fsdp_params(d.f), fsdp_grads(d.f), fsdp_span(d.f));
+    train_device_t dev = fs_hooks(&d);
+    if (opt) with_device_adamw(&dev);
     snprintf(s.output_dir, sizeof s.output_dir, "%s/shard-dev-%d", g_dir, opt);
     CHILD_CHECK(!train_sharded(c, &s, ft, mt, &dev, &onDev, err, sizeof err), "device %d: %s", opt,
                 err);
@@ -799,20 +779,20 @@ static int sharded_rank(const char *rdv, int rank, int world) {
       CHILD_CHECK(host.loss[i] == onDev.loss[i],
                   "step %d: loss %.9g on the host, %.9g on the device (AdamW there: %d)", i,
                   host.loss[i], onDev.loss[i], opt);
+    const fake_span_t *sp = &d.span;
     if (opt)
       CHILD_CHECK(
-          d.ups + d.downs == 0 && d.opt.steps == 6 && d.opt.from_host == 1 && d.opt.to_host == 1,
-          "AdamW on the device: %d uploads, %d downloads, %d steps, %d/%d state moves", d.ups,
-          d.downs, d.opt.steps, d.opt.from_host, d.opt.to_host);
+          sp->ups + sp->downs == 0 && sp->steps == 6 && sp->from_host == 1 && sp->to_host == 1,
+          "AdamW on the device: %d uploads, %d downloads, %d steps, %d/%d state moves", sp->ups,
+          sp->downs, sp->steps, sp->from_host, sp->to_host);
     else
-      CHILD_CHECK(d.ups == 7 && d.downs == 6 && !d.bad_n, "%d uploads, %d downloads, bad n %d",
-                  d.ups, d.downs, d.bad_n);
+      CHILD_CHECK(sp->ups == 7 && sp->downs == 6, "%d uploads, %d downloads", sp->ups, sp->downs);
     CHILD_CHECK(fsdp_span(ft) == fsdp_span(fh) && same_shards(ft, fh) && same_shards(d.f, fh),
                 "the trained shards differ (AdamW on the device: %d)", opt);
     /* The span writes the model the host's passes trained. */
     snprintf(out, sizeof out, "%s/out-span-%d", g_dir, opt);
     CHILD_CHECK(!fsdp_write_model(ft, out, &cfg, err, sizeof err), "writing: %s", err);
-    fake_opt_free(&d.opt);
+    span_free(&d.span);
     fsdp_free(d.f), fsdp_free(ft);
     model_free(md), model_free(mt);
   }
