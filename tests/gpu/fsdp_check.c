@@ -182,7 +182,7 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
     double ferr = fabs(ls - lw) / fabs(lw);
     for (size_t i = 0; i < shard->layout.ntensors; i++) {
       const loader_view_t *vs = &shard->views[i], *vw = &whole->views[i];
-      size_t cols = (size_t)(vs->t->cols ? vs->t->cols : 1), k = (size_t)vs->rows * cols;
+      size_t cols = (size_t)vs->t->cols, k = (size_t)vs->rows * cols;
       const float *got = fs + vs->offset / sizeof(float);
       float *want = malloc((k ? k : 1) * sizeof(float));
       memcpy(want, fw + vw->offset / sizeof(float) + (size_t)vs->row0 * cols, k * sizeof(float));

@@ -304,7 +304,9 @@ static int check_unit(const prefetch_t *p, const loader_shard_t *whole, int u, i
   return 0;
 }
 
-static int bytes_rank(const bytes_arg_t *a, const char *rdv, int rank, int world) {
+/* arg: a bytes_arg_t. */
+static int bytes_rank(const void *arg, const char *rdv, int rank, int world) {
+  const bytes_arg_t *a = arg;
   char err[512];
   comm_t *c;
   if (comm_open(&c, rdv, rank, world, err, sizeof err)) {
@@ -362,7 +364,7 @@ static float grad_of(int r, size_t i, size_t e) {
 static void fill_unit(const prefetch_t *p, const loader_shard_t *s, int u, int r, float *g) {
   for (size_t i = 0; i < s->layout.ntensors; i++) {
     const ckpt_tensor_t *t = s->views[i].t;
-    size_t numel = (size_t)t->rows * (size_t)(t->cols ? t->cols : 1);
+    size_t numel = (size_t)t->rows * (size_t)t->cols;
     long off = prefetch_offset(p, u, t->kind, t->layer);
     for (size_t e = 0; off >= 0 && e < numel; e++) g[off / 4 + e] = grad_of(r, i, e);
     off = t->kind == CKPT_EMBED ? prefetch_offset(p, u, CKPT_LM_HEAD, -1) : -1;
@@ -370,7 +372,9 @@ static void fill_unit(const prefetch_t *p, const loader_shard_t *s, int u, int r
   }
 }
 
-static int scatter_rank(const char *dir, const char *rdv, int rank, int world) {
+/* arg: the checkpoint's directory. */
+static int scatter_rank(const void *arg, const char *rdv, int rank, int world) {
+  const char *dir = arg;
   char err[512];
   comm_t *c;
   placement_t pl;
@@ -399,7 +403,7 @@ static int scatter_rank(const char *dir, const char *rdv, int rank, int world) {
   char *seen = calloc(n, 1);
   for (size_t i = 0; i < s->layout.ntensors && !bad; i++) {
     const loader_view_t *v = &s->views[i];
-    size_t cols = (size_t)(v->t->cols ? v->t->cols : 1), k0 = v->offset / sizeof(float);
+    size_t cols = (size_t)v->t->cols, k0 = v->offset / sizeof(float);
     for (size_t k = 0; k < (size_t)v->rows * cols && !bad; k++) {
       size_t e = (size_t)v->row0 * cols + k; /* the element in the whole tensor */
       double want = 0.25;
@@ -454,22 +458,14 @@ static void ranks(int world, const char *tag,
   }
 }
 
-static int scatter_fn(const void *arg, const char *rdv, int rank, int world) {
-  return scatter_rank(arg, rdv, rank, world);
-}
-
 static void test_scatter_add(void **state) {
   (void)state;
   for (int tied = 0; tied < 2; tied++) {
     char dir[300];
     snprintf(dir, sizeof dir, "%s/scatter-%d", g_dir, tied);
     make_ckpt(dir, tied);
-    for (int world = 1; world <= 4; world++) ranks(world, "scatter", scatter_fn, dir);
+    for (int world = 1; world <= 4; world++) ranks(world, "scatter", scatter_rank, dir);
   }
-}
-
-static int bytes_fn(const void *arg, const char *rdv, int rank, int world) {
-  return bytes_rank(arg, rdv, rank, world);
 }
 
 static void test_bytes(void **state) {
@@ -481,7 +477,7 @@ static void test_bytes(void **state) {
     const ty_dtype_t dts[] = {TY_DTYPE_F32, TY_DTYPE_BF16};
     for (int d = 0; d < 2; d++) {
       bytes_arg_t a = {dir, dts[d]};
-      for (int world = 1; world <= 3; world++) ranks(world, "bytes", bytes_fn, &a);
+      for (int world = 1; world <= 3; world++) ranks(world, "bytes", bytes_rank, &a);
     }
   }
 }
