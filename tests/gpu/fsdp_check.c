@@ -48,11 +48,14 @@ static void config(llama_config_t *c, bool tied) {
     return 1;                       \
   } while (0)
 
-/* Loss and adapter gradients of two steps (the second on shifted tokens),
- * gradients accumulated over both, as the training loop's micro-batches. */
-static int steps(model_cuda_t *mc, double *loss, float *grads, size_t n, char *err, size_t errlen) {
+/* Two forward + backward passes (the second on shifted tokens), gradients
+ * accumulated over both as the training loop's micro-batches are: dgrads
+ * (bytes on the device: the adapters' or the base's) cleared first, then
+ * brought down into grads. */
+static int steps(model_cuda_t *mc, double *loss, void *dgrads, void *grads, size_t bytes, char *err,
+                 size_t errlen) {
   int tok[B * T], tgt[B * T];
-  cudaMemset(model_cuda_lora_grads(mc), 0, n * sizeof(float));
+  cudaMemset(dgrads, 0, bytes);
   *loss = 0.0;
   for (int s = 0; s < 2; s++) {
     for (int i = 0; i < B * T; i++) tok[i] = (i * 13 + 7 + s) % 67, tgt[i] = (i * 29 + 3 + s) % 67;
@@ -62,27 +65,13 @@ static int steps(model_cuda_t *mc, double *loss, float *grads, size_t n, char *e
     if (rc) return rc;
     *loss += l;
   }
-  gpu_get(grads, model_cuda_lora_grads(mc), n * sizeof(float));
+  gpu_get(grads, dgrads, bytes);
   return 0;
 }
-
-/* Full training: two steps' base gradients (laid out as the base shard)
- * into grads (base->bytes). */
-static int full_steps(model_cuda_t *mc, const loader_shard_t *base, double *loss, void *grads,
-                      char *err, size_t errlen) {
-  int tok[B * T], tgt[B * T];
-  cudaMemset(model_cuda_base_grads(mc), 0, base->bytes);
-  *loss = 0.0;
-  for (int s = 0; s < 2; s++) {
-    for (int i = 0; i < B * T; i++) tok[i] = (i * 11 + 2 + s) % 67, tgt[i] = (i * 31 + 5 + s) % 67;
-    double l;
-    int rc = model_cuda_forward(mc, tok, tgt, B, T, &l, err, errlen);
-    if (!rc) rc = model_cuda_backward(mc, 0.5f, err, errlen);
-    if (rc) return rc;
-    *loss += l;
-  }
-  gpu_get(grads, model_cuda_base_grads(mc), base->bytes);
-  return 0;
+/* The adapters' gradients, n floats. */
+static int lora_steps(model_cuda_t *mc, double *loss, float *grads, size_t n, char *err,
+                      size_t errlen) {
+  return steps(mc, loss, model_cuda_lora_grads(mc), grads, n * sizeof(float), err, errlen);
 }
 
 static double worst_rel(const float *got, const float *want, size_t n) {
@@ -140,7 +129,7 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   double lw, ls;
   model_cuda_t *mw, *ms;
   if (model_cuda_create(&mw, cb, whole, lo, NULL, 0, B, T, err, sizeof err) ||
-      steps(mw, &lw, gw, n, err, sizeof err))
+      lora_steps(mw, &lw, gw, n, err, sizeof err))
     FAIL("whole model: %s", err);
   double gn = 0.0;
   for (size_t i = 0; i < n; i++) gn += (double)gw[i] * gw[i];
@@ -148,7 +137,7 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   const char *tag = dt == TY_DTYPE_BF16 ? "bf16" : "fp32";
   for (int slots = 2; slots >= 1; slots--) {
     if (model_cuda_create(&ms, cb, shard, lo, comm, slots, B, T, err, sizeof err) ||
-        steps(ms, &ls, gs, n, err, sizeof err))
+        lora_steps(ms, &ls, gs, n, err, sizeof err))
       FAIL("sharded, %d slot(s): %s", slots, err);
     double lerr = fabs(ls - lw) / fabs(lw), gerr = worst_rel(gs, gw, n);
     bool bitwise = ls == lw && !memcmp(gs, gw, n * sizeof(float));
@@ -171,13 +160,14 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   lora_free(lo);
   /* Full training over the fp32 shard: world x the whole model's gradient
    * in this rank's rows of every tensor. */
-  for (int slots = 2; slots >= 1 && dt == TY_DTYPE_F32; slots--) {
-    float *fw = malloc(whole->bytes), *fs = malloc(shard->bytes);
-    if (model_cuda_create(&mw, cb, whole, NULL, NULL, 0, B, T, err, sizeof err) ||
-        full_steps(mw, whole, &lw, fw, err, sizeof err))
-      FAIL("whole model, full training: %s", err);
+  float *fw = dt == TY_DTYPE_F32 ? malloc(whole->bytes) : NULL;
+  if (fw && (model_cuda_create(&mw, cb, whole, NULL, NULL, 0, B, T, err, sizeof err) ||
+             steps(mw, &lw, model_cuda_base_grads(mw), fw, whole->bytes, err, sizeof err)))
+    FAIL("whole model, full training: %s", err);
+  for (int slots = 2; slots >= 1 && fw; slots--) {
+    float *fs = malloc(shard->bytes);
     if (model_cuda_create(&ms, cb, shard, NULL, comm, slots, B, T, err, sizeof err) ||
-        full_steps(ms, shard, &ls, fs, err, sizeof err))
+        steps(ms, &ls, model_cuda_base_grads(ms), fs, shard->bytes, err, sizeof err))
       FAIL("sharded full training, %d slot(s): %s", slots, err);
     double ferr = fabs(ls - lw) / fabs(lw);
     for (size_t i = 0; i < shard->layout.ntensors; i++) {
@@ -197,10 +187,10 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
         ferr <= 1e-5 ? "ok" : "FAIL", rank, world, tied ? "tied" : "untied", slots, ls, lw, ferr);
     if (ferr > 1e-5) return 1;
     model_cuda_free(ms);
-    model_cuda_free(mw);
-    free(fw);
     free(fs);
   }
+  if (fw) model_cuda_free(mw);
+  free(fw);
   loader_shard_free(shard);
   loader_shard_free(whole);
   placement_cuda_free(&ps);
