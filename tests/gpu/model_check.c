@@ -46,6 +46,56 @@ static int fill_cpu(model_t *m, const loader_shard_t *s) {
   return 0;
 }
 
+/* The same seeded model on the CPU (m, its weights from the host shard
+ * hs) and on GPU 0 (ds: hs copied there; mc over it). */
+typedef struct {
+  placement_t cpu, gpu;
+  loader_shard_t *hs, *ds;
+  model_t *m;
+  model_cuda_t *mc;
+} twins_t;
+
+/* The CPU side: cfg's seeded weights in dt, a CPU model in mode. 0, or 1
+ * with the failure printed. */
+static int cpu_twin(twins_t *t, const llama_config_t *cfg, ty_dtype_t dt, uint64_t seed,
+                    model_mode_t mode) {
+  char err[1024];
+  placement_cpu_init(&t->cpu);
+  loader_opts_t o = {.rank = 0,
+                     .world_size = 1,
+                     .dtype = dt,
+                     .bucket_bytes = 1 << 16,
+                     .seed = seed,
+                     .pl = &t->cpu};
+  if (loader_init_scratch(cfg, &o, &t->hs, NULL, err, sizeof err) ||
+      model_create(&t->m, cfg, B, T, mode, err, sizeof err)) {
+    printf("FAIL setup: %s\n", err);
+    return 1;
+  }
+  return fill_cpu(t->m, t->hs);
+}
+
+/* The GPU side: the host shard on GPU 0, a GPU model over it with adapters
+ * shaped and valued like lo (NULL: full training). */
+static int gpu_twin(twins_t *t, cuda_backend_t *cb, const lora_t *lo) {
+  char err[1024];
+  if (placement_cuda_init(&t->gpu, 0, 1 << 20, err, sizeof err) ||
+      loader_shard_upload(t->hs, &t->gpu, &t->ds, err, sizeof err) ||
+      model_cuda_create(&t->mc, cb, t->ds, lo, NULL, 0, B, T, err, sizeof err)) {
+    printf("FAIL gpu setup: %s\n", err);
+    return 1;
+  }
+  return 0;
+}
+
+static void twins_free(twins_t *t) {
+  model_cuda_free(t->mc);
+  loader_shard_free(t->ds);
+  placement_cuda_free(&t->gpu);
+  model_free(t->m);
+  loader_shard_free(t->hs);
+}
+
 static double rel_l2(const float *got, const float *want, size_t n) {
   double num = 0.0, den = 0.0;
   for (size_t i = 0; i < n; i++) {
@@ -61,34 +111,19 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
   config(&cfg);
   char err[1024];
   const char *tag = dt == TY_DTYPE_BF16 ? "bf16" : "fp32";
-  placement_t cpu, gpu;
-  placement_cpu_init(&cpu);
-  loader_opts_t o = {
-      .rank = 0, .world_size = 1, .dtype = dt, .bucket_bytes = 1 << 16, .seed = 11, .pl = &cpu};
-  loader_shard_t *hs, *ds;
-  model_t *m;
+  twins_t tw;
   lora_t *lo;
-  if (loader_init_scratch(&cfg, &o, &hs, NULL, err, sizeof err) ||
-      model_create(&m, &cfg, B, T, MODEL_TRAIN_LORA, err, sizeof err) ||
-      lora_create(&lo, m, R, 8.0, JOBSPEC_TARGET_ALL_LINEAR, err, sizeof err)) {
+  if (cpu_twin(&tw, &cfg, dt, 11, MODEL_TRAIN_LORA)) return 1;
+  model_t *m = tw.m;
+  if (lora_create(&lo, m, R, 8.0, JOBSPEC_TARGET_ALL_LINEAR, err, sizeof err)) {
     printf("FAIL setup: %s\n", err);
     return 1;
   }
-  if (fill_cpu(m, hs)) return 1;
   lora_init(lo, 5);
   for (int i = 0; i < lo->n_tensors; i++)
     if (lo->tensors[i].is_b) gpu_fill(lo->tensors[i].data, lo->tensors[i].numel, 100 + i, 0.05f);
-  if (placement_cuda_init(&gpu, 0, 1 << 20, err, sizeof err)) {
-    printf("FAIL %s\n", err);
-    return 1;
-  }
-  o.pl = &gpu;
-  model_cuda_t *mc;
-  if (loader_init_scratch(&cfg, &o, &ds, NULL, err, sizeof err) ||
-      model_cuda_create(&mc, cb, ds, lo, NULL, 0, B, T, err, sizeof err)) {
-    printf("FAIL gpu setup: %s\n", err);
-    return 1;
-  }
+  if (gpu_twin(&tw, cb, lo)) return 1;
+  model_cuda_t *mc = tw.mc;
   int tok[B * T], tgt[B * T];
   for (int i = 0; i < B * T; i++) tok[i] = (i * 13 + 7) % 61, tgt[i] = (i * 29 + 3) % 61;
 
@@ -128,12 +163,8 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
     bad = 1;
   }
   free(g);
-  model_cuda_free(mc);
-  loader_shard_free(ds);
-  placement_cuda_free(&gpu);
   lora_free(lo);
-  model_free(m);
-  loader_shard_free(hs);
+  twins_free(&tw);
   return bad;
 }
 
@@ -143,30 +174,11 @@ static int run_full(cuda_backend_t *cb, bool tied) {
   config(&cfg);
   cfg.tie_word_embeddings = tied;
   char err[1024];
-  placement_t cpu, gpu;
-  placement_cpu_init(&cpu);
-  loader_opts_t o = {.rank = 0,
-                     .world_size = 1,
-                     .dtype = TY_DTYPE_F32,
-                     .bucket_bytes = 1 << 16,
-                     .seed = 13,
-                     .pl = &cpu};
-  loader_shard_t *hs, *ds;
-  model_t *m;
-  if (loader_init_scratch(&cfg, &o, &hs, NULL, err, sizeof err) ||
-      model_create(&m, &cfg, B, T, MODEL_TRAIN_FULL, err, sizeof err) ||
-      placement_cuda_init(&gpu, 0, 1 << 20, err, sizeof err)) {
-    printf("FAIL full setup: %s\n", err);
-    return 1;
-  }
-  if (fill_cpu(m, hs)) return 1;
-  o.pl = &gpu;
-  model_cuda_t *mc;
-  if (loader_init_scratch(&cfg, &o, &ds, NULL, err, sizeof err) ||
-      model_cuda_create(&mc, cb, ds, NULL, NULL, 0, B, T, err, sizeof err)) {
-    printf("FAIL full gpu setup: %s\n", err);
-    return 1;
-  }
+  twins_t tw;
+  if (cpu_twin(&tw, &cfg, TY_DTYPE_F32, 13, MODEL_TRAIN_FULL) || gpu_twin(&tw, cb, NULL)) return 1;
+  model_t *m = tw.m;
+  model_cuda_t *mc = tw.mc;
+  const loader_shard_t *ds = tw.ds;
   int tok[B * T], tgt[B * T];
   for (int i = 0; i < B * T; i++) tok[i] = (i * 17 + 5) % 61, tgt[i] = (i * 23 + 1) % 61;
   double lc, lg;
@@ -195,11 +207,7 @@ static int run_full(cuda_backend_t *cb, bool tied) {
     bad |= gpu_close(name, got, t->grad, t->numel, 1e-3f, 1e-6f);
     free(got);
   }
-  model_cuda_free(mc);
-  loader_shard_free(ds);
-  placement_cuda_free(&gpu);
-  model_free(m);
-  loader_shard_free(hs);
+  twins_free(&tw);
   return bad;
 }
 
