@@ -19,6 +19,15 @@ extern "C" {
 #include "worker/cpu_ops.h"
 }
 
+/* Launches are written TY_LAUNCH(kernel, grid, block, shmem)(args...) and
+ * dynamic shared memory TY_DYN_SHARED(type, name), so that this file also
+ * compiles as C++ against the simulated device (TRAINYARD_CUDA=SIM,
+ * tests/cudasim), whose headers define both. */
+#ifndef TY_CUDA_SIM
+#define TY_LAUNCH(k, grid, block, shmem) k<<<grid, block, shmem>>>
+#define TY_DYN_SHARED(type, name) extern __shared__ type name[]
+#endif
+
 struct cuda_backend {
   int device;
   cublasHandle_t blas;
@@ -68,11 +77,11 @@ static void blas_load(void) {
     snprintf(g_blas.why, sizeof g_blas.why, "cannot load %s (%s)", name, dlerror());
     return;
   }
-#define TY_BLAS_SYM(field, sym)                                                       \
-  if (!(g_blas.field = (decltype(g_blas.field))dlsym(h, #sym))) {                      \
-    snprintf(g_blas.why, sizeof g_blas.why, "%s has no %s (a cuBLAS older than %d.x?)", \
-             name, #sym, CUBLAS_VER_MAJOR);                                          \
-    return;                                                                           \
+#define TY_BLAS_SYM(field, sym)                                                               \
+  if (!(g_blas.field = (decltype(g_blas.field))dlsym(h, #sym))) {                             \
+    snprintf(g_blas.why, sizeof g_blas.why, "%s has no %s (a cuBLAS older than %d.x?)", name, \
+             #sym, CUBLAS_VER_MAJOR);                                                         \
+    return;                                                                                   \
   }
   TY_BLAS_SYM(create, cublasCreate_v2)
   TY_BLAS_SYM(destroy, cublasDestroy_v2)
@@ -199,11 +208,11 @@ __global__ void k_bf16_to_f32(float *d, const __nv_bfloat16 *s, size_t n) {
 }
 extern "C" void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n) {
   (void)b;
-  if (n) k_f32_to_bf16<<<cb_blocks(n), CB_THREADS>>>((__nv_bfloat16 *)dst, src, n);
+  if (n) TY_LAUNCH(k_f32_to_bf16, cb_blocks(n), CB_THREADS, 0)((__nv_bfloat16 *)dst, src, n);
 }
 extern "C" void cuda_bf16_to_f32(cuda_backend_t *b, float *dst, const uint16_t *src, size_t n) {
   (void)b;
-  if (n) k_bf16_to_f32<<<cb_blocks(n), CB_THREADS>>>(dst, (const __nv_bfloat16 *)src, n);
+  if (n) TY_LAUNCH(k_bf16_to_f32, cb_blocks(n), CB_THREADS, 0)(dst, (const __nv_bfloat16 *)src, n);
 }
 
 /* ---- matrix products (row-major operands seen by column-major cuBLAS:
@@ -216,11 +225,11 @@ static int gemm(cuda_backend_t *b, ty_dtype_t dt, cublasOperation_t ta, cublasOp
   if (m == 0 || n == 0) return 0;
   cublasStatus_t s;
   if (dt == TY_DTYPE_F32)
-    s = g_blas.sgemm(b->blas, ta, tb, m, n, k, &alpha, (const float *)A, lda, (const float *)B,
-                     ldb, &beta, C, ldc);
+    s = g_blas.sgemm(b->blas, ta, tb, m, n, k, &alpha, (const float *)A, lda, (const float *)B, ldb,
+                     &beta, C, ldc);
   else if (dt == TY_DTYPE_BF16)
-    s = g_blas.gemm_ex(b->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF,
-                       ldb, &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    s = g_blas.gemm_ex(b->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
+                       &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   else
     return TY_EINVAL;
   return s == CUBLAS_STATUS_SUCCESS ? 0 : TY_EINTERNAL;
@@ -302,7 +311,7 @@ __global__ void k_rmsnorm_dw(float *dw, const float *dout, const float *inp, con
 extern "C" void cuda_rmsnorm_forward(cuda_backend_t *b, float *out, float *rstd, const float *inp,
                                      const float *weight, int N, int C, float eps) {
   (void)b;
-  if (N > 0) k_rmsnorm_fwd<<<N, CB_THREADS>>>(out, rstd, inp, weight, C, eps);
+  if (N > 0) TY_LAUNCH(k_rmsnorm_fwd, N, CB_THREADS, 0)(out, rstd, inp, weight, C, eps);
 }
 
 extern "C" void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight,
@@ -311,8 +320,9 @@ extern "C" void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dwe
   (void)b;
   if (N <= 0) return;
   /* dweight first: dinp may alias dresid, never dout or inp. */
-  if (dweight) k_rmsnorm_dw<<<cb_blocks((size_t)C), CB_THREADS>>>(dweight, dout, inp, rstd, N, C);
-  k_rmsnorm_bwd<<<N, CB_THREADS>>>(dinp, dout, dresid, inp, weight, rstd, C);
+  if (dweight)
+    TY_LAUNCH(k_rmsnorm_dw, cb_blocks((size_t)C), CB_THREADS, 0)(dweight, dout, inp, rstd, N, C);
+  TY_LAUNCH(k_rmsnorm_bwd, N, CB_THREADS, 0)(dinp, dout, dresid, inp, weight, rstd, C);
 }
 
 /* ---- RoPE (rotate-half) ---- */
@@ -349,14 +359,16 @@ extern "C" void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_
                                   const float *sin_t, int B, int T, int NX, int HS) {
   (void)b;
   size_t total = (size_t)B * T * NX * (HS / 2);
-  if (total) k_rope<<<cb_blocks(total), CB_THREADS>>>(x, cos_t, sin_t, T, NX, HS, total, 1.0f);
+  if (total)
+    TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)(x, cos_t, sin_t, T, NX, HS, total, 1.0f);
 }
 
 extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t,
                                    const float *sin_t, int B, int T, int NX, int HS) {
   (void)b;
   size_t total = (size_t)B * T * NX * (HS / 2);
-  if (total) k_rope<<<cb_blocks(total), CB_THREADS>>>(dx, cos_t, sin_t, T, NX, HS, total, -1.0f);
+  if (total)
+    TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)(dx, cos_t, sin_t, T, NX, HS, total, -1.0f);
 }
 
 /* ---- causal GQA attention ---- */
@@ -365,7 +377,7 @@ extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *co
  * The probabilities go to prob's row (T floats, 0 above the diagonal). */
 __global__ void k_attn_fwd(float *out, float *lse, float *prob, const float *q, const float *k,
                            const float *v, int T, int NH, int NKV, int HS) {
-  extern __shared__ float sq[];
+  TY_DYN_SHARED(float, sq);
   size_t row = blockIdx.x;
   int t = (int)(row % T), h = (int)((row / T) % NH);
   size_t bb = row / ((size_t)T * NH);
@@ -410,7 +422,7 @@ __global__ void k_attn_fwd(float *out, float *lse, float *prob, const float *q, 
 __global__ void k_attn_bwd_q(float *dq, float *prob, float *dscores, const float *dout,
                              const float *lse, const float *q, const float *k, const float *v,
                              int T, int NH, int NKV, int HS) {
-  extern __shared__ float sh[];
+  TY_DYN_SHARED(float, sh);
   float *sq = sh, *sd = sh + HS;
   size_t row = blockIdx.x;
   int t = (int)(row % T), h = (int)((row / T) % NH);
@@ -482,8 +494,8 @@ extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse
   (void)b;
   size_t rows = (size_t)B * NH * T;
   if (rows)
-    k_attn_fwd<<<(unsigned)rows, row_threads(T), HS * sizeof(float)>>>(out, lse, scratch, q, k, v,
-                                                                       T, NH, NKV, HS);
+    TY_LAUNCH(k_attn_fwd, (unsigned)rows, row_threads(T), HS * sizeof(float))
+    (out, lse, scratch, q, k, v, T, NH, NKV, HS);
 }
 
 extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv,
@@ -494,10 +506,10 @@ extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk,
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
   if (!rows) return;
   float *prob = scratch, *dscores = scratch + rows * (size_t)T;
-  k_attn_bwd_q<<<(unsigned)rows, row_threads(T), 2 * HS * sizeof(float)>>>(
-      dq, prob, dscores, dout, lse, q, k, v, T, NH, NKV, HS);
-  k_attn_bwd_kv<<<(unsigned)kvrows, row_threads(HS)>>>(dk, dv, dscores, dout, prob, q, T, NH, NKV,
-                                                       HS);
+  TY_LAUNCH(k_attn_bwd_q, (unsigned)rows, row_threads(T), 2 * HS * sizeof(float))
+  (dq, prob, dscores, dout, lse, q, k, v, T, NH, NKV, HS);
+  TY_LAUNCH(k_attn_bwd_kv, (unsigned)kvrows, row_threads(HS), 0)
+  (dk, dv, dscores, dout, prob, q, T, NH, NKV, HS);
 }
 
 /* ---- SwiGLU ---- */
@@ -521,12 +533,12 @@ __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dh, const fl
 extern "C" void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up,
                                     size_t n) {
   (void)b;
-  if (n) k_swiglu_fwd<<<cb_blocks(n), CB_THREADS>>>(h, gate, up, n);
+  if (n) TY_LAUNCH(k_swiglu_fwd, cb_blocks(n), CB_THREADS, 0)(h, gate, up, n);
 }
 extern "C" void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
                                      const float *gate, const float *up, size_t n) {
   (void)b;
-  if (n) k_swiglu_bwd<<<cb_blocks(n), CB_THREADS>>>(dgate, dup, dh, gate, up, n);
+  if (n) TY_LAUNCH(k_swiglu_bwd, cb_blocks(n), CB_THREADS, 0)(dgate, dup, dh, gate, up, n);
 }
 
 __global__ void k_add(float *dst, const float *src, size_t n) {
@@ -535,7 +547,7 @@ __global__ void k_add(float *dst, const float *src, size_t n) {
 }
 extern "C" void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n) {
   (void)b;
-  if (n) k_add<<<cb_blocks(n), CB_THREADS>>>(dst, src, n);
+  if (n) TY_LAUNCH(k_add, cb_blocks(n), CB_THREADS, 0)(dst, src, n);
 }
 
 /* ---- embedding ---- */
@@ -567,14 +579,17 @@ extern "C" void cuda_embedding_forward(cuda_backend_t *b, float *out, const int 
   size_t n = (size_t)N * C;
   if (!n) return;
   if (dt == TY_DTYPE_BF16)
-    k_embed_fwd<<<cb_blocks(n), CB_THREADS>>>(out, tokens, (const __nv_bfloat16 *)embed, C, n);
+    TY_LAUNCH(k_embed_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
+    (out, tokens, (const __nv_bfloat16 *)embed, C, n);
   else
-    k_embed_fwd<<<cb_blocks(n), CB_THREADS>>>(out, tokens, (const float *)embed, C, n);
+    TY_LAUNCH(k_embed_fwd<float>, cb_blocks(n), CB_THREADS, 0)
+    (out, tokens, (const float *)embed, C, n);
 }
 extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout,
                                         const int *tokens, int N, int C) {
   (void)b;
-  if (N > 0 && C > 0) k_embed_bwd<<<cb_blocks((size_t)C), CB_THREADS>>>(dembed, dout, tokens, N, C);
+  if (N > 0 && C > 0)
+    TY_LAUNCH(k_embed_bwd, cb_blocks((size_t)C), CB_THREADS, 0)(dembed, dout, tokens, N, C);
 }
 
 /* ---- cross-entropy ---- */
@@ -610,7 +625,7 @@ __global__ void k_sum(double *out, const float *x, size_t n, int squares) {
   if (threadIdx.x == 0) *out = acc;
 }
 static int fetch_sum(cuda_backend_t *b, const float *x, size_t n, int squares, double *out) {
-  k_sum<<<1, 1024>>>(b->dsum, x, n, squares);
+  TY_LAUNCH(k_sum, 1, 1024, 0)(b->dsum, x, n, squares);
   cudaError_t e = cudaMemcpy(out, b->dsum, sizeof(double), cudaMemcpyDeviceToHost);
   return e == cudaSuccess ? 0 : TY_EINTERNAL;
 }
@@ -620,13 +635,13 @@ extern "C" int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const
     if (sum) *sum = 0.0;
     return 0;
   }
-  k_ce_fwd<<<N, CB_THREADS>>>(losses, logits, targets, V);
+  TY_LAUNCH(k_ce_fwd, N, CB_THREADS, 0)(losses, logits, targets, V);
   return sum ? fetch_sum(b, losses, (size_t)N, 0, sum) : 0;
 }
 extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
                                            int N, int V, float dloss) {
   (void)b;
-  if (N > 0) k_ce_bwd<<<N, CB_THREADS>>>(logits, targets, V, dloss);
+  if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, V, dloss);
 }
 extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out) {
   if (!n) {
@@ -682,8 +697,8 @@ extern "C" void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, flo
   /* The host-side factors exactly as optim_step computes them. */
   double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
   float decay = decay_on ? (float)(1.0 - c->lr * c->weight_decay) : 1.0f;
-  k_adamw<<<cb_blocks(n), CB_THREADS>>>(p, g, m, v, n, (float)c->beta1, (float)c->beta2,
-                                        (float)(1.0 - c->beta1), (float)(1.0 - c->beta2),
-                                        (float)c->eps, decay, (float)grad_scale,
-                                        (float)(c->lr / bc1), (float)sqrt(bc2));
+  TY_LAUNCH(k_adamw, cb_blocks(n), CB_THREADS, 0)
+  (p, g, m, v, n, (float)c->beta1, (float)c->beta2, (float)(1.0 - c->beta1),
+   (float)(1.0 - c->beta2), (float)c->eps, decay, (float)grad_scale, (float)(c->lr / bc1),
+   (float)sqrt(bc2));
 }

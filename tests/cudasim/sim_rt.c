@@ -1,0 +1,374 @@
+/* sim_rt.c - the simulated device's runtime core: devices, errors, streams
+ * as queues of ops, events as positions in them, and the order in which the
+ * queues run (TY_SIM_ORDER, cudasim.h). All state is under one lock; ops
+ * run on whichever host thread needs them done. */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cudasim.h"
+
+typedef struct sim_op {
+  struct sim_op *next;
+  const char *what;
+  sim_run_fn run; /* NULL: a wait for wait_s to reach wait_seq */
+  void *arg;
+  sim_drop_fn drop;
+  struct CUstream_st *wait_s;
+  uint64_t wait_seq;
+} sim_op_t;
+
+struct CUstream_st {
+  sim_op_t *head, *tail;
+  uint64_t enq, done; /* ops queued and finished so far */
+  int blocking;       /* synchronises with the legacy stream */
+  int running;        /* inside run_to: a wait back on it is a cycle */
+  struct CUstream_st *next_all;
+};
+
+struct CUevent_st {
+  struct CUstream_st *s; /* NULL until recorded */
+  uint64_t seq;
+};
+
+enum { ORDER_LAZY, ORDER_SIDE, ORDER_SYNC };
+
+static pthread_mutex_t g_lock;
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static struct CUstream_st g_legacy;
+static struct CUstream_st *g_streams = &g_legacy; /* every stream, legacy first */
+static int g_order, g_devices, g_hang_s;
+static cudaError_t g_error;
+static __thread int t_device;
+
+static int env_int(const char *name, int dflt) {
+  const char *v = getenv(name);
+  return v && *v ? atoi(v) : dflt;
+}
+
+static void init_once(void) {
+  pthread_mutexattr_t a;
+  pthread_mutexattr_init(&a);
+  pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+  pthread_mutex_init(&g_lock, &a);
+  pthread_mutexattr_destroy(&a);
+  g_legacy.blocking = 1;
+  g_devices = env_int("TY_SIM_GPUS", 2);
+  g_hang_s = env_int("TY_SIM_HANG_S", 300);
+  const char *o = getenv("TY_SIM_ORDER");
+  if (!o || !*o || !strcmp(o, "lazy"))
+    g_order = ORDER_LAZY;
+  else if (!strcmp(o, "side"))
+    g_order = ORDER_SIDE;
+  else if (!strcmp(o, "sync"))
+    g_order = ORDER_SYNC;
+  else
+    sim_fatal("TY_SIM_ORDER=%s: use lazy, side or sync", o);
+}
+
+static void lock(void) {
+  pthread_once(&g_once, init_once);
+  pthread_mutex_lock(&g_lock);
+}
+static void unlock(void) {
+  pthread_mutex_unlock(&g_lock);
+}
+
+void sim_fatal(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("cudasim: ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  abort();
+}
+
+void sim_nap(void) {
+  struct timespec ts = {0, 50000};
+  nanosleep(&ts, NULL);
+}
+
+int sim_hang_seconds(void) {
+  pthread_once(&g_once, init_once);
+  return g_hang_s;
+}
+
+void sim_set_error(cudaError_t e) {
+  lock();
+  if (g_error == cudaSuccess) g_error = e;
+  unlock();
+}
+
+static struct CUstream_st *resolve(cudaStream_t s) {
+  if (s == NULL || s == cudaStreamLegacy || s == cudaStreamPerThread) return &g_legacy;
+  return s;
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* Runs s until `seq` of its ops are done. With block, polls an op that is
+ * not ready until it is; without, returns 0 at the first such op. */
+static int run_to(struct CUstream_st *s, uint64_t seq, int block) {
+  if (s->done >= seq) return 1;
+  if (s->running) sim_fatal("a stream waits, through events, on its own later work (a cycle)");
+  s->running = 1;
+  int ok = 1;
+  while (s->done < seq) {
+    sim_op_t *op = s->head;
+    if (!op->run) {
+      if (!run_to(op->wait_s, op->wait_seq, block)) {
+        ok = 0;
+        break;
+      }
+    } else if (!op->run(op->arg)) {
+      if (!block) {
+        ok = 0;
+        break;
+      }
+      double t0 = now_s();
+      while (!op->run(op->arg)) {
+        if (now_s() - t0 > g_hang_s)
+          sim_fatal("%s did not complete within %d s (TY_SIM_HANG_S)", op->what, g_hang_s);
+        sim_nap();
+      }
+    }
+    s->head = op->next;
+    if (!s->head) s->tail = NULL;
+    s->done++;
+    if (op->drop) op->drop(op->arg);
+    free(op);
+  }
+  s->running = 0;
+  return ok;
+}
+
+static void push(struct CUstream_st *s, sim_op_t *op) {
+  op->next = NULL;
+  if (s->tail)
+    s->tail->next = op;
+  else
+    s->head = op;
+  s->tail = op;
+  s->enq++;
+}
+
+static void push_wait(struct CUstream_st *s, struct CUstream_st *on, uint64_t seq) {
+  if (on == s || on->done >= seq) return;
+  sim_op_t *op = calloc(1, sizeof *op);
+  if (!op) sim_fatal("out of host memory");
+  op->what = "a wait on another stream";
+  op->wait_s = on;
+  op->wait_seq = seq;
+  push(s, op);
+}
+
+/* What the order asks for after s got new work. */
+static void progress(struct CUstream_st *s) {
+  if (g_order == ORDER_SYNC) {
+    run_to(s, s->enq, 1);
+  } else if (g_order == ORDER_SIDE) {
+    for (struct CUstream_st *x = g_streams->next_all; x; x = x->next_all)
+      if (!x->running) run_to(x, x->enq, 0);
+  }
+}
+
+void sim_enqueue(cudaStream_t stream, const char *what, sim_run_fn run, void *arg,
+                 sim_drop_fn drop) {
+  lock();
+  struct CUstream_st *s = resolve(stream);
+  /* The legacy stream and blocking streams wait for each other. */
+  if (s == &g_legacy) {
+    for (struct CUstream_st *x = g_streams->next_all; x; x = x->next_all)
+      if (x->blocking) push_wait(s, x, x->enq);
+  } else if (s->blocking) {
+    push_wait(s, &g_legacy, g_legacy.enq);
+  }
+  sim_op_t *op = calloc(1, sizeof *op);
+  if (!op) sim_fatal("out of host memory");
+  op->what = what;
+  op->run = run;
+  op->arg = arg;
+  op->drop = drop;
+  push(s, op);
+  progress(s);
+  unlock();
+}
+
+void sim_stream_drain(cudaStream_t stream) {
+  lock();
+  struct CUstream_st *s = resolve(stream);
+  run_to(s, s->enq, 1);
+  unlock();
+}
+
+static void drain_all(void) {
+  for (struct CUstream_st *x = g_streams; x; x = x->next_all) run_to(x, x->enq, 1);
+}
+
+/* ---- errors ---- */
+
+static const struct {
+  cudaError_t e;
+  const char *name, *text;
+} g_errs[] = {
+    {cudaSuccess, "cudaSuccess", "no error"},
+    {cudaErrorInvalidValue, "cudaErrorInvalidValue", "invalid argument"},
+    {cudaErrorMemoryAllocation, "cudaErrorMemoryAllocation", "out of memory"},
+    {cudaErrorInitializationError, "cudaErrorInitializationError", "initialization error"},
+    {cudaErrorInvalidConfiguration, "cudaErrorInvalidConfiguration",
+     "invalid configuration argument"},
+    {cudaErrorInvalidDevicePointer, "cudaErrorInvalidDevicePointer", "invalid device pointer"},
+    {cudaErrorInvalidMemcpyDirection, "cudaErrorInvalidMemcpyDirection",
+     "invalid copy direction for memcpy"},
+    {cudaErrorNoDevice, "cudaErrorNoDevice", "no CUDA-capable device is detected"},
+    {cudaErrorInvalidDevice, "cudaErrorInvalidDevice", "invalid device ordinal"},
+    {cudaErrorInvalidResourceHandle, "cudaErrorInvalidResourceHandle", "invalid resource handle"},
+    {cudaErrorNotReady, "cudaErrorNotReady", "device not ready"},
+    {cudaErrorLaunchFailure, "cudaErrorLaunchFailure", "unspecified launch failure"},
+};
+
+const char *cudaGetErrorString(cudaError_t e) {
+  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
+    if (g_errs[i].e == e) return g_errs[i].text;
+  return "unrecognized error code";
+}
+const char *cudaGetErrorName(cudaError_t e) {
+  for (size_t i = 0; i < sizeof g_errs / sizeof g_errs[0]; i++)
+    if (g_errs[i].e == e) return g_errs[i].name;
+  return "cudaErrorUnknown";
+}
+cudaError_t cudaGetLastError(void) {
+  lock();
+  cudaError_t e = g_error;
+  g_error = cudaSuccess;
+  unlock();
+  return e;
+}
+cudaError_t cudaPeekAtLastError(void) {
+  lock();
+  cudaError_t e = g_error;
+  unlock();
+  return e;
+}
+
+/* ---- devices ---- */
+
+cudaError_t cudaGetDeviceCount(int *count) {
+  pthread_once(&g_once, init_once);
+  *count = g_devices > 0 ? g_devices : 0;
+  return g_devices > 0 ? cudaSuccess : cudaErrorNoDevice;
+}
+cudaError_t cudaSetDevice(int device) {
+  pthread_once(&g_once, init_once);
+  if (g_devices <= 0) return cudaErrorNoDevice;
+  if (device < 0 || device >= g_devices) return cudaErrorInvalidDevice;
+  t_device = device;
+  return cudaSuccess;
+}
+cudaError_t cudaGetDevice(int *device) {
+  *device = t_device;
+  return cudaSuccess;
+}
+int sim_current_device(void) {
+  return t_device;
+}
+cudaError_t cudaDeviceSynchronize(void) {
+  lock();
+  drain_all();
+  unlock();
+  return cudaSuccess;
+}
+void sim_device_sync(void) {
+  cudaDeviceSynchronize();
+}
+
+/* ---- streams and events ---- */
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *out, unsigned flags) {
+  struct CUstream_st *s = calloc(1, sizeof *s);
+  if (!s) return cudaErrorMemoryAllocation;
+  s->blocking = !(flags & cudaStreamNonBlocking);
+  lock();
+  struct CUstream_st *x = g_streams;
+  while (x->next_all) x = x->next_all;
+  x->next_all = s;
+  unlock();
+  *out = s;
+  return cudaSuccess;
+}
+cudaError_t cudaStreamCreate(cudaStream_t *out) {
+  return cudaStreamCreateWithFlags(out, cudaStreamDefault);
+}
+/* Its work is finished first; the queue itself stays (events may name it). */
+cudaError_t cudaStreamDestroy(cudaStream_t stream) {
+  if (!stream) return cudaErrorInvalidResourceHandle;
+  sim_stream_drain(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
+  sim_stream_drain(stream);
+  return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  lock();
+  struct CUstream_st *s = resolve(stream);
+  int done = run_to(s, s->enq, 0);
+  unlock();
+  return done ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned flags) {
+  (void)flags;
+  if (!e) return cudaErrorInvalidResourceHandle;
+  lock();
+  struct CUstream_st *s = resolve(stream);
+  if (e->s) {
+    push_wait(s, e->s, e->seq);
+    progress(s);
+  }
+  unlock();
+  return cudaSuccess;
+}
+
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags) {
+  (void)flags;
+  *out = calloc(1, sizeof **out);
+  return *out ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaEventCreate(cudaEvent_t *out) {
+  return cudaEventCreateWithFlags(out, cudaEventDefault);
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  free(e);
+  return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
+  if (!e) return cudaErrorInvalidResourceHandle;
+  lock();
+  struct CUstream_st *s = resolve(stream);
+  e->s = s;
+  e->seq = s->enq;
+  unlock();
+  return cudaSuccess;
+}
+static cudaError_t event_wait(cudaEvent_t e, int block) {
+  if (!e) return cudaErrorInvalidResourceHandle;
+  lock();
+  int done = !e->s || run_to(e->s, e->seq, block);
+  unlock();
+  return done ? cudaSuccess : cudaErrorNotReady;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+  return event_wait(e, 0);
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+  return event_wait(e, 1);
+}
