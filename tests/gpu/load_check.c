@@ -49,11 +49,17 @@ static int load_one(const char *dir, int world, int rank, ty_dtype_t dt, int eff
   char *host = malloc(s->bytes + 1);
   gpu_get(host, s->base, s->bytes);
   const char *path = efficient ? "memory_efficient" : "standard";
-  if (s->bytes != ref->bytes || memcmp(host, ref->base, s->bytes)) {
-    printf("FAIL %s world %d rank %d: the device shard differs from the CPU shard\n", path, world,
-           rank);
-    bad = 1;
+  /* Tensor by tensor: the alignment padding between views holds nothing. */
+  int same = s->bytes == ref->bytes && s->layout.ntensors == ref->layout.ntensors;
+  for (size_t i = 0; same && i < s->layout.ntensors; i++) {
+    const loader_view_t *a = &s->views[i], *b = &ref->views[i];
+    same = a->offset == b->offset && a->nbytes == b->nbytes &&
+           !memcmp(host + a->offset, (const char *)ref->base + b->offset, a->nbytes);
+    if (!same)
+      printf("FAIL %s world %d rank %d: the device shard's %s differs from the CPU shard's\n",
+             path, world, rank, a->t->name);
   }
+  if (!same) bad = 1;
   uint64_t want_peak = efficient ? s->bytes : full_bytes + s->bytes;
   if (st.device_peak_bytes != want_peak) {
     printf("FAIL %s world %d rank %d: device peak %llu, expected %llu\n", path, world, rank,
@@ -94,6 +100,7 @@ int main(void) {
   llama_config_init(&cfg);
   cfg.hidden_size = 256, cfg.intermediate_size = 688, cfg.num_hidden_layers = 3;
   cfg.num_attention_heads = 8, cfg.num_key_value_heads = 2, cfg.vocab_size = 1003;
+  cfg.head_dim = 32;
   uint64_t bytes;
   int bad = ckpt_write_random(dir, &cfg, TY_DTYPE_BF16, 2, 7, &bytes, err, sizeof err) != 0;
   if (bad) printf("FAIL ckpt_write_random: %s\n", err);

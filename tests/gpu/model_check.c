@@ -29,6 +29,7 @@ static void config(llama_config_t *c) {
   llama_config_init(c);
   c->hidden_size = 48, c->intermediate_size = 72, c->num_hidden_layers = 2;
   c->num_attention_heads = 4, c->num_key_value_heads = 2, c->vocab_size = 61;
+  c->head_dim = 12;
   c->rope_theta = 10000.0;
 }
 

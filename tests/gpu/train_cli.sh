@@ -26,7 +26,7 @@ run() { # NAME DEVICE DTYPE [USE_LORA [CHECKPOINT_EVERY]]
  "lora_alpha": 16, "target_modules": "all-linear", "device": "$2", "dtype": "$3",
  "fsdp": {"memory_efficient_load": true, "bucket_mb": 1},
  "data": {"path": "$data", "format": "text", "seq_len": 64},
- "train": {"steps": 20, "micro_batch_size": 4, "grad_accum": 2, "lr": 1e-2, "warmup_steps": 3,
+ "train": {"steps": 20, "micro_batch_size": 4, "grad_accum": 2, "lr": 3e-3, "warmup_steps": 3,
            "checkpoint_every": ${5:-0}},
  "output_dir": "$tmp/out-$1"}
 JSON
@@ -112,6 +112,8 @@ print("# every weight on the GPU, resumed at step 10: steps 11-20 vs the uninter
 assert worst < 1e-5, [(k, resumed[k], whole[k]) for k in sorted(resumed)]
 PY
 ngpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+# The simulated device (a TRAINYARD_CUDA=SIM build) shows TY_SIM_GPUS of them.
+[ -e "$bin/cudasim/libty_cudasim.so" ] && ngpu=${TY_SIM_GPUS:-2}
 if [ "${ngpu:-0}" -ge 2 ]; then
   # The same global batch (8 windows a step) as the one-GPU runs: 2 x 4 x 1;
   # adapters, then every weight (the host keeps each rank's shards).
@@ -121,7 +123,7 @@ if [ "${ngpu:-0}" -ge 2 ]; then
     "$ty" train --model_path "$tmp/base" "${lora_args[@]}" --device cuda --dtype float32 \
       --world_size 2 --fsdp.memory_efficient_load true --fsdp.bucket_mb 1 --data.path "$data" \
       --data.format text --data.seq_len 64 --train.steps 20 --train.micro_batch_size 4 \
-      --train.grad_accum 1 --train.lr 1e-2 --train.warmup_steps 3 --output_dir "$tmp/out-w2-$what" \
+      --train.grad_accum 1 --train.lr 3e-3 --train.warmup_steps 3 --output_dir "$tmp/out-w2-$what" \
       --json >"$tmp/w2-$what.out" 2>"$tmp/w2-$what.log" ||
       { cat "$tmp/w2-$what.log" >&2; fail "$what over 2 GPUs failed"; }
   done
