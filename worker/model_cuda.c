@@ -269,6 +269,10 @@ float *model_cuda_base_grads(model_cuda_t *m) {
   return m->gbase;
 }
 
+void model_cuda_base_changed(model_cuda_t *m) {
+  if (m->units) prefetch_forget(m->units);
+}
+
 /* The adapter of (l, target), if any: device A, B, dA, dB and its xa slot. */
 typedef struct {
   const float *A, *B;

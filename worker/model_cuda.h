@@ -77,6 +77,9 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
  * (over a shard: this rank's rows of the sum over ranks); NULL for LoRA.
  * The weights are the base shard's own memory. */
 float *model_cuda_base_grads(model_cuda_t *m);
+/* The base shard was written (an optimizer step, a resume): units gathered
+ * from it before are stale, and each is gathered again when next used. */
+void model_cuda_base_changed(model_cuda_t *m);
 
 /* The adapters' parameters and gradients (n_params floats each, in the host
  * lora's layout), on the device; 0 floats for full training. */

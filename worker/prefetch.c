@@ -235,6 +235,10 @@ int prefetch_acquire(prefetch_t *p, char *err, size_t errlen) {
   return 0;
 }
 
+void prefetch_forget(prefetch_t *p) {
+  for (int k = 0; k < p->nslots; k++) p->slot_unit[k] = -1;
+}
+
 /* The tensor of unit u in role (kind, layer), or NULL. */
 static const pf_tensor_t *find(const prefetch_t *p, int u, ckpt_kind_t kind, int layer) {
   if (u < 0 || u >= p->nunits) return NULL;

@@ -91,6 +91,10 @@ int prefetch_pass(prefetch_t *p, const int *order, int n, char *err, size_t errl
 /* Acquires the pass's next unit (see the top of this file); its tensors
  * are then prefetch_tensor's. TY_EINVAL past the pass's end. */
 int prefetch_acquire(prefetch_t *p, char *err, size_t errlen);
+/* The shards changed (an optimizer step or a resume wrote them): no unit
+ * counts as resident any more, so every unit is gathered again when next
+ * acquired. The unit held now stays held until the next acquire. */
+void prefetch_forget(prefetch_t *p);
 /* The unit acquired last, or -1. */
 int prefetch_current(const prefetch_t *p);
 /* Tensor (kind, layer) of the unit acquired last (layer ignored for the

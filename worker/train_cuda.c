@@ -129,6 +129,7 @@ static int tc_adamw(void *ctx, const optim_t *o, double lr, double grad_scale, c
     cuda_adamw_step(tc->cb, p + off, g + off, tc->m + off, tc->v + off, v->nbytes / sizeof(float),
                     &c, o->t + 1, grad_scale, v->t->ndim == 2);
   }
+  model_cuda_base_changed(tc->mc);
   return cuda_check(cudaGetLastError(), "the AdamW step", err, errlen);
 }
 
@@ -149,6 +150,7 @@ static int tc_state_to_host(void *ctx, float *params, float *m, float *v, size_t
 static int tc_state_from_host(void *ctx, const float *params, const float *m, const float *v,
                               size_t n, char *err, size_t errlen) {
   float *const host[3] = {(float *)params, (float *)m, (float *)v};
+  model_cuda_base_changed(((train_cuda_t *)ctx)->mc);
   return state_copy(ctx, host, cudaMemcpyHostToDevice, n, err, errlen);
 }
 

@@ -231,6 +231,43 @@ static void test_schedule(void **state) {
            false);
 }
 
+/* Acquires every unit of `order` in turn. */
+static void pass(prefetch_t *p, const int *order, int n) {
+  char err[256];
+  assert_int_equal(prefetch_pass(p, order, n, err, sizeof err), 0);
+  for (int i = 0; i < n; i++) assert_int_equal(prefetch_acquire(p, err, sizeof err), 0);
+}
+
+/* Units still resident after a backward pass serve the next forward pass
+ * as they lie, until the shards change (an optimizer step writes them):
+ * after prefetch_forget every unit is gathered again. */
+static void test_forget(void **state) {
+  (void)state;
+  char err[512];
+  placement_t pl;
+  loader_shard_t *s = whole_shard("forget", false, &pl);
+  size_t sb = prefetch_slot_bytes(s);
+  void *slots[2] = {malloc(sb), malloc(sb)};
+  fake_t f = {.s = s};
+  prefetch_ops_t ops = fake_ops(&f, false);
+  prefetch_t *p;
+  assert_int_equal(prefetch_create(&p, s, 2, slots, sb, &ops, err, sizeof err), 0);
+  run_passes(p, &f);
+  long before[4];
+  for (int u = 0; u < 4; u++) before[u] = prefetch_gathers(p, u);
+  pass(p, FWD, 4); /* the shards did not change: unit 1 was still resident */
+  assert_int_equal(prefetch_gathers(p, 1), before[1]);
+  pass(p, BWD, 3);
+  for (int u = 0; u < 4; u++) before[u] = prefetch_gathers(p, u);
+  prefetch_forget(p);
+  pass(p, FWD, 4);
+  for (int u = 0; u < 4; u++) assert_int_equal(prefetch_gathers(p, u), before[u] + 1);
+  prefetch_free(p);
+  free(slots[0]);
+  free(slots[1]);
+  loader_shard_free(s);
+}
+
 static void test_bad_arguments(void **state) {
   (void)state;
   char err[512];
@@ -519,6 +556,7 @@ static void test_not_whole_floats(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_schedule),
+      cmocka_unit_test(test_forget),
       cmocka_unit_test(test_bad_arguments),
       cmocka_unit_test(test_bytes),
       cmocka_unit_test(test_scatter_add),
