@@ -2,7 +2,10 @@
 # run-all.sh - every test suite, as README.md states and CI runs it:
 #   1. installs what is missing (deploy/install-deps.sh test)
 #   2. the release build and every ctest suite (GPU tests skip without a GPU)
-#   3. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
+#   3. the GPU suites on the simulated device (tests/cudasim): a worker-only
+#      build with TRAINYARD_CUDA=SIM, every GPU suite, then the multi-stream
+#      ones again with side streams run first (TY_SIM_ORDER=side)
+#   4. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
 #      unit tests again, each libFuzzer target for a bounded time, and the
 #      worker's loading and training suites (real worker processes, CPU
 #      ranks over shared memory)
@@ -14,6 +17,7 @@ bash deploy/install-deps.sh test
 jobs=$(nproc 2>/dev/null || echo 2)
 build=${TRAINYARD_BUILD_DIR:-build}
 asan=${TRAINYARD_ASAN_DIR:-build-asan}
+sim=${TRAINYARD_SIM_DIR:-build-sim}
 
 echo "== release build ($build)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -22,6 +26,15 @@ echo "== tests ($build)"
 ctest --test-dir "$build" --output-on-failure -j "$jobs" --label-exclude 'fuzz|bench'
 echo "== why GPU tests were skipped (if they were)"
 ctest --test-dir "$build" -L gpu -V 2>/dev/null | grep -iE '^[0-9]+: .*skip' || echo "(none skipped)"
+
+echo "== the GPU suites on the simulated device ($sim: TRAINYARD_CUDA=SIM, worker only)"
+cmake -S . -B "$sim" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_CUDA=SIM \
+  -DTRAINYARD_WORKER_ONLY=ON >/dev/null
+cmake --build "$sim" -j "$jobs"
+ctest --test-dir "$sim" --output-on-failure -j "$jobs" -R '^(gpu/|sim/|integration/load_cuda$)'
+echo "== the same, side streams run before the compute stream (TY_SIM_ORDER=side)"
+TY_SIM_ORDER=side ctest --test-dir "$sim" --output-on-failure -j "$jobs" \
+  -R '^(sim/device|gpu/(fsdp|model|train|comm_nccl))$'
 
 echo "== sanitizer build ($asan: clang, address + undefined, libFuzzer)"
 CC=clang cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \

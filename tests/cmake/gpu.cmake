@@ -41,3 +41,11 @@ endif()
 add_test(NAME integration/worker_only COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/worker_only.sh)
 set_tests_properties(integration/worker_only PROPERTIES LABELS integration TIMEOUT 600
                      ENVIRONMENT "${TY_TEST_ENV}")
+# The simulated device's own checks (a TRAINYARD_CUDA=SIM build; its kernels
+# are C++, as backend_cuda.cu is built there).
+if(TRAINYARD_CUDA_SIM)
+  add_executable(cudasim_check ${CMAKE_SOURCE_DIR}/tests/cudasim/sim_check.cpp)
+  target_link_libraries(cudasim_check PRIVATE ty_cudasim)
+  add_test(NAME sim/device COMMAND cudasim_check)
+  set_tests_properties(sim/device PROPERTIES LABELS gpu TIMEOUT 120 ENVIRONMENT "${TY_TEST_ENV}")
+endif()

@@ -1,0 +1,190 @@
+/* sim_check.cpp - the simulated device checks what it claims to check
+ * (ctest sim/device): block reductions through shuffles and __syncthreads
+ * give the right sums; a barrier that only part of a warp reaches, an
+ * overrun of a device allocation, a use after free and a collective the
+ * ranks disagree on each stop the process saying so; work on one stream
+ * that another reads without an event, and a pinned buffer read before its
+ * copy ran, show stale data; a bad launch and an allocation past the
+ * device's memory fail as CUDA's do. */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+static int g_failed;
+#define CHECK(cond, ...)                          \
+  do {                                            \
+    if (!(cond)) {                                \
+      printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      printf(__VA_ARGS__);                        \
+      printf("\n");                               \
+      g_failed = 1;                               \
+    }                                             \
+  } while (0)
+
+__device__ float warp_sum(float v) {
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+/* out[block] = sum of x over the block's threads, by warps then warp 0. */
+__global__ void k_block_sum(float *out, const float *x) {
+  __shared__ float part[32];
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x, lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  float v = warp_sum(x[i]);
+  if (lane == 0) part[w] = v;
+  __syncthreads();
+  v = threadIdx.x < blockDim.x / 32 ? part[threadIdx.x] : 0.0f;
+  if (w == 0) v = warp_sum(v);
+  if (threadIdx.x == 0) out[blockIdx.x] = v;
+}
+/* Half of warp 0 waits at __syncthreads, the other half at a shuffle. */
+__global__ void k_split_warp(float *out) {
+  if (threadIdx.x < 16)
+    __syncthreads();
+  else
+    out[0] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+}
+__global__ void k_write(float *d, unsigned n) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) d[i] = 1.0f;
+}
+
+/* Runs fn in a child; 1 when it died of `sig` with `msg` in its stderr. */
+static int dies(void (*fn)(void), int sig, const char *msg) {
+  int fd[2];
+  if (pipe(fd)) return 0;
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(fd[1], 2);
+    close(fd[0]);
+    fn();
+    _exit(0);
+  }
+  close(fd[1]);
+  char buf[4096];
+  size_t got = 0;
+  ssize_t r;
+  while (got < sizeof buf - 1 && (r = read(fd[0], buf + got, sizeof buf - 1 - got)) > 0)
+    got += (size_t)r;
+  buf[got] = '\0';
+  close(fd[0]);
+  int st = 0;
+  waitpid(pid, &st, 0);
+  int ok = WIFSIGNALED(st) && WTERMSIG(st) == sig && strstr(buf, msg);
+  if (!ok) printf("  child: status %d, stderr: %s\n", st, buf);
+  return ok;
+}
+
+static void split_warp(void) {
+  float *d;
+  cudaMalloc((void **)&d, 4);
+  TY_LAUNCH(k_split_warp, 1, 32, 0)(d);
+  cudaDeviceSynchronize();
+}
+static void overrun(void) {
+  float *d;
+  cudaMalloc((void **)&d, 4096); /* a whole page: its end is the guard page */
+  TY_LAUNCH(k_write, 5, 256, 0)(d, 1025);
+  cudaDeviceSynchronize();
+}
+static void after_free(void) {
+  float *d;
+  cudaMalloc((void **)&d, 1024);
+  cudaFree(d);
+  TY_LAUNCH(k_write, 1, 256, 0)(d, 256);
+  cudaDeviceSynchronize();
+}
+static void host_copy_past_end(void) {
+  float *d, h[300] = {0};
+  cudaMalloc((void **)&d, 1024);
+  cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
+}
+static ncclUniqueId g_id;
+static void mismatched_collective(void) {
+  pid_t peer = fork();
+  int rank = peer == 0 ? 1 : 0;
+  ncclComm_t c;
+  float *d;
+  cudaMalloc((void **)&d, 64);
+  ncclCommInitRank(&c, 2, g_id, rank);
+  ncclAllReduce(d, d, rank ? 8 : 4, ncclFloat, ncclSum, c, NULL);
+  cudaDeviceSynchronize();
+  if (peer == 0) _exit(0);
+  waitpid(peer, NULL, 0);
+}
+
+int main(void) {
+  /* Reductions: 1024 threads a block, 3 blocks. */
+  const int NB = 3, NT = 1024;
+  float *hx = (float *)malloc(NB * NT * sizeof(float)), want[NB] = {0}, got[NB];
+  for (int i = 0; i < NB * NT; i++) hx[i] = (float)(i % 7) - 3.0f, want[i / NT] += hx[i];
+  float *dx, *dout;
+  cudaMalloc((void **)&dx, NB * NT * sizeof(float));
+  cudaMalloc((void **)&dout, NB * sizeof(float));
+  cudaMemcpy(dx, hx, NB * NT * sizeof(float), cudaMemcpyHostToDevice);
+  TY_LAUNCH(k_block_sum, NB, NT, 0)(dout, dx);
+  cudaMemcpy(got, dout, sizeof got, cudaMemcpyDeviceToHost);
+  for (int b = 0; b < NB; b++)
+    CHECK(got[b] == want[b], "block %d sums to %g, want %g", b, got[b], want[b]);
+
+  CHECK(dies(split_warp, SIGABRT, "a barrier not every thread reaches"), "a split warp");
+  CHECK(dies(overrun, SIGSEGV, "device memory fault"), "an overrun");
+  CHECK(dies(after_free, SIGSEGV, "device memory fault"), "a use after free");
+  CHECK(dies(host_copy_past_end, SIGABRT, "not inside one live device allocation"), "a long copy");
+  CHECK(ncclGetUniqueId(&g_id) == ncclSuccess, "ncclGetUniqueId");
+  CHECK(dies(mismatched_collective, SIGABRT, "issued AllReduce(count 8"), "a mismatched call");
+
+  /* A side stream's memset read by the legacy stream: without an event the
+   * copy runs first (stale), with one it waits. */
+  cudaStream_t s;
+  cudaEvent_t ev;
+  cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  float *dbuf, h4[4];
+  cudaMalloc((void **)&dbuf, sizeof h4);
+  cudaMemset(dbuf, 0, sizeof h4);
+  cudaMemsetAsync(dbuf, 0x3f, sizeof h4, s); /* 0x3f3f3f3f = 0.747 */
+  cudaMemcpy(h4, dbuf, sizeof h4, cudaMemcpyDeviceToHost);
+  const char *order = getenv("TY_SIM_ORDER");
+  const bool lazy = !order || !*order || !strcmp(order, "lazy"); /* else side streams run at once */
+  if (lazy) CHECK(h4[0] == 0.0f, "read without an event saw %g: the side stream ran first", h4[0]);
+  cudaMemsetAsync(dbuf, 0, sizeof h4, s);
+  cudaEventRecord(ev, s);
+  cudaStreamWaitEvent(NULL, ev, 0);
+  cudaMemcpy(h4, dbuf, sizeof h4, cudaMemcpyDeviceToHost);
+  CHECK(h4[0] == 0.0f, "read after the event saw %g", h4[0]);
+
+  /* A pinned destination is written when its stream runs, not before. */
+  float *pin;
+  cudaHostAlloc((void **)&pin, sizeof h4, cudaHostAllocDefault);
+  pin[0] = 5.0f;
+  cudaMemcpyAsync(pin, dbuf, sizeof h4, cudaMemcpyDeviceToHost, s);
+  if (lazy) CHECK(pin[0] == 5.0f, "a pinned copy landed before its stream ran");
+  cudaStreamSynchronize(s);
+  CHECK(pin[0] == 0.0f, "the pinned copy did not land by the sync (%g)", pin[0]);
+  cudaFreeHost(pin);
+
+  /* A launch of 2048 threads a block is refused, as on a GPU. */
+  cudaGetLastError();
+  TY_LAUNCH(k_write, 1, 2048, 0)(dbuf, 4);
+  CHECK(cudaGetLastError() == cudaErrorInvalidConfiguration, "a 2048-thread block ran");
+  /* Memory: what cudaMemGetInfo shows, and no more. */
+  size_t fr, tot;
+  cudaMemGetInfo(&fr, &tot);
+  void *big = NULL;
+  CHECK(cudaMalloc(&big, tot) == cudaErrorMemoryAllocation, "all of the device's memory again");
+  cudaGetLastError();
+  size_t fr2;
+  CHECK(cudaMalloc(&big, 1 << 20) == cudaSuccess && cudaMemGetInfo(&fr2, &tot) == cudaSuccess &&
+            fr - fr2 == 1 << 20,
+        "1 MiB allocated shows as %zu bytes", fr - fr2);
+  cudaFree(big);
+  printf("%s sim/device: the simulated device's checks work\n", g_failed ? "FAIL" : "ok");
+  return g_failed;
+}
