@@ -13,6 +13,10 @@
 #   torch  the same checkpoint and batch through transformers + peft, when
 #          python3 has torch, transformers and peft.
 # Figures go to OUTDIR/bench.jsonl; a table to stdout.
+# TY_GPU_BENCH_SHAPE replaces the model's mkmodel size flags (with its own
+# TY_GPU_BENCH_CKPT): the simulated device runs the whole bench on a small
+# model (gpu/bench_smoke) so that the programs and this script are checked
+# before a GPU host runs them.
 set -uo pipefail
 build=${1:?usage: bench.sh BUILD OUTDIR}
 out=${2:?usage: bench.sh BUILD OUTDIR}
@@ -25,10 +29,11 @@ rc=0
 
 # Made aside and renamed when complete, so an interrupted run leaves no
 # half-written checkpoint to be reused.
+shape=${TY_GPU_BENCH_SHAPE:---hidden-size 2048 --intermediate-size 8192 --layers 16 --heads 32 --kv-heads 8 --vocab-size 128256}
 if [ ! -f "$ck/config.json" ]; then
   rm -rf "$ck.part"
-  "$build/cli/trainyard" mkmodel --out "$ck.part" --hidden-size 2048 --intermediate-size 8192 \
-    --layers 16 --heads 32 --kv-heads 8 --vocab-size 128256 --dtype bf16 --shards 4 --seed 1 &&
+  # shellcheck disable=SC2086 # the shape is a list of flags
+  "$build/cli/trainyard" mkmodel --out "$ck.part" $shape --dtype bf16 --shards 4 --seed 1 &&
     mv "$ck.part" "$ck" || exit 1
 fi
 

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# bench_smoke.sh - the GPU bench end to end on a small model (ctest
+# gpu/bench_smoke, in builds on the simulated device): every bench program
+# runs, every row of bench.jsonl says ok (torch may be skipped), and the
+# table prints, so that a GPU host's run of tests/gpu/bench.sh meets no
+# fault of the script's or the programs' own.
+set -euo pipefail
+. "$(dirname "$0")/../testlib.sh"
+
+TY_GPU_BENCH_CKPT="$tmp/ckpt" TY_GPU_BENCH_B=2 TY_GPU_BENCH_T=32 TY_GPU_BENCH_R=4 \
+  TY_GPU_BENCH_STEPS=2 TY_GPU_BENCH_SHAPE="--hidden-size 64 --intermediate-size 128 --layers 2 \
+--heads 4 --kv-heads 2 --vocab-size 300" \
+  bash "$TRAINYARD_SRC_DIR/tests/gpu/bench.sh" "$bin" "$tmp" >"$tmp/table.txt" 2>&1 ||
+  { cat "$tmp/table.txt" >&2; fail "bench.sh failed"; }
+cat "$tmp/table.txt"
+python3 - "$tmp/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+load = [r for r in rows if r["bench"] == "load"]
+lora = [r for r in rows if r["bench"] == "lora"]
+assert len(load) == 6, load  # 2 paths x (1 rank + 2 ranks)
+assert len(lora) == 3, lora  # slots 0, 2, 1
+for r in load + lora:
+    assert r["status"] == "ok", r
+eff = {(r["world"], r["rank"]): r for r in load if r["path"] == "memory_efficient"}
+std = {(r["world"], r["rank"]): r for r in load if r["path"] == "standard"}
+for k in eff:
+    assert eff[k]["device_peak_bytes"] < std[k]["device_peak_bytes"], (eff[k], std[k])
+for r in lora:
+    assert r["tokens_per_s"] > 0 and r["loss_last"] < r["loss_first"] * 1.5, r
+print("# bench smoke: %d load rows, %d lora rows, all ok" % (len(load), len(lora)))
+PY
+echo ok
