@@ -108,9 +108,14 @@ int main(void) {
   char rdv[128];
   snprintf(rdv, sizeof rdv, "nccl:file:%s/id", dir);
   pid_t pids[4];
+  fflush(stdout); /* or each child would print it again */
   for (int r = 0; r < world; r++) {
     pids[r] = fork();
-    if (pids[r] == 0) _exit(run_rank(rdv, r, world));
+    if (pids[r] == 0) {
+      int failed = run_rank(rdv, r, world);
+      fflush(stdout); /* _exit would drop what a pipe (ctest) has not taken yet */
+      _exit(failed);
+    }
   }
   int bad = 0;
   for (int r = 0; r < world; r++)

@@ -237,9 +237,14 @@ int main(void) {
       char rdv[192];
       snprintf(rdv, sizeof rdv, "nccl:file:%s.%d.id", dir, serial++);
       pid_t pids[4];
+      fflush(stdout); /* or each child would print it again */
       for (int r = 0; r < world; r++) {
         pids[r] = fork();
-        if (pids[r] == 0) _exit(run_rank(dir, rdv, r, world, dts[d], tied));
+        if (pids[r] == 0) {
+          int failed = run_rank(dir, rdv, r, world, dts[d], tied);
+          fflush(stdout); /* _exit would drop what a pipe (ctest) has not taken yet */
+          _exit(failed);
+        }
       }
       for (int r = 0; r < world; r++)
         if (waitpid(pids[r], &st, 0) != pids[r] || !WIFEXITED(st) || WEXITSTATUS(st)) bad = 1;
