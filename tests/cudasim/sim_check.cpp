@@ -1,11 +1,11 @@
 /* sim_check.cpp - the simulated device checks what it claims to check
  * (ctest sim/device): block reductions through shuffles and __syncthreads
  * give the right sums; a barrier that only part of a warp reaches, an
- * overrun of a device allocation, a use after free and a collective the
- * ranks disagree on each stop the process saying so; work on one stream
- * that another reads without an event, and a pinned buffer read before its
- * copy ran, show stale data; a bad launch and an allocation past the
- * device's memory fail as CUDA's do. */
+ * overrun of a device allocation, a use after free, a host read of device
+ * memory and a collective the ranks disagree on each stop the process
+ * saying so; work on one stream that another reads without an event, and a
+ * pinned buffer read before its copy ran, show stale data; a bad launch
+ * and an allocation past the device's memory fail as CUDA's do. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -105,6 +105,12 @@ static void host_copy_past_end(void) {
   cudaMalloc((void **)&d, 1024);
   cudaMemcpy(d, h, sizeof h, cudaMemcpyHostToDevice);
 }
+static void host_reads_device(void) {
+  float *d;
+  cudaMalloc((void **)&d, 1024);
+  volatile float x = d[3];
+  (void)x;
+}
 static ncclUniqueId g_id;
 static void mismatched_collective(void) {
   pid_t peer = fork();
@@ -136,6 +142,7 @@ int main(void) {
   CHECK(dies(split_warp, SIGABRT, "a barrier not every thread reaches"), "a split warp");
   CHECK(dies(overrun, SIGSEGV, "device memory fault"), "an overrun");
   CHECK(dies(after_free, SIGSEGV, "device memory fault"), "a use after free");
+  CHECK(dies(host_reads_device, SIGSEGV, "host code touched device memory"), "a host read");
   CHECK(dies(host_copy_past_end, SIGABRT, "not inside one live device allocation"), "a long copy");
   CHECK(ncclGetUniqueId(&g_id) == ncclSuccess, "ncclGetUniqueId");
   CHECK(dies(mismatched_collective, SIGABRT, "issued AllReduce(count 8"), "a mismatched call");
@@ -185,6 +192,12 @@ int main(void) {
             fr - fr2 == 1 << 20,
         "1 MiB allocated shows as %zu bytes", fr - fr2);
   cudaFree(big);
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(s);
+  cudaFree(dbuf);
+  cudaFree(dx);
+  cudaFree(dout);
+  free(hx);
   printf("%s sim/device: the simulated device's checks work\n", g_failed ? "FAIL" : "ok");
   return g_failed;
 }

@@ -71,6 +71,47 @@ static void *fiber_stack_init(char *stack, size_t bytes, void (*entry)(void)) {
 #error "the simulated device's fibers are written for x86-64"
 #endif
 
+/* AddressSanitizer must be told of every stack switch, or it takes the
+ * fibers' frames for the scheduler's (and reports them as overflows). */
+#if defined(__SANITIZE_ADDRESS__)
+#define SIM_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define SIM_ASAN 1
+#endif
+#endif
+#ifdef SIM_ASAN
+#include <sanitizer/common_interface_defs.h>
+static const void *g_sched_bottom;
+static size_t g_sched_size;
+/* Into fiber i from the scheduler, and back. */
+static void to_fiber(const void *bottom, size_t size, void **fake) {
+  __sanitizer_start_switch_fiber(fake, bottom, size);
+}
+static void in_fiber(void *fake) {
+  __sanitizer_finish_switch_fiber(fake, &g_sched_bottom, &g_sched_size);
+}
+static void to_sched(void **fake) {
+  __sanitizer_start_switch_fiber(fake, g_sched_bottom, g_sched_size);
+}
+static void in_sched(void *fake) {
+  __sanitizer_finish_switch_fiber(fake, NULL, NULL);
+}
+#else
+static void to_fiber(const void *bottom, size_t size, void **fake) {
+  (void)bottom, (void)size, (void)fake;
+}
+static void in_fiber(void *fake) {
+  (void)fake;
+}
+static void to_sched(void **fake) {
+  (void)fake;
+}
+static void in_sched(void *fake) {
+  (void)fake;
+}
+#endif
+
 static fiber_t g_fibers[MAX_THREADS];
 static char *g_stacks;
 static void *g_sched_sp;
@@ -104,9 +145,11 @@ static void set_thread(unsigned i) {
 }
 
 static void fiber_entry(void) {
+  in_fiber(NULL);
   g_launch->body(g_launch->arg);
   g_fibers[g_cur].state = F_DONE;
   void *dead;
+  to_sched(NULL); /* this fiber's stack is done with */
   sim_fiber_swap(&dead, g_sched_sp);
   abort(); /* a finished fiber is never resumed */
 }
@@ -119,7 +162,10 @@ void sim_barrier(int scope) {
         g_launch ? g_launch->name : "?");
   g_met_barrier = 1;
   g_fibers[g_cur].state = scope == SIM_BLOCK ? F_BLOCK : F_WARP;
+  void *fake = NULL;
+  to_sched(&fake);
   sim_fiber_swap(&g_fibers[g_cur].sp, g_sched_sp);
+  in_fiber(fake);
 }
 
 /* Lets waiting threads go: a warp whose live threads all wait at a warp
@@ -166,7 +212,10 @@ static void run_block_fibers(void) {
       if (g_fibers[i].state == F_RUN) {
         g_cur = (int)i;
         set_thread(i);
+        void *fake = NULL;
+        to_fiber(g_stacks + (size_t)i * STACK_BYTES, STACK_BYTES, &fake);
         sim_fiber_swap(&g_sched_sp, g_fibers[i].sp);
+        in_sched(fake);
         g_cur = -1;
       }
       done += g_fibers[i].state == F_DONE;
@@ -189,7 +238,6 @@ static void run_block_fibers(void) {
 
 typedef struct {
   sim_launch_t l;
-  int flat;
 } launch_op_t;
 
 static int *learned_slot(const void *key) {

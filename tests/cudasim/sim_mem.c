@@ -25,8 +25,7 @@ typedef struct {
   size_t bytes;
   char *region; /* the mapped pages, from region to the guard page */
   size_t region_bytes;
-  int device;
-  int pinned; /* a host allocation (cudaHostAlloc) */
+  int device; /* -1 for pinned host memory */
 } alloc_t;
 
 static pthread_mutex_t g_mem_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -39,15 +38,22 @@ static size_t g_npinned, g_pcap;
 static size_t g_used[64]; /* per device, in GRANULE units' bytes */
 static size_t g_total;
 
+static alloc_t *find(alloc_t *v, size_t n, const void *p);
+
 static void on_fault(int sig, siginfo_t *si, void *uc) {
   (void)uc;
   char *a = si->si_addr;
   if (g_arena && a >= g_arena && a < g_arena + ARENA_BYTES) {
     char msg[256];
-    int n = snprintf(msg, sizeof msg,
-                     "cudasim: device memory fault at arena offset %zu: an access past the end "
-                     "of a device allocation, or into freed device memory\n",
-                     (size_t)(a - g_arena));
+    alloc_t *in = find(g_allocs, g_nallocs, a); /* no lock: the process is dying anyway */
+    int n = in ? snprintf(msg, sizeof msg,
+                          "cudasim: host code touched device memory (offset %zu of an allocation "
+                          "of %zu bytes): a device pointer dereferenced on the host\n",
+                          (size_t)(a - in->p), in->bytes)
+               : snprintf(msg, sizeof msg,
+                          "cudasim: device memory fault at arena offset %zu: an access past the "
+                          "end of a device allocation, or into freed device memory\n",
+                          (size_t)(a - g_arena));
     if (n > 0) (void)!write(2, msg, (size_t)n);
   }
   signal(sig, SIG_DFL);
@@ -123,10 +129,13 @@ cudaError_t cudaMalloc(void **out, size_t bytes) {
   int ndev;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess) return cudaErrorNoDevice;
   int dev = sim_current_device();
+  sim_lock(); /* whether ops run decides the new memory's access */
+  int executing = sim_executing();
   pthread_mutex_lock(&g_mem_lock);
   arena_init();
   if (g_used[dev] + granules(bytes) > g_total) {
     pthread_mutex_unlock(&g_mem_lock);
+    sim_unlock();
     sim_set_error(cudaErrorMemoryAllocation);
     return cudaErrorMemoryAllocation;
   }
@@ -141,15 +150,26 @@ cudaError_t cudaMalloc(void **out, size_t bytes) {
   if (mprotect(region, region_bytes, PROT_READ | PROT_WRITE))
     sim_fatal("mprotect of %zu bytes failed", region_bytes);
   size_t rounded = (bytes + ALIGN - 1) / ALIGN * ALIGN;
-  alloc_t a = {region + region_bytes - rounded, bytes, region, region_bytes, dev, 0};
+  alloc_t a = {region + region_bytes - rounded, bytes, region, region_bytes, dev};
   /* Never-written device memory reads as NaN-like garbage, not zeros. */
   memset(a.p, 0xff, rounded);
+  if (!executing) mprotect(region, region_bytes, PROT_NONE);
   grow(&g_allocs, &g_cap, g_nallocs + 1);
   g_allocs[g_nallocs++] = a;
   g_used[dev] += granules(bytes);
   pthread_mutex_unlock(&g_mem_lock);
+  sim_unlock();
   *out = a.p;
   return cudaSuccess;
+}
+
+void sim_device_access(int on) {
+  pthread_mutex_lock(&g_mem_lock);
+  for (size_t i = 0; i < g_nallocs; i++)
+    if (mprotect(g_allocs[i].region, g_allocs[i].region_bytes,
+                 on ? PROT_READ | PROT_WRITE : PROT_NONE))
+      sim_fatal("mprotect of a device allocation failed");
+  pthread_mutex_unlock(&g_mem_lock);
 }
 
 cudaError_t cudaFree(void *p) {
@@ -188,7 +208,7 @@ cudaError_t cudaHostAlloc(void **out, size_t bytes, unsigned flags) {
   (void)flags;
   void *p = NULL;
   if (posix_memalign(&p, 4096, bytes ? bytes : 1)) return cudaErrorMemoryAllocation;
-  alloc_t a = {p, bytes ? bytes : 1, p, bytes, -1, 1};
+  alloc_t a = {p, bytes ? bytes : 1, p, bytes, -1};
   pthread_mutex_lock(&g_mem_lock);
   grow(&g_pinned, &g_pcap, g_npinned + 1);
   size_t i = g_npinned;
@@ -228,7 +248,7 @@ cudaError_t cudaPointerGetAttributes(struct cudaPointerAttributes *at, const voi
     at->type = cudaMemoryTypeDevice;
     at->device = a->device;
     at->devicePointer = (void *)p;
-  } else if ((a = find(g_pinned, g_npinned, p))) {
+  } else if (find(g_pinned, g_npinned, p)) {
     at->type = cudaMemoryTypeHost;
     at->hostPointer = (void *)p;
     at->devicePointer = (void *)p;

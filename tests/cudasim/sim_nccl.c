@@ -111,6 +111,8 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *out, int nranks, ncclUniqueId id
   if (!atomic_compare_exchange_strong(&c->seg->nranks, &expect, nranks) && expect != nranks) {
     fprintf(stderr, "cudasim: NCCL rank %d joined with %d ranks, another with %d\n", rank, nranks,
             expect);
+    munmap(m, SEG_BYTES);
+    free(c);
     return ncclInvalidUsage;
   }
   if (atomic_fetch_add(&c->seg->joined, 1) + 1 == nranks) shm_unlink(id.internal);
@@ -139,19 +141,27 @@ ncclResult_t ncclCommGetAsyncError(ncclComm_t c, ncclResult_t *state) {
   return ncclSuccess;
 }
 
-/* The segment stays mapped: ops still queued may name it (they complete at
- * once on an aborted communicator). */
+/* Queued ops of an aborted communicator complete at once (doing nothing),
+ * so the device can be drained before the communicator goes. */
+static void comm_release(struct ncclComm *c) {
+  sim_device_sync();
+  munmap(c->seg, SEG_BYTES);
+  free(c);
+}
+
 ncclResult_t ncclCommAbort(ncclComm_t c) {
   if (!c) return ncclSuccess;
   c->aborted = 1;
   atomic_store(&c->seg->aborted, 1);
+  comm_release(c);
   return ncclSuccess;
 }
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
   if (!c) return ncclSuccess;
-  sim_device_sync();
+  sim_device_sync(); /* its queued collectives finish first */
   c->aborted = 1;
+  comm_release(c);
   return ncclSuccess;
 }
 

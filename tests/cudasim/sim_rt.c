@@ -115,10 +115,11 @@ static double now_s(void) {
   return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static int run_to(struct CUstream_st *s, uint64_t seq, int block);
+
 /* Runs s until `seq` of its ops are done. With block, polls an op that is
  * not ready until it is; without, returns 0 at the first such op. */
-static int run_to(struct CUstream_st *s, uint64_t seq, int block) {
-  if (s->done >= seq) return 1;
+static int run_ops(struct CUstream_st *s, uint64_t seq, int block) {
   if (s->running) sim_fatal("a stream waits, through events, on its own later work (a cycle)");
   s->running = 1;
   int ok = 1;
@@ -149,6 +150,28 @@ static int run_to(struct CUstream_st *s, uint64_t seq, int block) {
   }
   s->running = 0;
   return ok;
+}
+
+/* Device memory is accessible only while ops run (the outermost run_to):
+ * host code that dereferences a device pointer faults, as it would on a
+ * GPU. */
+static int g_depth;
+static int run_to(struct CUstream_st *s, uint64_t seq, int block) {
+  if (s->done >= seq) return 1;
+  if (g_depth++ == 0) sim_device_access(1);
+  int ok = run_ops(s, seq, block);
+  if (--g_depth == 0) sim_device_access(0);
+  return ok;
+}
+
+void sim_lock(void) {
+  lock();
+}
+void sim_unlock(void) {
+  unlock();
+}
+int sim_executing(void) {
+  return g_depth > 0;
 }
 
 static void push(struct CUstream_st *s, sim_op_t *op) {

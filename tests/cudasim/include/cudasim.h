@@ -7,7 +7,9 @@
  * What it checks that a plain host emulation would not:
  *   - device memory lives in its own mapping, each allocation ending at a
  *     page that is never readable (an overrun faults, in a kernel or a copy)
- *     and unmapped for good once freed (a use after free faults);
+ *     and unmapped for good once freed (a use after free faults); it is
+ *     accessible only while device work runs, so host code that
+ *     dereferences a device pointer faults too;
  *   - copies and collectives must lie inside one live allocation;
  *   - streams are queues, run only when something waits on them (lazy), or
  *     side streams first (side): work that reads another stream's results
@@ -56,6 +58,14 @@ int sim_current_device(void);
 void sim_nap(void);
 /* Seconds a blocking wait may last (TY_SIM_HANG_S). */
 int sim_hang_seconds(void);
+
+/* The runtime's lock (recursive); ops run under it. */
+void sim_lock(void);
+void sim_unlock(void);
+/* 1 while ops run: device memory is accessible only then. */
+int sim_executing(void);
+/* Makes every live device allocation accessible (on) or not (off). */
+void sim_device_access(int on);
 
 /* 1 when [p, p + n) lies inside one live device allocation. */
 int sim_is_device_range(const void *p, size_t n);
