@@ -4,7 +4,10 @@
 #   2. the release build and every ctest suite (GPU tests skip without a GPU)
 #   3. the GPU suites on the simulated device (tests/cudasim): a worker-only
 #      build with TRAINYARD_CUDA=SIM, every GPU suite, then the multi-stream
-#      ones again with side streams run first (TY_SIM_ORDER=side)
+#      ones again with side streams run first (TY_SIM_ORDER=side); then a
+#      clang build of the same with AddressSanitizer + UBSan, for the CUDA
+#      host code (worker/*_cuda.c, comm_nccl.c), every GPU suite but the
+#      long training one
 #   4. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
 #      unit tests again, each libFuzzer target for a bounded time, and the
 #      worker's loading and training suites (real worker processes, CPU
@@ -18,6 +21,7 @@ jobs=$(nproc 2>/dev/null || echo 2)
 build=${TRAINYARD_BUILD_DIR:-build}
 asan=${TRAINYARD_ASAN_DIR:-build-asan}
 sim=${TRAINYARD_SIM_DIR:-build-sim}
+simasan=${TRAINYARD_SIM_ASAN_DIR:-build-sim-asan}
 
 echo "== release build ($build)"
 cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
@@ -35,6 +39,12 @@ ctest --test-dir "$sim" --output-on-failure -j "$jobs" -R '^(gpu/|sim/|integrati
 echo "== the same, side streams run before the compute stream (TY_SIM_ORDER=side)"
 TY_SIM_ORDER=side ctest --test-dir "$sim" --output-on-failure -j "$jobs" \
   -R '^(sim/device|gpu/(fsdp|model|train|comm_nccl))$'
+echo "== the same under the sanitizers ($simasan: clang, address + undefined), but gpu/train"
+CC=clang CXX=clang++ cmake -S . -B "$simasan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \
+  -DTRAINYARD_CUDA=SIM -DTRAINYARD_WORKER_ONLY=ON >/dev/null
+cmake --build "$simasan" -j "$jobs"
+ctest --test-dir "$simasan" --output-on-failure -j "$jobs" \
+  -R '^(gpu/|sim/|integration/load_cuda$)' -E '^gpu/train$'
 
 echo "== sanitizer build ($asan: clang, address + undefined, libFuzzer)"
 CC=clang cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \

@@ -173,7 +173,7 @@ __device__ F block_sum(F v) {
   v = warp_sum(v);
   if (lane == 0) sh[wid] = v;
   __syncthreads();
-  v = threadIdx.x < nw ? sh[threadIdx.x] : (F)0;
+  v = (int)threadIdx.x < nw ? sh[threadIdx.x] : (F)0;
   if (wid == 0) v = warp_sum(v);
   if (threadIdx.x == 0) sh[0] = v;
   __syncthreads();
@@ -187,7 +187,7 @@ __device__ float block_max(float v) {
   v = warp_max(v);
   if (lane == 0) sh[wid] = v;
   __syncthreads();
-  v = threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
+  v = (int)threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
   if (wid == 0) v = warp_max(v);
   if (threadIdx.x == 0) sh[0] = v;
   __syncthreads();
