@@ -19,6 +19,9 @@ struct cublasContext {
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
   int n;
   if (cudaGetDeviceCount(&n) != cudaSuccess) return CUBLAS_STATUS_NOT_INITIALIZED;
+  /* One BLAS thread: the products are small, and threads spinning between
+   * them would only take the cores from the other ranks' processes. */
+  openblas_set_num_threads(1);
   *h = calloc(1, sizeof **h);
   return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
 }
