@@ -244,7 +244,15 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
     ty_errf(err, errlen, rc, "copying the model to %s failed", s->pl->ops->name);
     goto out;
   }
-  if ((rc = shard_alloc(s, err, errlen))) goto out;
+  if ((rc = shard_alloc(s, err, errlen))) {
+    ty_errf(err, errlen, rc,
+            "rank %d: cannot allocate its %.1f MiB shard on %s beside the whole %.1f MiB model "
+            "that the standard load placed first (set fsdp.memory_efficient_load true: only "
+            "the shard is placed; or use more ranks)",
+            s->rank, (double)s->bytes / 1048576.0, s->pl->ops->name,
+            (double)full_bytes / 1048576.0);
+    goto out;
+  }
   for (size_t i = 0; i < nt && !rc; i++) {
     const loader_view_t *v = &s->views[i];
     size_t src = full_off[i] + (size_t)v->row0 * (size_t)v->t->cols * dsz;
