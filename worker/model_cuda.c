@@ -215,9 +215,12 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
     size_t want = m->bytes;
     model_cuda_free(m);
     return ty_errf(err, errlen, TY_EEXHAUSTED,
-                   "model_cuda: out of device memory after %.1f MiB of activations (lower the "
-                   "micro-batch or seq_len)",
-                   (double)want / 1048576.0);
+                   "model_cuda: out of device memory after %.1f MiB of training buffers "
+                   "(activations%s) beside the %.1f MiB base shard (lower the micro-batch or "
+                   "seq_len, or use more ranks)",
+                   (double)want / 1048576.0,
+                   lo ? "" : m->units ? ", gradients, unit slots" : ", gradients",
+                   (double)base->bytes / 1048576.0);
   }
   if ((lo &&
        cudaMemcpy(m->lp, lo->params, NP * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) ||

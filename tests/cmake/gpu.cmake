@@ -48,6 +48,9 @@ if(TRAINYARD_CUDA_SIM)
   target_link_libraries(cudasim_check PRIVATE ty_cudasim)
   add_test(NAME sim/device COMMAND cudasim_check)
   set_tests_properties(sim/device PROPERTIES LABELS gpu TIMEOUT 120 ENVIRONMENT "${TY_TEST_ENV}")
+  # A device too small for the job: the errors name what to change.
+  add_test(NAME gpu/oom COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/oom_cli.sh)
+  set_tests_properties(gpu/oom PROPERTIES LABELS gpu TIMEOUT 120 ENVIRONMENT "${TY_TEST_ENV}")
   # The GPU bench's programs and script end to end on a small model.
   add_test(NAME gpu/bench_smoke COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/bench_smoke.sh)
   set_tests_properties(gpu/bench_smoke PROPERTIES LABELS gpu TIMEOUT 300
