@@ -236,10 +236,6 @@ static void run_block_fibers(void) {
   }
 }
 
-typedef struct {
-  sim_launch_t l;
-} launch_op_t;
-
 static int *learned_slot(const void *key) {
   for (int i = 0; i < g_nlearned; i++)
     if (g_learned[i].key == key) return &g_learned[i].flat;
@@ -250,8 +246,7 @@ static int *learned_slot(const void *key) {
 }
 
 static int launch_run(void *arg) {
-  launch_op_t *op = arg;
-  const sim_launch_t *l = &op->l;
+  const sim_launch_t *l = arg;
   g_launch = l;
   sim_block_dim = (struct sim_idx){l->block[0], l->block[1], l->block[2]};
   sim_grid_dim = (struct sim_idx){l->grid[0], l->grid[1], l->grid[2]};
@@ -280,9 +275,9 @@ static int launch_run(void *arg) {
 }
 
 static void launch_drop(void *arg) {
-  launch_op_t *op = arg;
-  op->l.drop(op->l.arg);
-  free(op);
+  sim_launch_t *l = arg;
+  l->drop(l->arg);
+  free(l);
 }
 
 void sim_launch(const sim_launch_t *l) {
@@ -304,8 +299,8 @@ void sim_launch(const sim_launch_t *l) {
     l->drop(l->arg);
     return;
   }
-  launch_op_t *op = malloc(sizeof *op);
+  sim_launch_t *op = malloc(sizeof *op);
   if (!op) sim_fatal("out of host memory");
-  op->l = *l;
+  *op = *l;
   sim_enqueue(NULL, l->name, launch_run, op, launch_drop);
 }

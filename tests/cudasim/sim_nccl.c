@@ -159,9 +159,7 @@ ncclResult_t ncclCommAbort(ncclComm_t c) {
 
 ncclResult_t ncclCommDestroy(ncclComm_t c) {
   if (!c) return ncclSuccess;
-  sim_device_sync(); /* its queued collectives finish first */
-  c->aborted = 1;
-  comm_release(c);
+  comm_release(c); /* its queued collectives finish first */
   return ncclSuccess;
 }
 
