@@ -13,8 +13,9 @@
  *
  * Full training whose passes run on GPUs (worker/train_cuda.h) keeps only
  * the span here (FSDP_SPAN): the shards and their gradient shards, which
- * the optimizer updates and checkpoints and outputs are written from; the
- * model_t is then a table alone (model_create_table). */
+ * checkpoints and outputs are written from (the optimizer updates them
+ * here only when it runs on the host); the model_t is then a table alone
+ * (model_create_table). */
 #ifndef TY_WORKER_FSDP_H
 #define TY_WORKER_FSDP_H
 

@@ -98,8 +98,9 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
 /* A copy of src (a shard in host memory: a CPU placement's) in placement
  * pl: the same layout, one allocation of src->bytes in pl, the bytes
  * copied in (pl's copy_in). For a shard that lives on the host and on a
- * device at once (full training over GPUs: the host's copy is what the
- * optimizer updates). *out is the caller's (loader_shard_free); TY_EINVAL
+ * device at once (full training over GPUs: the device's copy is trained,
+ * the host's receives it for checkpoints and the outputs). *out is the
+ * caller's (loader_shard_free); TY_EINVAL
  * when src is not in host memory, TY_EEXHAUSTED when pl has no room. */
 int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out, char *err,
                         size_t errlen);

@@ -47,10 +47,12 @@ typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
 /* A model on an accelerator (worker/train_cuda.h). The loop runs the
  * forward and backward passes there and keeps the trained span (the
  * adapters, or for full training the host model's own weights or this
- * rank's shards), the optimizer, clipping and checkpoints on the host:
- * gradients come down and parameters go up once a step (a few MiB for
- * adapters; the model, or this rank's 1/N of it, for full training). Each
- * call returns 0 or a TY_E* code with the reason in err. */
+ * rank's shards), clipping and checkpoints on the host. Without the
+ * optional AdamW hooks below the optimizer runs on the host too: gradients
+ * come down and parameters go up once a step (LoRA: a few MiB). With them
+ * (full training on GPUs) the span and the moments stay on the device and
+ * move only for checkpoints, the outputs and a resume. Each call returns 0
+ * or a TY_E* code with the reason in err. */
 typedef struct {
   void *ctx;
   int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
