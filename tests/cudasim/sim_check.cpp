@@ -5,7 +5,8 @@
  * memory and a collective the ranks disagree on each stop the process
  * saying so; work on one stream that another reads without an event, and a
  * pinned buffer read before its copy ran, show stale data; a bad launch
- * and an allocation past the device's memory fail as CUDA's do. */
+ * and an allocation past the device's memory fail as CUDA's do;
+ * CUDA_VISIBLE_DEVICES narrows the devices by CUDA's rule. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,7 +126,33 @@ static void mismatched_collective(void) {
   waitpid(peer, NULL, 0);
 }
 
-int main(void) {
+/* The device count a fresh process sees with CUDA_VISIBLE_DEVICES=v over
+ * TY_SIM_GPUS=gpus (this program run again with "count"). */
+static int visible(const char *self, int gpus, const char *v) {
+  fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    char g[16];
+    snprintf(g, sizeof g, "%d", gpus);
+    setenv("TY_SIM_GPUS", g, 1);
+    if (v)
+      setenv("CUDA_VISIBLE_DEVICES", v, 1);
+    else
+      unsetenv("CUDA_VISIBLE_DEVICES");
+    execl(self, self, "count", (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "count")) {
+    int n = -1;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    return e == cudaSuccess ? n : e == cudaErrorNoDevice && n == 0 ? 0 : 100;
+  }
   /* Reductions: 1024 threads a block, 3 blocks. */
   const int NB = 3, NT = 1024;
   float *hx = (float *)malloc(NB * NT * sizeof(float)), want[NB] = {0}, got[NB];
@@ -198,6 +225,19 @@ int main(void) {
   cudaFree(dx);
   cudaFree(dout);
   free(hx);
+
+  /* CUDA_VISIBLE_DEVICES: the listed ordinals up to the first bad one. */
+  static const struct {
+    int gpus;
+    const char *v;
+    int want;
+  } vis[] = {{2, NULL, 2}, {2, "1", 1},     {2, "1,0", 2}, {4, "3,1", 2}, {2, "", 0},
+             {2, "2", 0},  {2, "0,5,1", 1}, {2, "1,1", 1}, {3, "x", 0},   {0, "0", 0}};
+  for (size_t i = 0; i < sizeof vis / sizeof vis[0]; i++) {
+    int n = visible(argv[0], vis[i].gpus, vis[i].v);
+    CHECK(n == vis[i].want, "TY_SIM_GPUS=%d CUDA_VISIBLE_DEVICES=%s: %d devices, want %d",
+          vis[i].gpus, vis[i].v ? vis[i].v : "(unset)", n, vis[i].want);
+  }
   printf("%s sim/device: the simulated device's checks work\n", g_failed ? "FAIL" : "ok");
   return g_failed;
 }

@@ -50,6 +50,27 @@ static int env_int(const char *name, int dflt) {
   return v && *v ? atoi(v) : dflt;
 }
 
+/* CUDA_VISIBLE_DEVICES over the TY_SIM_GPUS machine, by CUDA's rule: the
+ * listed ordinals, in order, up to the first that is not a device or is
+ * listed twice; set but empty hides every device. */
+static int visible_devices(int machine) {
+  const char *v = getenv("CUDA_VISIBLE_DEVICES");
+  if (!v) return machine;
+  int n = 0;
+  unsigned long long seen = 0;
+  while (*v) {
+    char *end;
+    long d = strtol(v, &end, 10);
+    if (end == v || d < 0 || d >= machine || d >= 64 || (seen >> d & 1)) break;
+    seen |= 1ull << d;
+    n++;
+    while (*end == ' ') end++;
+    if (*end != ',') break;
+    v = end + 1;
+  }
+  return n;
+}
+
 static void init_once(void) {
   pthread_mutexattr_t a;
   pthread_mutexattr_init(&a);
@@ -57,7 +78,7 @@ static void init_once(void) {
   pthread_mutex_init(&g_lock, &a);
   pthread_mutexattr_destroy(&a);
   g_legacy.blocking = 1;
-  g_devices = env_int("TY_SIM_GPUS", 2);
+  g_devices = visible_devices(env_int("TY_SIM_GPUS", 2));
   g_hang_s = env_int("TY_SIM_HANG_S", 300);
   const char *o = getenv("TY_SIM_ORDER");
   if (!o || !*o || !strcmp(o, "lazy"))

@@ -20,7 +20,8 @@
  *     every thread reaches is reported, not hung on;
  *   - collectives check that every rank issued the same call.
  *
- * Environment: TY_SIM_GPUS (devices, default 2; 0 = none), TY_SIM_MEM_MIB
+ * Environment: TY_SIM_GPUS (the machine's devices, default 2; 0 = none; a
+ * process sees those CUDA_VISIBLE_DEVICES lists, by CUDA's rule), TY_SIM_MEM_MIB
  * (each device's memory, default 16384), TY_SIM_ORDER (lazy | side | sync,
  * default lazy), TY_SIM_HANG_S (seconds a wait may last before the process
  * aborts saying what it waited for, default 300). */
