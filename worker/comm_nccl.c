@@ -146,7 +146,10 @@ static int stage_in(comm_t *c, stage_t *st, int k, const void *const *ptrs, cons
     if (cudaMalloc(&n->bounce, need) != cudaSuccess) {
       cudaGetLastError();
       return comm_fail(c, TY_EEXHAUSTED, -1,
-                       "%s: no device memory to stage %zu bytes of host buffers", op, need);
+                       "%s: out of device memory staging %.1f MiB of host buffers through the "
+                       "GPU for NCCL (the model and its training buffers fill the device: lower "
+                       "the micro-batch or seq_len, or use more ranks)",
+                       op, (double)need / (1 << 20));
     }
     n->bounce_bytes = need;
   }

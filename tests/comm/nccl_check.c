@@ -1,7 +1,9 @@
 /* nccl_check.c - the NCCL backend on real GPUs (ctest label gpu): one rank
  * per visible device (at most 4), each collective with uneven counts on
- * device buffers, results copied back and checked exactly. Exits 77 (ctest
- * skip) where no CUDA device is visible. */
+ * device buffers, results copied back and checked exactly; an all-reduce
+ * of a host buffer (staged through the device); and, with the device full,
+ * that all-reduce fails saying what to change. Exits 77 (ctest skip) where
+ * no CUDA device is visible. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include "api/errors.h"
 #include "worker/comm.h"
 
 #define SKIP 77
@@ -82,14 +85,45 @@ static int run_rank(const char *rdv, int me, int world) {
   for (size_t i = 0; i < total; i++) CHECK(h[i] == val(9, i), "broadcast [%zu] = %g", i, h[i]);
   CHECK(comm_barrier(c) == 0, "barrier: %s", comm_error(c));
 
+  /* all_reduce of a host buffer: staged through device memory. */
+  for (size_t i = 0; i < total; i++) h[i] = val(me, i);
+  CHECK(comm_all_reduce(c, h, total) == 0, "host all_reduce: %s", comm_error(c));
+  for (size_t i = 0; i < total; i++) {
+    float want = 0;
+    for (int r = 0; r < world; r++) want += val(r, i);
+    CHECK(h[i] == want, "host all_reduce [%zu] = %g, want %g", i, h[i], want);
+  }
   cudaFree(d_all);
   cudaFree(d_mine);
+
+  /* The device full: a larger host buffer cannot be staged, and the error
+   * says so and what to change. Last: it breaks the communicator. */
+  void *fill[4096];
+  int nfill = 0;
+  for (size_t chunk = (size_t)1 << 30; chunk >= ((size_t)1 << 20); chunk >>= 4)
+    while (nfill < 4096 && cudaMalloc(&fill[nfill], chunk) == cudaSuccess) nfill++;
+  cudaGetLastError();
+  size_t big = (size_t)4 << 20;
+  float *hb = calloc(big, sizeof(float));
+  CHECK(hb, "calloc");
+  int rc = comm_all_reduce(c, hb, big);
+  const char *msg = comm_error(c);
+  CHECK(rc == TY_EEXHAUSTED &&
+            strstr(msg, "out of device memory staging 16.0 MiB of host buffers") &&
+            strstr(msg, "lower the micro-batch"),
+        "host all_reduce on a full device: rc %d: %s", rc, msg);
+  if (me == 0) printf("nccl_check: full device: %s\n", msg);
+  for (int i = 0; i < nfill; i++) cudaFree(fill[i]);
+  free(hb);
   free(h);
   comm_close(c);
   return 0;
 }
 
 int main(void) {
+  /* The simulated device's memory (a real one ignores this): small, so
+   * that filling it is quick. */
+  setenv("TY_SIM_MEM_MIB", "64", 0);
   /* Count devices in a child: CUDA must not be initialised before fork. */
   pid_t probe = fork();
   if (probe == 0) {
