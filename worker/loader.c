@@ -89,7 +89,7 @@ uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_d
 static int shard_alloc(loader_shard_t *s, char *err, size_t errlen) {
   if (placement_alloc(s->pl, s->bytes, &s->base))
     return ty_errf(err, errlen, TY_EEXHAUSTED,
-                   "rank %d: cannot allocate its %.1f MiB shard on %s (use more ranks)", s->rank,
+                   "cannot allocate its %.1f MiB shard on %s (use more ranks)",
                    (double)s->bytes / 1048576.0, s->pl->ops->name);
   for (size_t i = 0; i < s->layout.ntensors; i++)
     s->views[i].data = (char *)s->base + s->views[i].offset;
@@ -100,19 +100,18 @@ int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard
                         size_t errlen) {
   *out = NULL;
   if (strcmp(src->pl->ops->name, "cpu"))
-    return ty_errf(err, errlen, TY_EINVAL, "rank %d: a shard on %s is not in host memory",
-                   src->rank, src->pl->ops->name);
+    return ty_errf(err, errlen, TY_EINVAL, "a shard on %s is not in host memory",
+                   src->pl->ops->name);
   loader_opts_t o = {
       .rank = src->rank, .world_size = src->world_size, .dtype = src->dtype, .pl = pl};
   loader_shard_t *s;
   int rc = shard_layout(&src->layout.cfg, &o, &s, err, errlen);
   if (rc) return rc;
   if (s->bytes != src->bytes) /* cannot happen: one layout rule */
-    rc = ty_errf(err, errlen, TY_EINTERNAL, "rank %d: the copy's layout differs", src->rank);
+    rc = ty_errf(err, errlen, TY_EINTERNAL, "the copy's layout differs");
   if (!rc) rc = shard_alloc(s, err, errlen);
   if (!rc && s->bytes && pl->ops->copy_in(pl, s->base, 0, src->base, s->bytes))
-    rc = ty_errf(err, errlen, TY_EINTERNAL, "rank %d: copying its shard onto %s failed", s->rank,
-                 pl->ops->name);
+    rc = ty_errf(err, errlen, TY_EINTERNAL, "copying its shard onto %s failed", pl->ops->name);
   if (rc) {
     loader_shard_free(s);
     return rc;
@@ -246,11 +245,10 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   }
   if ((rc = shard_alloc(s, err, errlen))) {
     ty_errf(err, errlen, rc,
-            "rank %d: cannot allocate its %.1f MiB shard on %s beside the whole %.1f MiB model "
+            "cannot allocate its %.1f MiB shard on %s beside the whole %.1f MiB model "
             "that the standard load placed first (set fsdp.memory_efficient_load true: only "
             "the shard is placed; or use more ranks)",
-            s->rank, (double)s->bytes / 1048576.0, s->pl->ops->name,
-            (double)full_bytes / 1048576.0);
+            (double)s->bytes / 1048576.0, s->pl->ops->name, (double)full_bytes / 1048576.0);
     goto out;
   }
   for (size_t i = 0; i < nt && !rc; i++) {
