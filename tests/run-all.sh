@@ -2,12 +2,12 @@
 # run-all.sh - every test suite, as README.md states and CI runs it:
 #   1. installs what is missing (deploy/install-deps.sh test)
 #   2. the release build and every ctest suite (GPU tests skip without a GPU)
-#   3. the GPU suites on the simulated device (tests/cudasim): a worker-only
-#      build with TRAINYARD_CUDA=SIM, every GPU suite, then the multi-stream
-#      ones again with side streams run first (TY_SIM_ORDER=side); then a
-#      clang build of the same with AddressSanitizer + UBSan, for the CUDA
-#      host code (worker/*_cuda.c, comm_nccl.c), every GPU suite but the
-#      long training one
+#   3. the GPU suites on the simulated device (tests/cudasim): a build with
+#      TRAINYARD_CUDA=SIM, every GPU suite (cuda jobs through trainyardd
+#      too), then the multi-stream ones again with side streams run first
+#      (TY_SIM_ORDER=side); then a worker-only clang build of the same with
+#      AddressSanitizer + UBSan, for the CUDA host code (worker/*_cuda.c,
+#      comm_nccl.c), every GPU suite but the long training one
 #   4. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
 #      unit tests again, each libFuzzer target for a bounded time, and the
 #      worker's loading and training suites (real worker processes, CPU
@@ -31,9 +31,8 @@ ctest --test-dir "$build" --output-on-failure -j "$jobs" --label-exclude 'fuzz|b
 echo "== why GPU tests were skipped (if they were)"
 ctest --test-dir "$build" -L gpu -V 2>/dev/null | grep -iE '^[0-9]+: .*skip' || echo "(none skipped)"
 
-echo "== the GPU suites on the simulated device ($sim: TRAINYARD_CUDA=SIM, worker only)"
-cmake -S . -B "$sim" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_CUDA=SIM \
-  -DTRAINYARD_WORKER_ONLY=ON >/dev/null
+echo "== the GPU suites on the simulated device ($sim: TRAINYARD_CUDA=SIM)"
+cmake -S . -B "$sim" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTRAINYARD_CUDA=SIM >/dev/null
 cmake --build "$sim" -j "$jobs"
 ctest --test-dir "$sim" --output-on-failure -j "$jobs" -R '^(gpu/|sim/|integration/load_cuda$)'
 echo "== the same, side streams run before the compute stream (TY_SIM_ORDER=side)"

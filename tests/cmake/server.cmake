@@ -17,6 +17,14 @@ if(Python3_FOUND)
     set_tests_properties(integration/${suite} PROPERTIES LABELS integration TIMEOUT 300
                          ENVIRONMENT "${TY_TEST_ENV}")
   endforeach()
+  # cuda jobs through trainyardd with the real worker, against CPU jobs
+  # (one GPU per rank; skips without a GPU; runs on the simulated device).
+  if(TRAINYARD_HAVE_CUDA)
+    add_test(NAME gpu/server COMMAND ${Python3_EXECUTABLE}
+                                     ${CMAKE_SOURCE_DIR}/tests/gpu/server_check.py)
+    set_tests_properties(gpu/server PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600
+                         ENVIRONMENT "${TY_TEST_ENV}")
+  endif()
   # wrk against trainyardd beside nginx; not in CI (label bench).
   add_test(NAME bench/api COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/api.py)
   set_tests_properties(bench/api PROPERTIES LABELS bench TIMEOUT 600 ENVIRONMENT "${TY_TEST_ENV}")
