@@ -25,7 +25,10 @@
 #
 # Environment: TY_GPU_BUILD_DIR (default <source>/build-gpu),
 #   TY_GPU_BENCH=0 to skip the bench, TY_GPU_BENCH_TIMEOUT (seconds, 300),
-#   TY_DEPS_DEBS as above.
+#   TY_DEPS_DEBS as above, TY_GPU_CUDA (the build's TRAINYARD_CUDA, ON):
+#   SIM rehearses this whole script on the simulated device on a machine
+#   without a GPU (with the bench's TY_GPU_BENCH_* set to a small model, as
+#   tests/gpu/bench_smoke.sh does).
 set -uo pipefail
 [ $# -eq 1 ] || { echo "usage: tests/gpu/run.sh OUTDIR" >&2; exit 2; }
 mkdir -p "$1" && out=$(cd "$1" && pwd) || exit 2
@@ -67,7 +70,7 @@ fi
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 if cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTRAINYARD_WORKER_ONLY=ON \
-  -DTRAINYARD_CUDA=ON >"$out/build.log" 2>&1 &&
+  -DTRAINYARD_CUDA="${TY_GPU_CUDA:-ON}" >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1; then
   stage build ok "$build"
 else
