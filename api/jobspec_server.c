@@ -120,8 +120,9 @@ int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *
   if (s->device != JOBSPEC_DEVICE_CUDA) return 0;
   if (gpus_available <= 0) {
     ty_errlist_add(errs, "device",
-                   "is cuda but this server has no GPU; use \"auto\" or "
-                   "\"cpu\"");
+                   "is cuda but this server has no GPU (it runs with --gpus 0); on a GPU "
+                   "host start trainyardd with --gpus N (or TRAINYARD_GPUS=N), else use "
+                   "\"auto\" or \"cpu\"");
     return TY_EINVAL;
   }
   if (s->world_size > gpus_available) {

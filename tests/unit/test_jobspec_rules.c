@@ -372,6 +372,8 @@ static void test_cuda_gpus(void **state) {
   ty_errlist_clear(&e);
   assert_int_equal(jobspec_check_devices(&s, 0, &e), TY_EINVAL);
   assert_true(tu_has(&e, "device", "no GPU"));
+  /* ... and says how a GPU host gives it some. */
+  assert_true(tu_has(&e, "device", "start trainyardd with --gpus N"));
   ty_errlist_clear(&e);
   /* auto and cpu never need a GPU. */
   assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"world_size\": 8}", &e), 0);
