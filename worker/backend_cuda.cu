@@ -371,116 +371,153 @@ extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *co
     TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)(dx, cos_t, sin_t, T, NX, HS, total, -1.0f);
 }
 
-/* ---- causal GQA attention ---- */
+/* ---- causal GQA attention ----
+ * Tiled, without a (T, T) matrix: each query row's scores are recomputed
+ * from q and k where they are needed, a tile of blockDim.x keys at a time
+ * in shared memory. The forward pass keeps only each row's log-sum-exp;
+ * the backward pass rebuilds the probabilities from it and keeps only
+ * each row's dout . out (B*NH*T floats of scratch). */
 
-/* One block per (b, h, t) query row; shared: the query row (HS floats).
- * The probabilities go to prob's row (T floats, 0 above the diagonal). */
-__global__ void k_attn_fwd(float *out, float *lse, float *prob, const float *q, const float *k,
-                           const float *v, int T, int NH, int NKV, int HS) {
-  TY_DYN_SHARED(float, sq);
+static __device__ float dot_hs(const float *a, const float *b, int HS) {
+  float s = 0.0f;
+  for (int d = 0; d < HS; d++) s += a[d] * b[d];
+  return s;
+}
+
+/* One block per (b, h, t) query row. Shared: the query row (HS floats)
+ * and one tile's probabilities (blockDim.x floats). Pass 1: the row's
+ * max and sum (log-sum-exp); pass 2: out = sum_j p_j v_j by tiles, each
+ * thread owning its d's of the output row. */
+__global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                           int T, int NH, int NKV, int HS) {
+  TY_DYN_SHARED(float, sh);
+  float *sq = sh, *sp = sh + HS;
   size_t row = blockIdx.x;
   int t = (int)(row % T), h = (int)((row / T) % NH);
   size_t bb = row / ((size_t)T * NH);
-  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS;
+  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS, nt = blockDim.x;
   const float scale = 1.0f / sqrtf((float)HS);
   const float *qt = q + (bb * T + t) * QD + (size_t)h * HS;
-  float *arow = prob + row * (size_t)T;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) sq[d] = qt[d];
+  const float *kb = k + bb * T * KVD + (size_t)kvh * HS, *vb = v + bb * T * KVD + (size_t)kvh * HS;
+  for (int d = threadIdx.x; d < HS; d += nt) sq[d] = qt[d];
   __syncthreads();
-  float mx = -INFINITY;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    const float *kj = k + (bb * T + j) * KVD + (size_t)kvh * HS;
-    float s = 0.0f;
-    for (int d = 0; d < HS; d++) s += sq[d] * kj[d];
-    s *= scale;
-    arow[j] = s;
-    mx = fmaxf(mx, s);
+  float mx = -INFINITY, sum = 0.0f;
+  for (int j = threadIdx.x; j <= t; j += nt) {
+    float s = dot_hs(sq, kb + (size_t)j * KVD, HS) * scale;
+    if (s > mx)
+      sum = sum * expf(mx - s) + 1.0f, mx = s;
+    else
+      sum += expf(s - mx);
   }
-  mx = block_max(mx);
-  float sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    float e = expf(arow[j] - mx);
-    arow[j] = e;
-    sum += e;
-  }
-  sum = block_sum(sum);
-  float inv = 1.0f / sum;
-  for (int j = threadIdx.x; j < T; j += blockDim.x) arow[j] = j <= t ? arow[j] * inv : 0.0f;
-  if (threadIdx.x == 0) lse[row] = mx + logf(sum);
-  __syncthreads();
+  float M = block_max(mx);
+  float S = block_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - M));
+  const float l = M + logf(S);
+  if (threadIdx.x == 0) lse[row] = l;
   float *ot = out + (bb * T + t) * QD + (size_t)h * HS;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j <= t; j++) acc += arow[j] * v[(bb * T + j) * KVD + (size_t)kvh * HS + d];
-    ot[d] = acc;
+  for (int d = threadIdx.x; d < HS; d += nt) ot[d] = 0.0f;
+  for (int j0 = 0; j0 <= t; j0 += nt) {
+    int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
+    sp[threadIdx.x] = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
+    __syncthreads();
+    for (int d = threadIdx.x; d < HS; d += nt) {
+      float acc = 0.0f;
+      for (int jj = 0; jj < n; jj++) acc += sp[jj] * vb[(size_t)(j0 + jj) * KVD + d];
+      ot[d] += acc;
+    }
+    __syncthreads();
   }
 }
 
-/* One block per query row: the probabilities rebuilt from lse into prob's
- * row, the score gradients (softmax backward) into dscores' row, and dq.
- * Shared: the row's query and dout (2 * HS floats). */
-__global__ void k_attn_bwd_q(float *dq, float *prob, float *dscores, const float *dout,
+/* One block per query row: D = dout . out into dsum, then dq = scale *
+ * sum_j p_j (dout . v_j - D) k_j by tiles. Shared: the row's query and
+ * dout (2 * HS floats) and one tile's score gradients (blockDim.x). */
+__global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
                              int T, int NH, int NKV, int HS) {
   TY_DYN_SHARED(float, sh);
-  float *sq = sh, *sd = sh + HS;
+  float *sq = sh, *sd = sh + HS, *sds = sh + 2 * HS;
   size_t row = blockIdx.x;
   int t = (int)(row % T), h = (int)((row / T) % NH);
   size_t bb = row / ((size_t)T * NH);
-  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS;
+  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS, nt = blockDim.x;
   const float scale = 1.0f / sqrtf((float)HS);
-  float *arow = prob + row * (size_t)T, *drow = dscores + row * (size_t)T;
   const size_t qo = (bb * T + t) * QD + (size_t)h * HS;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) sq[d] = q[qo + d], sd[d] = dout[qo + d];
-  __syncthreads();
-  const float l = lse[row];
+  const float *kb = k + bb * T * KVD + (size_t)kvh * HS, *vb = v + bb * T * KVD + (size_t)kvh * HS;
   float part = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += blockDim.x) {
-    const float *kj = k + (bb * T + j) * KVD + (size_t)kvh * HS;
-    const float *vj = v + (bb * T + j) * KVD + (size_t)kvh * HS;
-    float s = 0.0f, da = 0.0f;
-    for (int d = 0; d < HS; d++) s += sq[d] * kj[d], da += sd[d] * vj[d];
-    float p = expf(s * scale - l);
-    arow[j] = p;
-    drow[j] = da;
-    part += p * da;
+  for (int d = threadIdx.x; d < HS; d += nt) {
+    sq[d] = q[qo + d], sd[d] = dout[qo + d];
+    part += sd[d] * out[qo + d];
   }
-  float dsum = block_sum(part);
-  for (int j = threadIdx.x; j < T; j += blockDim.x) {
-    drow[j] = j <= t ? arow[j] * (drow[j] - dsum) : 0.0f;
-    if (j > t) arow[j] = 0.0f;
-  }
-  __syncthreads();
+  const float D = block_sum(part), l = lse[row]; /* block_sum's barrier orders sq, sd too */
+  if (threadIdx.x == 0) dsum[row] = D;
   float *dqt = dq + qo;
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int j = 0; j <= t; j++) acc += drow[j] * k[(bb * T + j) * KVD + (size_t)kvh * HS + d];
-    dqt[d] = acc * scale;
+  for (int d = threadIdx.x; d < HS; d += nt) dqt[d] = 0.0f;
+  for (int j0 = 0; j0 <= t; j0 += nt) {
+    int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
+    float ds = 0.0f;
+    if (j <= t) {
+      float p = expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l);
+      ds = p * (dot_hs(sd, vb + (size_t)j * KVD, HS) - D);
+    }
+    sds[threadIdx.x] = ds;
+    __syncthreads();
+    for (int d = threadIdx.x; d < HS; d += nt) {
+      float acc = 0.0f;
+      for (int jj = 0; jj < n; jj++) acc += sds[jj] * kb[(size_t)(j0 + jj) * KVD + d];
+      dqt[d] += acc;
+    }
+    __syncthreads();
   }
+  for (int d = threadIdx.x; d < HS; d += nt) dqt[d] *= scale;
 }
 
 /* One block per (b, kv head, key j): dk and dv summed over the query heads
- * of the group and the query rows t >= j, in order. */
-__global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dscores, const float *dout,
-                              const float *prob, const float *q, int T, int NH, int NKV, int HS) {
+ * of the group and the rows t >= j, as the other kernels do, a tile of
+ * blockDim.x (head, row) pairs at a time: each thread a pair's score and
+ * dout . v_j, then each thread adds the tile into its d's of dk and dv, in
+ * pair order. Shared: k_j and v_j (2 * HS floats), one tile's
+ * probabilities and score gradients (2 * blockDim.x). */
+__global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dout, const float *dsum,
+                              const float *lse, const float *q, const float *k, const float *v,
+                              int T, int NH, int NKV, int HS) {
+  TY_DYN_SHARED(float, sh);
+  const int nt = blockDim.x;
+  float *skj = sh, *svj = sh + HS, *sp = sh + 2 * HS, *sds = sh + 2 * HS + nt;
   size_t row = blockIdx.x;
   int j = (int)(row % T), kvh = (int)((row / T) % NKV);
   size_t bb = row / ((size_t)T * NKV);
-  int G = NH / NKV, QD = NH * HS, KVD = NKV * HS;
+  const int G = NH / NKV, QD = NH * HS, KVD = NKV * HS, rows = T - j, pairs = G * rows;
   const float scale = 1.0f / sqrtf((float)HS);
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    float ak = 0.0f, av = 0.0f;
-    for (int h = kvh * G; h < (kvh + 1) * G; h++) {
-      const size_t arow0 = (bb * NH + h) * (size_t)T * T;
-      for (int t = j; t < T; t++) {
-        size_t a = arow0 + (size_t)t * T + j, qi = (bb * T + t) * QD + (size_t)h * HS + d;
-        ak += dscores[a] * q[qi];
-        av += prob[a] * dout[qi];
-      }
-    }
-    dk[(bb * T + j) * KVD + (size_t)kvh * HS + d] = ak * scale;
-    dv[(bb * T + j) * KVD + (size_t)kvh * HS + d] = av;
+  const size_t ko = (bb * T + j) * KVD + (size_t)kvh * HS;
+  for (int d = threadIdx.x; d < HS; d += nt) {
+    skj[d] = k[ko + d], svj[d] = v[ko + d];
+    dk[ko + d] = 0.0f, dv[ko + d] = 0.0f;
   }
+  __syncthreads();
+  /* Pair x: query head kvh * G + x / rows, row j + x % rows. */
+#define PAIR_Q(x) ((bb * T + j + (x) % rows) * QD + (size_t)(kvh * G + (x) / rows) * HS)
+  for (int x0 = 0; x0 < pairs; x0 += nt) {
+    int x = x0 + threadIdx.x, n = pairs - x0 < nt ? pairs - x0 : nt;
+    float p = 0.0f, ds = 0.0f;
+    if (x < pairs) {
+      const size_t qi = PAIR_Q(x), ri = (bb * NH + kvh * G + x / rows) * (size_t)T + j + x % rows;
+      p = expf(dot_hs(q + qi, skj, HS) * scale - lse[ri]);
+      ds = p * (dot_hs(dout + qi, svj, HS) - dsum[ri]);
+    }
+    sp[threadIdx.x] = p, sds[threadIdx.x] = ds;
+    __syncthreads();
+    for (int d = threadIdx.x; d < HS; d += nt) {
+      float ak = 0.0f, av = 0.0f;
+      for (int xx = 0; xx < n; xx++) {
+        const size_t qi = PAIR_Q(x0 + xx) + d;
+        ak += sds[xx] * q[qi], av += sp[xx] * dout[qi];
+      }
+      dk[ko + d] += ak, dv[ko + d] += av;
+    }
+    __syncthreads();
+  }
+#undef PAIR_Q
+  for (int d = threadIdx.x; d < HS; d += nt) dk[ko + d] *= scale;
 }
 
 static unsigned row_threads(int width) {
@@ -488,28 +525,28 @@ static unsigned row_threads(int width) {
   return t < 64 ? 64 : t > 256 ? 256 : t;
 }
 
-extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, float *scratch,
-                                       const float *q, const float *k, const float *v, int B, int T,
-                                       int NH, int NKV, int HS) {
+extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, const float *q,
+                                       const float *k, const float *v, int B, int T, int NH,
+                                       int NKV, int HS) {
   (void)b;
   size_t rows = (size_t)B * NH * T;
-  if (rows)
-    TY_LAUNCH(k_attn_fwd, (unsigned)rows, row_threads(T), HS * sizeof(float))
-    (out, lse, scratch, q, k, v, T, NH, NKV, HS);
+  unsigned nt = row_threads(T);
+  if (rows) TY_LAUNCH(k_attn_fwd, (unsigned)rows, nt, (HS + nt) * sizeof(float))
+  (out, lse, q, k, v, T, NH, NKV, HS);
 }
 
 extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv,
-                                        float *scratch, const float *dout, const float *lse,
-                                        const float *q, const float *k, const float *v, int B,
-                                        int T, int NH, int NKV, int HS) {
+                                        float *scratch, const float *dout, const float *out,
+                                        const float *lse, const float *q, const float *k,
+                                        const float *v, int B, int T, int NH, int NKV, int HS) {
   (void)b;
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
   if (!rows) return;
-  float *prob = scratch, *dscores = scratch + rows * (size_t)T;
-  TY_LAUNCH(k_attn_bwd_q, (unsigned)rows, row_threads(T), 2 * HS * sizeof(float))
-  (dq, prob, dscores, dout, lse, q, k, v, T, NH, NKV, HS);
-  TY_LAUNCH(k_attn_bwd_kv, (unsigned)kvrows, row_threads(HS), 0)
-  (dk, dv, dscores, dout, prob, q, T, NH, NKV, HS);
+  unsigned nt = row_threads(T);
+  TY_LAUNCH(k_attn_bwd_q, (unsigned)rows, nt, (2 * HS + nt) * sizeof(float))
+  (dq, scratch, dout, out, lse, q, k, v, T, NH, NKV, HS);
+  TY_LAUNCH(k_attn_bwd_kv, (unsigned)kvrows, nt, (2 * HS + 2 * nt) * sizeof(float))
+  (dk, dv, dout, scratch, lse, q, k, v, T, NH, NKV, HS);
 }
 
 /* ---- SwiGLU ---- */
@@ -578,12 +615,10 @@ extern "C" void cuda_embedding_forward(cuda_backend_t *b, float *out, const int 
   (void)b;
   size_t n = (size_t)N * C;
   if (!n) return;
-  if (dt == TY_DTYPE_BF16)
-    TY_LAUNCH(k_embed_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
-    (out, tokens, (const __nv_bfloat16 *)embed, C, n);
-  else
-    TY_LAUNCH(k_embed_fwd<float>, cb_blocks(n), CB_THREADS, 0)
-    (out, tokens, (const float *)embed, C, n);
+  if (dt == TY_DTYPE_BF16) TY_LAUNCH(k_embed_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
+  (out, tokens, (const __nv_bfloat16 *)embed, C, n);
+  else TY_LAUNCH(k_embed_fwd<float>, cb_blocks(n), CB_THREADS, 0)(out, tokens, (const float *)embed,
+                                                                  C, n);
 }
 extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout,
                                         const int *tokens, int N, int C) {

@@ -76,17 +76,16 @@ void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const 
 
 /* Causal GQA attention, as cpu_attention_forward: out (B, T, NH*HS) and
  * lse (B, NH, T), each scaled score row's log-sum-exp, from which the
- * backward pass rebuilds the probabilities (no (T, T) matrix is kept per
- * layer). scratch holds B*NH*T*T floats (this call's probabilities). */
-void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, float *scratch,
-                            const float *q, const float *k, const float *v, int B, int T, int NH,
-                            int NKV, int HS);
-/* dq, dk, dv written; scratch holds 2*B*NH*T*T floats (the rebuilt
- * probabilities and every row's score gradients, so that dk and dv are
- * summed without atomics). */
+ * backward pass rebuilds the probabilities. Tiled: no (T, T) matrix is
+ * ever held, in a layer or across them. */
+void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, const float *q,
+                            const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
+/* dq, dk, dv written from dout and the forward's out and lse; scratch holds
+ * B*NH*T floats (each row's dout . out). dk and dv are summed without
+ * atomics, in a fixed order. */
 void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv, float *scratch,
-                             const float *dout, const float *lse, const float *q, const float *k,
-                             const float *v, int B, int T, int NH, int NKV, int HS);
+                             const float *dout, const float *out, const float *lse, const float *q,
+                             const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
 
 void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,

@@ -53,7 +53,7 @@
   X(dh, NA * d->FF)                                      \
   X(dgate, NA * d->FF)                                   \
   X(dup, NA * d->FF)                                     \
-  X(attscr, 2 * NA * d->NH * T)                          \
+  X(attscr, NA * d->NH)                                  \
   X(xa, (size_t)L * TC * NA * LR)                        \
   X(dxa, NA * LR)                                        \
   X(lp, NP)                                              \
@@ -219,7 +219,9 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
                    "(activations%s) beside the %.1f MiB base shard (lower the micro-batch or "
                    "seq_len, or use more ranks)",
                    (double)want / 1048576.0,
-                   lo ? "" : m->units ? ", gradients, unit slots" : ", gradients",
+                   lo         ? ""
+                   : m->units ? ", gradients, unit slots"
+                              : ", gradients",
                    (double)base->bytes / 1048576.0);
   }
   if ((lo &&
@@ -354,7 +356,7 @@ static int layer_forward(model_cuda_t *m, int l) {
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
   cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
-  cuda_attention_forward(cb, atty, lse, m->attscr, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
+  cuda_attention_forward(cb, atty, lse, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
   cudaMemcpyAsync(mid, RES(l), sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
   if (!rc) rc = proj_forward(m, l, TGT(O), mid, atty, W(WO), QD, C, 1.0f);
   cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, norm_w(m, 2 * l + 1), n, C, d->eps);
@@ -384,8 +386,8 @@ static int layer_backward(model_cuda_t *m, int l) {
   cuda_rmsnorm_backward(cb, m->dmid, norm_dw(m, 2 * l + 1), m->dln, m->dres, mid,
                         norm_w(m, 2 * l + 1), LAYER(rstd2, 1), n, C);
   if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, GW(WO), m->dmid, atty, W(WO), QD, C, 0.0f);
-  cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->attscr, m->datty, lse, q, k, v, m->b, m->t,
-                          d->NH, d->NKV, d->HS);
+  cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->attscr, m->datty, atty, lse, q, k, v, m->b,
+                          m->t, d->NH, d->NKV, d->HS);
   cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
   if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, GW(WQ), m->dq, ln1, W(WQ), C, QD, 0.0f);

@@ -160,34 +160,51 @@ static int test_rope(cuda_backend_t *b) {
   return bad;
 }
 
-static int test_attention(cuda_backend_t *b) {
-  const size_t na = (size_t)B * NH * T * T, nl = (size_t)B * NH * T;
-  float *q = hbuf(N * QD, 14, 1), *k = hbuf(N * KVD, 15, 1), *v = hbuf(N * KVD, 16, 1);
-  float *out = hbuf(N * QD, 0, 0), *lse = hbuf(nl, 0, 0), *dout = hbuf(N * QD, 17, 1);
-  float *dq = hbuf(N * QD, 0, 0), *dk = hbuf(N * KVD, 0, 0), *dv = hbuf(N * KVD, 0, 0);
-  float *scratch = hbuf(2 * T * T, 0, 0);
-  float *d_q = gpu_dup(q, F(N * QD)), *d_k = gpu_dup(k, F(N * KVD)), *d_v = gpu_dup(v, F(N * KVD));
-  float *d_out = gpu_dup(NULL, F(N * QD)), *d_lse = gpu_dup(NULL, F(nl));
-  float *d_dout = gpu_dup(dout, F(N * QD)), *d_dq = gpu_dup(NULL, F(N * QD));
-  float *d_dk = gpu_dup(NULL, F(N * KVD)), *d_dv = gpu_dup(NULL, F(N * KVD));
-  float *d_scr = gpu_dup(NULL, F(2 * na));
-  cudaMemset(d_scr, 0xff, F(2 * na)); /* NaN: every element read must have been written */
+/* One attention shape against the CPU: B, T, heads, kv heads, head size. */
+static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, int HSn) {
+  const size_t n = (size_t)Bn * Tn, qd = (size_t)NHn * HSn, kvd = (size_t)NKVn * HSn;
+  const size_t nl = (size_t)Bn * NHn * Tn;
+  float *q = hbuf(n * qd, 14, 1), *k = hbuf(n * kvd, 15, 1), *v = hbuf(n * kvd, 16, 1);
+  float *out = hbuf(n * qd, 0, 0), *lse = hbuf(nl, 0, 0), *dout = hbuf(n * qd, 17, 1);
+  float *dq = hbuf(n * qd, 0, 0), *dk = hbuf(n * kvd, 0, 0), *dv = hbuf(n * kvd, 0, 0);
+  float *scratch = hbuf(2 * (size_t)Tn * Tn, 0, 0);
+  float *d_q = gpu_dup(q, F(n * qd)), *d_k = gpu_dup(k, F(n * kvd)), *d_v = gpu_dup(v, F(n * kvd));
+  float *d_out = gpu_dup(NULL, F(n * qd)), *d_lse = gpu_dup(NULL, F(nl));
+  float *d_dout = gpu_dup(dout, F(n * qd)), *d_dq = gpu_dup(NULL, F(n * qd));
+  float *d_dk = gpu_dup(NULL, F(n * kvd)), *d_dv = gpu_dup(NULL, F(n * kvd));
+  float *d_scr = gpu_dup(NULL, F(nl)); /* the backward pass's B*NH*T floats, no more */
+  /* NaN: every element read must have been written. */
+  cudaMemset(d_out, 0xff, F(n * qd));
+  cudaMemset(d_dq, 0xff, F(n * qd));
+  cudaMemset(d_scr, 0xff, F(nl));
+  char what[96];
   int bad = 0;
-  cpu_attention_forward(out, lse, scratch, q, k, v, B, T, NH, NKV, HS);
-  cuda_attention_forward(b, d_out, d_lse, d_scr, d_q, d_k, d_v, B, T, NH, NKV, HS);
-  bad |= check_dev("attention_forward out", d_out, out, N * QD, RT);
+  cpu_attention_forward(out, lse, scratch, q, k, v, Bn, Tn, NHn, NKVn, HSn);
+  cuda_attention_forward(b, d_out, d_lse, d_q, d_k, d_v, Bn, Tn, NHn, NKVn, HSn);
+  snprintf(what, sizeof what, "attention_forward out (B %d T %d NH %d NKV %d HS %d)", Bn, Tn, NHn,
+           NKVn, HSn);
+  bad |= check_dev(what, d_out, out, n * qd, RT);
   bad |= check_dev("attention_forward lse", d_lse, lse, nl, RT);
-  cudaMemset(d_scr, 0xff, F(2 * na));
-  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, B, T, NH, NKV, HS);
-  cuda_attention_backward(b, d_dq, d_dk, d_dv, d_scr, d_dout, d_lse, d_q, d_k, d_v, B, T, NH, NKV,
-                          HS);
-  bad |= check_dev("attention_backward dq", d_dq, dq, N * QD, 1e-4f);
-  bad |= check_dev("attention_backward dk", d_dk, dk, N * KVD, 1e-4f);
-  bad |= check_dev("attention_backward dv", d_dv, dv, N * KVD, 1e-4f);
+  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, Bn, Tn, NHn, NKVn, HSn);
+  cuda_attention_backward(b, d_dq, d_dk, d_dv, d_scr, d_dout, d_out, d_lse, d_q, d_k, d_v, Bn, Tn,
+                          NHn, NKVn, HSn);
+  bad |= check_dev("attention_backward dq", d_dq, dq, n * qd, 1e-4f);
+  bad |= check_dev("attention_backward dk", d_dk, dk, n * kvd, 1e-4f);
+  bad |= check_dev("attention_backward dv", d_dv, dv, n * kvd, 1e-4f);
   float *ptrs[] = {d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_scr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
   free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);
   free(scratch);
+  return bad;
+}
+
+/* The suite's small shape; then rows longer than a block's threads (keys,
+ * and a key's (head, row) pairs, in several tiles), a head size over a
+ * warp's width that is not a multiple of it, and four query heads to a kv
+ * head. */
+static int test_attention(cuda_backend_t *b) {
+  int bad = attention_case(b, B, T, NH, NKV, HS);
+  bad |= attention_case(b, 1, 300, 4, 1, 72);
   return bad;
 }
 
