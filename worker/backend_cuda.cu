@@ -678,6 +678,13 @@ extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, con
   (void)b;
   if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, V, dloss);
 }
+extern "C" int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out) {
+  if (!n) {
+    *out = 0.0;
+    return 0;
+  }
+  return fetch_sum(b, x, n, 0, out);
+}
 extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out) {
   if (!n) {
     *out = 0.0;

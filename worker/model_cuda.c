@@ -18,8 +18,8 @@
 #define TC JOBSPEC_TARGET_COUNT
 
 /* X(field, floats): the device buffers, sizes over d, L, NA = B*T rows,
- * the batch B and T. Per-layer buffers hold all L layers (saved for the
- * backward pass); d* buffers one layer's gradients. */
+ * the batch B and T, HC rows of logits. Per-layer buffers hold all L
+ * layers (saved for the backward pass); d* buffers one layer's gradients. */
 // clang-format off
 #define MC_BUFS(X)                                       \
   X(res, (size_t)(L + 1) * NA * d->C)                    \
@@ -38,7 +38,7 @@
   X(h, (size_t)L * NA * d->FF)                           \
   X(lnf, NA * d->C)                                      \
   X(rstdf, NA)                                           \
-  X(logits, NA * d->V)                                   \
+  X(logits, HC * d->V)                                   \
   X(losses, NA)                                          \
   X(rope_cos, (size_t)T * (d->HS / 2))                   \
   X(rope_sin, (size_t)T * (d->HS / 2))                   \
@@ -63,7 +63,9 @@
 struct model_cuda {
   model_dims_t d;
   int B, T, b, t;
-  ty_dtype_t wdt; /* the base weights' dtype */
+  int hc;          /* rows of logits a head chunk holds (head_rows) */
+  bool logits_all; /* the last forward's logits are all in m->logits (one chunk) */
+  ty_dtype_t wdt;  /* the base weights' dtype */
   cuda_backend_t *cb;
   const loader_shard_t *base;
   prefetch_cuda_t *pc; /* sharded base: the units' slots, else NULL */
@@ -80,6 +82,18 @@ struct model_cuda {
   MC_BUFS(TY_X)
 #undef TY_X
 };
+
+/* The output head runs over the tokens in chunks of this many rows, so
+ * that the (tokens, vocabulary) logits are never whole on the device when
+ * they would take more than 256 MiB (TRAINYARD_CUDA_HEAD_ROWS sets the
+ * rows); the backward pass then recomputes each chunk's logits. */
+static int head_rows(size_t NA, int V) {
+  size_t hc = ((size_t)256 << 20) / ((size_t)V * sizeof(float));
+  const char *e = getenv("TRAINYARD_CUDA_HEAD_ROWS");
+  if (e && atoi(e) > 0) hc = (size_t)atoi(e);
+  if (hc > NA) hc = NA;
+  return hc < 1 ? 1 : (int)hc;
+}
 
 static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
   if (cudaMalloc(p, bytes ? bytes : 4) != cudaSuccess) {
@@ -186,10 +200,13 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   const size_t LR = lo ? (size_t)lo->R : 0, NP = lo ? lo->n_params : 0;
   const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const size_t NA = (size_t)B * T;
+  m->hc = head_rows(NA, d->V);
+  const size_t HC = (size_t)m->hc;
   size_t wmax = (size_t)d->C;
   if ((size_t)QD > wmax) wmax = QD;
   if ((size_t)d->FF > wmax) wmax = d->FF;
-  if ((size_t)d->V > wmax) wmax = d->V;
+  size_t xbn = NA * wmax; /* bf16 scratch: the widest activation, or a chunk's logits */
+  if (HC * d->V > xbn) xbn = HC * d->V;
   if (comm) {
     rc = prefetch_cuda_create(&m->pc, cb, base, comm, slots, err, errlen);
     if (rc) {
@@ -206,7 +223,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   if (!rc && !lo) rc = mc_alloc(m, (void **)&m->gbase, base->bytes);
   if (!rc && !lo && m->units) rc = mc_alloc(m, (void **)&m->gunit, prefetch_slot_bytes(base));
   if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
-  if (!rc) rc = mc_alloc(m, (void **)&m->xb, NA * wmax * sizeof(uint16_t));
+  if (!rc) rc = mc_alloc(m, (void **)&m->xb, xbn * sizeof(uint16_t));
 #define TY_X(field, n) \
   if (!rc) rc = mc_alloc(m, (void **)&m->field, (n) * sizeof(float));
   MC_BUFS(TY_X)
@@ -296,9 +313,8 @@ static bool adapter(const model_cuda_t *m, int l, int target, mc_adapter_t *a) {
 
 /* out (n, OUT) = beta * out + x (n, IN) @ W^T, plus the adapter on target
  * (target < 0: none). */
-static int proj_forward(model_cuda_t *m, int l, int target, float *out, const float *x,
-                        const void *W, int IN, int OUT, float beta) {
-  const int n = m->b * m->t;
+static int proj_forward_rows(model_cuda_t *m, int n, int l, int target, float *out, const float *x,
+                             const void *W, int IN, int OUT, float beta) {
   int rc;
   if (m->wdt == TY_DTYPE_BF16) {
     cuda_f32_to_bf16(m->cb, m->xb, x, (size_t)n * IN);
@@ -311,14 +327,17 @@ static int proj_forward(model_cuda_t *m, int l, int target, float *out, const fl
     rc = cuda_lora_forward(m->cb, out, a.xa, x, a.A, a.B, n, IN, OUT, m->lo->R, m->lo->scale);
   return rc;
 }
+static int proj_forward(model_cuda_t *m, int l, int target, float *out, const float *x,
+                        const void *W, int IN, int OUT, float beta) {
+  return proj_forward_rows(m, m->b * m->t, l, target, out, x, W, IN, OUT, beta);
+}
 
 /* dx (n, IN) = dx_beta * dx + dout @ W (+ the adapter's part and its
  * gradients); dW (OUT, IN) += dout^T @ x for full training (an fp32 base),
  * NULL when the base is frozen. */
-static int proj_backward(model_cuda_t *m, int l, int target, float *dx, float *dW,
-                         const float *dout, const float *x, const void *W, int IN, int OUT,
-                         float dx_beta) {
-  const int n = m->b * m->t;
+static int proj_backward_rows(model_cuda_t *m, int n, int l, int target, float *dx, float *dW,
+                              const float *dout, const float *x, const void *W, int IN, int OUT,
+                              float dx_beta) {
   int rc;
   if (m->wdt == TY_DTYPE_BF16) {
     cuda_f32_to_bf16(m->cb, m->xb, dout, (size_t)n * OUT);
@@ -332,6 +351,18 @@ static int proj_backward(model_cuda_t *m, int l, int target, float *dx, float *d
     rc = cuda_lora_backward(m->cb, dx, a.dA, a.dB, m->dxa, dout, x, a.xa, a.A, a.B, n, IN, OUT,
                             m->lo->R, m->lo->scale);
   return rc;
+}
+static int proj_backward(model_cuda_t *m, int l, int target, float *dx, float *dW,
+                         const float *dout, const float *x, const void *W, int IN, int OUT,
+                         float dx_beta) {
+  return proj_backward_rows(m, m->b * m->t, l, target, dx, dW, dout, x, W, IN, OUT, dx_beta);
+}
+
+/* Logits of the output head for rows [r0, r0 + rows) into m->logits. */
+static int head_logits(model_cuda_t *m, int r0, int rows) {
+  const model_dims_t *d = &m->d;
+  return proj_forward_rows(m, rows, 0, -1, m->logits, m->lnf + (size_t)r0 * d->C,
+                           wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
 }
 
 /* Layer l's slice of a per-layer buffer of the given row width. */
@@ -466,14 +497,19 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
   for (int l = 0; l < d->L && !rc; l++)
     if (!(rc = units_next(m, true, err, errlen))) msg = !(rc = layer_forward(m, l));
   if (!rc) rc = units_next(m, true, err, errlen);
-  if (!rc) {
+  /* The head and each token's loss, a chunk of rows at a time. */
+  if (!rc)
     cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), norm_w(m, 2 * d->L), n, d->C, d->eps);
-    rc = proj_forward(m, 0, -1, m->logits, m->lnf, wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
-    msg = !rc;
+  m->logits_all = n <= m->hc;
+  for (int r0 = 0; r0 < n && !rc; r0 += m->hc) {
+    int rows = n - r0 < m->hc ? n - r0 : m->hc;
+    msg = !(rc = head_logits(m, r0, rows));
+    if (!rc)
+      msg = !(rc = cuda_crossentropy_forward(m->cb, m->losses + r0, m->logits, m->targets + r0,
+                                             rows, d->V, NULL));
   }
   double sum = 0.0;
-  if (!rc)
-    msg = !(rc = cuda_crossentropy_forward(m->cb, m->losses, m->logits, m->targets, n, d->V, &sum));
+  if (!rc) msg = !(rc = cuda_sum(m->cb, m->losses, (size_t)n, &sum));
   rc = pass_end(m, rc, msg, "forward", err, errlen);
   if (loss) *loss = sum / n;
   return rc;
@@ -503,13 +539,20 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
   int rc = units_pass(m, false, err, errlen);
   if (!rc) rc = units_next(m, false, err, errlen);
   if (!rc) rc = unit_grads_clear(m, head, err, errlen);
+  /* Chunk by chunk (its logits computed again unless the forward's are all
+   * still there): logits become dlogits, then the head's input gradient
+   * (and for full training its weight's, summed over the chunks); then the
+   * final norm. */
+  for (int r0 = 0; r0 < n && !rc; r0 += m->hc) {
+    int rows = n - r0 < m->hc ? n - r0 : m->hc;
+    if (!m->logits_all) msg = !(rc = head_logits(m, r0, rows));
+    if (rc) break;
+    cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, rows, d->V, loss_scale / n);
+    msg = !(rc = proj_backward_rows(m, rows, 0, -1, m->dln + (size_t)r0 * d->C,
+                                    gwt(m, CKPT_LM_HEAD, -1), m->logits, m->lnf + (size_t)r0 * d->C,
+                                    wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f));
+  }
   if (!rc) {
-    /* logits become dlogits; then the head's input gradient and the final
-     * norm. */
-    cuda_crossentropy_backward(m->cb, m->logits, m->targets, n, d->V, loss_scale / n);
-    rc = proj_backward(m, 0, -1, m->dln, gwt(m, CKPT_LM_HEAD, -1), m->logits, m->lnf,
-                       wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f);
-    msg = !rc;
     cuda_rmsnorm_backward(m->cb, m->dres, norm_dw(m, 2 * d->L), m->dln, NULL, RES(d->L),
                           norm_w(m, 2 * d->L), m->rstdf, n, d->C);
     if (!rc) rc = unit_grads_reduce(m, head, err, errlen);

@@ -21,7 +21,10 @@
  *
  * Device memory: the activations of every layer (as the CPU model keeps
  * them for its backward pass: the attention keeps each score row's
- * log-sum-exp, and one layer's (B, NH, T, T) scratch serves all layers),
+ * log-sum-exp, no (T, T) matrix), the logits of at most 256 MiB worth of
+ * tokens (the head runs over the tokens in chunks where all of them would
+ * take more, and the backward pass recomputes each chunk's logits;
+ * TRAINYARD_CUDA_HEAD_ROWS sets a chunk's tokens),
  * plus, for a sharded base, the slots (each the size of the largest unit),
  * plus, for full training, the base's gradients (and over a shard one
  * more unit-sized buffer); model_cuda_bytes says how much. */

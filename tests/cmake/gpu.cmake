@@ -22,7 +22,7 @@ endif()
 # LoRA training on one GPU against the CPU worker (skips without a GPU).
 if(TRAINYARD_HAVE_CUDA)
   add_test(NAME gpu/train COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/train_cli.sh)
-  set_tests_properties(gpu/train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+  set_tests_properties(gpu/train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600
                        ENVIRONMENT "${TY_TEST_ENV}")
 endif()
 if(TRAINYARD_HAVE_CUDA)

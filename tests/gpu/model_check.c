@@ -8,7 +8,8 @@
  * bf16 for its products) the loss within 1% and the gradients within 5% in
  * relative L2 norm. Then full training (no adapters, fp32 base, tied and
  * untied heads): the loss within 1e-5 and the gradient of every weight,
- * the embedding and norm gains included, within 1e-3 relative. Exits 77 (a
+ * the embedding and norm gains included, within 1e-3 relative. All of it
+ * again with the output head run over the tokens in chunks. Exits 77 (a
  * skip) where no CUDA device is visible. */
 #include <math.h>
 #include <stdbool.h>
@@ -224,6 +225,16 @@ int main(void) {
   bad |= run(cb, TY_DTYPE_BF16);
   bad |= run_full(cb, false);
   bad |= run_full(cb, true);
+  /* Again with the head over the B*T = 22 tokens in chunks of 7 rows (7,
+   * 7, 7, 1), its logits recomputed chunk by chunk in the backward pass,
+   * as a large vocabulary makes it. */
+  printf("-- the output head in chunks of 7 rows (TRAINYARD_CUDA_HEAD_ROWS)\n");
+  setenv("TRAINYARD_CUDA_HEAD_ROWS", "7", 1);
+  bad |= run(cb, TY_DTYPE_F32);
+  bad |= run(cb, TY_DTYPE_BF16);
+  bad |= run_full(cb, false);
+  bad |= run_full(cb, true);
+  unsetenv("TRAINYARD_CUDA_HEAD_ROWS");
   cuda_backend_free(cb);
   printf("gpu/model: %s\n",
          bad ? "FAILED" : "the GPU LoRA and full-training steps match the CPU model");
