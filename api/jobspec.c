@@ -44,6 +44,8 @@ const jobspec_field_t jobspec_fields[] = {
      "LoRA scale numerator (scale = alpha / r)"},
     {"target_modules", JF_TARGETS, OFF(target_modules), 0, NULL, false, 0, 0, false,
      "list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or \"all-linear\""},
+    {"gradient_checkpointing", JF_BOOL, OFF(gradient_checkpointing), 0, NULL, false, 0, 0, false,
+     "keep one layer's activations, recompute the others in the backward pass"},
     {"data", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "training data"},
     {"data.path", JF_STRING, OFF(data.path), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
      "token file"},
@@ -118,6 +120,7 @@ void jobspec_init(jobspec_t *s) {
   s->lora_alpha = 16;
   s->target_modules = 1u << JOBSPEC_TARGET_BIT_Q | 1u << JOBSPEC_TARGET_BIT_K |
                       1u << JOBSPEC_TARGET_BIT_V | 1u << JOBSPEC_TARGET_BIT_O;
+  s->gradient_checkpointing = false;
   s->data.format = JOBSPEC_DATA_TEXT;
   s->data.seq_len = 128;
   s->data.eval_fraction = 0.05;

@@ -63,6 +63,7 @@ typedef struct {
   int lora_rank;           /* default 8 */
   double lora_alpha;       /* default 16 */
   unsigned target_modules; /* bitmask; default q,k,v,o */
+  bool gradient_checkpointing; /* default false */
   struct {
     char path[JOBSPEC_PATH_MAX];  /* "" when unset */
     jobspec_data_format_t format; /* default text */

@@ -115,11 +115,20 @@ static size_t acts_floats(const model_dims_t *d, size_t N, size_t T, size_t LS, 
   return total;
 }
 
-static int acts_create(model_t *m) {
+static void acts_free(model_acts_t *a) {
+  if (!a) return;
+  free(a->tokens);
+  free(a->targets);
+  free(a->block);
+  free(a);
+}
+
+/* recompute: one layer slot for training too (model_recompute_layers). */
+static int acts_create(model_t *m, bool recompute) {
   const model_dims_t *d = &m->d;
   size_t N = (size_t)m->B * m->T, T = (size_t)m->T;
   bool backward = m->mode != MODEL_EVAL;
-  size_t LS = backward ? (size_t)d->L : 1, RS = backward ? (size_t)d->L + 1 : 2;
+  size_t LS = backward && !recompute ? (size_t)d->L : 1, RS = backward ? (size_t)d->L + 1 : 2;
   model_acts_t *a = calloc(1, sizeof *a);
   if (!a) return TY_EEXHAUSTED;
   m->acts = a;
@@ -189,7 +198,7 @@ static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_
   }
   views_set(m, &m->w, m->params);
   views_set(m, &m->dw, m->grads);
-  if (acts && (rc = acts_create(m))) goto fail_alloc;
+  if (acts && (rc = acts_create(m, false))) goto fail_alloc;
   *out = m;
   return 0;
 fail_alloc:
@@ -241,18 +250,28 @@ void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w) {
 
 void model_free(model_t *m) {
   if (!m) return;
-  if (m->acts) {
-    free(m->acts->tokens);
-    free(m->acts->targets);
-    free(m->acts->block);
-    free(m->acts);
-  }
+  acts_free(m->acts);
   free(m->params);
   free(m->grads);
   free(m->tensors);
   free(m->w.layers);
   free(m->dw.layers);
   free(m);
+}
+
+int model_recompute_layers(model_t *m, char *err, size_t errlen) {
+  if (!m->acts || m->mode == MODEL_EVAL || m->acts->layer_slots == 1) return 0;
+  model_acts_t *old = m->acts;
+  m->acts = NULL;
+  int rc = acts_create(m, true);
+  if (rc) {
+    acts_free(m->acts);
+    m->acts = old;
+    m->logits = old->logits;
+    return ty_errf(err, errlen, rc, "model: out of memory for one layer's activations");
+  }
+  acts_free(old);
+  return 0;
 }
 
 size_t model_activation_bytes(const model_t *m) {

@@ -161,6 +161,14 @@ int model_create_table(model_t **out, const llama_config_t *cfg, int B, int T, m
 size_t model_layer_floats(const model_dims_t *d);
 void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w);
 
+/* Activation checkpointing (the job's gradient_checkpointing): keeps one
+ * layer's activations instead of L, beside every layer's input (the
+ * residual stream), and model_layer_backward runs the layer's forward
+ * again first; a training model's buffers are allocated anew. Costs one
+ * more forward of every layer a step. 0, or TY_EEXHAUSTED with the
+ * activations as they were. */
+int model_recompute_layers(model_t *m, char *err, size_t errlen);
+
 /* Bytes of the activation and scratch buffers (for memory reports). */
 size_t model_activation_bytes(const model_t *m);
 

@@ -18,24 +18,26 @@
 #define TC JOBSPEC_TARGET_COUNT
 
 /* X(field, floats): the device buffers, sizes over d, L, NA = B*T rows,
- * the batch B and T, HC rows of logits. Per-layer buffers hold all L
- * layers (saved for the backward pass); d* buffers one layer's gradients. */
+ * the batch B and T, HC rows of logits, LS layer slots. Per-layer buffers
+ * hold all L layers (LS = L, saved for the backward pass), or one (LS = 1,
+ * recompute: each layer's forward runs again before its backward) beside
+ * every layer's input (res); d* buffers one layer's gradients. */
 // clang-format off
 #define MC_BUFS(X)                                       \
   X(res, (size_t)(L + 1) * NA * d->C)                    \
-  X(ln1, (size_t)L * NA * d->C)                          \
-  X(rstd1, (size_t)L * NA)                               \
-  X(q, (size_t)L * NA * QD)                              \
-  X(k, (size_t)L * NA * KVD)                             \
-  X(v, (size_t)L * NA * KVD)                             \
-  X(lse, (size_t)L * NA * d->NH)                         \
-  X(atty, (size_t)L * NA * QD)                           \
-  X(mid, (size_t)L * NA * d->C)                          \
-  X(ln2, (size_t)L * NA * d->C)                          \
-  X(rstd2, (size_t)L * NA)                               \
-  X(gate, (size_t)L * NA * d->FF)                        \
-  X(up, (size_t)L * NA * d->FF)                          \
-  X(h, (size_t)L * NA * d->FF)                           \
+  X(ln1, (size_t)LS * NA * d->C)                          \
+  X(rstd1, (size_t)LS * NA)                               \
+  X(q, (size_t)LS * NA * QD)                              \
+  X(k, (size_t)LS * NA * KVD)                             \
+  X(v, (size_t)LS * NA * KVD)                             \
+  X(lse, (size_t)LS * NA * d->NH)                         \
+  X(atty, (size_t)LS * NA * QD)                           \
+  X(mid, (size_t)LS * NA * d->C)                          \
+  X(ln2, (size_t)LS * NA * d->C)                          \
+  X(rstd2, (size_t)LS * NA)                               \
+  X(gate, (size_t)LS * NA * d->FF)                        \
+  X(up, (size_t)LS * NA * d->FF)                          \
+  X(h, (size_t)LS * NA * d->FF)                           \
   X(lnf, NA * d->C)                                      \
   X(rstdf, NA)                                           \
   X(logits, HC * d->V)                                   \
@@ -64,6 +66,7 @@ struct model_cuda {
   model_dims_t d;
   int B, T, b, t;
   int hc;          /* rows of logits a head chunk holds (head_rows) */
+  bool recompute;  /* one layer slot: layers run forward again in the backward pass */
   bool logits_all; /* the last forward's logits are all in m->logits (one chunk) */
   ty_dtype_t wdt;  /* the base weights' dtype */
   cuda_backend_t *cb;
@@ -164,8 +167,8 @@ static int copy_norm(model_cuda_t *m, int i) {
 }
 
 int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,
-                      const lora_t *lora, comm_t *comm, int slots, int B, int T, char *err,
-                      size_t errlen) {
+                      const lora_t *lora, comm_t *comm, int slots, int B, int T, bool recompute,
+                      char *err, size_t errlen) {
   *out = NULL;
   if (!comm && base->world_size != 1)
     return ty_errf(err, errlen, TY_EINVAL,
@@ -201,6 +204,8 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const size_t NA = (size_t)B * T;
   m->hc = head_rows(NA, d->V);
+  m->recompute = recompute;
+  const size_t LS = recompute ? 1 : (size_t)L;
   const size_t HC = (size_t)m->hc;
   size_t wmax = (size_t)d->C;
   if ((size_t)QD > wmax) wmax = QD;
@@ -366,7 +371,7 @@ static int head_logits(model_cuda_t *m, int r0, int rows) {
 }
 
 /* Layer l's slice of a per-layer buffer of the given row width. */
-#define LAYER(buf, width) (m->buf + (size_t)l * NA * (width))
+#define LAYER(buf, width) (m->buf + (size_t)(m->recompute ? 0 : l) * NA * (width))
 #define RES(r) (m->res + (size_t)(r)*NA * d->C)
 #define W(kind) wt(m, CKPT_##kind, l)
 #define GW(kind) gwt(m, CKPT_##kind, l)
@@ -561,7 +566,10 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
     if ((rc = units_next(m, false, err, errlen)) ||
         (rc = unit_grads_clear(m, PREFETCH_LAYER(l), err, errlen)))
       break;
-    msg = !(rc = layer_backward(m, l));
+    /* One layer slot: it holds layer L-1's activations from the forward
+     * pass; every other layer's are computed again from its input. */
+    if (m->recompute && l < d->L - 1) msg = !(rc = layer_forward(m, l));
+    if (!rc) msg = !(rc = layer_backward(m, l));
     if (!rc) rc = unit_grads_reduce(m, PREFETCH_LAYER(l), err, errlen);
   }
   /* Full training: the embedding's rows take d(loss)/d(res_0). */

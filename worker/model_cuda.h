@@ -51,14 +51,17 @@ typedef struct model_cuda model_cuda_t;
  * whole model (world size 1). Otherwise comm (nccl, this rank's) gathers
  * base, a shard of comm's world, unit by unit through `slots` slots (2
  * overlaps the next unit's gather with the current unit's computation, 1
- * does not); every rank must then run the same passes. Returns 0, TY_EINVAL
+ * does not); every rank must then run the same passes. recompute (the
+ * job's gradient_checkpointing): one layer's activations are kept instead
+ * of L, and the backward pass runs each layer's forward again before its
+ * backward. Returns 0, TY_EINVAL
  * (a shard without a comm, a shard of other ranks, a half-precision-f16
  * base, a shape mismatch) or TY_EEXHAUSTED (device memory), with the
  * reason in err. base, cb, comm and lora are borrowed and must outlive the
  * model. */
 int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,
-                      const lora_t *lora, comm_t *comm, int slots, int B, int T, char *err,
-                      size_t errlen);
+                      const lora_t *lora, comm_t *comm, int slots, int B, int T, bool recompute,
+                      char *err, size_t errlen);
 void model_cuda_free(model_cuda_t *m);
 
 /* Device bytes the model allocated (activations, scratch, adapters, unit

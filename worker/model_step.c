@@ -133,6 +133,11 @@ void model_layer_backward(model_t *m, int l, const model_layer_t *w, const model
   const int n = m->b * m->t, C = d->C, QD = d->NH * d->HS, KVD = d->NKV * d->HS, FF = d->FF;
   const size_t NA = (size_t)m->B * m->T;
   if (!dw) dw = &frozen;
+  /* One layer slot (model_recompute_layers): the slot holds the layer
+   * after l, so layer l's activations are computed again from its input,
+   * residual slot l, which every layer keeps (the last layer's are still
+   * there from the forward pass). */
+  if (a->layer_slots == 1 && l < d->L - 1) model_layer_forward(m, l, w, lora);
   const float *res = RES(l);
   const float *ln1 = LAYER(ln1, C), *q = LAYER(q, QD), *k = LAYER(k, KVD), *v = LAYER(v, KVD);
   const float *atty = LAYER(atty, QD), *mid = LAYER(mid, C), *ln2 = LAYER(ln2, C);

@@ -216,7 +216,8 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   /* Several ranks gather their shards unit by unit, two slots: the next
    * unit's gather overlaps the current unit's computation. */
   comm_t *gather = comm_world_size(comm) > 1 ? comm : NULL;
-  if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T, err, errlen);
+  if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T,
+                                          spec->gradient_checkpointing, err, errlen);
   if (!rc && tr->host) rc = map_build(t, tr->host, err, errlen);
   /* Full training: AdamW's moments beside the shard. */
   if (!rc && !lora &&

@@ -311,6 +311,7 @@ int worker_train_main(const worker_env_t *e) {
 #endif
     } else {
       rc = build_model(&spec, comm, &pl, &cfg, &m, &f, &ls, err, sizeof err);
+      if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
       if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
     }
   }

@@ -92,7 +92,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "bench_lora: %s\n", err);
     return 1;
   }
-  if (model_cuda_create(&mc, cb, s, lo, comm, slots, B, T, err, sizeof err)) {
+  if (model_cuda_create(&mc, cb, s, lo, comm, slots, B, T, false, err, sizeof err)) {
     fprintf(stderr, "bench_lora: %s\n", err);
     return 1;
   }

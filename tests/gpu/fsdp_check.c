@@ -134,7 +134,7 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   float *gw = malloc(n * sizeof(float)), *gs = malloc(n * sizeof(float));
   double lw, ls;
   model_cuda_t *mw, *ms;
-  if (model_cuda_create(&mw, cb, whole, lo, NULL, 0, B, T, err, sizeof err) ||
+  if (model_cuda_create(&mw, cb, whole, lo, NULL, 0, B, T, false, err, sizeof err) ||
       lora_steps(mw, &lw, gw, n, err, sizeof err))
     FAIL("whole model: %s", err);
   double gn = 0.0;
@@ -142,7 +142,7 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   if (!(gn > 0.0)) FAIL("the whole model's adapter gradients are zero: nothing would be compared");
   const char *tag = dt == TY_DTYPE_BF16 ? "bf16" : "fp32";
   for (int slots = 2; slots >= 1; slots--) {
-    if (model_cuda_create(&ms, cb, shard, lo, comm, slots, B, T, err, sizeof err) ||
+    if (model_cuda_create(&ms, cb, shard, lo, comm, slots, B, T, false, err, sizeof err) ||
         lora_steps(ms, &ls, gs, n, err, sizeof err))
       FAIL("sharded, %d slot(s): %s", slots, err);
     double lerr = fabs(ls - lw) / fabs(lw), gerr = worst_rel(gs, gw, n);
@@ -167,12 +167,12 @@ static int run_rank(const char *dir, const char *rdv, int rank, int world, ty_dt
   /* Full training over the fp32 shard: world x the whole model's gradient
    * in this rank's rows of every tensor. */
   float *fw = dt == TY_DTYPE_F32 ? malloc(whole->bytes) : NULL;
-  if (fw && (model_cuda_create(&mw, cb, whole, NULL, NULL, 0, B, T, err, sizeof err) ||
+  if (fw && (model_cuda_create(&mw, cb, whole, NULL, NULL, 0, B, T, false, err, sizeof err) ||
              steps(mw, &lw, model_cuda_base_grads(mw), fw, whole->bytes, err, sizeof err)))
     FAIL("whole model, full training: %s", err);
   for (int slots = 2; slots >= 1 && fw; slots--) {
     float *fs = malloc(shard->bytes);
-    if (model_cuda_create(&ms, cb, shard, NULL, comm, slots, B, T, err, sizeof err) ||
+    if (model_cuda_create(&ms, cb, shard, NULL, comm, slots, B, T, false, err, sizeof err) ||
         steps(ms, &ls, model_cuda_base_grads(ms), fs, shard->bytes, err, sizeof err))
       FAIL("sharded full training, %d slot(s): %s", slots, err);
     double ferr = fabs(ls - lw) / fabs(lw);

@@ -9,7 +9,8 @@
  * relative L2 norm. Then full training (no adapters, fp32 base, tied and
  * untied heads): the loss within 1e-5 and the gradient of every weight,
  * the embedding and norm gains included, within 1e-3 relative. All of it
- * again with the output head run over the tokens in chunks. Exits 77 (a
+ * again with the output head run over the tokens in chunks, and with
+ * activation checkpointing on both sides. Exits 77 (a
  * skip) where no CUDA device is visible. */
 #include <math.h>
 #include <stdbool.h>
@@ -57,6 +58,10 @@ typedef struct {
   model_cuda_t *mc;
 } twins_t;
 
+/* Both sides keep one layer's activations and recompute the others in the
+ * backward pass (gradient_checkpointing). */
+static bool g_recompute;
+
 /* The CPU side: cfg's seeded weights in dt, a CPU model in mode. 0, or 1
  * with the failure printed. */
 static int cpu_twin(twins_t *t, const llama_config_t *cfg, ty_dtype_t dt, uint64_t seed,
@@ -70,7 +75,8 @@ static int cpu_twin(twins_t *t, const llama_config_t *cfg, ty_dtype_t dt, uint64
                      .seed = seed,
                      .pl = &t->cpu};
   if (loader_init_scratch(cfg, &o, &t->hs, NULL, err, sizeof err) ||
-      model_create(&t->m, cfg, B, T, mode, err, sizeof err)) {
+      model_create(&t->m, cfg, B, T, mode, err, sizeof err) ||
+      (g_recompute && model_recompute_layers(t->m, err, sizeof err))) {
     printf("FAIL setup: %s\n", err);
     return 1;
   }
@@ -83,7 +89,7 @@ static int gpu_twin(twins_t *t, cuda_backend_t *cb, const lora_t *lo) {
   char err[1024];
   if (placement_cuda_init(&t->gpu, 0, 1 << 20, err, sizeof err) ||
       loader_shard_upload(t->hs, &t->gpu, &t->ds, err, sizeof err) ||
-      model_cuda_create(&t->mc, cb, t->ds, lo, NULL, 0, B, T, err, sizeof err)) {
+      model_cuda_create(&t->mc, cb, t->ds, lo, NULL, 0, B, T, g_recompute, err, sizeof err)) {
     printf("FAIL gpu setup: %s\n", err);
     return 1;
   }
@@ -235,6 +241,14 @@ int main(void) {
   bad |= run_full(cb, false);
   bad |= run_full(cb, true);
   unsetenv("TRAINYARD_CUDA_HEAD_ROWS");
+  /* Again with one layer's activations kept on both sides, every other
+   * layer run forward again in the backward pass. */
+  printf("-- gradient_checkpointing: one layer slot, layers recomputed\n");
+  g_recompute = true;
+  bad |= run(cb, TY_DTYPE_F32);
+  bad |= run(cb, TY_DTYPE_BF16);
+  bad |= run_full(cb, false);
+  bad |= run_full(cb, true);
   cuda_backend_free(cb);
   printf("gpu/model: %s\n",
          bad ? "FAILED" : "the GPU LoRA and full-training steps match the CPU model");

@@ -4,7 +4,8 @@ its own GPU (CUDA_VISIBLE_DEVICES) and a nccl:file: rendezvous, and runs
 the real trainyard-worker. LoRA with fsdp.memory_efficient_load, and every
 weight from scratch, each on up to 2 GPUs, give the per-step losses of the
 same job on CPU ranks through the same server (float32: 1e-3 relative, as
-gpu/train); the GPU ranks report device peaks, the CPU ranks none; the
+gpu/train); with gradient_checkpointing the LoRA job's losses stay (1e-6)
+and its device peak falls; the GPU ranks report device peaks; the
 adapter and the model land in output_dir. On the simulated device, a GPU
 that holds a rank's shard and its training buffers but not the standard
 load's whole model beside the shard trains the job with
@@ -64,13 +65,13 @@ def start(srv_env=None, hidden=64, layers=2):
     return srv
 
 
-def spec(name, device, lora, efficient=True, seq_len=32, micro=None):
+def spec(name, device, lora, efficient=True, seq_len=32, micro=None, ckpt=False):
     s = {"name": name, "device": device, "dtype": "float32", "world_size": WORLD,
          "allocation_mode": "static",
          "data": {"path": "words.txt", "format": "text", "seq_len": seq_len},
          "train": {"steps": STEPS, "micro_batch_size": micro or 4 // WORLD, "grad_accum": 1,
                    "lr": 3e-3, "warmup_steps": 2, "checkpoint_every": 0},
-         "output_dir": "runs/" + name}
+         "output_dir": "runs/" + name, "gradient_checkpointing": ckpt}
     if lora:
         s.update(model_path="models/base", use_lora=True, lora_rank=4,
                  target_modules="all-linear", fsdp={"memory_efficient_load": efficient})
@@ -84,9 +85,11 @@ class CudaJobs(unittest.TestCase):
         srv = start()
         try:
             jobs = {}
-            for name, device, lora in (("lora-cuda", "cuda", True), ("lora-cpu", "cpu", True),
-                                       ("full-cuda", "cuda", False), ("full-cpu", "cpu", False)):
-                r = srv.post("/v1/jobs", spec(name, device, lora))
+            for name, device, lora, ckpt in (
+                    ("lora-cuda", "cuda", True, False), ("lora-cpu", "cpu", True, False),
+                    ("full-cuda", "cuda", False, False), ("full-cpu", "cpu", False, False),
+                    ("lora-cuda-ckpt", "cuda", True, True)):
+                r = srv.post("/v1/jobs", spec(name, device, lora, ckpt=ckpt))
                 self.assertEqual(r.status_code, 201, r.text)
                 self.assertEqual(r.json()["device"], device)
                 jobs[name] = r.json()["id"]
@@ -112,6 +115,17 @@ class CudaJobs(unittest.TestCase):
                 peaks = [r["device_peak_bytes"] for r in self.ranks(srv, gpu)]
                 print("# %s on cuda: device peaks %s MiB" %
                       (kind, ", ".join("%.2f" % (p / 2**20) for p in peaks)))
+            # gradient_checkpointing: the same losses, one layer's
+            # activations on the device instead of every layer's.
+            la, lb = self.losses(srv, jobs["lora-cuda"]), self.losses(srv, jobs["lora-cuda-ckpt"])
+            worst = max(abs(a - b) / abs(a) for a, b in zip(la, lb))
+            pa = max(r["device_peak_bytes"] for r in self.ranks(srv, jobs["lora-cuda"]))
+            pb = max(r["device_peak_bytes"] for r in self.ranks(srv, jobs["lora-cuda-ckpt"]))
+            print("# lora on cuda with gradient_checkpointing: losses within %.2e of without, "
+                  "device peak %.2f MiB (without: %.2f MiB)" % (worst, pb / 2**20, pa / 2**20))
+            self.assertEqual(len(lb), STEPS, lb)
+            self.assertLess(worst, 1e-6, list(zip(la, lb)))
+            self.assertLess(pb, pa)
             out = os.path.join(srv.dir, "runs")
             self.assertTrue(os.path.exists(os.path.join(out, "lora-cuda",
                                                         "adapter_model.safetensors")))

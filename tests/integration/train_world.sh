@@ -4,7 +4,8 @@
 # (LoRA on a mkmodel checkpoint, and full training from scratch); kill -9 of
 # one rank mid-run fails the job within 5 s with no orphan process and no
 # shared memory left; each rank's host peak for the sharded training state
-# (weights, gradients, AdamW moments) falls as 1/N.
+# (weights, gradients, AdamW moments) falls as 1/N; gradient_checkpointing
+# changes no loss.
 #
 # Tolerance: 1e-5 relative. The ranks see the same windows (data.h), so the
 # only differences are the order of fp32 additions: the all-reduce sums the
@@ -58,6 +59,24 @@ assert gap <= 1e-5, (a, b)
 assert a[-1] < a[0], a
 PY
   done
+done
+
+# gradient_checkpointing (one layer's activations kept, the others run
+# forward again in the backward pass): 2 ranks give the same losses, bit
+# for bit, as without it.
+for mode in lora full; do
+  if [ "$mode" = lora ]; then args=("${lora[@]}"); else args=("${full[@]}"); fi
+  "$ty" train "${common[@]}" "${args[@]}" --gradient_checkpointing true --world_size 2 \
+    --train.micro_batch_size 4 --output_dir "$tmp/ckpt-$mode" --json >"$tmp/ckpt-$mode.out" \
+    2>"$tmp/ckpt-$mode.log" || { cat "$tmp/ckpt-$mode.log" >&2; fail "$mode with gradient_checkpointing"; }
+  python3 - "$tmp/ckpt-$mode.out" "$tmp/$mode.2" "$mode" <<'PY'
+import json, sys
+got = [repr(r["loss"]) for r in map(json.loads, open(sys.argv[1]))
+       if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None]
+want = open(sys.argv[2]).read().split()
+assert got == want, (got, want)
+print(f"# {sys.argv[3]}: gradient_checkpointing over 2 ranks: the same {len(got)} losses")
+PY
 done
 
 # Resume of sharded state: a rerun in the same output_dir resumes from the

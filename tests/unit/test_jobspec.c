@@ -26,6 +26,7 @@ static const char *k_sample =
     "  \"fsdp\": { \"memory_efficient_load\": true, \"bucket_mb\": 32 },\n"
     "  \"use_lora\": true, \"lora_rank\": 4, \"lora_alpha\": 8,\n"
     "  \"target_modules\": [\"q_proj\", \"v_proj\", \"down_proj\"],\n"
+    "  \"gradient_checkpointing\": true,\n"
     "  \"data\": { \"path\": \"data/train.bin\", \"format\": \"u16\", \"seq_len\": 64,\n"
     "            \"eval_fraction\": 0.1 },\n"
     "  \"train\": { \"steps\": 200, \"micro_batch_size\": 2, \"grad_accum\": 3, \"lr\": 1e-3,\n"
@@ -49,6 +50,7 @@ static void test_defaults(void **state) {
   assert_int_equal(s.lora_rank, 8);
   assert_true(s.lora_alpha == 16);
   assert_int_equal(s.target_modules, 0xfu); /* q, k, v, o */
+  assert_false(s.gradient_checkpointing);
   assert_int_equal(s.dtype, TY_DTYPE_F32);
   assert_int_equal(s.device, JOBSPEC_DEVICE_AUTO);
   assert_int_equal(s.data.format, JOBSPEC_DATA_TEXT);
@@ -75,6 +77,7 @@ static void test_sample_parses(void **state) {
   assert_true(s.fsdp.memory_efficient_load);
   assert_int_equal(s.fsdp.bucket_mb, 32);
   assert_true(s.use_lora);
+  assert_true(s.gradient_checkpointing);
   assert_int_equal(s.lora_rank, 4);
   assert_true(s.lora_alpha == 8);
   assert_int_equal(s.target_modules, 1u << JOBSPEC_TARGET_BIT_Q | 1u << JOBSPEC_TARGET_BIT_V |

@@ -1,6 +1,7 @@
 /* test_model.c - the model's gradients against central finite differences
  * (full training, tied and untied heads, and LoRA adapters), gradient
- * accumulation, the tensor table, filling, and the errors for bad input. */
+ * accumulation, the tensor table, filling, the errors for bad input, and
+ * activation checkpointing against keeping every layer. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -427,6 +428,49 @@ static void test_eval_matches_train(void **state) {
   model_free(f);
 }
 
+/* Activation checkpointing: one layer slot, each layer run forward again
+ * in the backward pass, gives the same gradients bit for bit (full
+ * training and LoRA, over three layers so that two are recomputed) with
+ * fewer activation bytes; a model already holding one slot is left so. */
+static void test_recompute_matches(void **state) {
+  (void)state;
+  llama_config_t c = tiny_config(false, 2);
+  c.num_hidden_layers = 3;
+  char err[256];
+  for (int lora = 0; lora < 2; lora++) {
+    model_mode_t mode = lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
+    model_t *m[2];
+    lora_t *lo[2] = {NULL, NULL};
+    double loss[2];
+    int tok[TB * TT], tgt[TB * TT];
+    for (int i = 0; i < 2; i++) {
+      assert_int_equal(model_create(&m[i], &c, TB, TT, mode, err, sizeof err), 0);
+      model_init_random(m[i], 42, 0.3f);
+      if (lora) lo[i] = tiny_lora(m[i], JOBSPEC_TARGET_ALL_LINEAR);
+    }
+    size_t whole = model_activation_bytes(m[1]);
+    assert_int_equal(model_recompute_layers(m[1], err, sizeof err), 0);
+    assert_true(model_activation_bytes(m[1]) < whole);
+    assert_int_equal(model_recompute_layers(m[1], err, sizeof err), 0);
+    make_batch(tok, tgt, 21, m[0]->d.V);
+    for (int i = 0; i < 2; i++) {
+      if (lora) lora_zero_grad(lo[i]);
+      else model_zero_grad(m[i]);
+      loss[i] = loss_of(m[i], lo[i], tok, tgt);
+      model_backward(m[i], lo[i], 1.0f);
+    }
+    assert_true(loss[0] == loss[1]);
+    if (lora)
+      assert_memory_equal(lo[0]->grads, lo[1]->grads, sizeof(float) * lo[0]->n_params);
+    else
+      assert_memory_equal(m[0]->grads, m[1]->grads, sizeof(float) * m[0]->n_params);
+    for (int i = 0; i < 2; i++) {
+      lora_free(lo[i]);
+      model_free(m[i]);
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fd_untied_gqa),
@@ -439,6 +483,7 @@ int main(void) {
       cmocka_unit_test(test_fill_and_bad_input),
       cmocka_unit_test(test_stages_with_gathered_layers),
       cmocka_unit_test(test_eval_matches_train),
+      cmocka_unit_test(test_recompute_matches),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
