@@ -14,6 +14,11 @@ add_test(NAME bench/train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/train.s
 set_tests_properties(bench/train PROPERTIES LABELS bench TIMEOUT 3600
                      ENVIRONMENT "${TY_TEST_ENV}")
 
+# What gradient_checkpointing costs and saves (bench: by hand, not in CI).
+add_test(NAME bench/checkpointing COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/checkpointing.sh)
+set_tests_properties(bench/checkpointing PROPERTIES LABELS bench TIMEOUT 3600
+                     ENVIRONMENT "${TY_TEST_ENV}")
+
 # Training end to end with real processes (mkmodel, worker, eval, load).
 add_test(NAME integration/train COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train.sh)
 set_tests_properties(integration/train PROPERTIES LABELS integration TIMEOUT 300
