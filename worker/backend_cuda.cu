@@ -530,8 +530,9 @@ extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse
                                        int NKV, int HS) {
   (void)b;
   size_t rows = (size_t)B * NH * T;
+  if (!rows) return;
   unsigned nt = row_threads(T);
-  if (rows) TY_LAUNCH(k_attn_fwd, (unsigned)rows, nt, (HS + nt) * sizeof(float))
+  TY_LAUNCH(k_attn_fwd, (unsigned)rows, nt, (HS + nt) * sizeof(float))
   (out, lse, q, k, v, T, NH, NKV, HS);
 }
 

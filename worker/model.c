@@ -266,8 +266,7 @@ int model_recompute_layers(model_t *m, char *err, size_t errlen) {
   int rc = acts_create(m, true);
   if (rc) {
     acts_free(m->acts);
-    m->acts = old;
-    m->logits = old->logits;
+    m->acts = old; /* m->logits is set only when acts_create succeeds */
     return ty_errf(err, errlen, rc, "model: out of memory for one layer's activations");
   }
   acts_free(old);

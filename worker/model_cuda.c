@@ -25,19 +25,19 @@
 // clang-format off
 #define MC_BUFS(X)                                       \
   X(res, (size_t)(L + 1) * NA * d->C)                    \
-  X(ln1, (size_t)LS * NA * d->C)                          \
-  X(rstd1, (size_t)LS * NA)                               \
-  X(q, (size_t)LS * NA * QD)                              \
-  X(k, (size_t)LS * NA * KVD)                             \
-  X(v, (size_t)LS * NA * KVD)                             \
-  X(lse, (size_t)LS * NA * d->NH)                         \
-  X(atty, (size_t)LS * NA * QD)                           \
-  X(mid, (size_t)LS * NA * d->C)                          \
-  X(ln2, (size_t)LS * NA * d->C)                          \
-  X(rstd2, (size_t)LS * NA)                               \
-  X(gate, (size_t)LS * NA * d->FF)                        \
-  X(up, (size_t)LS * NA * d->FF)                          \
-  X(h, (size_t)LS * NA * d->FF)                           \
+  X(ln1, (size_t)LS * NA * d->C)                         \
+  X(rstd1, (size_t)LS * NA)                              \
+  X(q, (size_t)LS * NA * QD)                             \
+  X(k, (size_t)LS * NA * KVD)                            \
+  X(v, (size_t)LS * NA * KVD)                            \
+  X(lse, (size_t)LS * NA * d->NH)                        \
+  X(atty, (size_t)LS * NA * QD)                          \
+  X(mid, (size_t)LS * NA * d->C)                         \
+  X(ln2, (size_t)LS * NA * d->C)                         \
+  X(rstd2, (size_t)LS * NA)                              \
+  X(gate, (size_t)LS * NA * d->FF)                       \
+  X(up, (size_t)LS * NA * d->FF)                         \
+  X(h, (size_t)LS * NA * d->FF)                          \
   X(lnf, NA * d->C)                                      \
   X(rstdf, NA)                                           \
   X(logits, HC * d->V)                                   \
@@ -560,7 +560,7 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
   if (!rc) {
     cuda_rmsnorm_backward(m->cb, m->dres, norm_dw(m, 2 * d->L), m->dln, NULL, RES(d->L),
                           norm_w(m, 2 * d->L), m->rstdf, n, d->C);
-    if (!rc) rc = unit_grads_reduce(m, head, err, errlen);
+    rc = unit_grads_reduce(m, head, err, errlen);
   }
   for (int l = d->L - 1; l >= 0 && !rc; l--) {
     if ((rc = units_next(m, false, err, errlen)) ||
