@@ -46,14 +46,7 @@ WORLD = min(NGPU, 2)
 
 def start(srv_env=None, hidden=64, layers=2):
     srv = Server(worker=None, extra=["--gpus", str(WORLD), "--heartbeat-timeout", "300",
-                                     "--progress-timeout", "300"])
-    old = dict(os.environ)
-    os.environ.update(srv_env or {})
-    try:
-        srv.start()
-    finally:
-        os.environ.clear()
-        os.environ.update(old)
+                                     "--progress-timeout", "300"], env=srv_env).start()
     r = random.Random(1)
     words = "the cat sat on a mat and dog ran to house with red door".split()
     with open(os.path.join(srv.dir, "words.txt"), "w") as f:

@@ -27,13 +27,15 @@ def free_port():
 
 
 class Server:
-    def __init__(self, tokens="", extra=None, workdir=None, port=None, worker=TEST_WORKER):
+    def __init__(self, tokens="", extra=None, workdir=None, port=None, worker=TEST_WORKER,
+                 env=None):
         self.dir = workdir or tempfile.mkdtemp(prefix="ty-it-")
         self.port = port or free_port()
         self.url = "http://127.0.0.1:%d" % self.port
         self.tokens = tokens
         self.extra = extra or []
         self.worker = worker
+        self.env = env or {}  # more environment for trainyardd (and so its ranks)
         self.proc = None
         os.makedirs(os.path.join(self.dir, "models", "tiny"), exist_ok=True)
         with open(os.path.join(self.dir, "models", "tiny", "config.json"), "w") as f:
@@ -56,6 +58,7 @@ class Server:
         env.pop("TRAINYARD_TOKENS", None)
         if self.tokens:
             env["TRAINYARD_TOKENS"] = self.tokens
+        env.update(self.env)
         self.proc = subprocess.Popen(self.args(), cwd=self.dir, env=env, stdout=self.log,
                                      stderr=self.log)
         deadline = time.time() + 15
