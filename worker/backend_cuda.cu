@@ -19,13 +19,15 @@ extern "C" {
 #include "worker/cpu_ops.h"
 }
 
-/* Launches are written TY_LAUNCH(kernel, grid, block, shmem)(args...) and
- * dynamic shared memory TY_DYN_SHARED(type, name), so that this file also
- * compiles as C++ against the simulated device (TRAINYARD_CUDA=SIM,
- * tests/cudasim), whose headers define both. */
+/* Launches are written TY_LAUNCH(kernel, grid, block, shmem)(args...),
+ * dynamic shared memory TY_DYN_SHARED(type, name) and loops to unroll
+ * after TY_UNROLL, so that this file also compiles as C++ against the
+ * simulated device (TRAINYARD_CUDA=SIM, tests/cudasim), whose headers
+ * define all three. */
 #ifndef TY_CUDA_SIM
 #define TY_LAUNCH(k, grid, block, shmem) k<<<grid, block, shmem>>>
 #define TY_DYN_SHARED(type, name) extern __shared__ type name[]
+#define TY_UNROLL _Pragma("unroll")
 #endif
 
 struct cuda_backend {
@@ -372,11 +374,13 @@ extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *co
 }
 
 /* ---- causal GQA attention ----
- * Tiled, without a (T, T) matrix: each query row's scores are recomputed
- * from q and k where they are needed, a tile of blockDim.x keys at a time
- * in shared memory. The forward pass keeps only each row's log-sum-exp;
- * the backward pass rebuilds the probabilities from it and keeps only
- * each row's dout . out (B*NH*T floats of scratch). */
+ * Without a (T, T) matrix: scores are recomputed from q and k where they
+ * are needed, a tile at a time in shared memory. The forward pass keeps
+ * only each row's log-sum-exp; the backward pass rebuilds the
+ * probabilities from it and keeps only each row's dout . out (B*NH*T
+ * floats of scratch). Two paths: the tiled kernels below (k_flash_*) for
+ * head sizes up to ATT_MAX_HS, and one block per row (k_attn_*) for any
+ * larger head, whose rows would not fit a tile in shared memory. */
 
 static __device__ float dot_hs(const float *a, const float *b, int HS) {
   float s = 0.0f;
@@ -520,6 +524,296 @@ __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dout, const flo
   for (int d = threadIdx.x; d < HS; d += nt) dk[ko + d] *= scale;
 }
 
+/* ---- the tiled path, for head sizes up to 256 (every Llama-family model):
+ * FlashAttention's scheme in fp32 on CUDA cores. A block takes a tile of
+ * TL query rows of one head (for dk and dv, TL keys of one kv head) with
+ * ATT_TPR threads to a row, and walks the other side TL rows at a time
+ * through shared memory, so that each k and v row is read from global
+ * memory once per tile of queries instead of once per query row. Thread c
+ * of a row owns the row's scores at columns c, c + 8, ... of a tile and
+ * its output at d = c, c + 8, ... (DPT of them, in registers). Rows in
+ * shared memory are 8 * DPT + 1 floats apart: zeros past HS, and an odd
+ * stride, so that the eight rows a row's threads read in step lie in
+ * distinct banks. Every sum runs in a fixed order, as the row kernels'. */
+
+#define ATT_TPR 8
+#define ATT_MAX_HS 256
+
+__host__ __device__ constexpr int att_stride(int dpt) {
+  return ATT_TPR * dpt + 1;
+}
+/* Bytes of shared memory: nbuf row buffers of TL rows, two TL x (TL + 1)
+ * tiles of scores and two TL vectors (what the largest kernel uses). */
+constexpr size_t att_smem(int dpt, int tl, int nbuf) {
+  return ((size_t)nbuf * tl * att_stride(dpt) + 2 * (size_t)tl * (tl + 1) + 2 * (size_t)tl) *
+         sizeof(float);
+}
+/* The largest tile of 32, 16 or 8 rows whose buffers fit CUDA's default
+ * 48 KiB of shared memory a block. */
+constexpr int att_tile(int dpt, int nbuf) {
+  return att_smem(dpt, 32, nbuf) <= (48 << 10)   ? 32
+         : att_smem(dpt, 16, nbuf) <= (48 << 10) ? 16
+                                                 : 8;
+}
+
+/* Rows r0 .. r0 + TL - 1 (of width HS, ld floats apart, T of them) into
+ * dst, zero past HS and past T. */
+template <int DPT, int TL>
+static __device__ void att_load(float *dst, const float *src, size_t ld, int r0, int T, int HS) {
+  constexpr int S = att_stride(DPT);
+  for (int x = threadIdx.x; x < TL * S; x += TL * ATT_TPR) {
+    int rr = x / S, d = x % S;
+    dst[x] = d < HS && r0 + rr < T ? src[(size_t)(r0 + rr) * ld + d] : 0.0f;
+  }
+}
+
+/* s[i] = a . rows[i * ATT_TPR], rows S floats apart (rows already points
+ * at this thread's first one). */
+template <int DPT, int TL>
+static __device__ void att_dots(float *s, const float *a, const float *rows, int HS) {
+  constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR;
+  TY_UNROLL
+  for (int i = 0; i < KPT; i++) s[i] = 0.0f;
+  for (int d = 0; d < HS; d++) {
+    const float x = a[d];
+    TY_UNROLL
+    for (int i = 0; i < KPT; i++) s[i] += x * rows[i * ATT_TPR * S + d];
+  }
+}
+
+/* Over a row's ATT_TPR threads (adjacent lanes of one warp). */
+static __device__ float row_sum(float v) {
+  for (int o = ATT_TPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+static __device__ float row_max(float v) {
+  for (int o = ATT_TPR / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* The block's place: tile `tile` of TL rows of head-row `hr` (b * NH + h
+ * for queries, b * NKV + kvh for keys); this thread's row r and lane c. */
+#define ATT_PLACE(nheads, first_longest)                                                   \
+  const int ntile = (T + TL - 1) / TL;                                                     \
+  const int tile =                                                                         \
+      (first_longest) ? ntile - 1 - (int)(blockIdx.x % ntile) : (int)(blockIdx.x % ntile); \
+  const size_t hr = blockIdx.x / ntile, bb = hr / (nheads);                                \
+  const int r = (int)threadIdx.x / ATT_TPR, c = (int)threadIdx.x % ATT_TPR;                \
+  const int QD = NH * HS, KVD = NKV * HS, r0 = tile * TL;                                  \
+  const float scale = 1.0f / sqrtf((float)HS)
+
+/* Forward: per key tile, the scores, the row's running max m and sum l
+ * (online softmax), then out += p v. Shared: q tile, k then v tile, p. */
+template <int DPT, int TL>
+__global__ void k_flash_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                            int T, int NH, int NKV, int HS) {
+  constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR, P = TL + 1;
+  TY_DYN_SHARED(float, sh);
+  float *sq = sh, *skv = sh + TL * S, *sp = sh + 2 * TL * S;
+  ATT_PLACE(NH, true); /* the causal rows at the end do the most work */
+  const int h = (int)(hr % NH), kvh = h / (NH / NKV), t = r0 + r;
+  const size_t kvo = bb * T * KVD + (size_t)kvh * HS;
+  const int kend = r0 + TL < T ? r0 + TL : T;
+  att_load<DPT, TL>(sq, q + bb * T * QD + (size_t)h * HS, QD, r0, T, HS);
+  float m = -INFINITY, l = 0.0f, acc[DPT];
+  TY_UNROLL
+  for (int i = 0; i < DPT; i++) acc[i] = 0.0f;
+  for (int j0 = 0; j0 < kend; j0 += TL) {
+    __syncthreads(); /* q in; the last tile's v and p read */
+    att_load<DPT, TL>(skv, k + kvo, KVD, j0, T, HS);
+    __syncthreads();
+    float s[KPT], mt = -INFINITY, ls = 0.0f;
+    att_dots<DPT, TL>(s, sq + r * S, skv + c * S, HS);
+    TY_UNROLL
+    for (int i = 0; i < KPT; i++) {
+      const int j = j0 + c + i * ATT_TPR;
+      s[i] = t < T && j <= t ? s[i] * scale : -INFINITY;
+      mt = fmaxf(mt, s[i]);
+    }
+    const float mn = fmaxf(m, row_max(mt));
+    const float alpha = mn == -INFINITY ? 1.0f : expf(m - mn);
+    TY_UNROLL
+    for (int i = 0; i < KPT; i++) {
+      const float p = s[i] == -INFINITY ? 0.0f : expf(s[i] - mn);
+      sp[r * P + c + i * ATT_TPR] = p;
+      ls += p;
+    }
+    l = l * alpha + row_sum(ls), m = mn;
+    TY_UNROLL
+    for (int i = 0; i < DPT; i++) acc[i] *= alpha;
+    __syncthreads(); /* k read, p written */
+    att_load<DPT, TL>(skv, v + kvo, KVD, j0, T, HS);
+    __syncthreads();
+    const int n = kend - j0 < TL ? kend - j0 : TL;
+    for (int jj = 0; jj < n; jj++) {
+      const float p = sp[r * P + jj], *vr = skv + jj * S + c;
+      TY_UNROLL
+      for (int i = 0; i < DPT; i++) acc[i] += p * vr[i * ATT_TPR];
+    }
+  }
+  if (t < T) {
+    float *ot = out + (bb * T + t) * QD + (size_t)h * HS;
+    TY_UNROLL
+    for (int i = 0; i < DPT; i++)
+      if (c + i * ATT_TPR < HS) ot[c + i * ATT_TPR] = acc[i] / l;
+    if (c == 0) lse[hr * T + t] = m + logf(l);
+  }
+}
+
+/* dq = scale * sum_j p_j (dout . v_j - D) k_j over key tiles, and D =
+ * dout . out into dsum for k_flash_bwd_kv. Shared: q, dout, k, v tiles and
+ * the score gradients. */
+template <int DPT, int TL>
+__global__ void k_flash_bwd_q(float *dq, float *dsum, const float *dout, const float *out,
+                              const float *lse, const float *q, const float *k, const float *v,
+                              int T, int NH, int NKV, int HS) {
+  constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR, P = TL + 1;
+  TY_DYN_SHARED(float, sh);
+  float *sq = sh, *sdo = sh + TL * S, *sk = sh + 2 * TL * S, *sv = sh + 3 * TL * S;
+  float *sds = sh + 4 * TL * S;
+  ATT_PLACE(NH, true);
+  const int h = (int)(hr % NH), kvh = h / (NH / NKV), t = r0 + r;
+  const size_t qo = bb * T * QD + (size_t)h * HS, kvo = bb * T * KVD + (size_t)kvh * HS;
+  const int kend = r0 + TL < T ? r0 + TL : T;
+  att_load<DPT, TL>(sq, q + qo, QD, r0, T, HS);
+  att_load<DPT, TL>(sdo, dout + qo, QD, r0, T, HS);
+  float D = 0.0f, L = 0.0f, acc[DPT];
+  if (t < T) {
+    const float *o = out + qo + (size_t)t * QD, *g = dout + qo + (size_t)t * QD;
+    for (int d = c; d < HS; d += ATT_TPR) D += g[d] * o[d];
+    L = lse[hr * T + t];
+  }
+  D = row_sum(D);
+  if (t < T && c == 0) dsum[hr * T + t] = D;
+  TY_UNROLL
+  for (int i = 0; i < DPT; i++) acc[i] = 0.0f;
+  for (int j0 = 0; j0 < kend; j0 += TL) {
+    __syncthreads(); /* q, dout in; the last tile's k and ds read */
+    att_load<DPT, TL>(sk, k + kvo, KVD, j0, T, HS);
+    att_load<DPT, TL>(sv, v + kvo, KVD, j0, T, HS);
+    __syncthreads();
+    float s[KPT], dp[KPT];
+    att_dots<DPT, TL>(s, sq + r * S, sk + c * S, HS);
+    att_dots<DPT, TL>(dp, sdo + r * S, sv + c * S, HS);
+    TY_UNROLL
+    for (int i = 0; i < KPT; i++) {
+      const int j = j0 + c + i * ATT_TPR;
+      sds[r * P + c + i * ATT_TPR] = t < T && j <= t ? expf(s[i] * scale - L) * (dp[i] - D) : 0.0f;
+    }
+    __syncthreads();
+    const int n = kend - j0 < TL ? kend - j0 : TL;
+    for (int jj = 0; jj < n; jj++) {
+      const float g = sds[r * P + jj], *kr = sk + jj * S + c;
+      TY_UNROLL
+      for (int i = 0; i < DPT; i++) acc[i] += g * kr[i * ATT_TPR];
+    }
+  }
+  if (t < T) {
+    float *dqt = dq + qo + (size_t)t * QD;
+    TY_UNROLL
+    for (int i = 0; i < DPT; i++)
+      if (c + i * ATT_TPR < HS) dqt[c + i * ATT_TPR] = acc[i] * scale;
+  }
+}
+
+/* dk and dv of a tile of TL keys of one kv head, summed over the group's
+ * query heads and, by tiles, the rows t >= the tile's first key: dv +=
+ * p dout_t, dk += scale * ds q_t. Shared: the keys' k and v, one tile's q
+ * and dout, its p and ds, and its rows' lse and D. */
+template <int DPT, int TL>
+__global__ void k_flash_bwd_kv(float *dk, float *dv, const float *dout, const float *dsum,
+                               const float *lse, const float *q, const float *k, const float *v,
+                               int T, int NH, int NKV, int HS) {
+  constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR, P = TL + 1;
+  TY_DYN_SHARED(float, sh);
+  float *sk = sh, *sv = sh + TL * S, *sq = sh + 2 * TL * S, *sdo = sh + 3 * TL * S;
+  float *sp = sh + 4 * TL * S, *sds = sp + TL * P, *sl = sds + TL * P, *sd = sl + TL;
+  ATT_PLACE(NKV, false); /* the causal keys at the start do the most work */
+  const int kvh = (int)(hr % NKV), G = NH / NKV, j = r0 + r;
+  const size_t kvo = bb * T * KVD + (size_t)kvh * HS;
+  att_load<DPT, TL>(sk, k + kvo, KVD, r0, T, HS);
+  att_load<DPT, TL>(sv, v + kvo, KVD, r0, T, HS);
+  float ak[DPT], av[DPT];
+  TY_UNROLL
+  for (int i = 0; i < DPT; i++) ak[i] = 0.0f, av[i] = 0.0f;
+  for (int g = 0; g < G; g++) {
+    const size_t bh = bb * NH + (size_t)kvh * G + g, qo = bb * T * QD + (bh % NH) * HS;
+    for (int q0 = r0; q0 < T; q0 += TL) {
+      __syncthreads(); /* k, v in; the last tile's q, dout, p, ds read */
+      att_load<DPT, TL>(sq, q + qo, QD, q0, T, HS);
+      att_load<DPT, TL>(sdo, dout + qo, QD, q0, T, HS);
+      if ((int)threadIdx.x < TL) {
+        const int tt = q0 + (int)threadIdx.x;
+        sl[threadIdx.x] = tt < T ? lse[bh * T + tt] : 0.0f;
+        sd[threadIdx.x] = tt < T ? dsum[bh * T + tt] : 0.0f;
+      }
+      __syncthreads();
+      float s[KPT], dp[KPT];
+      att_dots<DPT, TL>(s, sk + r * S, sq + c * S, HS);
+      att_dots<DPT, TL>(dp, sv + r * S, sdo + c * S, HS);
+      TY_UNROLL
+      for (int i = 0; i < KPT; i++) {
+        const int x = c + i * ATT_TPR, tt = q0 + x;
+        const float p = tt < T && j <= tt ? expf(s[i] * scale - sl[x]) : 0.0f;
+        sp[r * P + x] = p, sds[r * P + x] = p * (dp[i] - sd[x]);
+      }
+      __syncthreads();
+      const int n = T - q0 < TL ? T - q0 : TL;
+      for (int xx = 0; xx < n; xx++) {
+        const float p = sp[r * P + xx], ds = sds[r * P + xx];
+        const float *qr = sq + xx * S + c, *gr = sdo + xx * S + c;
+        TY_UNROLL
+        for (int i = 0; i < DPT; i++) av[i] += p * gr[i * ATT_TPR], ak[i] += ds * qr[i * ATT_TPR];
+      }
+    }
+  }
+  if (j < T) {
+    TY_UNROLL
+    for (int i = 0; i < DPT; i++)
+      if (c + i * ATT_TPR < HS) {
+        const size_t o = kvo + (size_t)j * KVD + c + i * ATT_TPR;
+        dk[o] = ak[i] * scale, dv[o] = av[i];
+      }
+  }
+}
+#undef ATT_PLACE
+
+/* Launches of the tiled kernels for one DPT. */
+template <int DPT>
+static void flash_forward(float *out, float *lse, const float *q, const float *k, const float *v,
+                          int B, int T, int NH, int NKV, int HS) {
+  constexpr int TL = att_tile(DPT, 2);
+  void (*k_fwd)(float *, float *, const float *, const float *, const float *, int, int, int, int) =
+      k_flash_fwd<DPT, TL>;
+  const size_t blocks = (size_t)(T + TL - 1) / TL * B * NH;
+  TY_LAUNCH(k_fwd, (unsigned)blocks, TL * ATT_TPR, att_smem(DPT, TL, 2))
+  (out, lse, q, k, v, T, NH, NKV, HS);
+}
+template <int DPT>
+static void flash_backward(float *dq, float *dk, float *dv, float *dsum, const float *dout,
+                           const float *out, const float *lse, const float *q, const float *k,
+                           const float *v, int B, int T, int NH, int NKV, int HS) {
+  constexpr int TL = att_tile(DPT, 4);
+  void (*k_bwd_q)(float *, float *, const float *, const float *, const float *, const float *,
+                  const float *, const float *, int, int, int, int) = k_flash_bwd_q<DPT, TL>;
+  void (*k_bwd_kv)(float *, float *, const float *, const float *, const float *, const float *,
+                   const float *, const float *, int, int, int, int) = k_flash_bwd_kv<DPT, TL>;
+  const size_t tiles = (size_t)(T + TL - 1) / TL;
+  TY_LAUNCH(k_bwd_q, (unsigned)(tiles * B * NH), TL * ATT_TPR, att_smem(DPT, TL, 4))
+  (dq, dsum, dout, out, lse, q, k, v, T, NH, NKV, HS);
+  TY_LAUNCH(k_bwd_kv, (unsigned)(tiles * B * NKV), TL * ATT_TPR, att_smem(DPT, TL, 4))
+  (dk, dv, dout, dsum, lse, q, k, v, T, NH, NKV, HS);
+}
+
+/* The tiled kernels' DPT for a head size: the least power of two >=
+ * HS / ATT_TPR (at least 2), or 0 past ATT_MAX_HS (the row kernels). */
+static int flash_dpt(int HS) {
+  if (HS > ATT_MAX_HS) return 0;
+  int dpt = 2;
+  while (dpt * ATT_TPR < HS) dpt *= 2;
+  return dpt;
+}
+
 static unsigned row_threads(int width) {
   unsigned t = (unsigned)((width + 31) / 32 * 32);
   return t < 64 ? 64 : t > 256 ? 256 : t;
@@ -531,6 +825,17 @@ extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse
   (void)b;
   size_t rows = (size_t)B * NH * T;
   if (!rows) return;
+#define FLASH_FWD(dpt) \
+  case dpt:            \
+    return flash_forward<dpt>(out, lse, q, k, v, B, T, NH, NKV, HS)
+  switch (flash_dpt(HS)) {
+    FLASH_FWD(2);
+    FLASH_FWD(4);
+    FLASH_FWD(8);
+    FLASH_FWD(16);
+    FLASH_FWD(32);
+  }
+#undef FLASH_FWD
   unsigned nt = row_threads(T);
   TY_LAUNCH(k_attn_fwd, (unsigned)rows, nt, (HS + nt) * sizeof(float))
   (out, lse, q, k, v, T, NH, NKV, HS);
@@ -543,6 +848,17 @@ extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk,
   (void)b;
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
   if (!rows) return;
+#define FLASH_BWD(dpt) \
+  case dpt:            \
+    return flash_backward<dpt>(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, HS)
+  switch (flash_dpt(HS)) {
+    FLASH_BWD(2);
+    FLASH_BWD(4);
+    FLASH_BWD(8);
+    FLASH_BWD(16);
+    FLASH_BWD(32);
+  }
+#undef FLASH_BWD
   unsigned nt = row_threads(T);
   TY_LAUNCH(k_attn_bwd_q, (unsigned)rows, nt, (2 * HS + nt) * sizeof(float))
   (dq, scratch, dout, out, lse, q, k, v, T, NH, NKV, HS);

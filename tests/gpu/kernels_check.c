@@ -198,13 +198,20 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
   return bad;
 }
 
-/* The suite's small shape; then rows longer than a block's threads (keys,
- * and a key's (head, row) pairs, in several tiles), a head size over a
- * warp's width that is not a multiple of it, and four query heads to a kv
- * head. */
+/* The tiled kernels take a tile of 32, 16 or 8 rows by head size (8 threads
+ * to a row, each with HS / 8 rounded up to a power of two of the row's
+ * values); heads over 256 take the row kernels. The suite's small shape
+ * (one partial tile); then many tiles with a partial last one in each
+ * layout: a head size of 72 (not a multiple of 8: tiles of 32 forward, 16
+ * backward) with four query heads to a kv head, 64 (tiles of 32, two
+ * heads to a kv head), 256 (16 forward, 8 backward) and 264 (the row
+ * kernels, with keys and (head, row) pairs in several blocks' worth). */
 static int test_attention(cuda_backend_t *b) {
   int bad = attention_case(b, B, T, NH, NKV, HS);
   bad |= attention_case(b, 1, 300, 4, 1, 72);
+  bad |= attention_case(b, 2, 70, 4, 2, 64);
+  bad |= attention_case(b, 1, 41, 2, 2, 256);
+  bad |= attention_case(b, 1, 270, 2, 1, 264);
   return bad;
 }
 

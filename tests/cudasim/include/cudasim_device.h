@@ -125,5 +125,6 @@ launcher<P...> launch(const char *name, void (*k)(P...), dim3 grid, dim3 block, 
 
 #define TY_LAUNCH(k, grid, block, shmem) cudasim::launch(#k, k, grid, block, shmem)
 #define TY_DYN_SHARED(type, name) type *name = static_cast<type *>(sim_dyn_shared)
+#define TY_UNROLL
 
 #endif
