@@ -33,7 +33,8 @@ extern "C" {
 struct cuda_backend {
   int device;
   cublasHandle_t blas;
-  double *dsum; /* one device double for reductions */
+  double *dsum;   /* one device double for reductions */
+  bool attn_rows; /* attention by the per-row kernels at every head size */
 };
 
 #define CB_THREADS 256
@@ -140,6 +141,10 @@ extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, 
   }
   *out = b;
   return 0;
+}
+
+extern "C" void cuda_backend_attention_rows(cuda_backend_t *b, bool on) {
+  b->attn_rows = on;
 }
 
 extern "C" void cuda_backend_free(cuda_backend_t *b) {
@@ -806,9 +811,10 @@ static void flash_backward(float *dq, float *dk, float *dv, float *dsum, const f
 }
 
 /* The tiled kernels' DPT for a head size: the least power of two >=
- * HS / ATT_TPR (at least 2), or 0 past ATT_MAX_HS (the row kernels). */
-static int flash_dpt(int HS) {
-  if (HS > ATT_MAX_HS) return 0;
+ * HS / ATT_TPR (at least 2), or 0 for the row kernels (past ATT_MAX_HS,
+ * or when the backend asks for them). */
+static int flash_dpt(const cuda_backend_t *b, int HS) {
+  if (HS > ATT_MAX_HS || b->attn_rows) return 0;
   int dpt = 2;
   while (dpt * ATT_TPR < HS) dpt *= 2;
   return dpt;
@@ -822,13 +828,12 @@ static unsigned row_threads(int width) {
 extern "C" void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, const float *q,
                                        const float *k, const float *v, int B, int T, int NH,
                                        int NKV, int HS) {
-  (void)b;
   size_t rows = (size_t)B * NH * T;
   if (!rows) return;
 #define FLASH_FWD(dpt) \
   case dpt:            \
     return flash_forward<dpt>(out, lse, q, k, v, B, T, NH, NKV, HS)
-  switch (flash_dpt(HS)) {
+  switch (flash_dpt(b, HS)) {
     FLASH_FWD(2);
     FLASH_FWD(4);
     FLASH_FWD(8);
@@ -845,13 +850,12 @@ extern "C" void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk,
                                         float *scratch, const float *dout, const float *out,
                                         const float *lse, const float *q, const float *k,
                                         const float *v, int B, int T, int NH, int NKV, int HS) {
-  (void)b;
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
   if (!rows) return;
 #define FLASH_BWD(dpt) \
   case dpt:            \
     return flash_backward<dpt>(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, HS)
-  switch (flash_dpt(HS)) {
+  switch (flash_dpt(b, HS)) {
     FLASH_BWD(2);
     FLASH_BWD(4);
     FLASH_BWD(8);

@@ -15,6 +15,7 @@
 #ifndef TY_WORKER_BACKEND_CUDA_H
 #define TY_WORKER_BACKEND_CUDA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -32,6 +33,10 @@ typedef struct cuda_backend cuda_backend_t;
 int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen);
 /* Accepts NULL. */
 void cuda_backend_free(cuda_backend_t *b);
+/* Attention by one block per query row or key (on), as for head sizes
+ * over 256, rather than by tiles of rows (off, the default): for checking
+ * one path against the other and timing them (tests/gpu). */
+void cuda_backend_attention_rows(cuda_backend_t *b, bool on);
 /* Loads cuBLAS (dlopen: the worker does not link it, so that a process
  * that never computes on a GPU does not map it); needs no device. Called by
  * cuda_backend_create. 0, or TY_EUNAVAILABLE with the library's name and
@@ -77,7 +82,9 @@ void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const 
 /* Causal GQA attention, as cpu_attention_forward: out (B, T, NH*HS) and
  * lse (B, NH, T), each scaled score row's log-sum-exp, from which the
  * backward pass rebuilds the probabilities. Tiled: no (T, T) matrix is
- * ever held, in a layer or across them. */
+ * ever held, in a layer or across them. Head sizes up to 256 run in
+ * tiles of query rows (unless cuda_backend_attention_rows), larger ones
+ * one block per row. */
 void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, const float *q,
                             const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
 /* dq, dk, dv written from dout and the forward's out and lse; scratch holds

@@ -32,7 +32,7 @@ if(TRAINYARD_HAVE_CUDA)
 endif()
 # The GPU bench's programs (run by tests/gpu/run.sh, not by ctest).
 if(TRAINYARD_HAVE_CUDA)
-  foreach(bench load lora)
+  foreach(bench load lora attn)
     add_executable(gpu_bench_${bench} ${CMAKE_SOURCE_DIR}/tests/gpu/bench_${bench}.c)
     target_link_libraries(gpu_bench_${bench} PRIVATE ty_worker)
   endforeach()

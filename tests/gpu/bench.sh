@@ -10,6 +10,8 @@
 #          (bench_lora), when built: the whole base read in place (slots 0),
 #          then the sharded path at world size 1, every unit gathered by
 #          NCCL into 2 slots (overlapped) and into 1 (not);
+#   attn   attention alone at the model's heads, B and T (bench_attn): the
+#          tiled kernels against the per-row ones, forward and backward;
 #   torch  the same checkpoint and batch through transformers + peft, when
 #          python3 has torch, transformers and peft.
 # Figures go to OUTDIR/bench.jsonl; a table to stdout.
@@ -45,6 +47,16 @@ if [ -x "$build/tests/gpu_bench_lora" ]; then
     "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS $slots | sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
   done
 fi
+# Attention alone at the model's heads and the bench's B and T: the tiled
+# kernels against the per-row ones.
+if [ -x "$build/tests/gpu_bench_attn" ]; then
+  heads=$(python3 -c 'import json, sys
+c = json.load(open(sys.argv[1]))
+nh = c["num_attention_heads"]
+print(nh, c.get("num_key_value_heads") or nh, c.get("head_dim") or c["hidden_size"] // nh)' "$ck/config.json") || rc=1
+  # shellcheck disable=SC2086 # heads is NH NKV HS
+  "$build/tests/gpu_bench_attn" $B $T $heads "${TY_GPU_BENCH_ATTN_REPS:-5}" | sed 's/^{/{"bench":"attn",/' >>"$jl" || rc=1
+fi
 # PyTorch runs with the host's own libraries, not the unpacked .debs.
 [ -n "${TY_HOST_LD_LIBRARY_PATH+set}" ] && export LD_LIBRARY_PATH=$TY_HOST_LD_LIBRARY_PATH
 if python3 -c "import torch, transformers, peft" 2>/dev/null; then
@@ -69,7 +81,7 @@ for r in rows:
           f"{mib(r['device_peak_bytes']):>8} {mib(r['cuda_meminfo_peak_bytes']):>14} "
           f"{mib(r['host_peak_bytes']):>9} {r['load_seconds']:>6.2f}")
 for r in rows:
-    if r.get("bench") in ("lora", "torch"):
+    if r.get("bench") in ("lora", "attn", "torch"):
         print(r["bench"], json.dumps({k: v for k, v in r.items() if k != "bench"}))
 PY
 exit $rc

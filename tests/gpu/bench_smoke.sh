@@ -20,7 +20,9 @@ load = [r for r in rows if r["bench"] == "load"]
 lora = [r for r in rows if r["bench"] == "lora"]
 assert len(load) == 6, load  # 2 paths x (1 rank + 2 ranks)
 assert len(lora) == 3, lora  # slots 0, 2, 1
-for r in load + lora:
+attn = [r for r in rows if r["bench"] == "attn"]
+assert len(attn) == 1 and (attn[0]["NH"], attn[0]["NKV"], attn[0]["HS"]) == (4, 2, 16), attn
+for r in load + lora + attn:
     assert r["status"] == "ok", r
 eff = {(r["world"], r["rank"]): r for r in load if r["path"] == "memory_efficient"}
 std = {(r["world"], r["rank"]): r for r in load if r["path"] == "standard"}
@@ -28,6 +30,6 @@ for k in eff:
     assert eff[k]["device_peak_bytes"] < std[k]["device_peak_bytes"], (eff[k], std[k])
 for r in lora:
     assert r["tokens_per_s"] > 0 and r["loss_last"] < r["loss_first"] * 1.5, r
-print("# bench smoke: %d load rows, %d lora rows, all ok" % (len(load), len(lora)))
+print("# bench smoke: %d load rows, %d lora rows, %d attn row, all ok" % (len(load), len(lora), len(attn)))
 PY
 echo ok

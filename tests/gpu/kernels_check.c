@@ -173,24 +173,30 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
   float *d_dout = gpu_dup(dout, F(n * qd)), *d_dq = gpu_dup(NULL, F(n * qd));
   float *d_dk = gpu_dup(NULL, F(n * kvd)), *d_dv = gpu_dup(NULL, F(n * kvd));
   float *d_scr = gpu_dup(NULL, F(nl)); /* the backward pass's B*NH*T floats, no more */
-  /* NaN: every element read must have been written. */
-  cudaMemset(d_out, 0xff, F(n * qd));
-  cudaMemset(d_dq, 0xff, F(n * qd));
-  cudaMemset(d_scr, 0xff, F(nl));
-  char what[96];
+  char what[128];
   int bad = 0;
   cpu_attention_forward(out, lse, scratch, q, k, v, Bn, Tn, NHn, NKVn, HSn);
-  cuda_attention_forward(b, d_out, d_lse, d_q, d_k, d_v, Bn, Tn, NHn, NKVn, HSn);
-  snprintf(what, sizeof what, "attention_forward out (B %d T %d NH %d NKV %d HS %d)", Bn, Tn, NHn,
-           NKVn, HSn);
-  bad |= check_dev(what, d_out, out, n * qd, RT);
-  bad |= check_dev("attention_forward lse", d_lse, lse, nl, RT);
   cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, Bn, Tn, NHn, NKVn, HSn);
-  cuda_attention_backward(b, d_dq, d_dk, d_dv, d_scr, d_dout, d_out, d_lse, d_q, d_k, d_v, Bn, Tn,
-                          NHn, NKVn, HSn);
-  bad |= check_dev("attention_backward dq", d_dq, dq, n * qd, 1e-4f);
-  bad |= check_dev("attention_backward dk", d_dk, dk, n * kvd, 1e-4f);
-  bad |= check_dev("attention_backward dv", d_dv, dv, n * kvd, 1e-4f);
+  /* The tiled kernels (the per-row ones past head size 256), then the
+   * per-row ones. */
+  for (int rows = 0; rows < 2; rows++) {
+    cuda_backend_attention_rows(b, rows);
+    /* NaN: every element read must have been written. */
+    cudaMemset(d_out, 0xff, F(n * qd));
+    cudaMemset(d_dq, 0xff, F(n * qd));
+    cudaMemset(d_scr, 0xff, F(nl));
+    cuda_attention_forward(b, d_out, d_lse, d_q, d_k, d_v, Bn, Tn, NHn, NKVn, HSn);
+    snprintf(what, sizeof what, "attention_forward out (B %d T %d NH %d NKV %d HS %d, %s)", Bn, Tn,
+             NHn, NKVn, HSn, rows ? "per row" : "tiled");
+    bad |= check_dev(what, d_out, out, n * qd, RT);
+    bad |= check_dev("attention_forward lse", d_lse, lse, nl, RT);
+    cuda_attention_backward(b, d_dq, d_dk, d_dv, d_scr, d_dout, d_out, d_lse, d_q, d_k, d_v, Bn, Tn,
+                            NHn, NKVn, HSn);
+    bad |= check_dev("attention_backward dq", d_dq, dq, n * qd, 1e-4f);
+    bad |= check_dev("attention_backward dk", d_dk, dk, n * kvd, 1e-4f);
+    bad |= check_dev("attention_backward dv", d_dv, dv, n * kvd, 1e-4f);
+  }
+  cuda_backend_attention_rows(b, false);
   float *ptrs[] = {d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_scr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
   free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);

@@ -1,0 +1,128 @@
+/* bench_attn.c - causal GQA attention on one GPU, the tiled kernels against
+ * the per-row ones (cuda_backend_attention_rows) on the same inputs: REPS
+ * timed forward passes and REPS backward passes of each after one of each
+ * to warm up, timed by the host's clock around them. Prints one JSON
+ * line: milliseconds per pass for each path, the tiled path's speed-up and
+ * its TFLOP/s (the causal half of QK^T and PV forward, 2 products, and
+ * backward, 4, at 2 FLOPs a multiply-add, as bench_lora counts them), and
+ * the largest difference between the two paths' outputs (out, dq, dk,
+ * dv), relative to the largest magnitude of each; over 1e-4 is a mismatch
+ * (exit 1).
+ *
+ * usage: bench_attn B T NH NKV HS REPS */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "tests/gpu/gpu_util.h"
+#include "worker/backend_cuda.h"
+
+typedef struct {
+  float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *scr;
+} attn_bufs_t;
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Milliseconds per forward and per backward pass through one path: one
+ * of each to warm up, then the host's clock around REPS queued passes and
+ * a wait for them. */
+static int time_path(cuda_backend_t *cb, const attn_bufs_t *a, int B, int T, int NH, int NKV,
+                     int HS, int reps, double *fwd_ms, double *bwd_ms, char *err, size_t errlen) {
+  for (int timed = 0; timed < 2; timed++) {
+    const int n = timed ? reps : 1;
+    if (cuda_backend_sync(cb, err, errlen)) return 1;
+    double t0 = now_s();
+    for (int it = 0; it < n; it++)
+      cuda_attention_forward(cb, a->out, a->lse, a->q, a->k, a->v, B, T, NH, NKV, HS);
+    if (cuda_backend_sync(cb, err, errlen)) return 1;
+    double t1 = now_s();
+    for (int it = 0; it < n; it++)
+      cuda_attention_backward(cb, a->dq, a->dk, a->dv, a->scr, a->dout, a->out, a->lse, a->q, a->k,
+                              a->v, B, T, NH, NKV, HS);
+    if (cuda_backend_sync(cb, err, errlen)) return 1;
+    *fwd_ms = (t1 - t0) * 1e3 / n, *bwd_ms = (now_s() - t1) * 1e3 / n;
+  }
+  return 0;
+}
+
+/* max |x - y| / max |y| over two device arrays of n floats (NaN: infinite). */
+static double max_diff(const float *dx, const float *dy, size_t n) {
+  float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
+  gpu_get(x, dx, n * sizeof(float));
+  gpu_get(y, dy, n * sizeof(float));
+  double d = 0, m = 0;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)x[i] - y[i]);
+    if (!(e <= d)) d = isnan(e) ? INFINITY : e;
+    if (fabs((double)y[i]) > m) m = fabs((double)y[i]);
+  }
+  free(x), free(y);
+  return m > 0 ? d / m : d;
+}
+
+int main(int argc, char **argv) {
+  if (argc != 7) {
+    fprintf(stderr, "usage: bench_attn B T NH NKV HS REPS\n");
+    return 2;
+  }
+  int B = atoi(argv[1]), T = atoi(argv[2]), NH = atoi(argv[3]), NKV = atoi(argv[4]);
+  int HS = atoi(argv[5]), reps = atoi(argv[6]);
+  if (B < 1 || T < 1 || NH < 1 || NKV < 1 || NH % NKV || HS < 1 || reps < 1) {
+    fprintf(stderr, "bench_attn: B, T, NH, NKV, HS, REPS must be positive, NKV dividing NH\n");
+    return 2;
+  }
+  gpu_require_device("bench_attn");
+  char err[512];
+  cuda_backend_t *cb;
+  if (cuda_backend_create(&cb, 0, err, sizeof err)) {
+    fprintf(stderr, "bench_attn: %s\n", err);
+    return 1;
+  }
+  const size_t n = (size_t)B * T, qn = n * NH * HS, kvn = n * NKV * HS, nl = (size_t)B * NH * T;
+  float *h = malloc((qn > kvn ? qn : kvn) * sizeof(float));
+  attn_bufs_t a[2]; /* tiled, per row: the same inputs */
+  for (int p = 0; p < 2; p++) {
+    gpu_fill(h, qn, 1, 1), a[p].q = gpu_dup(h, qn * sizeof(float));
+    gpu_fill(h, kvn, 2, 1), a[p].k = gpu_dup(h, kvn * sizeof(float));
+    gpu_fill(h, kvn, 3, 1), a[p].v = gpu_dup(h, kvn * sizeof(float));
+    gpu_fill(h, qn, 4, 1), a[p].dout = gpu_dup(h, qn * sizeof(float));
+    a[p].out = gpu_dup(NULL, qn * sizeof(float)), a[p].dq = gpu_dup(NULL, qn * sizeof(float));
+    a[p].dk = gpu_dup(NULL, kvn * sizeof(float)), a[p].dv = gpu_dup(NULL, kvn * sizeof(float));
+    a[p].lse = gpu_dup(NULL, nl * sizeof(float)), a[p].scr = gpu_dup(NULL, nl * sizeof(float));
+  }
+  free(h);
+  double ms[2][2];
+  for (int p = 0; p < 2; p++) {
+    cuda_backend_attention_rows(cb, p == 1);
+    if (time_path(cb, &a[p], B, T, NH, NKV, HS, reps, &ms[p][0], &ms[p][1], err, sizeof err)) {
+      fprintf(stderr, "bench_attn: %s\n", err);
+      return 1;
+    }
+  }
+  const double d[] = {max_diff(a[0].out, a[1].out, qn), max_diff(a[0].dq, a[1].dq, qn),
+                      max_diff(a[0].dk, a[1].dk, kvn), max_diff(a[0].dv, a[1].dv, kvn)};
+  double diff = 0;
+  for (int i = 0; i < 4; i++) diff = d[i] > diff ? d[i] : diff;
+  /* The causal half of T x T, with its diagonal. */
+  const double pairs = (double)B * NH * T * (T + 1) / 2, flop_fwd = 2 * 2 * pairs * HS;
+  printf(
+      "{\"status\":\"%s\",\"B\":%d,\"T\":%d,\"NH\":%d,\"NKV\":%d,\"HS\":%d,\"reps\":%d,"
+      "\"tiled_fwd_ms\":%.3f,\"tiled_bwd_ms\":%.3f,\"rows_fwd_ms\":%.3f,\"rows_bwd_ms\":%.3f,"
+      "\"speedup_fwd\":%.2f,\"speedup_bwd\":%.2f,\"tiled_tflops\":%.2f,"
+      "\"max_diff\":%.3g}\n",
+      diff < 1e-4 ? "ok" : "mismatch", B, T, NH, NKV, HS, reps, ms[0][0], ms[0][1], ms[1][0],
+      ms[1][1], ms[1][0] / ms[0][0], ms[1][1] / ms[0][1],
+      3 * flop_fwd / ((ms[0][0] + ms[0][1]) * 1e-3) / 1e12, diff);
+  for (int p = 0; p < 2; p++) {
+    float *ptrs[] = {a[p].q,    a[p].k,  a[p].v,  a[p].out, a[p].lse,
+                     a[p].dout, a[p].dq, a[p].dk, a[p].dv,  a[p].scr};
+    for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
+  }
+  cuda_backend_free(cb);
+  return diff < 1e-4 ? 0 : 1;
+}
