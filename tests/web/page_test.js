@@ -4,7 +4,8 @@
 // must ask for one. Checks: the jobs list; a running job's rank rows and
 // charts updating; the event stream resuming after forced drops with no
 // event missed or repeated; cancel from the page; an invalid spec's field
-// error shown as it is typed; a valid submit running to success; a
+// error shown as it is typed; a valid submit (gradient checkpointing
+// chosen on the form, and shown on the job page) running to success; a
 // restarted job's second attempt; the page at phone width; no console
 // errors. Screenshots go to
 // $TRAINYARD_BIN_DIR/tests/web-artifacts.
@@ -224,6 +225,7 @@ async function main() {
     await page.fill('#f-world_size', '2');
     await page.fill('#f-train-steps', '15');
     await page.fill('#f-output_dir', 'runs/web-form');
+    await page.selectOption('#f-gradient_checkpointing', 'true');
     await waitFor('the valid verdict', async () =>
       /valid/.test(await page.textContent('#verdict')) &&
       (await page.getAttribute('#verdict', 'class')).includes('good'));
@@ -235,6 +237,10 @@ async function main() {
       (await page.textContent('#job-head .badge')) === 'succeeded', 30000);
     await waitFor('both ranks done', async () =>
       (await page.locator('#ranks tr[data-phase="done"]').count()) === 2);
+    const formJob = await call(srv, 'GET', '/v1/jobs/' + page.url().split('/').pop());
+    assert.equal(formJob.body.spec.gradient_checkpointing, true,
+                 'the form sent gradient_checkpointing: ' + JSON.stringify(formJob.body.spec));
+    assert.match(await page.textContent('#job-head'), /gradient checkpointing/);
 
     // 6. A restarted job ("flaky": rank 0 fails in attempt 1) shows its
     // second attempt only, and the restart on the timeline.

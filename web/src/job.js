@@ -95,7 +95,8 @@ export function mountJob(root, id) {
         fact('attempt', String(j.attempt) + (j.max_restarts ? ' of ' + (j.max_restarts + 1) : '')),
         fact('ranks', j.world_size + ' × ' + j.device),
         fact('training', (spec.use_lora ? 'LoRA r' + spec.lora_rank : 'full weights') +
-             ', ' + ((spec.train && spec.train.steps) || '?') + ' steps'),
+             ', ' + ((spec.train && spec.train.steps) || '?') + ' steps' +
+             (spec.gradient_checkpointing ? ', gradient checkpointing' : '')),
         fact('loading', spec.fsdp && spec.fsdp.memory_efficient_load ? 'memory-efficient'
                                                                     : 'standard'),
         fact('created', fmtTime(j.created_at)),

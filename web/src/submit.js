@@ -48,6 +48,7 @@ const GROUPS = [
     ['train.grad_clip', 'grad clip', 'num'],
     ['train.seed', 'seed', 'int'],
     ['train.checkpoint_every', 'checkpoint every', 'int'],
+    ['gradient_checkpointing', 'gradient checkpointing', 'bool'],
   ]],
 ];
 
