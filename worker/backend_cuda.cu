@@ -586,6 +586,26 @@ static __device__ void att_dots(float *s, const float *a, const float *rows, int
   }
 }
 
+/* acc[i] += sum over jj < n of w[jj] * tile[jj * S + i * ATT_TPR]: a row
+ * of weights times a tile (tile already points at this thread's column). */
+template <int DPT>
+static __device__ void att_accum(float *acc, const float *w, const float *tile, int n) {
+  constexpr int S = att_stride(DPT);
+  for (int jj = 0; jj < n; jj++) {
+    const float x = w[jj], *row = tile + jj * S;
+    TY_UNROLL
+    for (int i = 0; i < DPT; i++) acc[i] += x * row[i * ATT_TPR];
+  }
+}
+
+/* dst[c + i * ATT_TPR] = acc[i] * f, for this thread's d below HS. */
+template <int DPT>
+static __device__ void att_store(float *dst, const float *acc, float f, int c, int HS) {
+  TY_UNROLL
+  for (int i = 0; i < DPT; i++)
+    if (c + i * ATT_TPR < HS) dst[c + i * ATT_TPR] = acc[i] * f;
+}
+
 /* Over a row's ATT_TPR threads (adjacent lanes of one warp). */
 static __device__ float row_sum(float v) {
   for (int o = ATT_TPR / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -649,18 +669,10 @@ __global__ void k_flash_fwd(float *out, float *lse, const float *q, const float 
     __syncthreads(); /* k read, p written */
     att_load<DPT, TL>(skv, v + kvo, KVD, j0, T, HS);
     __syncthreads();
-    const int n = kend - j0 < TL ? kend - j0 : TL;
-    for (int jj = 0; jj < n; jj++) {
-      const float p = sp[r * P + jj], *vr = skv + jj * S + c;
-      TY_UNROLL
-      for (int i = 0; i < DPT; i++) acc[i] += p * vr[i * ATT_TPR];
-    }
+    att_accum<DPT>(acc, sp + r * P, skv + c, kend - j0 < TL ? kend - j0 : TL);
   }
   if (t < T) {
-    float *ot = out + (bb * T + t) * QD + (size_t)h * HS;
-    TY_UNROLL
-    for (int i = 0; i < DPT; i++)
-      if (c + i * ATT_TPR < HS) ot[c + i * ATT_TPR] = acc[i] / l;
+    att_store<DPT>(out + (bb * T + t) * QD + (size_t)h * HS, acc, 1.0f / l, c, HS);
     if (c == 0) lse[hr * T + t] = m + logf(l);
   }
 }
@@ -706,19 +718,9 @@ __global__ void k_flash_bwd_q(float *dq, float *dsum, const float *dout, const f
       sds[r * P + c + i * ATT_TPR] = t < T && j <= t ? expf(s[i] * scale - L) * (dp[i] - D) : 0.0f;
     }
     __syncthreads();
-    const int n = kend - j0 < TL ? kend - j0 : TL;
-    for (int jj = 0; jj < n; jj++) {
-      const float g = sds[r * P + jj], *kr = sk + jj * S + c;
-      TY_UNROLL
-      for (int i = 0; i < DPT; i++) acc[i] += g * kr[i * ATT_TPR];
-    }
+    att_accum<DPT>(acc, sds + r * P, sk + c, kend - j0 < TL ? kend - j0 : TL);
   }
-  if (t < T) {
-    float *dqt = dq + qo + (size_t)t * QD;
-    TY_UNROLL
-    for (int i = 0; i < DPT; i++)
-      if (c + i * ATT_TPR < HS) dqt[c + i * ATT_TPR] = acc[i] * scale;
-  }
+  if (t < T) att_store<DPT>(dq + qo + (size_t)t * QD, acc, scale, c, HS);
 }
 
 /* dk and dv of a tile of TL keys of one kv head, summed over the group's
@@ -764,21 +766,13 @@ __global__ void k_flash_bwd_kv(float *dk, float *dv, const float *dout, const fl
       }
       __syncthreads();
       const int n = T - q0 < TL ? T - q0 : TL;
-      for (int xx = 0; xx < n; xx++) {
-        const float p = sp[r * P + xx], ds = sds[r * P + xx];
-        const float *qr = sq + xx * S + c, *gr = sdo + xx * S + c;
-        TY_UNROLL
-        for (int i = 0; i < DPT; i++) av[i] += p * gr[i * ATT_TPR], ak[i] += ds * qr[i * ATT_TPR];
-      }
+      att_accum<DPT>(av, sp + r * P, sdo + c, n);
+      att_accum<DPT>(ak, sds + r * P, sq + c, n);
     }
   }
   if (j < T) {
-    TY_UNROLL
-    for (int i = 0; i < DPT; i++)
-      if (c + i * ATT_TPR < HS) {
-        const size_t o = kvo + (size_t)j * KVD + c + i * ATT_TPR;
-        dk[o] = ak[i] * scale, dv[o] = av[i];
-      }
+    att_store<DPT>(dk + kvo + (size_t)j * KVD, ak, scale, c, HS);
+    att_store<DPT>(dv + kvo + (size_t)j * KVD, av, 1.0f, c, HS);
   }
 }
 #undef ATT_PLACE
