@@ -1,7 +1,8 @@
 /* backend_cuda.cu - the CUDA kernels and cuBLAS products of backend_cuda.h.
  * Plain, checkable kernels: one block per row for the row ops (norms,
- * softmaxes, attention rows), one thread per element otherwise; every
- * reduction is in a fixed order for a fixed launch, so results repeat. */
+ * softmaxes), a block per tile of rows for attention, one thread per
+ * element otherwise; every reduction is in a fixed order for a fixed
+ * launch, so results repeat. */
 #include <dlfcn.h>
 #include <math.h>
 #include <pthread.h>
