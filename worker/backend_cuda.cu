@@ -18,6 +18,7 @@ extern "C" {
 #include "api/errors.h"
 #include "worker/backend_cuda.h"
 #include "worker/cpu_ops.h"
+#include "worker/mem_cuda.h"
 }
 
 /* Launches are written TY_LAUNCH(kernel, grid, block, shmem)(args...),
@@ -135,10 +136,10 @@ extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, 
   }
   /* Plain fp32 for Sgemm: no TF32 unless asked for, so fp32 matches the CPU. */
   g_blas.set_math_mode(b->blas, CUBLAS_DEFAULT_MATH);
-  if ((e = cudaMalloc((void **)&b->dsum, sizeof(double))) != cudaSuccess) {
+  if (mem_cuda_alloc((void **)&b->dsum, sizeof(double))) {
     g_blas.destroy(b->blas);
     free(b);
-    return cb_fail(err, errlen, TY_EEXHAUSTED, "cudaMalloc", cudaGetErrorString(e));
+    return cb_fail(err, errlen, TY_EEXHAUSTED, "cudaMalloc", "out of device memory");
   }
   *out = b;
   return 0;
@@ -150,7 +151,7 @@ extern "C" void cuda_backend_attention_rows(cuda_backend_t *b, bool on) {
 
 extern "C" void cuda_backend_free(cuda_backend_t *b) {
   if (!b) return;
-  cudaFree(b->dsum);
+  mem_cuda_free(b->dsum);
   g_blas.destroy(b->blas);
   free(b);
 }

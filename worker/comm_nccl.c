@@ -30,6 +30,7 @@
 
 #include "api/errors.h"
 #include "common/xalloc.h"
+#include "worker/mem_cuda.h"
 #include "worker/comm_impl.h"
 
 typedef struct {
@@ -140,10 +141,10 @@ static int stage_in(comm_t *c, stage_t *st, int k, const void *const *ptrs, cons
     if (st[i].host) need += (bytes[i] + 255) & ~(size_t)255;
   }
   if (need > n->bounce_bytes) {
-    cudaFree(n->bounce);
+    mem_cuda_free(n->bounce);
     n->bounce = NULL;
     n->bounce_bytes = 0;
-    if (cudaMalloc(&n->bounce, need) != cudaSuccess) {
+    if (mem_cuda_alloc(&n->bounce, need)) {
       cudaGetLastError();
       return comm_fail(c, TY_EEXHAUSTED, -1,
                        "%s: out of device memory staging %.1f MiB of host buffers through the "
@@ -321,8 +322,8 @@ static void nccl_release(nccl_t *n, int broken) {
       ncclCommDestroy(n->comm);
   }
   if (n->stream) cudaStreamDestroy(n->stream);
-  if (n->scratch) cudaFree(n->scratch);
-  if (n->bounce) cudaFree(n->bounce);
+  mem_cuda_free(n->scratch);
+  mem_cuda_free(n->bounce);
   free(n);
 }
 
@@ -395,7 +396,7 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   int rc = 0;
   if ((ce = cudaSetDevice(n->device)) != cudaSuccess ||
       (ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
-      (ce = cudaMalloc((void **)&n->scratch, sizeof(float))) != cudaSuccess) {
+      (mem_cuda_alloc((void **)&n->scratch, sizeof(float)) && (ce = cudaErrorMemoryAllocation))) {
     ty_errf(err, errlen, 0, "NCCL backend: CUDA device %d: %s", n->device, cudaGetErrorString(ce));
     nccl_release(n, 0);
     return TY_EUNAVAILABLE;

@@ -2,6 +2,7 @@
  * model_cuda.h): model_step.c's order of operations on the kernels of
  * backend_cuda.h, base weights read in place from a whole CUDA loader
  * shard, or from the unit slots of worker/prefetch_cuda.h. */
+#include "worker/mem_cuda.h"
 #include "worker/model_cuda.h"
 
 #include <stdarg.h>
@@ -99,11 +100,7 @@ static int head_rows(size_t NA, int V) {
 }
 
 static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
-  if (cudaMalloc(p, bytes ? bytes : 4) != cudaSuccess) {
-    cudaGetLastError();
-    *p = NULL;
-    return TY_EEXHAUSTED;
-  }
+  if (mem_cuda_alloc(p, bytes)) return TY_EEXHAUSTED;
   m->bytes += bytes;
   return 0;
 }
@@ -269,12 +266,12 @@ void model_cuda_free(model_cuda_t *m) {
   if (m->pc) cudaDeviceSynchronize(); /* no gather may still write a slot */
   prefetch_cuda_free(m->pc);
   free(m->order);
-  cudaFree(m->tokens);
-  cudaFree(m->targets);
-  cudaFree(m->gbase);
-  cudaFree(m->gunit);
-  cudaFree(m->xb);
-#define TY_X(field, n) cudaFree(m->field);
+  mem_cuda_free(m->tokens);
+  mem_cuda_free(m->targets);
+  mem_cuda_free(m->gbase);
+  mem_cuda_free(m->gunit);
+  mem_cuda_free(m->xb);
+#define TY_X(field, n) mem_cuda_free(m->field);
   MC_BUFS(TY_X)
 #undef TY_X
   free(m);

@@ -1,6 +1,7 @@
 /* placement_cuda.c - the CUDA placement: device shards by cudaMalloc, host
  * bytes through one pinned staging bucket, our high-water mark checked
  * against cudaMemGetInfo. */
+#include "worker/mem_cuda.h"
 #include "worker/placement_cuda.h"
 
 #include <stdio.h>
@@ -51,7 +52,8 @@ int placement_cuda_init(placement_t *p, int device, size_t staging_bytes, char *
                         size_t errlen) {
   memset(p, 0, sizeof *p);
   int count;
-  int rc = placement_cuda_devices(&count, err, errlen);
+  int rc = mem_cuda_init(err, errlen);
+  if (!rc) rc = placement_cuda_devices(&count, err, errlen);
   if (rc) return rc;
   if (device < 0 || device >= count) {
     if (err && errlen)
@@ -131,11 +133,7 @@ static int cuda_alloc(placement_t *p, size_t n, void **out) {
   *out = NULL;
   if (!n) return 0;
   cudaSetDevice(c->device);
-  if (cudaMalloc(out, n) != cudaSuccess) {
-    cudaGetLastError(); /* an out-of-memory cudaMalloc is not sticky; clear it */
-    *out = NULL;
-    return TY_EEXHAUSTED;
-  }
+  if (mem_cuda_alloc(out, n)) return TY_EEXHAUSTED;
   sample(c);
   return 0;
 }
@@ -145,7 +143,7 @@ static void cuda_release(placement_t *p, void *ptr, size_t n) {
   pcuda_t *c = p->ctx;
   if (!ptr) return;
   cudaSetDevice(c->device);
-  cudaFree(ptr);
+  mem_cuda_free(ptr);
 }
 
 /* Host src -> pinned bucket -> device, one bucket at a time. */

@@ -1,4 +1,5 @@
 /* prefetch_cuda.c - prefetch's ops on a GPU; see prefetch_cuda.h. */
+#include "worker/mem_cuda.h"
 #include "worker/prefetch_cuda.h"
 
 #include <stdbool.h>
@@ -120,10 +121,8 @@ int prefetch_cuda_create(prefetch_cuda_t **out, cuda_backend_t *cb, const loader
   if (ev == cudaSuccess) ev = cudaEventCreateWithFlags(&pc->reduced, cudaEventDisableTiming);
   if (ev != cudaSuccess) rc = cuda_fail(ev, "creating events", err, errlen);
   for (int k = 0; k < nslots && !rc; k++) {
-    cudaError_t e = cudaMalloc(&pc->slots[k], pc->slot_bytes ? pc->slot_bytes : 64);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      pc->slots[k] = NULL;
+    cudaError_t e;
+    if (mem_cuda_alloc(&pc->slots[k], pc->slot_bytes)) {
       rc = ty_errf(err, errlen, TY_EEXHAUSTED,
                    "prefetch: no device memory for %d unit slots of %.1f MiB (the largest unit: "
                    "the embedding or the head)",
@@ -159,7 +158,7 @@ void prefetch_cuda_free(prefetch_cuda_t *pc) {
   if (!pc) return;
   prefetch_free(pc->p);
   for (int k = 0; k < pc->nslots; k++) {
-    cudaFree(pc->slots[k]);
+    mem_cuda_free(pc->slots[k]);
     if (pc->gathered[k]) cudaEventDestroy(pc->gathered[k]);
     if (pc->released[k]) cudaEventDestroy(pc->released[k]);
   }

@@ -1,6 +1,7 @@
 /* train_cuda.c - training on GPU ranks: the loader into a CUDA placement
  * (or a host span copied there), model_cuda's passes, and the loop's
  * device hooks; see train_cuda.h. */
+#include "worker/mem_cuda.h"
 #include "worker/train_cuda.h"
 
 #include <stdbool.h>
@@ -216,13 +217,14 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   /* Several ranks gather their shards unit by unit, two slots: the next
    * unit's gather overlaps the current unit's computation. */
   comm_t *gather = comm_world_size(comm) > 1 ? comm : NULL;
-  if (!rc) rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T,
-                                          spec->gradient_checkpointing, err, errlen);
+  if (!rc)
+    rc = model_cuda_create(&t->mc, t->cb, t->shard, lora, gather, 2, B, T,
+                           spec->gradient_checkpointing, err, errlen);
   if (!rc && tr->host) rc = map_build(t, tr->host, err, errlen);
   /* Full training: AdamW's moments beside the shard. */
   if (!rc && !lora &&
-      (cudaMalloc((void **)&t->m, t->shard->bytes) != cudaSuccess ||
-       cudaMalloc((void **)&t->v, t->shard->bytes) != cudaSuccess ||
+      (mem_cuda_alloc((void **)&t->m, t->shard->bytes) ||
+       mem_cuda_alloc((void **)&t->v, t->shard->bytes) ||
        cudaMemset(t->m, 0, t->shard->bytes) != cudaSuccess ||
        cudaMemset(t->v, 0, t->shard->bytes) != cudaSuccess)) {
     cudaGetLastError();
@@ -231,6 +233,7 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
                  (double)t->shard->bytes / 1048576.0);
   }
   if (rc) {
+    mem_cuda_explain(rc, err, errlen);
     train_cuda_free(t);
     return rc;
   }
@@ -260,8 +263,8 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
 void train_cuda_free(train_cuda_t *t) {
   if (!t) return;
   free(t->map);
-  cudaFree(t->m);
-  cudaFree(t->v);
+  mem_cuda_free(t->m);
+  mem_cuda_free(t->v);
   model_cuda_free(t->mc);
   loader_shard_free(t->shard);
   if (t->pl_ready) placement_cuda_free(&t->pl);

@@ -15,6 +15,7 @@
 #include "worker/memstat.h"
 #include "worker/report.h"
 #ifdef TRAINYARD_HAVE_CUDA
+#include "worker/mem_cuda.h"
 #include "worker/placement_cuda.h"
 #endif
 
@@ -104,6 +105,9 @@ int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
   int rc = spec->init_from_scratch ? loader_init_scratch(&spec->model, &o, &s, &st, err, sizeof err)
                                    : loader_load(spec->model_path, &o, &s, &st, err, sizeof err);
   if (rc) {
+#ifdef TRAINYARD_HAVE_CUDA
+    if (spec->device == JOBSPEC_DEVICE_CUDA) mem_cuda_explain(rc, err, sizeof err);
+#endif
     snprintf(msg, sizeof msg, "%s (%s)", err, ty_err_name(rc));
     wload_send("failed", NULL, msg);
     wload_placement_free(&pl);
