@@ -4,7 +4,9 @@
 # GPU suites (ctest label gpu: CUDA kernels against the CPU backend, both
 # load paths onto the device, NCCL collectives, sharded LoRA and
 # full-training passes through NCCL against the whole model, LoRA and full
-# training against the CPU worker; and `trainyard load --device cuda`),
+# training against the CPU worker, the device allocator's cap, and a GPU
+# capped too small for the standard load failing with the fix while the
+# memory-efficient load trains; and `trainyard load --device cuda`),
 # then the GPU bench (tests/gpu/bench.sh). Results land in OUTDIR:
 #   preflight.txt  the host: GPU, driver, toolkit, compilers, libraries
 #   build.log      configure + build
