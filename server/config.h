@@ -28,6 +28,8 @@
   X(cpu_slots, INT, "0", 0, 4096, "TRAINYARD_CPU_SLOTS",                                   \
     "CPU ranks that may run at once (0: the number of online CPUs)")                       \
   X(gpus, INT, "0", 0, 64, "TRAINYARD_GPUS", "GPUs on this host (one rank each)")          \
+  X(gpu_mem_limit_mib, INT, "0", 0, 16777216, "TRAINYARD_GPU_MEM_LIMIT_MIB",               \
+    "MiB of device memory each GPU rank may allocate (0: no cap)")                         \
   X(worker, STR, "", 0, 0, "TRAINYARD_WORKER_BIN",                                         \
     "rank program (default: trainyard-worker beside trainyardd, or ../worker/ in a build tree)")                         \
   X(grace, SEC, "10", 0.05, 3600, "TRAINYARD_GRACE",                                       \

@@ -30,6 +30,8 @@ typedef struct {
    * ends. */
   void (*on_line)(void *ctx, const char *line);
   void *line_ctx;
+  int64_t gpu_mem_limit_mib; /* with a GPU: the device memory it may allocate
+                              * (TRAINYARD_CUDA_MEM_LIMIT_MIB); 0: no cap */
 } dispatch_spec_t;
 
 /* A started rank. The pump thread copies the rank's output into its log

@@ -310,7 +310,8 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
     snprintf(lc->token, sizeof lc->token, "%s", j->token);
     dispatch_spec_t sp = {s->worker, spec_path, j->id,    attempt,           i,
                           r->world,  rdv,       url,      j->token,          r->ranks[i].gpu,
-                          log_path,  s->cfg->log_max,     on_report_line,    lc};
+                          log_path,  s->cfg->log_max,     on_report_line,    lc,
+                          s->cfg->gpu_mem_limit_mib};
     if (mk) free(lc);
     int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
     if (mk) snprintf(msg, sizeof msg, "%s", mkerr);

@@ -115,6 +115,7 @@ void mem_cuda_explain(int rc, char *err, size_t errlen) {
   size_t lim = mem_cuda_limit(), len = err ? strlen(err) : 0;
   if (rc != TY_EEXHAUSTED || !lim || !err || len + 1 >= errlen) return;
   snprintf(err + len, errlen - len,
-           "; this process's device memory is capped at %.1f MiB by %s (raise or unset it)",
+           "; this process's device memory is capped at %.1f MiB by %s (set by trainyardd's "
+           "--gpu-mem-limit-mib for its ranks; raise or unset it)",
            (double)lim / 1048576.0, LIMIT_ENV);
 }

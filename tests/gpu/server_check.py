@@ -6,11 +6,13 @@ weight from scratch, each on up to 2 GPUs, give the per-step losses of the
 same job on CPU ranks through the same server (float32: 1e-3 relative, as
 gpu/train); with gradient_checkpointing the LoRA job's losses stay (1e-6)
 and its device peak falls; the GPU ranks report device peaks; the
-adapter and the model land in output_dir. On the simulated device, a GPU
-that holds a rank's shard and its training buffers but not the standard
-load's whole model beside the shard trains the job with
-fsdp.memory_efficient_load and fails it without, with a reason that names
-fsdp.memory_efficient_load; the job stored before it is kept.
+adapter and the model land in output_dir. A GPU that holds a rank's
+shard and its training buffers but not the standard load's whole model
+beside the shard trains the job with fsdp.memory_efficient_load and fails
+it without, with a reason that names fsdp.memory_efficient_load; the job
+stored before it is kept. The GPU is made that small by trainyardd's
+--gpu-mem-limit-mib (every GPU; the reason then names the cap) and, on
+the simulated device, by the device's own size (TY_SIM_MEM_MIB).
 
 Exits 77 (a ctest skip), saying why, where no GPU is visible."""
 import os
@@ -44,9 +46,9 @@ NGPU, WHERE = visible_gpus()
 WORLD = min(NGPU, 2)
 
 
-def start(srv_env=None, hidden=64, layers=2):
+def start(srv_env=None, hidden=64, layers=2, extra=()):
     srv = Server(worker=None, extra=["--gpus", str(WORLD), "--heartbeat-timeout", "300",
-                                     "--progress-timeout", "300"], env=srv_env).start()
+                                     "--progress-timeout", "300", *extra], env=srv_env).start()
     r = random.Random(1)
     words = "the cat sat on a mat and dog ran to house with red door".split()
     with open(os.path.join(srv.dir, "words.txt"), "w") as f:
@@ -131,13 +133,12 @@ class CudaJobs(unittest.TestCase):
         finally:
             srv.cleanup()
 
-    @unittest.skipUnless(SIM, "sets the device's memory, which only the simulated device can")
-    def test_a_device_too_small_fails_the_job_with_the_fix(self):
-        # A 4.8 MiB float32 base (8 layers, hidden 128): its shard and the
-        # buffers of 16-token micro-batches fit in `mib`; the whole base
-        # beside the shard does not.
-        mib = {1: 8, 2: 6}[WORLD]
-        srv = start({"TY_SIM_MEM_MIB": str(mib)}, hidden=128, layers=8)
+    # A 4.8 MiB float32 base (8 layers, hidden 128): its shard and the
+    # buffers of 16-token micro-batches fit in MIB; the whole base beside
+    # the shard does not.
+    MIB = {1: 8, 2: 6}[WORLD]
+
+    def too_small(self, srv, note):
         try:
             small = {"seq_len": 16, "micro": 1}
             ok = srv.post("/v1/jobs", spec("efficient", "cuda", True, **small)).json()
@@ -146,13 +147,23 @@ class CudaJobs(unittest.TestCase):
             r = srv.post("/v1/jobs", spec("standard", "cuda", True, efficient=False, **small))
             self.assertEqual(r.status_code, 201, r.text)
             job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=600)
-            print("# %d MiB GPU, standard load: %s" % (mib, job["reason"]))
+            print("# %d MiB GPU, standard load: %s" % (self.MIB, job["reason"]))
             self.assertEqual(job["state"], "failed")
             self.assertIn("fsdp.memory_efficient_load", job["reason"])
             self.assertRegex(job["reason"], r"^rank \d failed: cannot allocate its")
+            if note:
+                self.assertIn(note, job["reason"])
             self.assertEqual(srv.get("/v1/jobs/" + ok["id"]).json()["state"], "succeeded")
         finally:
             srv.cleanup()
+
+    def test_a_capped_device_fails_the_job_with_the_fix(self):
+        srv = start(hidden=128, layers=8, extra=["--gpu-mem-limit-mib", str(self.MIB)])
+        self.too_small(srv, "capped at %d.0 MiB by TRAINYARD_CUDA_MEM_LIMIT_MIB" % self.MIB)
+
+    @unittest.skipUnless(SIM, "sets the device's memory, which only the simulated device can")
+    def test_a_device_too_small_fails_the_job_with_the_fix(self):
+        self.too_small(start({"TY_SIM_MEM_MIB": str(self.MIB)}, hidden=128, layers=8), None)
 
     @staticmethod
     def losses(srv, jid):
