@@ -14,11 +14,11 @@
 
 #define MIB ((size_t)1 << 20)
 
-static int bad;
+static int g_failed;
 
 static void expect(int ok, const char *what) {
   printf("%-4s %s\n", ok ? "ok" : "FAIL", what);
-  if (!ok) bad = 1;
+  if (!ok) g_failed = 1;
 }
 
 int main(void) {
@@ -50,5 +50,5 @@ int main(void) {
   strcpy(err, "no such file");
   mem_cuda_explain(TY_ENOTFOUND, err, sizeof err);
   expect(strcmp(err, "no such file") == 0, "another error is left as it was");
-  return bad;
+  return g_failed;
 }

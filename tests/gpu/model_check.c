@@ -152,8 +152,8 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
   float *g = malloc(n * sizeof(float));
   gpu_get(g, model_cuda_lora_grads(mc), n * sizeof(float));
   double lerr = fabs(lg - lc) / fabs(lc), gerr = rel_l2(g, lo->grads, n);
-  char name[64];
   if (dt == TY_DTYPE_F32) {
+    char name[64];
     float fl = (float)lg, fc = (float)lc;
     snprintf(name, sizeof name, "lora step loss %s", tag);
     bad |= gpu_close(name, &fl, &fc, 1, 1e-5f, 0.0f);
