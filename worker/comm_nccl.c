@@ -30,8 +30,8 @@
 
 #include "api/errors.h"
 #include "common/xalloc.h"
-#include "worker/mem_cuda.h"
 #include "worker/comm_impl.h"
+#include "worker/mem_cuda.h"
 
 typedef struct {
   ncclComm_t comm;
@@ -145,7 +145,6 @@ static int stage_in(comm_t *c, stage_t *st, int k, const void *const *ptrs, cons
     n->bounce = NULL;
     n->bounce_bytes = 0;
     if (mem_cuda_alloc(&n->bounce, need)) {
-      cudaGetLastError();
       return comm_fail(c, TY_EEXHAUSTED, -1,
                        "%s: out of device memory staging %.1f MiB of host buffers through the "
                        "GPU for NCCL (the model and its training buffers fill the device: lower "

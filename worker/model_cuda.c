@@ -2,7 +2,6 @@
  * model_cuda.h): model_step.c's order of operations on the kernels of
  * backend_cuda.h, base weights read in place from a whole CUDA loader
  * shard, or from the unit slots of worker/prefetch_cuda.h. */
-#include "worker/mem_cuda.h"
 #include "worker/model_cuda.h"
 
 #include <stdarg.h>
@@ -15,6 +14,7 @@
 #include "api/errors.h"
 #include "api/jobspec.h"
 #include "common/xalloc.h"
+#include "worker/mem_cuda.h"
 
 #define TC JOBSPEC_TARGET_COUNT
 

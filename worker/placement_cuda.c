@@ -1,7 +1,6 @@
 /* placement_cuda.c - the CUDA placement: device shards by cudaMalloc, host
  * bytes through one pinned staging bucket, our high-water mark checked
  * against cudaMemGetInfo. */
-#include "worker/mem_cuda.h"
 #include "worker/placement_cuda.h"
 
 #include <stdio.h>
@@ -11,6 +10,7 @@
 #include <cuda_runtime.h>
 
 #include "api/errors.h"
+#include "worker/mem_cuda.h"
 
 #define PCUDA_MIN_STAGING ((size_t)64 << 10)
 

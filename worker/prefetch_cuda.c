@@ -1,5 +1,4 @@
 /* prefetch_cuda.c - prefetch's ops on a GPU; see prefetch_cuda.h. */
-#include "worker/mem_cuda.h"
 #include "worker/prefetch_cuda.h"
 
 #include <stdbool.h>
@@ -10,6 +9,7 @@
 
 #include "api/errors.h"
 #include "common/xalloc.h"
+#include "worker/mem_cuda.h"
 
 struct prefetch_cuda {
   cuda_backend_t *cb;

@@ -1,7 +1,6 @@
 /* train_cuda.c - training on GPU ranks: the loader into a CUDA placement
  * (or a host span copied there), model_cuda's passes, and the loop's
  * device hooks; see train_cuda.h. */
-#include "worker/mem_cuda.h"
 #include "worker/train_cuda.h"
 
 #include <stdbool.h>
@@ -14,6 +13,7 @@
 #include "api/errors.h"
 #include "common/xalloc.h"
 #include "worker/backend_cuda.h"
+#include "worker/mem_cuda.h"
 #include "worker/model_cuda.h"
 #include "worker/placement_cuda.h"
 
