@@ -977,6 +977,10 @@ __global__ void k_sum(double *out, const float *x, size_t n, int squares) {
   if (threadIdx.x == 0) *out = acc;
 }
 static int fetch_sum(cuda_backend_t *b, const float *x, size_t n, int squares, double *out) {
+  if (!n) {
+    *out = 0.0;
+    return 0;
+  }
   TY_LAUNCH(k_sum, 1, 1024, 0)(b->dsum, x, n, squares);
   cudaError_t e = cudaMemcpy(out, b->dsum, sizeof(double), cudaMemcpyDeviceToHost);
   return e == cudaSuccess ? 0 : TY_EINTERNAL;
@@ -996,17 +1000,9 @@ extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, con
   if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, V, dloss);
 }
 extern "C" int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out) {
-  if (!n) {
-    *out = 0.0;
-    return 0;
-  }
   return fetch_sum(b, x, n, 0, out);
 }
 extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out) {
-  if (!n) {
-    *out = 0.0;
-    return 0;
-  }
   return fetch_sum(b, x, n, 1, out);
 }
 
