@@ -219,6 +219,15 @@ static int run_full(cuda_backend_t *cb, bool tied) {
   return bad;
 }
 
+/* LoRA in fp32 and bf16, then full training with tied and untied heads. */
+static int run_all(cuda_backend_t *cb) {
+  int bad = run(cb, TY_DTYPE_F32);
+  bad |= run(cb, TY_DTYPE_BF16);
+  bad |= run_full(cb, false);
+  bad |= run_full(cb, true);
+  return bad;
+}
+
 int main(void) {
   gpu_require_device("gpu/model");
   cuda_backend_t *cb;
@@ -227,28 +236,19 @@ int main(void) {
     printf("FAIL %s\n", err);
     return 1;
   }
-  int bad = run(cb, TY_DTYPE_F32);
-  bad |= run(cb, TY_DTYPE_BF16);
-  bad |= run_full(cb, false);
-  bad |= run_full(cb, true);
+  int bad = run_all(cb);
   /* Again with the head over the B*T = 22 tokens in chunks of 7 rows (7,
    * 7, 7, 1), its logits recomputed chunk by chunk in the backward pass,
    * as a large vocabulary makes it. */
   printf("-- the output head in chunks of 7 rows (TRAINYARD_CUDA_HEAD_ROWS)\n");
   setenv("TRAINYARD_CUDA_HEAD_ROWS", "7", 1);
-  bad |= run(cb, TY_DTYPE_F32);
-  bad |= run(cb, TY_DTYPE_BF16);
-  bad |= run_full(cb, false);
-  bad |= run_full(cb, true);
+  bad |= run_all(cb);
   unsetenv("TRAINYARD_CUDA_HEAD_ROWS");
   /* Again with one layer's activations kept on both sides, every other
    * layer run forward again in the backward pass. */
   printf("-- gradient_checkpointing: one layer slot, layers recomputed\n");
   g_recompute = true;
-  bad |= run(cb, TY_DTYPE_F32);
-  bad |= run(cb, TY_DTYPE_BF16);
-  bad |= run_full(cb, false);
-  bad |= run_full(cb, true);
+  bad |= run_all(cb);
   cuda_backend_free(cb);
   printf("gpu/model: %s\n",
          bad ? "FAILED" : "the GPU LoRA and full-training steps match the CPU model");
