@@ -35,7 +35,7 @@ class Server:
         self.tokens = tokens
         self.extra = extra or []
         self.worker = worker
-        self.env = env or {}  # more environment for trainyardd (and so its ranks)
+        self.env = env or {}  # more environment for trainyardd (its ranks get all but TRAINYARD_*)
         self.proc = None
         os.makedirs(os.path.join(self.dir, "models", "tiny"), exist_ok=True)
         with open(os.path.join(self.dir, "models", "tiny", "config.json"), "w") as f:
