@@ -48,6 +48,10 @@ endif()
 add_test(NAME integration/worker_only COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/worker_only.sh)
 set_tests_properties(integration/worker_only PROPERTIES LABELS integration TIMEOUT 600
                      ENVIRONMENT "${TY_TEST_ENV}")
+# Where the CUDA build finds NCCL: $NCCL_HOME, the toolkit, a python wheel.
+add_test(NAME integration/nccl_find COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/nccl_find.sh)
+set_tests_properties(integration/nccl_find PROPERTIES LABELS integration TIMEOUT 600
+                     SKIP_RETURN_CODE 77 ENVIRONMENT "${TY_TEST_ENV}")
 # The simulated device's own checks (a TRAINYARD_CUDA=SIM build; its kernels
 # are C++, as backend_cuda.cu is built there).
 if(TRAINYARD_CUDA_SIM)
