@@ -52,6 +52,10 @@ set_tests_properties(integration/worker_only PROPERTIES LABELS integration TIMEO
 add_test(NAME integration/nccl_find COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/nccl_find.sh)
 set_tests_properties(integration/nccl_find PROPERTIES LABELS integration TIMEOUT 600
                      SKIP_RETURN_CODE 77 ENVIRONMENT "${TY_TEST_ENV}")
+# tests/gpu/run.sh itself, rehearsed on the simulated device.
+add_test(NAME integration/gpu_run COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/run_rehearsal.sh)
+set_tests_properties(integration/gpu_run PROPERTIES LABELS integration TIMEOUT 900
+                     ENVIRONMENT "${TY_TEST_ENV}")
 # The simulated device's own checks (a TRAINYARD_CUDA=SIM build; its kernels
 # are C++, as backend_cuda.cu is built there).
 if(TRAINYARD_CUDA_SIM)
