@@ -3,12 +3,14 @@
  * rank 0 writes the NCCL unique id to <path> (atomically, by rename) and
  * removes it once every rank has joined; the others poll for it.
  *
- * The communicator is non-blocking, and each collective waits for its
- * stream by polling, so a dead or stuck peer turns into TY_EDEADLINE after
- * TRAINYARD_COMM_TIMEOUT_MS (the communicator is then aborted) or into
- * TY_EABORTED when NCCL reports the failure itself; NCCL cannot say which
- * peer it was, so comm_failed_rank() is -1. Uneven all_gather and
- * reduce_scatter are grouped broadcasts and reduces, one per rank.
+ * A blocking collective's stream first waits for the work queued on the
+ * compute (legacy) stream, whose results it reads. The communicator is
+ * non-blocking, and each collective waits for its stream by polling, so a
+ * dead or stuck peer turns into TY_EDEADLINE after TRAINYARD_COMM_TIMEOUT_MS
+ * (the communicator is then aborted) or into TY_EABORTED when NCCL reports
+ * the failure itself; NCCL cannot say which peer it was, so
+ * comm_failed_rank() is -1. Uneven all_gather and reduce_scatter are
+ * grouped broadcasts and reduces, one per rank.
  *
  * Host buffers (the training loop's adapter gradients and loss) are staged
  * through one device buffer of the communicator's, grown to the largest
@@ -36,7 +38,8 @@
 typedef struct {
   ncclComm_t comm;
   cudaStream_t stream;
-  float *scratch; /* one float on the device, for the barrier */
+  float *scratch;       /* one float on the device, for the barrier */
+  cudaEvent_t computed; /* the compute stream's place at a blocking collective */
   int device;
   void *bounce; /* device staging for host buffers */
   size_t bounce_bytes;
@@ -128,12 +131,29 @@ static int on_device(const void *p) {
   return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged;
 }
 
+/* A blocking collective reads what the compute (legacy) stream wrote: its
+ * stream, which does not synchronise with that one, waits for the work
+ * queued there so far. (Queued gathers are ordered by the caller's events
+ * instead, so that they overlap compute.) */
+static int after_compute(comm_t *c, const char *op) {
+  nccl_t *n = c->impl;
+  cudaError_t e = cudaEventRecord(n->computed, 0);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent(n->stream, n->computed, 0);
+  if (e != cudaSuccess)
+    return comm_fail(c, TY_EINTERNAL, -1, "%s: ordering after the compute stream: %s", op,
+                     cudaGetErrorString(e));
+  return 0;
+}
+
 /* Points st[i].dev at the caller's device buffer, or at the bounce buffer
- * (grown as needed) for a host one; copies the `in` spans there. */
+ * (grown as needed) for a host one; copies the `in` spans there, after the
+ * compute stream's work. */
 static int stage_in(comm_t *c, stage_t *st, int k, const void *const *ptrs, const size_t *bytes,
                     const int *in, const char *op) {
   nccl_t *n = c->impl;
   size_t need = 0;
+  int rc = after_compute(c, op);
+  if (rc) return rc;
   for (int i = 0; i < k; i++) {
     st[i] = (stage_t){.host = on_device(ptrs[i]) ? NULL : (void *)ptrs[i],
                       .dev = (void *)ptrs[i],
@@ -321,6 +341,7 @@ static void nccl_release(nccl_t *n, int broken) {
       ncclCommDestroy(n->comm);
   }
   if (n->stream) cudaStreamDestroy(n->stream);
+  if (n->computed) cudaEventDestroy(n->computed);
   mem_cuda_free(n->scratch);
   mem_cuda_free(n->bounce);
   free(n);
@@ -395,6 +416,7 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
   int rc = 0;
   if ((ce = cudaSetDevice(n->device)) != cudaSuccess ||
       (ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
+      (ce = cudaEventCreateWithFlags(&n->computed, cudaEventDisableTiming)) != cudaSuccess ||
       (mem_cuda_alloc((void **)&n->scratch, sizeof(float)) && (ce = cudaErrorMemoryAllocation))) {
     ty_errf(err, errlen, 0, "NCCL backend: CUDA device %d: %s", n->device, cudaGetErrorString(ce));
     nccl_release(n, 0);

@@ -1,9 +1,10 @@
 /* nccl_check.c - the NCCL backend on real GPUs (ctest label gpu): one rank
  * per visible device (at most 4), each collective with uneven counts on
  * device buffers, results copied back and checked exactly; an all-reduce
- * of a host buffer (staged through the device); and, with the device full,
- * that all-reduce fails saying what to change. Exits 77 (ctest skip) where
- * no CUDA device is visible. */
+ * of a device buffer still being written by work queued on the compute
+ * stream; an all-reduce of a host buffer (staged through the device); and,
+ * with the device full, that all-reduce fails saying what to change. Exits
+ * 77 (ctest skip) where no CUDA device is visible. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,25 @@ static int run_rank(const char *rdv, int me, int world) {
   cudaMemcpy(h, d_all, total * sizeof(float), cudaMemcpyDeviceToHost);
   for (size_t i = 0; i < total; i++) CHECK(h[i] == val(9, i), "broadcast [%zu] = %g", i, h[i]);
   CHECK(comm_barrier(c) == 0, "barrier: %s", comm_error(c));
+
+  /* A device buffer whose contents are still being written by work queued
+   * on the compute (legacy) stream when the collective is called: the
+   * collective, on NCCL's own stream, must wait for that work. */
+  float *pin;
+  CHECK(cudaMallocHost((void **)&pin, total * sizeof(float)) == cudaSuccess, "cudaMallocHost");
+  for (size_t i = 0; i < total; i++) pin[i] = val(me + 1, i);
+  CHECK(cudaMemsetAsync(d_all, 0, total * sizeof(float), 0) == cudaSuccess &&
+            cudaMemcpyAsync(d_all, pin, total * sizeof(float), cudaMemcpyHostToDevice, 0) ==
+                cudaSuccess,
+        "queueing the copy");
+  CHECK(comm_all_reduce(c, d_all, total) == 0, "all_reduce after queued work: %s", comm_error(c));
+  cudaMemcpy(h, d_all, total * sizeof(float), cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < total; i++) {
+    float want = 0;
+    for (int r = 0; r < world; r++) want += val(r + 1, i);
+    CHECK(h[i] == want, "all_reduce after queued work [%zu] = %g, want %g", i, h[i], want);
+  }
+  cudaFreeHost(pin);
 
   /* all_reduce of a host buffer: staged through device memory. */
   for (size_t i = 0; i < total; i++) h[i] = val(me, i);
