@@ -3,6 +3,7 @@
  * prefetch.h. */
 #include "worker/prefetch.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@ struct prefetch {
   int slot_unit[PREFETCH_MAX_SLOTS];  /* the unit a slot holds (or is gathering), or -1 */
   long slot_used[PREFETCH_MAX_SLOTS]; /* when it was last acquired, for reuse order */
   long tick;
+  bool written; /* prefetch_forget since the last gather */
   pf_tensor_t *ts;
   int nts;
   pf_unit_t *units;
@@ -184,8 +186,12 @@ static int slot_of(const prefetch_t *p, int u) {
 /* Queues unit u's gather into slot k (after k's last release). */
 static int gather_unit(prefetch_t *p, int u, int k, char *err, size_t errlen) {
   const pf_unit_t *un = &p->units[u];
+  int rc = 0;
+  if (p->written && p->ops.written) rc = p->ops.written(p->ops.ctx, err, errlen);
+  if (rc) return rc;
+  p->written = false;
   p->slot_unit[k] = u;
-  int rc = p->ops.begin(p->ops.ctx, k, err, errlen);
+  rc = p->ops.begin(p->ops.ctx, k, err, errlen);
   for (int i = un->first; i < un->first + un->n && !rc; i++) {
     const pf_tensor_t *t = &p->ts[i];
     rc = p->ops.gather(p->ops.ctx, t->v->data, (char *)p->slots[k] + t->off, t->counts, p->esz, err,
@@ -237,6 +243,7 @@ int prefetch_acquire(prefetch_t *p, char *err, size_t errlen) {
 
 void prefetch_forget(prefetch_t *p) {
   for (int k = 0; k < p->nslots; k++) p->slot_unit[k] = -1;
+  p->written = true;
 }
 
 /* The tensor of unit u in role (kind, layer), or NULL. */

@@ -50,6 +50,11 @@ typedef struct {
   int (*wait)(void *ctx, int slot, char *err, size_t errlen);
   /* The computation queued so far is the slot's last use. */
   int (*release)(void *ctx, int slot, char *err, size_t errlen);
+  /* The shards changed (prefetch_forget): gathers queued from now on read
+   * what the computation queued so far wrote. Called before the first
+   * gather after a forget; may be NULL where computation is done when
+   * queued. */
+  int (*written)(void *ctx, char *err, size_t errlen);
   /* Full training's gradients (prefetch_scatter_add); may be NULL when it
    * is not used. reduce_begin: reductions queued from now on read what the
    * computation queued so far wrote. reduce: comm_reduce_scatter_queue's
@@ -93,7 +98,8 @@ int prefetch_pass(prefetch_t *p, const int *order, int n, char *err, size_t errl
 int prefetch_acquire(prefetch_t *p, char *err, size_t errlen);
 /* The shards changed (an optimizer step or a resume wrote them): no unit
  * counts as resident any more, so every unit is gathered again when next
- * acquired. The unit held now stays held until the next acquire. */
+ * acquired, the first gather after ops.written. The unit held now stays
+ * held until the next acquire. */
 void prefetch_forget(prefetch_t *p);
 /* The unit acquired last, or -1. */
 int prefetch_current(const prefetch_t *p);

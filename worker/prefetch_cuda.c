@@ -20,7 +20,8 @@ struct prefetch_cuda {
   size_t slot_bytes;
   cudaEvent_t gathered[PREFETCH_MAX_SLOTS], released[PREFETCH_MAX_SLOTS];
   bool was_released[PREFETCH_MAX_SLOTS];
-  cudaEvent_t computed, reduced; /* full training's gradient reductions */
+  cudaEvent_t computed; /* the compute stream before reductions, and after shard updates */
+  cudaEvent_t reduced;  /* full training's gradient reductions */
   prefetch_t *p;
 };
 
@@ -70,13 +71,22 @@ static int pc_release(void *ctx, int slot, char *err, size_t errlen) {
   return 0;
 }
 
-/* The reductions read what the compute stream has written so far. */
-static int pc_reduce_begin(void *ctx, char *err, size_t errlen) {
-  prefetch_cuda_t *pc = ctx;
+/* The comm stream's work from now on reads what the compute stream has
+ * written so far. */
+static int after_compute(prefetch_cuda_t *pc, const char *what, char *err, size_t errlen) {
   cudaError_t e = cudaEventRecord(pc->computed, 0);
   if (e == cudaSuccess) e = cudaStreamWaitEvent(pc->cs, pc->computed, 0);
-  return e == cudaSuccess ? 0
-                          : cuda_fail(e, "ordering a reduction after the gradients", err, errlen);
+  return e == cudaSuccess ? 0 : cuda_fail(e, what, err, errlen);
+}
+
+/* The gathers after an optimizer step or a resume read the new shards. */
+static int pc_written(void *ctx, char *err, size_t errlen) {
+  return after_compute(ctx, "ordering gathers after the shards' update", err, errlen);
+}
+
+/* The reductions read the gradients. */
+static int pc_reduce_begin(void *ctx, char *err, size_t errlen) {
+  return after_compute(ctx, "ordering a reduction after the gradients", err, errlen);
 }
 
 static int pc_reduce(void *ctx, float *send, float *recv, const size_t *counts, char *err,
@@ -140,6 +150,7 @@ int prefetch_cuda_create(prefetch_cuda_t **out, cuda_backend_t *cb, const loader
                         .end = pc_end,
                         .wait = pc_wait,
                         .release = pc_release,
+                        .written = pc_written,
                         .reduce_begin = pc_reduce_begin,
                         .reduce = pc_reduce,
                         .reduce_end = pc_reduce_end,

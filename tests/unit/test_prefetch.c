@@ -117,6 +117,12 @@ static int fk_release(void *ctx, int slot, char *err, size_t errlen) {
   put(ctx, "R%d ", slot);
   return 0;
 }
+/* The shards written (after prefetch_forget): F. */
+static int fk_written(void *ctx, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  put(ctx, "F ");
+  return 0;
+}
 /* The reductions: B(egin), S<floats> (one tensor), E(nd), A<floats>. */
 static int fk_reduce_begin(void *ctx, char *err, size_t errlen) {
   (void)err, (void)errlen;
@@ -146,7 +152,8 @@ static prefetch_ops_t fake_ops(fake_t *f, bool reductions) {
                       .gather = fk_gather,
                       .end = fk_end,
                       .wait = fk_wait,
-                      .release = fk_release};
+                      .release = fk_release,
+                      .written = fk_written};
   if (reductions) {
     o.reduce_begin = fk_reduce_begin;
     o.reduce = fk_reduce;
@@ -240,7 +247,9 @@ static void pass(prefetch_t *p, const int *order, int n) {
 
 /* Units still resident after a backward pass serve the next forward pass
  * as they lie, until the shards change (an optimizer step writes them):
- * after prefetch_forget every unit is gathered again. */
+ * after prefetch_forget every unit is gathered again, and the first of
+ * those gathers is ordered after the computation that wrote the shards
+ * (written, once). */
 static void test_forget(void **state) {
   (void)state;
   char err[512];
@@ -258,10 +267,14 @@ static void test_forget(void **state) {
   pass(p, FWD, 4); /* the shards did not change: unit 1 was still resident */
   assert_int_equal(prefetch_gathers(p, 1), before[1]);
   pass(p, BWD, 3);
+  assert_null(strchr(f.trace, 'F'));
   for (int u = 0; u < 4; u++) before[u] = prefetch_gathers(p, u);
   prefetch_forget(p);
+  f.trace[0] = 0;
   pass(p, FWD, 4);
   for (int u = 0; u < 4; u++) assert_int_equal(prefetch_gathers(p, u), before[u] + 1);
+  /* The held unit's release, then the shards' update, then the gathers. */
+  assert_string_equal(f.trace, "R1 F G0u0 G1u1 W0 R0 G0u2 W1 R1 G1u3 W0 R0 W1 ");
   prefetch_free(p);
   free(slots[0]);
   free(slots[1]);
