@@ -12,8 +12,8 @@
  * Accounting: p->peak is our allocator's high-water mark (the device peak a
  * rank reports). The driver's view is sampled with cudaMemGetInfo after
  * every allocation: its used-memory peak above the level seen at init
- * (driver_peak) must cover ours and exceed it by no more than allocation
- * granularity (placement_cuda_check). */
+ * (driver_peak) must agree with ours within allocation granularity, either
+ * way (placement_cuda_check). */
 #ifndef TY_WORKER_PLACEMENT_CUDA_H
 #define TY_WORKER_PLACEMENT_CUDA_H
 
@@ -51,9 +51,9 @@ int placement_is_cuda(const placement_t *p);
 /* The placement's figures (samples the driver once more first). */
 void placement_cuda_info(placement_t *p, placement_cuda_info_t *info);
 
-/* The cross-check: 0 when the driver's peak covers our high-water mark
- * and exceeds it by at most slack_bytes; else TY_EINTERNAL with both
- * figures in err. */
+/* The cross-check: 0 when the driver's peak and our high-water mark
+ * differ by at most slack_bytes; else TY_EINTERNAL with both figures in
+ * err. */
 int placement_cuda_check(placement_t *p, uint64_t slack_bytes, char *err, size_t errlen);
 
 #endif
