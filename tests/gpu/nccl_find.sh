@@ -6,7 +6,8 @@
 # unversioned libnccl.so. Checked here, each in a worker-only configure:
 #   1. NCCL_HOME naming a wheel-shaped folder (lib/libnccl.so.2 alone) wins
 #      over the toolkit's NCCL, and the worker built against it loads that
-#      library through its RUNPATH, with no LD_LIBRARY_PATH;
+#      library through its RUNPATH, with no LD_LIBRARY_PATH (and the RUNPATH
+#      names the toolkit's library folder, for the CUDA runtime);
 #   2. with every other NCCL hidden from the search, the wheel is found
 #      through python3 (a package nvidia.nccl on PYTHONPATH);
 #   3. with none anywhere, the configure says so, naming NCCL_HOME, and
@@ -51,7 +52,17 @@ if [ $real = 1 ]; then
   got=$(env -u LD_LIBRARY_PATH ldd "$b/worker/trainyard-worker" | awk '$1 == "libnccl.so.2" {print $3}')
   [ "$got" = "$wheel/lib/libnccl.so.2" ] ||
     fail "trainyard-worker loads libnccl.so.2 from '$got', not from NCCL_HOME's $wheel/lib"
-  echo "ok: NCCL_HOME's libnccl.so.2 (no unversioned link) is linked and loaded through RUNPATH"
+  # The CUDA runtime too is found through the RUNPATH, whatever ld.so.conf says.
+  rt=$(ldd "$b/worker/trainyard-worker" | awk '$1 ~ /^libcudart\.so/ {print $3}')
+  [ -n "$rt" ] || fail "trainyard-worker does not load a libcudart"
+  runpath=$(readelf -d "$b/worker/trainyard-worker" | sed -n 's/.*R\(UN\)\{0,1\}PATH.*\[\(.*\)\]/\2/p')
+  found_rt=0
+  IFS=: read -ra dirs <<<"$runpath"
+  for d in "${dirs[@]}"; do
+    [ -n "$d" ] && [ "$(readlink -f "$d")" = "$(dirname "$(readlink -f "$rt")")" ] && found_rt=1
+  done
+  [ $found_rt = 1 ] || fail "trainyard-worker's RUNPATH ($runpath) lacks the folder of $rt"
+  echo "ok: NCCL_HOME's libnccl.so.2 (no unversioned link) is linked and loaded through RUNPATH, as is the CUDA runtime"
 else
   echo "ok: NCCL_HOME's folder is chosen (no NCCL here to link against)"
 fi
