@@ -46,6 +46,9 @@ t0=$SECONDS
 : >"$out/summary.txt"
 stage() { printf '%-10s %-5s %4ds  %s\n' "$1" "$2" $((SECONDS - t0)) "${3:-}" | tee -a "$out/summary.txt"; }
 jobs=$(nproc 2>/dev/null || echo 4)
+# The suites compare fp32 products with the CPU's: no TF32 forced on cuBLAS
+# by the environment.
+unset NVIDIA_TF32_OVERRIDE
 
 # 1. The host.
 {
