@@ -113,9 +113,9 @@ if [[ integration/load_cuda =~ $sel ]]; then
 fi
 if grep -q "Skipped\|Not Run" "$out/tests.log"; then rc=1; fi
 # No test at all is no pass.
-grep -q "tests passed" "$out/tests.log" || { rc=1; echo "no GPU test ran" >>"$out/tests.log"; }
+grep -q "% tests passed" "$out/tests.log" || { rc=1; echo "no GPU test ran" >>"$out/tests.log"; }
 [ "$no_nccl" = 0 ] || rc=1
-stage tests "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(grep 'tests passed\|no GPU test ran' "$out/tests.log" | tr '\n' ' ')"
+stage tests "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(grep '% tests passed\|no GPU test ran' "$out/tests.log" | tr '\n' ' ')"
 
 # 5. The bench (figures for the README).
 if [ "${TY_GPU_BENCH:-1}" != 0 ]; then
