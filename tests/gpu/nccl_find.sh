@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # nccl_find.sh - where the CUDA build finds NCCL (label integration; needs
-# the CUDA toolkit, exits 77 without it). worker/CMakeLists.txt looks in
-# $NCCL_HOME, the toolkit and the system, then in the nvidia-nccl wheel of
-# the python3 on PATH, where PyTorch's environments keep NCCL with no
-# unversioned libnccl.so. Checked here, each in a worker-only configure:
+# the CUDA toolkit, exits 77 without it). The top-level CMakeLists.txt
+# looks in $NCCL_HOME, the toolkit and the system, then in the nvidia-nccl
+# wheel of the python3 on PATH, where PyTorch's environments keep NCCL with
+# no unversioned libnccl.so. Checked here, each in a worker-only configure:
 #   1. NCCL_HOME naming a wheel-shaped folder (lib/libnccl.so.2 alone) wins
 #      over the toolkit's NCCL, and the worker built against it loads that
 #      library through its RUNPATH, with no LD_LIBRARY_PATH (and the RUNPATH

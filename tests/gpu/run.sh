@@ -90,7 +90,7 @@ if cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTRAINYAR
   -DTRAINYARD_CUDA="${TY_GPU_CUDA:-ON}" >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1; then
   # NCCL comes from $NCCL_HOME, the toolkit, the system or python3's
-  # nvidia-nccl wheel (worker/CMakeLists.txt); without it the collectives
+  # nvidia-nccl wheel (CMakeLists.txt); without it the collectives
   # are not built, so their suites would be missing rather than failed.
   # The other suites still run, for what they show; the verdict fails.
   nccl=$(grep -o 'trainyard: NCCL .*' "$out/build.log" | tail -1)
@@ -147,23 +147,20 @@ elif command -v compute-sanitizer >/dev/null; then
       continue
     fi
     [ "$per" -le "$cap" ] || per=$cap
-    log=$out/sanitize-$1-${2#gpu_}.log
-    timeout "$per" compute-sanitizer --tool "$1" --error-exitcode 3 "$build/tests/$2" >"$log" 2>&1
+    res=$(timeout "$per" compute-sanitizer --tool "$1" --error-exitcode 3 "$build/tests/$2" 2>&1)
     r=$?
+    { echo "== compute-sanitizer --tool $1 $2: exit $r"; tail -40 <<<"$res"; } >>"$out/tests.log"
     if [ $r -eq 0 ]; then
       what+="$1 $2 ok; "
     elif [ $r -eq 124 ]; then
       what+="$1 $2 timed out after ${per}s; "
-    elif grep -qi "not supported" "$log"; then
+    elif grep -qi "not supported" <<<"$res"; then
       # The device refuses the sanitizer: the other runs would too.
-      what+="unavailable on this host ($(grep -i -m1 'not supported' "$log" | sed 's/^=* *//')); "
-      cap=0
+      what+="unavailable on this host ($(grep -i -m1 'not supported' <<<"$res" | sed 's/^=* *//')); "
+      break
     else
       found=1 what+="$1 $2 FAILED (exit $r); "
     fi
-    { echo "== compute-sanitizer --tool $1 $2: exit $r"; tail -40 "$log"; } >>"$out/tests.log"
-    rm -f "$log"
-    [ "$cap" -gt 0 ] || break
   done
   [ $found = 0 ] || { san=FAIL rc=1; }
   stage sanitize $san "${what%; }"
