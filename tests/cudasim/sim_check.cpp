@@ -6,7 +6,10 @@
  * saying so; work on one stream that another reads without an event, and a
  * pinned buffer read before its copy ran, show stale data; a bad launch
  * and an allocation past the device's memory fail as CUDA's do;
- * CUDA_VISIBLE_DEVICES narrows the devices by CUDA's rule. */
+ * CUDA_VISIBLE_DEVICES narrows the devices by CUDA's rule; a batched cuBLAS
+ * product reads its pointer arrays when it runs, rounds fp32 operands to
+ * TF32 when asked to, and stops the process where two of its results
+ * share an element (they would race on a GPU). */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +17,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
 
@@ -126,6 +130,30 @@ static void mismatched_collective(void) {
   waitpid(peer, NULL, 0);
 }
 
+/* Two products of one batch: C0 = A0 B and C1 = A1 B, column-major 2 x 2
+ * with k = 1 (each C the outer product of a column of A and a row of B);
+ * their results at c0, c1. The pointer arrays are written by a copy queued
+ * before the product. */
+static float *g_mem; /* A0 (2), A1 (2), B (2), then results */
+static void batch(cublasHandle_t h, float *c0, float *c1, int ldc, cublasComputeType_t ct) {
+  const void *ptrs[6] = {g_mem, g_mem + 2, g_mem + 4, g_mem + 4, c0, c1};
+  void **dptrs;
+  cudaMalloc((void **)&dptrs, sizeof ptrs);
+  cudaMemcpyAsync(dptrs, ptrs, sizeof ptrs, cudaMemcpyHostToDevice, NULL);
+  const float one = 1.0f, zero = 0.0f;
+  cublasGemmBatchedEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 2, 2, 1, &one, (const void *const *)dptrs,
+                      CUDA_R_32F, 2, (const void *const *)(dptrs + 2), CUDA_R_32F, 1, &zero,
+                      dptrs + 4, CUDA_R_32F, ldc, 2, ct, CUBLAS_GEMM_DEFAULT);
+  cudaDeviceSynchronize();
+  cudaFree(dptrs);
+}
+static void overlapping_batch(void) {
+  cublasHandle_t h;
+  cublasCreate_v2(&h);
+  /* ldc 3: C0 holds [6, 8) and [9, 11), C1 at 9 shares element 9. */
+  batch(h, g_mem + 6, g_mem + 9, 3, CUBLAS_COMPUTE_32F);
+}
+
 /* The device count a fresh process sees with CUDA_VISIBLE_DEVICES=v over
  * TY_SIM_GPUS=gpus (this program run again with "count"). */
 static int visible(const char *self, int gpus, const char *v) {
@@ -225,6 +253,31 @@ int main(int argc, char **argv) {
   cudaFree(dx);
   cudaFree(dout);
   free(hx);
+
+  /* A batched product: results interleaved (ldc 4, C1 in C0's gaps) are
+   * allowed; fp32 is exact, TF32 drops the low 13 mantissa bits. */
+  {
+    cublasHandle_t h;
+    CHECK(cublasCreate_v2(&h) == CUBLAS_STATUS_SUCCESS, "cublasCreate");
+    cudaMalloc((void **)&g_mem, 32 * sizeof(float));
+    const float x = 1.0f + 1.0f / 4096; /* 1 + 2^-12: not a TF32 number */
+    const float in[6] = {x, 2, 3, 4, 1, 1};
+    cudaMemcpy(g_mem, in, sizeof in, cudaMemcpyHostToDevice);
+    float out[8];
+    for (int tf = 0; tf < 2; tf++) {
+      batch(h, g_mem + 8, g_mem + 10, 4, tf ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F);
+      cudaMemcpy(out, g_mem + 8, sizeof out, cudaMemcpyDeviceToHost);
+      /* C0 = [x 2; x 2] at 8, 9 and 12, 13; C1 = [3 4; 3 4] at 10, 11, 14, 15. */
+      const float a = tf ? 1.0f : x;
+      CHECK(out[0] == a && out[1] == 2 && out[4] == a && out[5] == 2 && out[2] == 3 &&
+                out[3] == 4 && out[6] == 3 && out[7] == 4,
+            "batched product (%s): %g %g %g %g | %g %g %g %g", tf ? "TF32" : "fp32", out[0], out[1],
+            out[4], out[5], out[2], out[3], out[6], out[7]);
+    }
+    cublasDestroy_v2(h);
+    CHECK(dies(overlapping_batch, SIGABRT, "share elements"), "overlapping batched results");
+    cudaFree(g_mem);
+  }
 
   /* CUDA_VISIBLE_DEVICES: the listed ordinals up to the first bad one. */
   static const struct {

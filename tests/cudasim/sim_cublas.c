@@ -1,10 +1,16 @@
-/* sim_cublas.c - libcublas.so.99 for the simulated device: Sgemm and GemmEx
- * (fp32 or bf16 operands, fp32 result) queued on the legacy stream and
- * computed by the host's BLAS when the stream runs, operands checked to lie
- * in device memory. bf16 operands are widened to fp32 first, which is what
- * fp32 accumulation of bf16 products computes. */
+/* sim_cublas.c - libcublas.so.99 for the simulated device: Sgemm, GemmEx
+ * and GemmBatchedEx (fp32 or bf16 operands, fp32 result) queued on the
+ * legacy stream and computed by the host's BLAS when the stream runs,
+ * operands checked to lie in device memory (a batch's pointer arrays too,
+ * and its operands when it runs, as the device reads them then). bf16
+ * operands are widened to fp32 first, which is what fp32 accumulation of
+ * bf16 products computes; with CUBLAS_COMPUTE_32F_FAST_TF32, fp32 operands
+ * are rounded to TF32 (10 mantissa bits, to nearest) first, as tensor cores
+ * take them, so that callers see the precision they would get. */
 #include <cblas.h>
+#include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -40,7 +46,7 @@ typedef struct {
   float alpha, beta;
   const void *A, *B;
   float *C;
-  int bf16;
+  int bf16, tf32;
 } gemm_t;
 
 static float *widen(const uint16_t *x, size_t n) {
@@ -48,6 +54,20 @@ static float *widen(const uint16_t *x, size_t n) {
   if (!f) sim_fatal("out of host memory");
   for (size_t i = 0; i < n; i++) {
     uint32_t u = (uint32_t)x[i] << 16;
+    memcpy(&f[i], &u, sizeof u);
+  }
+  return f;
+}
+
+/* A copy of x (n floats) rounded to TF32: the low 13 mantissa bits
+ * dropped, to nearest with ties away from zero; infinities and NaNs kept. */
+static float *to_tf32(const float *x, size_t n) {
+  float *f = malloc((n ? n : 1) * sizeof *f);
+  if (!f) sim_fatal("out of host memory");
+  for (size_t i = 0; i < n; i++) {
+    uint32_t u;
+    memcpy(&u, &x[i], sizeof u);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & ~0x1fffu;
     memcpy(&f[i], &u, sizeof u);
   }
   return f;
@@ -68,6 +88,9 @@ static int gemm_run(void *arg) {
   if (g->bf16) {
     A = wa = widen(g->A, na);
     B = wb = widen(g->B, nb);
+  } else if (g->tf32) {
+    A = wa = to_tf32(g->A, na);
+    B = wb = to_tf32(g->B, nb);
   }
   cblas_sgemm(CblasColMajor, g->ta == CUBLAS_OP_N ? CblasNoTrans : CblasTrans,
               g->tb == CUBLAS_OP_N ? CblasNoTrans : CblasTrans, g->m, g->n, g->k, g->alpha, A,
@@ -77,34 +100,53 @@ static int gemm_run(void *arg) {
   return 1;
 }
 
-static cublasStatus_t queue_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
-                                 float alpha, const void *A, int lda, const void *B, int ldb,
-                                 float beta, float *C, int ldc, int bf16) {
-  if (m < 0 || n < 0 || k < 0) return CUBLAS_STATUS_INVALID_VALUE;
-  if (lda < (ta == CUBLAS_OP_N ? m : k) || ldb < (tb == CUBLAS_OP_N ? k : n) || ldc < m ||
-      lda < 1 || ldb < 1 || ldc < 1)
-    return CUBLAS_STATUS_INVALID_VALUE;
-  if (!m || !n) return CUBLAS_STATUS_SUCCESS;
-  size_t esz = bf16 ? 2 : 4;
-  size_t na = ta == CUBLAS_OP_N ? span(m, k, lda) : span(k, m, lda);
-  size_t nb = tb == CUBLAS_OP_N ? span(k, n, ldb) : span(n, k, ldb);
-  if (k) {
-    sim_require_device(A, na * esz, "cuBLAS gemm: A");
-    sim_require_device(B, nb * esz, "cuBLAS gemm: B");
+/* cuBLAS's argument rules for one product. */
+static int gemm_args_ok(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int lda,
+                        int ldb, int ldc) {
+  return m >= 0 && n >= 0 && k >= 0 && lda >= (ta == CUBLAS_OP_N ? m : k) &&
+         ldb >= (tb == CUBLAS_OP_N ? k : n) && ldc >= m && lda >= 1 && ldb >= 1 && ldc >= 1;
+}
+
+/* Fails the process unless g's operands lie in device memory. */
+static void gemm_require(const gemm_t *g, const char *what) {
+  size_t esz = g->bf16 ? 2 : 4;
+  size_t na = g->ta == CUBLAS_OP_N ? span(g->m, g->k, g->lda) : span(g->k, g->m, g->lda);
+  size_t nb = g->tb == CUBLAS_OP_N ? span(g->k, g->n, g->ldb) : span(g->n, g->k, g->ldb);
+  char w[96];
+  if (g->k) {
+    snprintf(w, sizeof w, "%s: A", what);
+    sim_require_device(g->A, na * esz, w);
+    snprintf(w, sizeof w, "%s: B", what);
+    sim_require_device(g->B, nb * esz, w);
   }
-  sim_require_device(C, span(m, n, ldc) * 4, "cuBLAS gemm: C");
+  snprintf(w, sizeof w, "%s: C", what);
+  sim_require_device(g->C, span(g->m, g->n, g->ldc) * 4, w);
+}
+
+static cublasStatus_t queue_gemm(const gemm_t *args) {
+  if (!gemm_args_ok(args->ta, args->tb, args->m, args->n, args->k, args->lda, args->ldb, args->ldc))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (!args->m || !args->n) return CUBLAS_STATUS_SUCCESS;
+  gemm_require(args, "cuBLAS gemm");
   gemm_t *g = malloc(sizeof *g);
   if (!g) return CUBLAS_STATUS_ALLOC_FAILED;
-  *g = (gemm_t){ta, tb, m, n, k, lda, ldb, ldc, alpha, beta, A, B, C, bf16};
-  sim_enqueue(NULL, bf16 ? "cublasGemmEx" : "cublasSgemm", gemm_run, g, free);
+  *g = *args;
+  sim_enqueue(NULL, args->bf16 ? "cublasGemmEx" : "cublasSgemm", gemm_run, g, free);
   return CUBLAS_STATUS_SUCCESS;
+}
+
+/* The compute and data types trainyard uses: fp32 results with fp32
+ * accumulation of fp32 or bf16 operands (fp32 ones optionally as TF32). */
+static int types_ok(cudaDataType at, cudaDataType bt, cudaDataType ct, cublasComputeType_t c) {
+  if (ct != CUDA_R_32F || at != bt || (at != CUDA_R_32F && at != CUDA_R_16BF)) return 0;
+  return c == CUBLAS_COMPUTE_32F || (c == CUBLAS_COMPUTE_32F_FAST_TF32 && at == CUDA_R_32F);
 }
 
 cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                               int n, int k, const float *alpha, const float *A, int lda,
                               const float *B, int ldb, const float *beta, float *C, int ldc) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-  return queue_gemm(ta, tb, m, n, k, *alpha, A, lda, B, ldb, *beta, C, ldc, 0);
+  return queue_gemm(&(gemm_t){ta, tb, m, n, k, lda, ldb, ldc, *alpha, *beta, A, B, C, 0, 0});
 }
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
@@ -114,9 +156,79 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
                             cublasGemmAlgo_t algo) {
   (void)algo;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
-  if (compute != CUBLAS_COMPUTE_32F || Ctype != CUDA_R_32F || Atype != Btype ||
-      (Atype != CUDA_R_32F && Atype != CUDA_R_16BF))
-    return CUBLAS_STATUS_NOT_SUPPORTED;
-  return queue_gemm(ta, tb, m, n, k, *(const float *)alpha, A, lda, B, ldb, *(const float *)beta, C,
-                    ldc, Atype == CUDA_R_16BF);
+  if (!types_ok(Atype, Btype, Ctype, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return queue_gemm(&(gemm_t){ta, tb, m, n, k, lda, ldb, ldc, *(const float *)alpha,
+                              *(const float *)beta, A, B, C, Atype == CUDA_R_16BF,
+                              compute == CUBLAS_COMPUTE_32F_FAST_TF32});
+}
+
+/* A batch: the shared shape and the device's pointer arrays, read when it
+ * runs (work queued before it may have written them). */
+typedef struct {
+  gemm_t g;
+  const void *const *A, *const *B;
+  void *const *C;
+  int count;
+} batch_t;
+
+/* 1 when two column-major (m, n) results with leading dimension ld, d
+ * floats apart, share an element: |d| = dc * ld + dr for some |dc| < n,
+ * |dr| < m. */
+static int results_meet(ptrdiff_t d, int m, int n, int ld) {
+  if (d < 0) d = -d;
+  ptrdiff_t q = d / ld, r = d % ld;
+  return (r < m && q < n) || (ld - r < m && q + 1 < n);
+}
+
+static int batch_run(void *arg) {
+  batch_t *bt = arg;
+  /* The products run in parallel on a GPU: results that share an element
+   * race. */
+  const gemm_t *s = &bt->g;
+  for (int i = 0; i < bt->count; i++)
+    for (int j = 0; j < i; j++) {
+      ptrdiff_t bytes = (const char *)bt->C[i] - (const char *)bt->C[j];
+      if (bytes % 4 ? (size_t)(bytes < 0 ? -bytes : bytes) < span(s->m, s->n, s->ldc) * 4
+                    : results_meet(bytes / 4, s->m, s->n, s->ldc))
+        sim_fatal("cuBLAS batched gemm: results %d and %d (%p, %p) share elements", j, i, bt->C[j],
+                  bt->C[i]);
+    }
+  for (int i = 0; i < bt->count; i++) {
+    gemm_t g = bt->g;
+    g.A = bt->A[i], g.B = bt->B[i], g.C = bt->C[i];
+    char what[64];
+    snprintf(what, sizeof what, "cuBLAS batched gemm %d of %d", i, bt->count);
+    gemm_require(&g, what);
+    gemm_run(&g);
+  }
+  return 1;
+}
+
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb,
+                                   int m, int n, int k, const void *alpha,
+                                   const void *const Aarray[], cudaDataType Atype, int lda,
+                                   const void *const Barray[], cudaDataType Btype, int ldb,
+                                   const void *beta, void *const Carray[], cudaDataType Ctype,
+                                   int ldc, int batchCount, cublasComputeType_t compute,
+                                   cublasGemmAlgo_t algo) {
+  (void)algo;
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (!types_ok(Atype, Btype, Ctype, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (batchCount < 0 || !gemm_args_ok(ta, tb, m, n, k, lda, ldb, ldc))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (!m || !n || !batchCount) return CUBLAS_STATUS_SUCCESS;
+  size_t arr = (size_t)batchCount * sizeof(void *);
+  sim_require_device(Aarray, arr, "cuBLAS batched gemm: A's pointer array");
+  sim_require_device(Barray, arr, "cuBLAS batched gemm: B's pointer array");
+  sim_require_device(Carray, arr, "cuBLAS batched gemm: C's pointer array");
+  batch_t *bt = malloc(sizeof *bt);
+  if (!bt) return CUBLAS_STATUS_ALLOC_FAILED;
+  *bt = (batch_t){{ta, tb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
+                   NULL, NULL, NULL, Atype == CUDA_R_16BF, compute == CUBLAS_COMPUTE_32F_FAST_TF32},
+                  Aarray,
+                  Barray,
+                  Carray,
+                  batchCount};
+  sim_enqueue(NULL, "cublasGemmBatchedEx", batch_run, bt, free);
+  return CUBLAS_STATUS_SUCCESS;
 }

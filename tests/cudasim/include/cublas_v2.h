@@ -26,7 +26,7 @@ typedef enum {
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
 typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
-typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_COMPUTE_32F = 68, CUBLAS_COMPUTE_32F_FAST_TF32 = 77 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 
 cublasStatus_t cublasCreate_v2(cublasHandle_t *handle);
@@ -40,6 +40,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t ta, cublasO
                             cudaDataType Atype, int lda, const void *B, cudaDataType Btype, int ldb,
                             const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
+cublasStatus_t cublasGemmBatchedEx(cublasHandle_t handle, cublasOperation_t ta,
+                                   cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                                   const void *const Aarray[], cudaDataType Atype, int lda,
+                                   const void *const Barray[], cudaDataType Btype, int ldb,
+                                   const void *beta, void *const Carray[], cudaDataType Ctype,
+                                   int ldc, int batchCount, cublasComputeType_t compute,
+                                   cublasGemmAlgo_t algo);
 
 #ifdef __cplusplus
 }

@@ -1,7 +1,7 @@
 /* cudasim.h - the simulated device's own interface, shared by its parts
  * (the sim_ sources beside it) and not by trainyard's code. The simulator
  * is a CUDA runtime, cuBLAS and NCCL that run on the host so that the GPU
- * code (the worker's _cuda sources, backend_cuda.cu compiled as C++, and
+ * code (the worker's _cuda sources, its .cu files compiled as C++, and
  * comm_nccl.c) and the GPU suites run on a machine without a GPU (TRAINYARD_CUDA=SIM).
  *
  * What it checks that a plain host emulation would not:

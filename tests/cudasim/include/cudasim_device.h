@@ -1,5 +1,5 @@
 /* cudasim_device.h - the kernel side of the simulated device, for CUDA
- * sources compiled as C++ (worker/backend_cuda.cu under TRAINYARD_CUDA=SIM).
+ * sources compiled as C++ (the worker's .cu files under TRAINYARD_CUDA=SIM).
  * Kernels are plain functions; a launch queues every block on the legacy
  * stream, and each block runs its threads as fibers (tests/cudasim/
  * sim_launch.c), so __syncthreads and the warp shuffles wait for the other
