@@ -7,7 +7,8 @@
  * Every pointer below is device memory (cudaMalloc, or a CUDA placement's
  * shard) unless it says host. Activations are fp32. Matrix products go
  * through cuBLAS: fp32 (cublasSgemm, no TF32) or bf16 operands with an fp32
- * result and fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F). Work is
+ * result and fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), and
+ * attention's, given a workspace, TF32 ones (cublasGemmBatchedEx). Work is
  * queued on the legacy default stream in call order; cuda_backend_sync waits
  * for it and reports the first error (kernel launches return nothing).
  *
@@ -81,18 +82,33 @@ void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const 
 
 /* Causal GQA attention, as cpu_attention_forward: out (B, T, NH*HS) and
  * lse (B, NH, T), each scaled score row's log-sum-exp, from which the
- * backward pass rebuilds the probabilities. Tiled: no (T, T) matrix is
- * ever held, in a layer or across them. Head sizes up to 256 run in
- * tiles of query rows (unless cuda_backend_attention_rows), larger ones
- * one block per row. */
-void cuda_attention_forward(cuda_backend_t *b, float *out, float *lse, const float *q,
-                            const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
-/* dq, dk, dv written from dout and the forward's out and lse; scratch holds
- * B*NH*T floats (each row's dout . out). dk and dv are summed without
- * atomics, in a fixed order. */
-void cuda_attention_backward(cuda_backend_t *b, float *dq, float *dk, float *dv, float *scratch,
-                             const float *dout, const float *out, const float *lse, const float *q,
-                             const float *k, const float *v, int B, int T, int NH, int NKV, int HS);
+ * backward pass rebuilds the probabilities. Two paths:
+ *  - fp32 on CUDA cores (ws NULL), exact up to summation order: tiles of
+ *    query rows for head sizes up to 256 (unless
+ *    cuda_backend_attention_rows), one block per row for larger heads; no
+ *    (T, T) matrix is ever held, in a layer or across them;
+ *  - the products on tensor cores (ws, ws_bytes: device memory of at
+ *    least cuda_attention_tf32_bytes for B, T and NH): cublasGemmBatchedEx
+ *    with TF32 operands (10 mantissa bits, so scores and gradients agree
+ *    with fp32 to about 1e-3 relative) and fp32 accumulation, over chunks
+ *    of query rows whose scores fit ws, the rows' softmax in fp32.
+ * A ws too small for this call's B and T takes the fp32 path. Return 0, or
+ * TY_EINTERNAL (cuBLAS refused a product). */
+int cuda_attention_forward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *out, float *lse,
+                           const float *q, const float *k, const float *v, int B, int T, int NH,
+                           int NKV, int HS);
+/* dq, dk, dv written from dout and the forward's out and lse (the same
+ * path's); scratch holds B*NH*T floats (each row's dout . out). dk and dv
+ * are summed without atomics, in a fixed order. */
+int cuda_attention_backward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *dq, float *dk,
+                            float *dv, float *scratch, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v, int B,
+                            int T, int NH, int NKV, int HS);
+/* Bytes of workspace for the tensor-core path at up to B x T tokens: its
+ * pointer arrays and two buffers of scores, together about `budget` bytes
+ * (the more, the fewer and larger the chunks), but at least 16 query rows'
+ * worth (or T's), so that any budget gives a workspace that works. */
+size_t cuda_attention_tf32_bytes(int B, int T, int NH, size_t budget);
 
 void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up, size_t n);
 void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,

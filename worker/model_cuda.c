@@ -81,6 +81,8 @@ struct model_cuda {
                           * the unit lies in a slot, reduce-scattered into gbase */
   int *tokens, *targets; /* device (B*T) */
   uint16_t *xb;          /* bf16 scratch: an activation or gradient on its way to cuBLAS */
+  void *attws;           /* a bf16 base: attention's tensor-core workspace, else NULL */
+  size_t attws_bytes;
   size_t bytes;
 #define TY_X(field, n) float *field;
   MC_BUFS(TY_X)
@@ -97,6 +99,17 @@ static int head_rows(size_t NA, int V) {
   if (e && atoi(e) > 0) hc = (size_t)atoi(e);
   if (hc > NA) hc = NA;
   return hc < 1 ? 1 : (int)hc;
+}
+
+/* A bf16 base runs attention's products on tensor cores (TF32: its
+ * linear layers already round their operands to bf16) through a workspace
+ * for chunks of scores of at most about 128 MiB (TRAINYARD_CUDA_ATTN_MIB
+ * sets the bound; 0 keeps attention in fp32 on CUDA cores, as for a
+ * float32 base). */
+static size_t attn_budget(ty_dtype_t wdt) {
+  if (wdt != TY_DTYPE_BF16) return 0;
+  const char *e = getenv("TRAINYARD_CUDA_ATTN_MIB");
+  return (e && *e ? (size_t)strtoul(e, NULL, 10) : 128) << 20;
 }
 
 static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
@@ -243,6 +256,13 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
                               : ", gradients",
                    (double)base->bytes / 1048576.0);
   }
+  /* Last, and optional: where the device has no room left for it,
+   * attention takes the fp32 path, which needs none. */
+  const size_t budget = attn_budget(m->wdt);
+  if (budget) {
+    const size_t ab = cuda_attention_tf32_bytes(B, T, d->NH, budget);
+    if (!mc_alloc(m, &m->attws, ab)) m->attws_bytes = ab;
+  }
   if ((lo &&
        cudaMemcpy(m->lp, lo->params, NP * sizeof(float), cudaMemcpyHostToDevice) != cudaSuccess) ||
       cudaMemset(m->lg, 0, NP * sizeof(float)) != cudaSuccess ||
@@ -271,6 +291,7 @@ void model_cuda_free(model_cuda_t *m) {
   mem_cuda_free(m->gbase);
   mem_cuda_free(m->gunit);
   mem_cuda_free(m->xb);
+  mem_cuda_free(m->attws);
 #define TY_X(field, n) mem_cuda_free(m->field);
   MC_BUFS(TY_X)
 #undef TY_X
@@ -279,6 +300,9 @@ void model_cuda_free(model_cuda_t *m) {
 
 size_t model_cuda_bytes(const model_cuda_t *m) {
   return m->bytes;
+}
+size_t model_cuda_attention_bytes(const model_cuda_t *m) {
+  return m->attws_bytes;
 }
 float *model_cuda_lora_params(model_cuda_t *m) {
   return m->lp;
@@ -389,7 +413,9 @@ static int layer_forward(model_cuda_t *m, int l) {
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
   cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
-  cuda_attention_forward(cb, atty, lse, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
+  if (!rc)
+    rc = cuda_attention_forward(cb, m->attws, m->attws_bytes, atty, lse, q, k, v, m->b, m->t, d->NH,
+                                d->NKV, d->HS);
   cudaMemcpyAsync(mid, RES(l), sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
   if (!rc) rc = proj_forward(m, l, TGT(O), mid, atty, W(WO), QD, C, 1.0f);
   cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, norm_w(m, 2 * l + 1), n, C, d->eps);
@@ -419,8 +445,9 @@ static int layer_backward(model_cuda_t *m, int l) {
   cuda_rmsnorm_backward(cb, m->dmid, norm_dw(m, 2 * l + 1), m->dln, m->dres, mid,
                         norm_w(m, 2 * l + 1), LAYER(rstd2, 1), n, C);
   if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, GW(WO), m->dmid, atty, W(WO), QD, C, 0.0f);
-  cuda_attention_backward(cb, m->dq, m->dk, m->dv, m->attscr, m->datty, atty, lse, q, k, v, m->b,
-                          m->t, d->NH, d->NKV, d->HS);
+  if (!rc)
+    rc = cuda_attention_backward(cb, m->attws, m->attws_bytes, m->dq, m->dk, m->dv, m->attscr,
+                                 m->datty, atty, lse, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
   cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
   cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
   if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, GW(WQ), m->dq, ln1, W(WQ), C, QD, 0.0f);

@@ -19,12 +19,20 @@
  * buffer is allocated by model_cuda_create for micro-batches of up to
  * B x T tokens; a step allocates nothing.
  *
+ * Attention runs in fp32 on CUDA cores over a float32 base; over a bf16
+ * base its products run on tensor cores (TF32, cuda_attention_forward),
+ * through a workspace for chunks of scores of at most about 128 MiB, less
+ * where a micro-batch's scores all take less (TRAINYARD_CUDA_ATTN_MIB sets
+ * the bound, 0 keeps the fp32 kernels; where the device has no room left
+ * for it, the model takes the fp32 kernels rather than fail).
+ *
  * Device memory: the activations of every layer (as the CPU model keeps
  * them for its backward pass: the attention keeps each score row's
  * log-sum-exp, no (T, T) matrix), the logits of at most 256 MiB worth of
  * tokens (the head runs over the tokens in chunks where all of them would
  * take more, and the backward pass recomputes each chunk's logits;
  * TRAINYARD_CUDA_HEAD_ROWS sets a chunk's tokens),
+ * plus attention's workspace over a bf16 base,
  * plus, for a sharded base, the slots (each the size of the largest unit),
  * plus, for full training, the base's gradients (and over a shard one
  * more unit-sized buffer); model_cuda_bytes says how much. */
@@ -65,8 +73,12 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
 void model_cuda_free(model_cuda_t *m);
 
 /* Device bytes the model allocated (activations, scratch, adapters, unit
- * slots). */
+ * slots, attention's workspace). */
 size_t model_cuda_bytes(const model_cuda_t *m);
+/* Bytes of attention's tensor-core workspace: 0 where attention runs in
+ * fp32 on CUDA cores (a float32 base, TRAINYARD_CUDA_ATTN_MIB=0, or a
+ * device without room for it). */
+size_t model_cuda_attention_bytes(const model_cuda_t *m);
 
 /* tokens, targets: host (b, t) ids. Copies them, runs the forward pass and
  * returns the mean loss in *loss. TY_EINVAL for a batch too large or an id

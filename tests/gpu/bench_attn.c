@@ -1,13 +1,17 @@
-/* bench_attn.c - causal GQA attention on one GPU, the tiled kernels against
- * the per-row ones (cuda_backend_attention_rows) on the same inputs: REPS
- * timed forward passes and REPS backward passes of each after one of each
- * to warm up, timed by the host's clock around them. Prints one JSON
- * line: milliseconds per pass for each path, the tiled path's speed-up and
- * its TFLOP/s (the causal half of QK^T and PV forward, 2 products, and
- * backward, 4, at 2 FLOPs a multiply-add, as bench_lora counts them), and
- * the largest difference between the two paths' outputs (out, dq, dk,
- * dv), relative to the largest magnitude of each; over 1e-4 is a mismatch
- * (exit 1).
+/* bench_attn.c - causal GQA attention on one GPU, three paths on the same
+ * inputs: the fp32 tiled kernels, the fp32 per-row ones
+ * (cuda_backend_attention_rows) and the products on tensor cores (TF32,
+ * with the workspace a bf16 model gets: 128 MiB of scores). REPS timed
+ * forward passes and REPS backward passes of each after one of each to
+ * warm up, timed by the host's clock around them. Prints one JSON line:
+ * milliseconds per pass for each path, the tiled path's speed-up over the
+ * rows and the tensor-core path's over the tiles, the TFLOP/s of both (the
+ * causal half of QK^T and PV forward, 2 products, and backward, 4, at 2
+ * FLOPs a multiply-add, as bench_lora counts them: the tensor-core path
+ * computes more, whole chunks of keys, but is credited as much), and the
+ * largest difference between a path's outputs (out, dq, dk, dv) and the
+ * tiled path's, relative to the largest magnitude of each: over 1e-4 for
+ * the rows, or 4e-3 for TF32, is a mismatch (exit 1).
  *
  * usage: bench_attn B T NH NKV HS REPS */
 #include <math.h>
@@ -31,19 +35,22 @@ static double now_s(void) {
 /* Milliseconds per forward and per backward pass through one path: one
  * of each to warm up, then the host's clock around REPS queued passes and
  * a wait for them. */
-static int time_path(cuda_backend_t *cb, const attn_bufs_t *a, int B, int T, int NH, int NKV,
-                     int HS, int reps, double *fwd_ms, double *bwd_ms, char *err, size_t errlen) {
+static int time_path(cuda_backend_t *cb, void *ws, size_t wsb, const attn_bufs_t *a, int B, int T,
+                     int NH, int NKV, int HS, int reps, double *fwd_ms, double *bwd_ms, char *err,
+                     size_t errlen) {
   for (int timed = 0; timed < 2; timed++) {
     const int n = timed ? reps : 1;
     if (cuda_backend_sync(cb, err, errlen)) return 1;
     double t0 = now_s();
     for (int it = 0; it < n; it++)
-      cuda_attention_forward(cb, a->out, a->lse, a->q, a->k, a->v, B, T, NH, NKV, HS);
+      if (cuda_attention_forward(cb, ws, wsb, a->out, a->lse, a->q, a->k, a->v, B, T, NH, NKV, HS))
+        return snprintf(err, errlen, "cuBLAS refused a product of the forward pass"), 1;
     if (cuda_backend_sync(cb, err, errlen)) return 1;
     double t1 = now_s();
     for (int it = 0; it < n; it++)
-      cuda_attention_backward(cb, a->dq, a->dk, a->dv, a->scr, a->dout, a->out, a->lse, a->q, a->k,
-                              a->v, B, T, NH, NKV, HS);
+      if (cuda_attention_backward(cb, ws, wsb, a->dq, a->dk, a->dv, a->scr, a->dout, a->out, a->lse,
+                                  a->q, a->k, a->v, B, T, NH, NKV, HS))
+        return snprintf(err, errlen, "cuBLAS refused a product of the backward pass"), 1;
     if (cuda_backend_sync(cb, err, errlen)) return 1;
     *fwd_ms = (t1 - t0) * 1e3 / n, *bwd_ms = (now_s() - t1) * 1e3 / n;
   }
@@ -85,8 +92,8 @@ int main(int argc, char **argv) {
   }
   const size_t n = (size_t)B * T, qn = n * NH * HS, kvn = n * NKV * HS, nl = (size_t)B * NH * T;
   float *h = malloc((qn > kvn ? qn : kvn) * sizeof(float));
-  attn_bufs_t a[2]; /* tiled, per row: the same inputs */
-  for (int p = 0; p < 2; p++) {
+  attn_bufs_t a[3]; /* tiled, per row, tensor cores: the same inputs */
+  for (int p = 0; p < 3; p++) {
     gpu_fill(h, qn, 1, 1), a[p].q = gpu_dup(h, qn * sizeof(float));
     gpu_fill(h, kvn, 2, 1), a[p].k = gpu_dup(h, kvn * sizeof(float));
     gpu_fill(h, kvn, 3, 1), a[p].v = gpu_dup(h, kvn * sizeof(float));
@@ -96,33 +103,44 @@ int main(int argc, char **argv) {
     a[p].lse = gpu_dup(NULL, nl * sizeof(float)), a[p].scr = gpu_dup(NULL, nl * sizeof(float));
   }
   free(h);
-  double ms[2][2];
-  for (int p = 0; p < 2; p++) {
+  const size_t wsb = cuda_attention_tf32_bytes(B, T, NH, (size_t)128 << 20);
+  void *ws = gpu_dup(NULL, wsb);
+  double ms[3][2];
+  for (int p = 0; p < 3; p++) {
     cuda_backend_attention_rows(cb, p == 1);
-    if (time_path(cb, &a[p], B, T, NH, NKV, HS, reps, &ms[p][0], &ms[p][1], err, sizeof err)) {
+    if (time_path(cb, p == 2 ? ws : NULL, wsb, &a[p], B, T, NH, NKV, HS, reps, &ms[p][0], &ms[p][1],
+                  err, sizeof err)) {
       fprintf(stderr, "bench_attn: %s\n", err);
       return 1;
     }
   }
-  const double d[] = {max_diff(a[0].out, a[1].out, qn), max_diff(a[0].dq, a[1].dq, qn),
-                      max_diff(a[0].dk, a[1].dk, kvn), max_diff(a[0].dv, a[1].dv, kvn)};
-  double diff = 0;
-  for (int i = 0; i < 4; i++) diff = d[i] > diff ? d[i] : diff;
+  /* The largest difference of path p's outputs from the tiled path's. */
+  double diff[3] = {0, 0, 0};
+  for (int p = 1; p < 3; p++) {
+    const double d[] = {max_diff(a[p].out, a[0].out, qn), max_diff(a[p].dq, a[0].dq, qn),
+                        max_diff(a[p].dk, a[0].dk, kvn), max_diff(a[p].dv, a[0].dv, kvn)};
+    for (int i = 0; i < 4; i++) diff[p] = d[i] > diff[p] ? d[i] : diff[p];
+  }
+  const int ok = diff[1] < 1e-4 && diff[2] < 4e-3;
   /* The causal half of T x T, with its diagonal. */
-  const double pairs = (double)B * NH * T * (T + 1) / 2, flop_fwd = 2 * 2 * pairs * HS;
+  const double pairs = (double)B * NH * T * (T + 1) / 2, flop = 3 * 2 * 2 * pairs * HS;
   printf(
       "{\"status\":\"%s\",\"B\":%d,\"T\":%d,\"NH\":%d,\"NKV\":%d,\"HS\":%d,\"reps\":%d,"
       "\"tiled_fwd_ms\":%.3f,\"tiled_bwd_ms\":%.3f,\"rows_fwd_ms\":%.3f,\"rows_bwd_ms\":%.3f,"
-      "\"speedup_fwd\":%.2f,\"speedup_bwd\":%.2f,\"tiled_tflops\":%.2f,"
-      "\"max_diff\":%.3g}\n",
-      diff < 1e-4 ? "ok" : "mismatch", B, T, NH, NKV, HS, reps, ms[0][0], ms[0][1], ms[1][0],
-      ms[1][1], ms[1][0] / ms[0][0], ms[1][1] / ms[0][1],
-      3 * flop_fwd / ((ms[0][0] + ms[0][1]) * 1e-3) / 1e12, diff);
-  for (int p = 0; p < 2; p++) {
+      "\"tf32_fwd_ms\":%.3f,\"tf32_bwd_ms\":%.3f,\"tf32_workspace_mib\":%.1f,"
+      "\"speedup_fwd\":%.2f,\"speedup_bwd\":%.2f,\"tf32_speedup_fwd\":%.2f,"
+      "\"tf32_speedup_bwd\":%.2f,\"tiled_tflops\":%.2f,\"tf32_tflops\":%.2f,"
+      "\"max_diff\":%.3g,\"tf32_max_diff\":%.3g}\n",
+      ok ? "ok" : "mismatch", B, T, NH, NKV, HS, reps, ms[0][0], ms[0][1], ms[1][0], ms[1][1],
+      ms[2][0], ms[2][1], (double)wsb / 1048576.0, ms[1][0] / ms[0][0], ms[1][1] / ms[0][1],
+      ms[0][0] / ms[2][0], ms[0][1] / ms[2][1], flop / ((ms[0][0] + ms[0][1]) * 1e-3) / 1e12,
+      flop / ((ms[2][0] + ms[2][1]) * 1e-3) / 1e12, diff[1], diff[2]);
+  for (int p = 0; p < 3; p++) {
     float *ptrs[] = {a[p].q,    a[p].k,  a[p].v,  a[p].out, a[p].lse,
                      a[p].dout, a[p].dq, a[p].dk, a[p].dv,  a[p].scr};
     for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
   }
+  cudaFree(ws);
   cuda_backend_free(cb);
-  return diff < 1e-4 ? 0 : 1;
+  return ok ? 0 : 1;
 }

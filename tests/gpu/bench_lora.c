@@ -4,7 +4,9 @@
  * STEPS timed steps (forward, backward, AdamW on the adapters) after two
  * warm-up steps. Prints one JSON line: tokens/s, model FLOP/s and the
  * model-FLOP utilisation against the H200's dense bf16 peak (989 TFLOP/s;
- * TY_PEAK_TFLOPS overrides), device peaks of the load and of training.
+ * TY_PEAK_TFLOPS overrides), device peaks of the load and of training,
+ * and attention's path (tf32 on tensor cores, the bf16 default, or fp32
+ * with TRAINYARD_CUDA_ATTN_MIB=0) with its workspace.
  *
  * FLOPs per token (stated here, counted as in the literature for LoRA: the
  * frozen base needs its forward product and its input-gradient product but
@@ -142,11 +144,12 @@ int main(int argc, char **argv) {
       "\"tokens_per_s\":%.1f,\"flops_per_token\":%.4g,\"model_tflops\":%.2f,"
       "\"mfu\":%.4f,\"peak_tflops\":%.0f,\"loss_first\":%.4f,\"loss_last\":%.4f,"
       "\"load_device_peak_bytes\":%llu,\"train_activation_bytes\":%llu,"
-      "\"device_used_bytes\":%llu}\n",
+      "\"attention\":\"%s\",\"attention_workspace_bytes\":%llu,\"device_used_bytes\":%llu}\n",
       slots, (unsigned long long)s->layout.nparams, B, T, R, steps, tps, flops_tok,
       tps * flops_tok / 1e12, tps * flops_tok / 1e12 / peak, peak, first, loss,
       (unsigned long long)st.device_peak_bytes, (unsigned long long)model_cuda_bytes(mc),
-      (unsigned long long)(tot - fr));
+      model_cuda_attention_bytes(mc) ? "tf32" : "fp32",
+      (unsigned long long)model_cuda_attention_bytes(mc), (unsigned long long)(tot - fr));
   cudaFree(mom);
   free(tok);
   free(tgt);

@@ -30,6 +30,11 @@ for k in eff:
     assert eff[k]["device_peak_bytes"] < std[k]["device_peak_bytes"], (eff[k], std[k])
 for r in lora:
     assert r["tokens_per_s"] > 0 and r["loss_last"] < r["loss_first"] * 1.5, r
+    # A bf16 base: attention's products on tensor cores, with a workspace.
+    assert r["attention"] == "tf32" and r["attention_workspace_bytes"] > 0, r
+for k in ("tiled", "rows", "tf32"):
+    assert attn[0][k + "_fwd_ms"] > 0 and attn[0][k + "_bwd_ms"] > 0, attn
+assert attn[0]["max_diff"] < 1e-4 and attn[0]["tf32_max_diff"] < 4e-3, attn
 print("# bench smoke: %d load rows, %d lora rows, %d attn row, all ok" % (len(load), len(lora), len(attn)))
 PY
 echo ok

@@ -40,6 +40,28 @@ static int check_dev(const char *what, const float *d, const float *want, size_t
   return bad;
 }
 
+/* As check_dev, but against tol times the largest |want|: for products of
+ * rounded operands, whose errors scale with the whole sum, not with each
+ * element (which may cancel to near 0). */
+static int check_dev_scaled(const char *what, const float *d, const float *want, size_t n,
+                            float tol) {
+  float *got = malloc(F(n) + 4);
+  gpu_get(got, d, F(n));
+  double top = 0.0, worst = 0.0;
+  size_t at = 0;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)got[i] - want[i]);
+    if (!(e <= worst)) worst = isnan(e) ? INFINITY : e, at = i;
+    if (fabs((double)want[i]) > top) top = fabs((double)want[i]);
+  }
+  const int bad = n && !(worst <= tol * top);
+  printf("%-4s %-28s n=%-8zu max|diff| %.3g (%.3g of max |want| %.3g)\n", bad ? "FAIL" : "ok", what,
+         n, worst, top > 0 ? worst / top : worst, top);
+  if (bad) printf("  at [%zu]: got %.9g want %.9g\n", at, got[at], want[at]);
+  free(got);
+  return bad;
+}
+
 static int test_matmul(cuda_backend_t *b, ty_dtype_t dt) {
   const int IN = C, OUT = FF;
   float *x = hbuf(N * IN, 1, 1), *w = hbuf(OUT * IN, 2, 0.3f), *dout = hbuf(N * OUT, 3, 1);
@@ -160,8 +182,17 @@ static int test_rope(cuda_backend_t *b) {
   return bad;
 }
 
-/* One attention shape against the CPU: B, T, heads, kv heads, head size. */
-static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, int HSn) {
+/* TF32 products (10 mantissa bits): scores and gradients within this of
+ * fp32's, relative to the largest element (inputs of magnitude 1, T up to
+ * 300: about 1e-3 measured on the simulated device, which rounds the
+ * operands as tensor cores do). */
+#define TF32_TOL 4e-3f
+
+/* One attention shape against the CPU: B, T, heads, kv heads, head size;
+ * the tensor-core path's workspace for `budget` bytes of scores (small
+ * budgets make many chunks of query rows). */
+static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, int HSn,
+                          size_t budget) {
   const size_t n = (size_t)Bn * Tn, qd = (size_t)NHn * HSn, kvd = (size_t)NKVn * HSn;
   const size_t nl = (size_t)Bn * NHn * Tn;
   float *q = hbuf(n * qd, 14, 1), *k = hbuf(n * kvd, 15, 1), *v = hbuf(n * kvd, 16, 1);
@@ -173,32 +204,49 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
   float *d_dout = gpu_dup(dout, F(n * qd)), *d_dq = gpu_dup(NULL, F(n * qd));
   float *d_dk = gpu_dup(NULL, F(n * kvd)), *d_dv = gpu_dup(NULL, F(n * kvd));
   float *d_scr = gpu_dup(NULL, F(nl)); /* the backward pass's B*NH*T floats, no more */
-  char what[128];
+  const size_t wsb = cuda_attention_tf32_bytes(Bn, Tn, NHn, budget);
+  void *ws = gpu_dup(NULL, wsb);
+  char what[160];
   int bad = 0;
   cpu_attention_forward(out, lse, scratch, q, k, v, Bn, Tn, NHn, NKVn, HSn);
   cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, Bn, Tn, NHn, NKVn, HSn);
-  /* The tiled kernels (the per-row ones past head size 256), then the
-   * per-row ones. */
-  for (int rows = 0; rows < 2; rows++) {
-    cuda_backend_attention_rows(b, rows);
+  /* The tiled kernels (the per-row ones past head size 256), the per-row
+   * ones, then the tensor-core path. */
+  static const char *const paths[] = {"tiled", "per row", "tf32"};
+  for (int p = 0; p < 3; p++) {
+    cuda_backend_attention_rows(b, p == 1);
+    void *w = p == 2 ? ws : NULL;
     /* NaN: every element read must have been written. */
     cudaMemset(d_out, 0xff, F(n * qd));
     cudaMemset(d_dq, 0xff, F(n * qd));
+    cudaMemset(d_dk, 0xff, F(n * kvd));
+    cudaMemset(d_dv, 0xff, F(n * kvd));
     cudaMemset(d_scr, 0xff, F(nl));
-    cuda_attention_forward(b, d_out, d_lse, d_q, d_k, d_v, Bn, Tn, NHn, NKVn, HSn);
-    snprintf(what, sizeof what, "attention_forward out (B %d T %d NH %d NKV %d HS %d, %s)", Bn, Tn,
-             NHn, NKVn, HSn, rows ? "per row" : "tiled");
-    bad |= check_dev(what, d_out, out, n * qd, RT);
-    bad |= check_dev("attention_forward lse", d_lse, lse, nl, RT);
-    cuda_attention_backward(b, d_dq, d_dk, d_dv, d_scr, d_dout, d_out, d_lse, d_q, d_k, d_v, Bn, Tn,
-                            NHn, NKVn, HSn);
-    bad |= check_dev("attention_backward dq", d_dq, dq, n * qd, 1e-4f);
-    bad |= check_dev("attention_backward dk", d_dk, dk, n * kvd, 1e-4f);
-    bad |= check_dev("attention_backward dv", d_dv, dv, n * kvd, 1e-4f);
+    cudaMemset(ws, 0xff, wsb);
+    snprintf(what, sizeof what, "attention (B %d T %d NH %d NKV %d HS %d, %s)", Bn, Tn, NHn, NKVn,
+             HSn, paths[p]);
+    if (cuda_attention_forward(b, w, wsb, d_out, d_lse, d_q, d_k, d_v, Bn, Tn, NHn, NKVn, HSn) ||
+        cuda_attention_backward(b, w, wsb, d_dq, d_dk, d_dv, d_scr, d_dout, d_out, d_lse, d_q, d_k,
+                                d_v, Bn, Tn, NHn, NKVn, HSn)) {
+      fprintf(stderr, "%s: cuBLAS refused a product\n", what);
+      bad = 1;
+      continue;
+    }
+    char w2[200];
+    const char *parts[] = {"forward out", "forward lse", "backward dq", "backward dk",
+                           "backward dv"};
+    const float *dev[] = {d_out, d_lse, d_dq, d_dk, d_dv}, *want[] = {out, lse, dq, dk, dv};
+    const size_t cnt[] = {n * qd, nl, n * qd, n * kvd, n * kvd};
+    for (int i = 0; i < 5; i++) {
+      snprintf(w2, sizeof w2, "%s %s", what, parts[i]);
+      bad |= p == 2 ? check_dev_scaled(w2, dev[i], want[i], cnt[i], TF32_TOL)
+                    : check_dev(w2, dev[i], want[i], cnt[i], i < 2 ? RT : 1e-4f);
+    }
   }
   cuda_backend_attention_rows(b, false);
   float *ptrs[] = {d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_scr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
+  cudaFree(ws);
   free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);
   free(scratch);
   return bad;
@@ -211,13 +259,18 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
  * layout: a head size of 72 (not a multiple of 8: tiles of 32 forward, 16
  * backward) with four query heads to a kv head, 64 (tiles of 32, two
  * heads to a kv head), 256 (16 forward, 8 backward) and 264 (the row
- * kernels, with keys and (head, row) pairs in several blocks' worth). */
+ * kernels, with keys and (head, row) pairs in several blocks' worth).
+ * The tensor-core path: every row in one chunk (a budget of 1 GiB);
+ * chunks that grow shorter as the causal rows grow longer, with a short
+ * last one (T 300 in 512 KiB: backward 112, 80, 48, 48 and 12 rows); and
+ * the least workspace (budget 0, 16 rows' worth: at T 70 backward 32, 16,
+ * 16 and 6 rows). */
 static int test_attention(cuda_backend_t *b) {
-  int bad = attention_case(b, B, T, NH, NKV, HS);
-  bad |= attention_case(b, 1, 300, 4, 1, 72);
-  bad |= attention_case(b, 2, 70, 4, 2, 64);
-  bad |= attention_case(b, 1, 41, 2, 2, 256);
-  bad |= attention_case(b, 1, 270, 2, 1, 264);
+  int bad = attention_case(b, B, T, NH, NKV, HS, (size_t)1 << 30);
+  bad |= attention_case(b, 1, 300, 4, 1, 72, (size_t)512 << 10);
+  bad |= attention_case(b, 2, 70, 4, 2, 64, 0);
+  bad |= attention_case(b, 1, 41, 2, 2, 256, (size_t)1 << 30);
+  bad |= attention_case(b, 1, 270, 2, 1, 264, (size_t)256 << 10);
   return bad;
 }
 

@@ -5,12 +5,14 @@
  * gradient is exercised): with fp32 base weights the loss agrees within
  * 1e-5 relative and every adapter gradient within 1e-3 relative (summation
  * order only); with bf16 base weights (the GPU also rounds activations to
- * bf16 for its products) the loss within 1% and the gradients within 5% in
- * relative L2 norm. Then full training (no adapters, fp32 base, tied and
+ * bf16 for its products, and takes attention's products on tensor cores,
+ * TF32, which this checks it does) the loss within 1% and the gradients
+ * within 5% in relative L2 norm. Then full training (no adapters, fp32 base, tied and
  * untied heads): the loss within 1e-5 and the gradient of every weight,
  * the embedding and norm gains included, within 1e-3 relative. All of it
  * again with the output head run over the tokens in chunks, and with
- * activation checkpointing on both sides. Exits 77 (a
+ * activation checkpointing on both sides; and the bf16 LoRA step once more
+ * with attention in fp32 (TRAINYARD_CUDA_ATTN_MIB=0). Exits 77 (a
  * skip) where no CUDA device is visible. */
 #include <math.h>
 #include <stdbool.h>
@@ -132,6 +134,21 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
     if (lo->tensors[i].is_b) gpu_fill(lo->tensors[i].data, lo->tensors[i].numel, 100 + i, 0.05f);
   if (gpu_twin(&tw, cb, lo)) return 1;
   model_cuda_t *mc = tw.mc;
+  /* A bf16 base takes the tensor-core attention (its workspace: all the
+   * scores of this small batch, well under the 128 MiB bound), unless
+   * TRAINYARD_CUDA_ATTN_MIB=0; a float32 base the fp32 kernels. */
+  const char *amib = getenv("TRAINYARD_CUDA_ATTN_MIB");
+  const size_t want_ws =
+      dt == TY_DTYPE_BF16 && !(amib && atoi(amib) == 0)
+          ? cuda_attention_tf32_bytes(B, T, cfg.num_attention_heads, (size_t)128 << 20)
+          : 0;
+  if (model_cuda_attention_bytes(mc) != want_ws) {
+    printf("FAIL lora %s: attention's workspace is %zu bytes, not %zu\n", tag,
+           model_cuda_attention_bytes(mc), want_ws);
+    return 1;
+  }
+  printf("ok   lora %s: attention %s (workspace %zu bytes)\n", tag,
+         want_ws ? "on tensor cores" : "fp32", want_ws);
   int tok[B * T], tgt[B * T];
   for (int i = 0; i < B * T; i++) tok[i] = (i * 13 + 7) % 61, tgt[i] = (i * 29 + 3) % 61;
 
@@ -249,6 +266,12 @@ int main(void) {
   printf("-- gradient_checkpointing: one layer slot, layers recomputed\n");
   g_recompute = true;
   bad |= run_all(cb);
+  g_recompute = false;
+  /* The bf16 base with attention kept in fp32 on CUDA cores. */
+  printf("-- bf16 with fp32 attention (TRAINYARD_CUDA_ATTN_MIB=0)\n");
+  setenv("TRAINYARD_CUDA_ATTN_MIB", "0", 1);
+  bad |= run(cb, TY_DTYPE_BF16);
+  unsetenv("TRAINYARD_CUDA_ATTN_MIB");
   cuda_backend_free(cb);
   printf("gpu/model: %s\n",
          bad ? "FAILED" : "the GPU LoRA and full-training steps match the CPU model");
