@@ -9,7 +9,9 @@
 #   lora   LoRA training tokens/s and model-FLOP utilisation on the GPU
 #          (bench_lora), when built: the whole base read in place (slots 0),
 #          then the sharded path at world size 1, every unit gathered by
-#          NCCL into 2 slots (overlapped) and into 1 (not);
+#          NCCL into 2 slots (overlapped) and into 1 (not), all with
+#          attention's products on tensor cores (the bf16 default); and,
+#          last, the whole base with attention in fp32 on CUDA cores;
 #   attn   attention alone at the model's heads, B and T (bench_attn): the
 #          tiled kernels against the per-row ones, forward and backward;
 #   torch  the same checkpoint and batch through transformers + peft, when
@@ -63,6 +65,14 @@ if python3 -c "import torch, transformers, peft" 2>/dev/null; then
   python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"torch",/' >>"$jl" || rc=1
 else
   echo '{"bench":"torch","status":"skipped","message":"python3 lacks torch, transformers or peft"}' >>"$jl"
+fi
+
+# Last, so that it cannot crowd out the rows above: the whole base again
+# with attention in fp32 on CUDA cores, the tensor-core path's gain in a
+# whole step.
+if [ -x "$build/tests/gpu_bench_lora" ]; then
+  TRAINYARD_CUDA_ATTN_MIB=0 "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS 0 |
+    sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
 fi
 
 python3 - "$jl" <<'PY'

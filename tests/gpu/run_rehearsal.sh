@@ -42,7 +42,7 @@ for r in rows:
     kinds.setdefault(r["bench"], []).append(r)
 ok = lambda k: [r for r in kinds.get(k, []) if r.get("status") == "ok"]
 assert len(ok("load")) == 6, kinds.get("load")  # world 1 and 2, both paths
-assert len(ok("lora")) == 3, kinds.get("lora")  # slots 0, 2, 1
+assert len(ok("lora")) == 4, kinds.get("lora")  # slots 0, 2, 1; 0 with fp32 attention
 assert len(ok("attn")) == 1, kinds.get("attn")
 assert len(kinds.get("torch", [])) == 1, kinds.get("torch")
 PY
