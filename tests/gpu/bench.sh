@@ -13,7 +13,8 @@
 #          attention's products on tensor cores (the bf16 default); and,
 #          last, the whole base with attention in fp32 on CUDA cores;
 #   attn   attention alone at the model's heads, B and T (bench_attn): the
-#          tiled kernels against the per-row ones, forward and backward;
+#          fp32 tiled kernels against the per-row ones, and the tensor-core
+#          path against the tiled, forward and backward;
 #   torch  the same checkpoint and batch through transformers + peft, when
 #          python3 has torch, transformers and peft.
 # Figures go to OUTDIR/bench.jsonl; a table to stdout.
@@ -59,13 +60,16 @@ print(nh, c.get("num_key_value_heads") or nh, c.get("head_dim") or c["hidden_siz
   # shellcheck disable=SC2086 # heads is NH NKV HS
   "$build/tests/gpu_bench_attn" $B $T $heads "${TY_GPU_BENCH_ATTN_REPS:-5}" | sed 's/^{/{"bench":"attn",/' >>"$jl" || rc=1
 fi
-# PyTorch runs with the host's own libraries, not the unpacked .debs.
-[ -n "${TY_HOST_LD_LIBRARY_PATH+set}" ] && export LD_LIBRARY_PATH=$TY_HOST_LD_LIBRARY_PATH
-if python3 -c "import torch, transformers, peft" 2>/dev/null; then
-  python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"torch",/' >>"$jl" || rc=1
-else
-  echo '{"bench":"torch","status":"skipped","message":"python3 lacks torch, transformers or peft"}' >>"$jl"
-fi
+# PyTorch runs with the host's own libraries, not the unpacked .debs (in a
+# subshell: the programs after it need the .debs' libraries again).
+(
+  [ -n "${TY_HOST_LD_LIBRARY_PATH+set}" ] && export LD_LIBRARY_PATH=$TY_HOST_LD_LIBRARY_PATH
+  if python3 -c "import torch, transformers, peft" 2>/dev/null; then
+    python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"torch",/' >>"$jl"
+  else
+    echo '{"bench":"torch","status":"skipped","message":"python3 lacks torch, transformers or peft"}' >>"$jl"
+  fi
+) || rc=1
 
 # Last, so that it cannot crowd out the rows above: the whole base again
 # with attention in fp32 on CUDA cores, the tensor-core path's gain in a
