@@ -105,11 +105,15 @@ static int head_rows(size_t NA, int V) {
  * linear layers already round their operands to bf16) through a workspace
  * for chunks of scores of at most about 128 MiB (TRAINYARD_CUDA_ATTN_MIB
  * sets the bound; 0 keeps attention in fp32 on CUDA cores, as for a
- * float32 base). */
+ * float32 base; anything but a number of MiB up to 2^20 is ignored, as
+ * TRAINYARD_CUDA_HEAD_ROWS's non-positive values are). */
 static size_t attn_budget(ty_dtype_t wdt) {
   if (wdt != TY_DTYPE_BF16) return 0;
   const char *e = getenv("TRAINYARD_CUDA_ATTN_MIB");
-  return (e && *e ? (size_t)strtoul(e, NULL, 10) : 128) << 20;
+  char *end;
+  unsigned long mib = e && *e >= '0' && *e <= '9' ? strtoul(e, &end, 10) : 128;
+  if (e && *e >= '0' && *e <= '9' && (*end || mib > (1ul << 20))) mib = 128; /* not a size */
+  return (size_t)mib << 20;
 }
 
 static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {

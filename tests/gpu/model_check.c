@@ -139,7 +139,7 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
    * TRAINYARD_CUDA_ATTN_MIB=0; a float32 base the fp32 kernels. */
   const char *amib = getenv("TRAINYARD_CUDA_ATTN_MIB");
   const size_t want_ws =
-      dt == TY_DTYPE_BF16 && !(amib && atoi(amib) == 0)
+      dt == TY_DTYPE_BF16 && !(amib && !strcmp(amib, "0"))
           ? cuda_attention_tf32_bytes(B, T, cfg.num_attention_heads, (size_t)128 << 20)
           : 0;
   if (model_cuda_attention_bytes(mc) != want_ws) {
