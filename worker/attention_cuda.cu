@@ -3,7 +3,7 @@
  * block per row; or its products on tensor cores (TF32) through batched
  * cuBLAS products over chunks of query rows, given a workspace. */
 #include <math.h>
-#include <stdio.h>
+#include <string.h>
 
 #include "worker/backend_cuda_impl.cuh"
 
@@ -577,29 +577,76 @@ static int tc_rows(int r0, int T, size_t cap) {
   return n < 1 ? 1 : n;
 }
 
+/* One call's shape and its current chunk: rows [r0, r1) of T, n of them,
+ * each pair's scores n x r1 (chunk floats) in the workspace. */
+typedef struct {
+  cuda_backend_t *b;
+  const float **arr; /* the workspace's pointer arrays */
+  int B, T, NH, NKV, HS, G;
+  size_t QD, KVD;
+  int r0, n, r1;
+  size_t chunk;
+} tc_chunk_t;
+
+static tc_chunk_t tc_start(cuda_backend_t *b, void *ws, int B, int T, int NH, int NKV, int HS) {
+  tc_chunk_t c;
+  memset(&c, 0, sizeof c);
+  c.b = b, c.arr = (const float **)ws;
+  c.B = B, c.T = T, c.NH = NH, c.NKV = NKV, c.HS = HS, c.G = NH / NKV;
+  c.QD = (size_t)NH * HS, c.KVD = (size_t)NKV * HS;
+  return c;
+}
+/* The next chunk from r0: as many rows as cap (score floats a pair) holds. */
+static void tc_next(tc_chunk_t *c, int r0, size_t cap) {
+  c->r0 = r0, c->n = tc_rows(r0, c->T, cap), c->r1 = r0 + c->n;
+  c->chunk = (size_t)c->n * c->r1;
+}
+/* The chunk's scores of every pair in S, as an operand. */
+static tc_op tc_scores_at(const tc_chunk_t *c, const float *S) {
+  return tc_at(S, c->NH * c->chunk, c->chunk, 1);
+}
+
+/* S (n, r1) = alpha x[r0:r1] y[0:r1]^T for every pair: x query-side (q or
+ * dout), y kv-side (k or v). */
+static int tc_rows_by_keys(const tc_chunk_t *c, float alpha, const float *x, const float *y,
+                           float *S) {
+  return tc_gemm(c->b, c->arr, c->B * c->NH, c->NH, CUBLAS_OP_T, CUBLAS_OP_N, c->r1, c->n, c->HS,
+                 alpha, tc_at(y, c->T * c->KVD, c->HS, c->G), (int)c->KVD,
+                 tc_at(x + c->r0 * c->QD, c->T * c->QD, c->HS, 1), (int)c->QD, 0.0f,
+                 tc_scores_at(c, S), c->r1);
+}
+/* x[r0:r1] = alpha S y[0:r1] for every pair: out from P and v, dq from dS
+ * and k. */
+static int tc_scores_by_kv(const tc_chunk_t *c, float alpha, const float *S, const float *y,
+                           float *x) {
+  return tc_gemm(c->b, c->arr, c->B * c->NH, c->NH, CUBLAS_OP_N, CUBLAS_OP_N, c->HS, c->n, c->r1,
+                 alpha, tc_at(y, c->T * c->KVD, c->HS, c->G), (int)c->KVD, tc_scores_at(c, S),
+                 c->r1, 0.0f, tc_at(x + c->r0 * c->QD, c->T * c->QD, c->HS, 1), (int)c->QD);
+}
+/* y[0:r1] += alpha S^T x[r0:r1] for query head i of every (b, kv head), a
+ * batch whose results do not overlap: dv from P and dout, dk from dS and q. */
+static int tc_scores_t_by_rows(const tc_chunk_t *c, int i, float alpha, const float *S,
+                               const float *x, float *y) {
+  const size_t off = c->r0 * c->QD + (size_t)i * c->HS;
+  return tc_gemm(c->b, c->arr, c->B * c->NKV, c->NKV, CUBLAS_OP_N, CUBLAS_OP_T, c->HS, c->r1, c->n,
+                 alpha, tc_at(x + off, c->T * c->QD, (size_t)c->G * c->HS, 1), (int)c->QD,
+                 tc_at(S + i * c->chunk, c->NH * c->chunk, c->G * c->chunk, 1), c->r1, 1.0f,
+                 tc_at(y, c->T * c->KVD, c->HS, 1), (int)c->KVD);
+}
+
 static int tc_forward(cuda_backend_t *b, void *ws, size_t cap, float *out, float *lse,
                       const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
                       int HS) {
-  const int G = NH / NKV, count = B * NH;
-  const size_t QD = (size_t)NH * HS, KVD = (size_t)NKV * HS;
+  tc_chunk_t c = tc_start(b, ws, B, T, NH, NKV, HS);
   const float scale = 1.0f / sqrtf((float)HS);
-  const float **arr = (const float **)ws;
-  float *S = (float *)((char *)ws + tc_ptr_bytes((size_t)count));
+  float *S = (float *)((char *)ws + tc_ptr_bytes((size_t)B * NH));
   int rc = 0;
-  for (int r0 = 0, n; !rc && r0 < T; r0 += n) {
-    n = tc_rows(r0, T, cap);
-    const int r1 = r0 + n;
-    const size_t chunk = (size_t)n * r1;
-    /* S (n, r1) = scale q[r0:r1] k[0:r1]^T, each pair's. */
-    rc = tc_gemm(b, arr, count, NH, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, HS, scale,
-                 tc_at(k, T * KVD, HS, G), (int)KVD, tc_at(q + r0 * QD, T * QD, HS, 1), (int)QD,
-                 0.0f, tc_at(S, NH * chunk, chunk, 1), r1);
+  for (int r0 = 0; !rc && r0 < T; r0 = c.r1) {
+    tc_next(&c, r0, cap);
+    rc = tc_rows_by_keys(&c, scale, q, k, S);
     if (rc) break;
-    TY_LAUNCH(k_tc_softmax, (unsigned)((size_t)count * n), 128, 0)(S, lse, n, r1, r0, T);
-    /* out[r0:r1] = P v[0:r1]. */
-    rc = tc_gemm(b, arr, count, NH, CUBLAS_OP_N, CUBLAS_OP_N, HS, n, r1, 1.0f,
-                 tc_at(v, T * KVD, HS, G), (int)KVD, tc_at(S, NH * chunk, chunk, 1), r1, 0.0f,
-                 tc_at(out + r0 * QD, T * QD, HS, 1), (int)QD);
+    TY_LAUNCH(k_tc_softmax, (unsigned)((size_t)B * NH * c.n), 128, 0)(S, lse, c.n, c.r1, r0, T);
+    rc = tc_scores_by_kv(&c, 1.0f, S, v, out); /* out = P v */
   }
   return rc;
 }
@@ -608,47 +655,27 @@ static int tc_backward(cuda_backend_t *b, void *ws, size_t cap, float *dq, float
                        float *dsum, const float *dout, const float *out, const float *lse,
                        const float *q, const float *k, const float *v, int B, int T, int NH,
                        int NKV, int HS) {
-  const int G = NH / NKV, count = B * NH, kvcount = B * NKV;
-  const size_t QD = (size_t)NH * HS, KVD = (size_t)NKV * HS, rows = (size_t)count * T;
+  tc_chunk_t c = tc_start(b, ws, B, T, NH, NKV, HS);
+  const size_t count = (size_t)B * NH, rows = count * T;
   const float scale = 1.0f / sqrtf((float)HS);
-  const float **arr = (const float **)ws;
-  float *S = (float *)((char *)ws + tc_ptr_bytes((size_t)count)), *dP = S + (size_t)count * cap;
-  if (cudaMemsetAsync(dk, 0, (size_t)B * T * KVD * sizeof(float), 0) != cudaSuccess ||
-      cudaMemsetAsync(dv, 0, (size_t)B * T * KVD * sizeof(float), 0) != cudaSuccess)
+  float *S = (float *)((char *)ws + tc_ptr_bytes(count)), *dP = S + count * cap;
+  if (cudaMemsetAsync(dk, 0, (size_t)B * T * c.KVD * sizeof(float), 0) != cudaSuccess ||
+      cudaMemsetAsync(dv, 0, (size_t)B * T * c.KVD * sizeof(float), 0) != cudaSuccess)
     return TY_EINTERNAL;
   TY_LAUNCH(k_tc_dsum, cb_blocks(rows * 32), CB_THREADS, 0)(dsum, dout, out, T, NH, HS, rows);
   int rc = 0;
-  for (int r0 = 0, n; !rc && r0 < T; r0 += n) {
-    n = tc_rows(r0, T, cap);
-    const int r1 = r0 + n;
-    const size_t chunk = (size_t)n * r1;
-    const tc_op kk = tc_at(k, T * KVD, HS, G), vv = tc_at(v, T * KVD, HS, G);
-    rc = tc_gemm(b, arr, count, NH, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, HS, scale, kk, (int)KVD,
-                 tc_at(q + r0 * QD, T * QD, HS, 1), (int)QD, 0.0f, tc_at(S, NH * chunk, chunk, 1),
-                 r1);
-    if (!rc)
-      rc = tc_gemm(b, arr, count, NH, CUBLAS_OP_T, CUBLAS_OP_N, r1, n, HS, 1.0f, vv, (int)KVD,
-                   tc_at(dout + r0 * QD, T * QD, HS, 1), (int)QD, 0.0f,
-                   tc_at(dP, NH * chunk, chunk, 1), r1);
+  for (int r0 = 0; !rc && r0 < T; r0 = c.r1) {
+    tc_next(&c, r0, cap);
+    rc = tc_rows_by_keys(&c, scale, q, k, S);
+    if (!rc) rc = tc_rows_by_keys(&c, 1.0f, dout, v, dP);
     if (rc) break;
-    const size_t total = (size_t)count * chunk;
-    TY_LAUNCH(k_tc_dsoft, cb_blocks(total), CB_THREADS, 0)(S, dP, lse, dsum, n, r1, r0, T, total);
-    /* dq[r0:r1] = scale dS k[0:r1]. */
-    rc = tc_gemm(b, arr, count, NH, CUBLAS_OP_N, CUBLAS_OP_N, HS, n, r1, scale, kk, (int)KVD,
-                 tc_at(dP, NH * chunk, chunk, 1), r1, 0.0f, tc_at(dq + r0 * QD, T * QD, HS, 1),
-                 (int)QD);
-    /* Query head i of every (b, kv head): dv[0:r1] += P^T dout[r0:r1],
-     * dk[0:r1] += scale dS^T q[r0:r1]. */
-    for (int i = 0; !rc && i < G; i++) {
-      const tc_op p = tc_at(S + i * chunk, NH * chunk, G * chunk, 1);
-      const tc_op ds = tc_at(dP + i * chunk, NH * chunk, G * chunk, 1);
-      const tc_op go = tc_at(dout + r0 * QD + (size_t)i * HS, T * QD, (size_t)G * HS, 1);
-      const tc_op qq = tc_at(q + r0 * QD + (size_t)i * HS, T * QD, (size_t)G * HS, 1);
-      rc = tc_gemm(b, arr, kvcount, NKV, CUBLAS_OP_N, CUBLAS_OP_T, HS, r1, n, 1.0f, go, (int)QD, p,
-                   r1, 1.0f, tc_at(dv, T * KVD, HS, 1), (int)KVD);
-      if (!rc)
-        rc = tc_gemm(b, arr, kvcount, NKV, CUBLAS_OP_N, CUBLAS_OP_T, HS, r1, n, scale, qq, (int)QD,
-                     ds, r1, 1.0f, tc_at(dk, T * KVD, HS, 1), (int)KVD);
+    const size_t total = count * c.chunk;
+    TY_LAUNCH(k_tc_dsoft, cb_blocks(total), CB_THREADS, 0)
+    (S, dP, lse, dsum, c.n, c.r1, r0, T, total);
+    rc = tc_scores_by_kv(&c, scale, dP, k, dq); /* dq = scale dS k */
+    for (int i = 0; !rc && i < c.G; i++) {
+      rc = tc_scores_t_by_rows(&c, i, 1.0f, S, dout, dv);         /* dv += P^T dout */
+      if (!rc) rc = tc_scores_t_by_rows(&c, i, scale, dP, q, dk); /* dk += scale dS^T q */
     }
   }
   return rc;
