@@ -66,45 +66,53 @@ static inline unsigned cb_blocks(size_t n) {
   return (unsigned)((n + CB_THREADS - 1) / CB_THREADS);
 }
 
-/* ---- block reductions (blockDim.x a multiple of 32, at most 1024) ---- */
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024): a
+ * sum, or a max, of every thread's v, in a fixed order ---- */
 
-template <typename F>
-static __device__ F warp_sum(F v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+struct red_sum {
+  template <typename F>
+  __device__ F operator()(F a, F b) const {
+    return a + b;
+  }
+};
+struct red_max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* Over a warp's 32 lanes, every lane receiving the result. */
+template <typename F, typename Op>
+static __device__ F warp_reduce(F v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-static __device__ float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
-template <typename F>
-static __device__ F block_sum(F v) {
+/* Over the block: each warp's result into shared memory, then warp 0's
+ * reduction of them (`none` for the lanes past the block's warps). */
+template <typename F, typename Op>
+static __device__ F block_reduce(F v, F none, Op op) {
   __shared__ F sh[32];
   int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
+  v = warp_reduce(v, op);
   if (lane == 0) sh[wid] = v;
   __syncthreads();
-  v = (int)threadIdx.x < nw ? sh[threadIdx.x] : (F)0;
-  if (wid == 0) v = warp_sum(v);
+  v = (int)threadIdx.x < nw ? sh[threadIdx.x] : none;
+  if (wid == 0) v = warp_reduce(v, op);
   if (threadIdx.x == 0) sh[0] = v;
   __syncthreads();
   v = sh[0];
   __syncthreads(); /* sh may be reused by the next call */
   return v;
 }
+
+template <typename F>
+static __device__ F warp_sum(F v) {
+  return warp_reduce(v, red_sum());
+}
+template <typename F>
+static __device__ F block_sum(F v) {
+  return block_reduce(v, (F)0, red_sum());
+}
 static __device__ float block_max(float v) {
-  __shared__ float sh[32];
-  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  if (lane == 0) sh[wid] = v;
-  __syncthreads();
-  v = (int)threadIdx.x < nw ? sh[threadIdx.x] : -INFINITY;
-  if (wid == 0) v = warp_max(v);
-  if (threadIdx.x == 0) sh[0] = v;
-  __syncthreads();
-  v = sh[0];
-  __syncthreads();
-  return v;
+  return block_reduce(v, -INFINITY, red_max());
 }
 
 #endif
