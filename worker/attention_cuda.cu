@@ -22,6 +22,27 @@ static __device__ float dot_hs(const float *a, const float *b, int HS) {
   return s;
 }
 
+/* The place of a row kernel's block: query row t of head h (kv head kvh)
+ * of batch row bb, its q/dout/out offset qo, its kv head's k and v rows. */
+#define ROW_PLACE                                                                              \
+  const size_t row = blockIdx.x, bb = row / ((size_t)T * NH);                                  \
+  const int t = (int)(row % T), h = (int)((row / T) % NH), kvh = h / (NH / NKV), QD = NH * HS; \
+  const int KVD = NKV * HS, nt = blockDim.x;                                                   \
+  const float scale = 1.0f / sqrtf((float)HS);                                                 \
+  const size_t qo = (bb * T + t) * QD + (size_t)h * HS;                                        \
+  const float *kb = k + bb * T * KVD + (size_t)kvh * HS, *vb = v + bb * T * KVD + (size_t)kvh * HS
+
+/* dst[d] += sum over jj < n of w[jj] * rows[jj * ld + d], for this
+ * thread's d's of HS (d = threadIdx.x, + blockDim.x, ...). */
+static __device__ void row_accum(float *dst, const float *w, const float *rows, size_t ld, int n,
+                                 int HS) {
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int jj = 0; jj < n; jj++) acc += w[jj] * rows[(size_t)jj * ld + d];
+    dst[d] += acc;
+  }
+}
+
 /* One block per (b, h, t) query row. Shared: the query row (HS floats)
  * and one tile's probabilities (blockDim.x floats). Pass 1: the row's
  * max and sum (log-sum-exp); pass 2: out = sum_j p_j v_j by tiles, each
@@ -30,14 +51,8 @@ __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *
                            int T, int NH, int NKV, int HS) {
   TY_DYN_SHARED(float, sh);
   float *sq = sh, *sp = sh + HS;
-  size_t row = blockIdx.x;
-  int t = (int)(row % T), h = (int)((row / T) % NH);
-  size_t bb = row / ((size_t)T * NH);
-  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS, nt = blockDim.x;
-  const float scale = 1.0f / sqrtf((float)HS);
-  const float *qt = q + (bb * T + t) * QD + (size_t)h * HS;
-  const float *kb = k + bb * T * KVD + (size_t)kvh * HS, *vb = v + bb * T * KVD + (size_t)kvh * HS;
-  for (int d = threadIdx.x; d < HS; d += nt) sq[d] = qt[d];
+  ROW_PLACE;
+  for (int d = threadIdx.x; d < HS; d += nt) sq[d] = q[qo + d];
   __syncthreads();
   float mx = -INFINITY, sum = 0.0f;
   for (int j = threadIdx.x; j <= t; j += nt) {
@@ -51,17 +66,13 @@ __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *
   float S = block_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - M));
   const float l = M + logf(S);
   if (threadIdx.x == 0) lse[row] = l;
-  float *ot = out + (bb * T + t) * QD + (size_t)h * HS;
+  float *ot = out + qo;
   for (int d = threadIdx.x; d < HS; d += nt) ot[d] = 0.0f;
   for (int j0 = 0; j0 <= t; j0 += nt) {
     int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
     sp[threadIdx.x] = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
     __syncthreads();
-    for (int d = threadIdx.x; d < HS; d += nt) {
-      float acc = 0.0f;
-      for (int jj = 0; jj < n; jj++) acc += sp[jj] * vb[(size_t)(j0 + jj) * KVD + d];
-      ot[d] += acc;
-    }
+    row_accum(ot, sp, vb + (size_t)j0 * KVD, KVD, n, HS);
     __syncthreads();
   }
 }
@@ -74,13 +85,7 @@ __global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const fl
                              int T, int NH, int NKV, int HS) {
   TY_DYN_SHARED(float, sh);
   float *sq = sh, *sd = sh + HS, *sds = sh + 2 * HS;
-  size_t row = blockIdx.x;
-  int t = (int)(row % T), h = (int)((row / T) % NH);
-  size_t bb = row / ((size_t)T * NH);
-  int kvh = h / (NH / NKV), QD = NH * HS, KVD = NKV * HS, nt = blockDim.x;
-  const float scale = 1.0f / sqrtf((float)HS);
-  const size_t qo = (bb * T + t) * QD + (size_t)h * HS;
-  const float *kb = k + bb * T * KVD + (size_t)kvh * HS, *vb = v + bb * T * KVD + (size_t)kvh * HS;
+  ROW_PLACE;
   float part = 0.0f;
   for (int d = threadIdx.x; d < HS; d += nt) {
     sq[d] = q[qo + d], sd[d] = dout[qo + d];
@@ -99,15 +104,12 @@ __global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const fl
     }
     sds[threadIdx.x] = ds;
     __syncthreads();
-    for (int d = threadIdx.x; d < HS; d += nt) {
-      float acc = 0.0f;
-      for (int jj = 0; jj < n; jj++) acc += sds[jj] * kb[(size_t)(j0 + jj) * KVD + d];
-      dqt[d] += acc;
-    }
+    row_accum(dqt, sds, kb + (size_t)j0 * KVD, KVD, n, HS);
     __syncthreads();
   }
   for (int d = threadIdx.x; d < HS; d += nt) dqt[d] *= scale;
 }
+#undef ROW_PLACE
 
 /* One block per (b, kv head, key j): dk and dv summed over the query heads
  * of the group and the rows t >= j, as the other kernels do, a tile of
