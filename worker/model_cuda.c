@@ -110,9 +110,12 @@ static int head_rows(size_t NA, int V) {
 static size_t attn_budget(ty_dtype_t wdt) {
   if (wdt != TY_DTYPE_BF16) return 0;
   const char *e = getenv("TRAINYARD_CUDA_ATTN_MIB");
-  char *end;
-  unsigned long mib = e && *e >= '0' && *e <= '9' ? strtoul(e, &end, 10) : 128;
-  if (e && *e >= '0' && *e <= '9' && (*end || mib > (1ul << 20))) mib = 128; /* not a size */
+  unsigned long mib = 128;
+  if (e && *e >= '0' && *e <= '9') {
+    char *end;
+    unsigned long v = strtoul(e, &end, 10);
+    if (!*end && v <= (1ul << 20)) mib = v;
+  }
   return (size_t)mib << 20;
 }
 
