@@ -62,12 +62,9 @@ static double max_diff(const float *dx, const float *dy, size_t n) {
   float *x = malloc(n * sizeof(float)), *y = malloc(n * sizeof(float));
   gpu_get(x, dx, n * sizeof(float));
   gpu_get(y, dy, n * sizeof(float));
-  double d = 0, m = 0;
-  for (size_t i = 0; i < n; i++) {
-    double e = fabs((double)x[i] - y[i]);
-    if (!(e <= d)) d = isnan(e) ? INFINITY : e;
-    if (fabs((double)y[i]) > m) m = fabs((double)y[i]);
-  }
+  double d, m;
+  size_t at;
+  gpu_worst_diff(x, y, n, &d, &at, &m);
   free(x), free(y);
   return m > 0 ? d / m : d;
 }

@@ -1,6 +1,7 @@
 /* gpu_util.h - what the GPU checks share: the skip rule (exit 77 with the
  * reason printed when no CUDA device is visible), seeded host data, device
- * copies and a tolerance comparison that prints its worst element. */
+ * copies, a tolerance comparison that prints its worst element, and the
+ * worst difference against the largest value. */
 #ifndef TY_TESTS_GPU_UTIL_H
 #define TY_TESTS_GPU_UTIL_H
 
@@ -53,6 +54,20 @@ static inline void gpu_get(void *h, const void *d, size_t bytes) {
   if (e != cudaSuccess) {
     fprintf(stderr, "cudaMemcpy: %s\n", cudaGetErrorString(e));
     exit(1);
+  }
+}
+
+/* The largest |got - want| (NaN: infinite) over n floats, in *worst with
+ * its index in *at, and the largest |want| in *top: products of rounded
+ * operands are judged by worst / top, since their errors scale with the
+ * whole sum, not with each element (which may cancel to near 0). */
+static inline void gpu_worst_diff(const float *got, const float *want, size_t n, double *worst,
+                                  size_t *at, double *top) {
+  *worst = 0.0, *at = 0, *top = 0.0;
+  for (size_t i = 0; i < n; i++) {
+    double e = fabs((double)got[i] - want[i]);
+    if (!(e <= *worst)) *worst = isnan(e) ? INFINITY : e, *at = i;
+    if (fabs((double)want[i]) > *top) *top = fabs((double)want[i]);
   }
 }
 
