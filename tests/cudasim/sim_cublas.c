@@ -142,6 +142,27 @@ static int types_ok(cudaDataType at, cudaDataType bt, cudaDataType ct, cublasCom
   return c == CUBLAS_COMPUTE_32F || (c == CUBLAS_COMPUTE_32F_FAST_TF32 && at == CUDA_R_32F);
 }
 
+/* The product of a *Ex call (types checked by types_ok; host scalars). */
+static gemm_t ex_gemm(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                      const void *alpha, const void *A, cudaDataType at, int lda, const void *B,
+                      int ldb, const void *beta, void *C, int ldc, cublasComputeType_t c) {
+  return (gemm_t){.ta = ta,
+                  .tb = tb,
+                  .m = m,
+                  .n = n,
+                  .k = k,
+                  .lda = lda,
+                  .ldb = ldb,
+                  .ldc = ldc,
+                  .alpha = *(const float *)alpha,
+                  .beta = *(const float *)beta,
+                  .A = A,
+                  .B = B,
+                  .C = C,
+                  .bf16 = at == CUDA_R_16BF,
+                  .tf32 = c == CUBLAS_COMPUTE_32F_FAST_TF32};
+}
+
 cublasStatus_t cublasSgemm_v2(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m,
                               int n, int k, const float *alpha, const float *A, int lda,
                               const float *B, int ldb, const float *beta, float *C, int ldc) {
@@ -157,9 +178,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
   (void)algo;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!types_ok(Atype, Btype, Ctype, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  return queue_gemm(&(gemm_t){ta, tb, m, n, k, lda, ldb, ldc, *(const float *)alpha,
-                              *(const float *)beta, A, B, C, Atype == CUDA_R_16BF,
-                              compute == CUBLAS_COMPUTE_32F_FAST_TF32});
+  gemm_t g = ex_gemm(ta, tb, m, n, k, alpha, A, Atype, lda, B, ldb, beta, C, ldc, compute);
+  return queue_gemm(&g);
 }
 
 /* A batch: the shared shape and the device's pointer arrays, read when it
@@ -223,12 +243,8 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
   sim_require_device(Carray, arr, "cuBLAS batched gemm: C's pointer array");
   batch_t *bt = malloc(sizeof *bt);
   if (!bt) return CUBLAS_STATUS_ALLOC_FAILED;
-  *bt = (batch_t){{ta, tb, m, n, k, lda, ldb, ldc, *(const float *)alpha, *(const float *)beta,
-                   NULL, NULL, NULL, Atype == CUDA_R_16BF, compute == CUBLAS_COMPUTE_32F_FAST_TF32},
-                  Aarray,
-                  Barray,
-                  Carray,
-                  batchCount};
+  bt->g = ex_gemm(ta, tb, m, n, k, alpha, NULL, Atype, lda, NULL, ldb, beta, NULL, ldc, compute);
+  bt->A = Aarray, bt->B = Barray, bt->C = Carray, bt->count = batchCount;
   sim_enqueue(NULL, "cublasGemmBatchedEx", batch_run, bt, free);
   return CUBLAS_STATUS_SUCCESS;
 }
