@@ -31,6 +31,12 @@ jl="$out/bench.jsonl"
 : >"$jl"
 B=${TY_GPU_BENCH_B:-4} T=${TY_GPU_BENCH_T:-1024} R=${TY_GPU_BENCH_R:-16} STEPS=${TY_GPU_BENCH_STEPS:-10}
 rc=0
+# One program's JSON line into bench.jsonl, tagged {"bench":KIND,...}.
+row() {
+  local kind=$1
+  shift
+  "$@" | sed "s/^{/{\"bench\":\"$kind\",/" >>"$jl"
+}
 
 # Made aside and renamed when complete, so an interrupted run leaves no
 # half-written checkpoint to be reused.
@@ -43,29 +49,29 @@ if [ ! -f "$ck/config.json" ]; then
 fi
 
 for w in 1 2; do
-  "$build/tests/gpu_bench_load" "$ck" $w 64 | sed 's/^{/{"bench":"load",/' >>"$jl" || rc=1
+  row load "$build/tests/gpu_bench_load" "$ck" $w 64 || rc=1
 done
 if [ -x "$build/tests/gpu_bench_lora" ]; then
   for slots in 0 2 1; do
-    "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS $slots | sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
+    row lora "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS $slots || rc=1
   done
 fi
 # Attention alone at the model's heads and the bench's B and T: the tiled
-# kernels against the per-row ones.
+# kernels against the per-row ones, the tensor-core path against the tiled.
 if [ -x "$build/tests/gpu_bench_attn" ]; then
   heads=$(python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 nh = c["num_attention_heads"]
 print(nh, c.get("num_key_value_heads") or nh, c.get("head_dim") or c["hidden_size"] // nh)' "$ck/config.json") || rc=1
   # shellcheck disable=SC2086 # heads is NH NKV HS
-  "$build/tests/gpu_bench_attn" $B $T $heads "${TY_GPU_BENCH_ATTN_REPS:-5}" | sed 's/^{/{"bench":"attn",/' >>"$jl" || rc=1
+  row attn "$build/tests/gpu_bench_attn" $B $T $heads "${TY_GPU_BENCH_ATTN_REPS:-5}" || rc=1
 fi
 # PyTorch runs with the host's own libraries, not the unpacked .debs (in a
 # subshell: the programs after it need the .debs' libraries again).
 (
   [ -n "${TY_HOST_LD_LIBRARY_PATH+set}" ] && export LD_LIBRARY_PATH=$TY_HOST_LD_LIBRARY_PATH
   if python3 -c "import torch, transformers, peft" 2>/dev/null; then
-    python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS | sed 's/^{/{"bench":"torch",/' >>"$jl"
+    row torch python3 "$src/tests/gpu/bench_torch.py" "$ck" $B $T $R $STEPS
   else
     echo '{"bench":"torch","status":"skipped","message":"python3 lacks torch, transformers or peft"}' >>"$jl"
   fi
@@ -75,8 +81,8 @@ fi
 # with attention in fp32 on CUDA cores, the tensor-core path's gain in a
 # whole step.
 if [ -x "$build/tests/gpu_bench_lora" ]; then
-  TRAINYARD_CUDA_ATTN_MIB=0 "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS 0 |
-    sed 's/^{/{"bench":"lora",/' >>"$jl" || rc=1
+  row lora env TRAINYARD_CUDA_ATTN_MIB=0 "$build/tests/gpu_bench_lora" "$ck" $B $T $R $STEPS 0 ||
+    rc=1
 fi
 
 python3 - "$jl" <<'PY'
