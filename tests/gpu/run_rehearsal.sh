@@ -24,7 +24,9 @@ line() { grep "^$2 " "$1/summary.txt" || true; }
 
 # 1. A full rehearsal: every stage ok, exit 0.
 out=$tmp/ok
-rehearse "$out" "TY_GPU_TESTS=^gpu/(kernels|mem)$" || { cat "$out.log"; fail "run.sh exited $?"; }
+rc=0
+rehearse "$out" "TY_GPU_TESTS=^gpu/(kernels|mem)$" || rc=$?
+[ $rc = 0 ] || { cat "$out.log"; fail "run.sh exited $rc"; }
 for f in preflight.txt build.log tests.log bench.txt bench.jsonl summary.txt; do
   [ -s "$out/$f" ] || fail "run.sh left no $f"
 done
