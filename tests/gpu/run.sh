@@ -138,8 +138,9 @@ fi
 if [ "${TY_GPU_CUDA:-ON}" = SIM ]; then
   stage sanitize ok "not run: the simulated device has its own checks"
 elif command -v compute-sanitizer >/dev/null; then
-  san=ok found=0 what="" n=3 cap=${TY_GPU_SANITIZE_TIMEOUT:-100}
-  for chk in "memcheck gpu_kernels_check" "memcheck gpu_model_check" "racecheck gpu_kernels_check"; do
+  checks=("memcheck gpu_kernels_check" "memcheck gpu_model_check" "racecheck gpu_kernels_check")
+  san=ok found=0 what="" n=${#checks[@]} cap=${TY_GPU_SANITIZE_TIMEOUT:-100}
+  for chk in "${checks[@]}"; do
     set -- $chk
     per=$(((${TY_GPU_BUDGET:-480} - (SECONDS - t0)) / n)) n=$((n - 1))
     if [ "$per" -lt 15 ]; then
