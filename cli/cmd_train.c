@@ -19,6 +19,7 @@
 #include "api/jobspec.h"
 #include "cli/commands.h"
 #include "cli/worker_path.h"
+#include "common/env.h"
 #include "common/fsutil.h"
 #include "worker/launch.h"
 
@@ -58,10 +59,13 @@ static void on_line(void *ctx, int rank, launch_stream_t stream, const char *lin
 }
 
 /* Seconds a rank may go without a report before it counts as stalled. */
-static int progress_timeout_ms(void) {
-  const char *s = getenv("TRAINYARD_PROGRESS_TIMEOUT_S");
-  long v = s && *s ? strtol(s, NULL, 10) : 600;
-  return v > 0 && v < 86400 ? (int)(v * 1000) : 600000;
+static int progress_timeout_ms(int *ms, char *err, size_t errlen) {
+  long s = 600;
+  int rc =
+      ty_env_long("TRAINYARD_PROGRESS_TIMEOUT_S", 1, 86399,
+                  "seconds a rank may go without a report before the job fails", &s, err, errlen);
+  *ms = (int)(s * 1000);
+  return rc;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -88,6 +92,11 @@ int cmd_train(int argc, char **argv) {
   }
   view.world = s.world_size;
   char worker[PATH_MAX + 64], err[1024];
+  int timeout_ms;
+  if (progress_timeout_ms(&timeout_ms, err, sizeof err)) {
+    fprintf(stderr, "trainyard train: %s\n", err);
+    return 2;
+  }
   if (worker_path_find(worker, sizeof worker)) {
     fprintf(stderr,
             "trainyard train: trainyard-worker not found beside this binary (set "
@@ -124,7 +133,7 @@ int cmd_train(int argc, char **argv) {
                      .spec_path = spec_path,
                      .mode = "train",
                      .rendezvous = nccl ? rdv : NULL,
-                     .progress_timeout_ms = progress_timeout_ms(),
+                     .progress_timeout_ms = timeout_ms,
                      .on_line = on_line,
                      .ctx = &view};
   launch_result_t res;

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "api/errors.h"
+#include "common/env.h"
 #include "common/xalloc.h"
 #include "worker/comm_impl.h"
 
@@ -29,25 +30,11 @@ size_t comm_displ(const size_t *counts, int r) {
   return d;
 }
 
-/* Parses a decimal int in [lo, hi]; -1 when s is not one. */
-static int parse_int(const char *s, long lo, long hi, long *out) {
-  if (!s || !*s) return -1;
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
 static int timeout_from_env(int *out, char *err, size_t errlen) {
-  const char *s = getenv("TRAINYARD_COMM_TIMEOUT_MS");
   long v = COMM_TIMEOUT_MS_DEFAULT;
-  if (s && parse_int(s, 1, 24L * 3600 * 1000, &v) < 0) {
-    return ty_errf(err, errlen, TY_EINVAL,
-                   "TRAINYARD_COMM_TIMEOUT_MS='%s' is not a number of milliseconds in 1..86400000",
-                   s);
-  }
+  int rc = ty_env_long("TRAINYARD_COMM_TIMEOUT_MS", 1, 24L * 3600 * 1000,
+                       "milliseconds a collective waits for a late peer", &v, err, errlen);
+  if (rc) return rc;
   *out = (int)v;
   return 0;
 }
@@ -102,17 +89,11 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
 
 int comm_open_env(comm_t **out, char *err, size_t errlen) {
   long rank = 0, world = 1;
-  const char *rs = getenv("TRAINYARD_RANK"), *ws = getenv("TRAINYARD_WORLD_SIZE");
-  if (ws && parse_int(ws, 1, 65536, &world) < 0) {
-    ty_errf(err, errlen, 0, "TRAINYARD_WORLD_SIZE='%s' is not a number in 1..65536", ws);
-    *out = NULL;
-    return TY_EINVAL;
-  }
-  if (rs && parse_int(rs, 0, world - 1, &rank) < 0) {
-    ty_errf(err, errlen, 0, "TRAINYARD_RANK='%s' is not a rank in 0..%ld", rs, world - 1);
-    *out = NULL;
-    return TY_EINVAL;
-  }
+  *out = NULL;
+  int rc = ty_env_long("TRAINYARD_WORLD_SIZE", 1, 65536, "the job's ranks", &world, err, errlen);
+  if (!rc)
+    rc = ty_env_long("TRAINYARD_RANK", 0, world - 1, "this process's rank", &rank, err, errlen);
+  if (rc) return rc;
   const char *rdv = getenv("TRAINYARD_RENDEZVOUS");
   if (!rdv || !*rdv) {
     if (world != 1) {

@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
+#include "common/env.h"
 #include "common/xalloc.h"
 
 #define SHM_MAGIC 0x48435954u /* "TYCH" */
@@ -93,18 +94,11 @@ static int half_bytes_for(int world, size_t *out, char *err, size_t errlen) {
   half /= (size_t)world;
   if (half > ((size_t)4 << 20)) half = (size_t)4 << 20;
   if (half < ((size_t)256 << 10)) half = (size_t)256 << 10;
-  const char *s = getenv("TRAINYARD_COMM_SHM_CHUNK_KB");
-  if (s && *s) {
-    char *end;
-    errno = 0;
-    unsigned long kb = strtoul(s, &end, 10);
-    if (errno || *end || kb < 4 || kb > (1ul << 20)) {
-      ty_errf(err, errlen, 0, "TRAINYARD_COMM_SHM_CHUNK_KB='%s' is not a size in 4..1048576 KiB",
-              s);
-      return TY_EINVAL; /* spelled apart so the compiler sees *out is set whenever 0 returns */
-    }
-    half = (size_t)kb << 10;
-  }
+  long kb = -1;
+  if (ty_env_long("TRAINYARD_COMM_SHM_CHUNK_KB", 4, 1L << 20,
+                  "KiB of shared memory per rank and chunk of a collective", &kb, err, errlen))
+    return TY_EINVAL; /* spelled out so the compiler sees *out is set whenever 0 returns */
+  if (kb > 0) half = (size_t)kb << 10;
   half &= ~(size_t)4095;
   /* reduce_scatter splits a half into one piece per rank: keep >= 1 KiB. */
   if (half < (size_t)world * 1024) half = ((size_t)world * 1024 + 4095) & ~(size_t)4095;

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include "common/env.h"
+
 #define POOL_MAX 256
 
 /* Serialises starting the pool. */
@@ -48,6 +50,13 @@ static void *pool_main(void *arg) {
   return NULL;
 }
 
+int pool_threads_env(long *n, char *err, size_t errlen) {
+  *n = 0;
+  return ty_env_long("TRAINYARD_THREADS", 1, POOL_MAX,
+                     "threads for the CPU kernels; unset: one per CPU this process may use", n, err,
+                     errlen);
+}
+
 /* A forked child has none of its parent's threads: it starts its own
  * pool (with fresh locks, whatever state the parent's were in). */
 static void pool_start(void) {
@@ -57,13 +66,11 @@ static void pool_start(void) {
   pthread_cond_init(&P.done, NULL);
   P.gen = 0;
   P.pending = 0;
-  int n = 1;
-  const char *env = getenv("TRAINYARD_THREADS");
-  if (env && atoi(env) >= 1) {
-    n = atoi(env);
-  } else {
+  long n = 0;
+  /* A bad value has been refused by the worker's start (pool_threads_env). */
+  if (pool_threads_env(&n, NULL, 0) || n < 1) {
     cpu_set_t set;
-    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    n = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
   }
   if (n > POOL_MAX) n = POOL_MAX;
   /* Threads live for the process; they hold no resources beyond their stacks. */

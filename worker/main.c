@@ -16,7 +16,8 @@ int main(int argc, char **argv) {
   }
   const char *mode = getenv("TRAINYARD_MODE");
   if (mode && !strcmp(mode, "load")) return wload_main();
-  if (!getenv("TRAINYARD_SPEC")) {
+  const char *spec = getenv("TRAINYARD_SPEC");
+  if (!spec || !*spec) {
     fprintf(stderr, "trainyard-worker: started without a job (run it through 'trainyard train' "
                     "or trainyardd)\n");
     return 2;

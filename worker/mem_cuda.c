@@ -4,7 +4,6 @@
  * a plain array maps each pointer to its size. */
 #include "worker/mem_cuda.h"
 
-#include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "api/errors.h"
+#include "common/env.h"
 
 #define LIMIT_ENV "TRAINYARD_CUDA_MEM_LIMIT_MIB"
 
@@ -25,30 +25,21 @@ typedef struct {
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_once_t g_once = PTHREAD_ONCE_INIT;
 static size_t g_limit, g_used, g_peak;
-static char g_bad[160]; /* the environment's bad value, if any */
+static char g_bad[256]; /* why the environment's value was refused, if it was */
 static cm_block_t *g_blocks;
 static size_t g_n, g_cap;
 
 static void read_env(void) {
-  const char *v = getenv(LIMIT_ENV);
-  if (!v || !*v) return;
-  char *end;
-  errno = 0;
-  unsigned long long mib = strtoull(v, &end, 10);
-  if (errno || *end || *v == '-' || mib > (SIZE_MAX >> 20))
-    snprintf(g_bad, sizeof g_bad, "%s=%.40s", LIMIT_ENV, v);
-  else
+  long mib = 0;
+  if (!ty_env_long(LIMIT_ENV, 0, 1L << 30,
+                   "MiB of device memory this process may take; 0 or unset: no cap", &mib, g_bad,
+                   sizeof g_bad))
     g_limit = (size_t)mib << 20;
 }
 
 int mem_cuda_init(char *err, size_t errlen) {
   pthread_once(&g_once, read_env);
-  if (g_bad[0])
-    return ty_errf(err, errlen, TY_EINVAL,
-                   "%s: give the device memory this process may take as a whole number of MiB "
-                   "(0 or unset: no cap)",
-                   g_bad);
-  return 0;
+  return g_bad[0] ? ty_errf(err, errlen, TY_EINVAL, "%s", g_bad) : 0;
 }
 
 int mem_cuda_alloc(void **p, size_t bytes) {

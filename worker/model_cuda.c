@@ -13,6 +13,7 @@
 
 #include "api/errors.h"
 #include "api/jobspec.h"
+#include "common/env.h"
 #include "common/xalloc.h"
 #include "worker/mem_cuda.h"
 
@@ -93,30 +94,28 @@ struct model_cuda {
  * that the (tokens, vocabulary) logits are never whole on the device when
  * they would take more than 256 MiB (TRAINYARD_CUDA_HEAD_ROWS sets the
  * rows); the backward pass then recomputes each chunk's logits. */
-static int head_rows(size_t NA, int V) {
-  size_t hc = ((size_t)256 << 20) / ((size_t)V * sizeof(float));
-  const char *e = getenv("TRAINYARD_CUDA_HEAD_ROWS");
-  if (e && atoi(e) > 0) hc = (size_t)atoi(e);
-  if (hc > NA) hc = NA;
-  return hc < 1 ? 1 : (int)hc;
+static int head_rows(size_t NA, int V, int *out, char *err, size_t errlen) {
+  long hc = (long)(((size_t)256 << 20) / ((size_t)V * sizeof(float)));
+  int rc = ty_env_long("TRAINYARD_CUDA_HEAD_ROWS", 1, 1L << 30,
+                       "tokens per chunk of the output head's logits; unset: what 256 MiB holds",
+                       &hc, err, errlen);
+  if ((size_t)hc > NA) hc = (long)NA;
+  *out = hc < 1 ? 1 : (int)hc;
+  return rc;
 }
 
 /* A bf16 base runs attention's products on tensor cores (TF32: its
  * linear layers already round their operands to bf16) through a workspace
  * for chunks of scores of at most about 128 MiB (TRAINYARD_CUDA_ATTN_MIB
  * sets the bound; 0 keeps attention in fp32 on CUDA cores, as for a
- * float32 base; anything but a number of MiB up to 2^20 is ignored, as
- * TRAINYARD_CUDA_HEAD_ROWS's non-positive values are). */
-static size_t attn_budget(ty_dtype_t wdt) {
-  if (wdt != TY_DTYPE_BF16) return 0;
-  const char *e = getenv("TRAINYARD_CUDA_ATTN_MIB");
-  unsigned long mib = 128;
-  if (e && *e >= '0' && *e <= '9') {
-    char *end;
-    unsigned long v = strtoul(e, &end, 10);
-    if (!*end && v <= (1ul << 20)) mib = v;
-  }
-  return (size_t)mib << 20;
+ * float32 base). */
+static int attn_budget(ty_dtype_t wdt, size_t *out, char *err, size_t errlen) {
+  long mib = 128;
+  int rc = ty_env_long("TRAINYARD_CUDA_ATTN_MIB", 0, 1L << 20,
+                       "MiB of scores for a bf16 model's tensor-core attention; 0: fp32 attention",
+                       &mib, err, errlen);
+  *out = wdt == TY_DTYPE_BF16 ? (size_t)mib << 20 : 0;
+  return rc;
 }
 
 static int mc_alloc(model_cuda_t *m, void **p, size_t bytes) {
@@ -220,7 +219,13 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   const size_t LR = lo ? (size_t)lo->R : 0, NP = lo ? lo->n_params : 0;
   const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const size_t NA = (size_t)B * T;
-  m->hc = head_rows(NA, d->V);
+  size_t budget;
+  rc = head_rows(NA, d->V, &m->hc, err, errlen);
+  if (!rc) rc = attn_budget(m->wdt, &budget, err, errlen);
+  if (rc) {
+    free(m);
+    return rc;
+  }
   m->recompute = recompute;
   const size_t LS = recompute ? 1 : (size_t)L;
   const size_t HC = (size_t)m->hc;
@@ -265,7 +270,6 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   }
   /* Last, and optional: where the device has no room left for it,
    * attention takes the fp32 path, which needs none. */
-  const size_t budget = attn_budget(m->wdt);
   if (budget) {
     const size_t ab = cuda_attention_tf32_bytes(B, T, d->NH, budget);
     if (!mc_alloc(m, &m->attws, ab)) m->attws_bytes = ab;

@@ -64,7 +64,9 @@ typedef struct model_cuda model_cuda_t;
  * of L, and the backward pass runs each layer's forward again before its
  * backward. Returns 0, TY_EINVAL
  * (a shard without a comm, a shard of other ranks, a half-precision-f16
- * base, a shape mismatch) or TY_EEXHAUSTED (device memory), with the
+ * base, a shape mismatch, a TRAINYARD_CUDA_ATTN_MIB or
+ * TRAINYARD_CUDA_HEAD_ROWS that is not a whole number in its range) or
+ * TY_EEXHAUSTED (device memory), with the
  * reason in err. base, cb, comm and lora are borrowed and must outlive the
  * model. */
 int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard_t *base,

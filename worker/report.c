@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "worker/worker_env.h"
 
 #define TIMEOUT_MS 3000L
 
@@ -23,23 +24,6 @@ static struct {
   CURL *curl;
 } g_rep;
 
-/* An integer from the environment; def when unset; false when malformed. */
-static bool env_int(const char *name, int def, int *out) {
-  const char *v = getenv(name);
-  if (!v || !*v) {
-    *out = def;
-    return true;
-  }
-  char *end;
-  long x = strtol(v, &end, 10);
-  if (*end || x < 0 || x > 1000000) {
-    fprintf(stderr, "report: %s must be a non-negative integer, got '%s'\n", name, v);
-    return false;
-  }
-  *out = (int)x;
-  return true;
-}
-
 /* The server's answer is not needed (the status says it all); without this
  * libcurl would print it on stdout. */
 static size_t discard(char *p, size_t size, size_t n, void *ctx) {
@@ -50,12 +34,14 @@ static size_t discard(char *p, size_t size, size_t n, void *ctx) {
 
 int report_open(void) {
   report_close();
-  const char *id = getenv("TRAINYARD_JOB_ID");
-  snprintf(g_rep.job_id, sizeof g_rep.job_id, "%s", id && *id ? id : "local");
-  if (!env_int("TRAINYARD_ATTEMPT", 1, &g_rep.attempt) ||
-      !env_int("TRAINYARD_RANK", 0, &g_rep.rank) ||
-      !env_int("TRAINYARD_WORLD_SIZE", 1, &g_rep.world_size))
+  worker_env_t e;
+  char err[512];
+  if (worker_env_read(&e, err, sizeof err)) {
+    fprintf(stderr, "report: %s\n", err);
     return TY_EINVAL;
+  }
+  snprintf(g_rep.job_id, sizeof g_rep.job_id, "%s", e.job_id);
+  g_rep.attempt = e.attempt, g_rep.rank = e.rank, g_rep.world_size = e.world_size;
   const char *url = getenv("TRAINYARD_REPORT_URL");
   if (url && *url) {
     curl_global_init(CURL_GLOBAL_DEFAULT);

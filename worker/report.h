@@ -28,10 +28,11 @@ typedef struct {
   const char *message;
 } report_t;
 
-/* Reads TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, TRAINYARD_RANK,
- * TRAINYARD_WORLD_SIZE, TRAINYARD_REPORT_URL and TRAINYARD_TOKEN. Returns 0,
- * or TY_EINVAL when a variable that is set is malformed (a message names it
- * on stderr). Calling it again re-reads the environment. */
+/* Reads TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, TRAINYARD_RANK and
+ * TRAINYARD_WORLD_SIZE (as worker_env_read does), TRAINYARD_REPORT_URL and
+ * TRAINYARD_TOKEN. Returns 0, or TY_EINVAL when a variable that is set is
+ * malformed (a message names it, its value and its range on stderr).
+ * Calling it again re-reads the environment. */
 int report_open(void);
 
 /* Sends one report. Returns 0; TY_EPRECONDITION when the server answered

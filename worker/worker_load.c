@@ -2,7 +2,6 @@
  * figures (JSON line on stdout, human line on stderr), exit. */
 #include "worker/worker_load.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,6 +13,7 @@
 #include "common/clock.h"
 #include "worker/memstat.h"
 #include "worker/report.h"
+#include "worker/worker_env.h"
 #ifdef TRAINYARD_HAVE_CUDA
 #include "worker/mem_cuda.h"
 #include "worker/placement_cuda.h"
@@ -130,75 +130,22 @@ int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
   return 0;
 }
 
-/* An integer environment variable in [lo, hi], or def when unset. */
-static int env_int(const char *name, int def, int lo, int hi, int *out) {
-  const char *v = getenv(name);
-  if (!v || !*v) {
-    *out = def;
-    return def >= lo ? 0 : -1;
-  }
-  char *end;
-  errno = 0;
-  long x = strtol(v, &end, 10);
-  if (errno || *end || x < lo || x > hi) return -1;
-  *out = (int)x;
-  return 0;
-}
-
-/* Reads and validates the spec file at path into s; 0, or -1 with msg. */
-static int read_spec(const char *path, jobspec_t *s, char *msg, size_t msglen) {
-  FILE *f = path && *path ? fopen(path, "rb") : NULL;
-  if (!f) {
-    snprintf(msg, msglen, "cannot read the spec TRAINYARD_SPEC=%s: %s", path ? path : "(unset)",
-             path ? strerror(errno) : "set it to the spec's path");
-    return -1;
-  }
-  char *text = NULL;
-  size_t len = 0, cap = 0, n;
-  char buf[65536];
-  while ((n = fread(buf, 1, sizeof buf, f)) > 0) {
-    if (len + n > cap) {
-      cap = (len + n) * 2;
-      char *grown = realloc(text, cap);
-      if (!grown) {
-        free(text);
-        fclose(f);
-        snprintf(msg, msglen, "out of memory reading the spec %s", path);
-        return -1;
-      }
-      text = grown;
-    }
-    memcpy(text + len, buf, n);
-    len += n;
-  }
-  fclose(f);
-  jobspec_init(s);
-  ty_errlist_t errs = TY_ERRLIST_INIT;
-  int rc = jobspec_parse_json(s, text ? text : "", len, &errs);
-  if (!rc) rc = jobspec_validate(s, false, &errs);
-  free(text);
-  if (rc)
-    snprintf(msg, msglen, "invalid spec %s: %s: %s", path, errs.len ? errs.items[0].field : "",
-             errs.len ? errs.items[0].message : "");
-  ty_errlist_clear(&errs);
-  return rc ? -1 : 0;
-}
-
 int wload_main(void) {
-  wload_rank_t who = {.job_id = getenv("TRAINYARD_JOB_ID")};
-  if (!who.job_id || !*who.job_id) who.job_id = "local";
-  if (env_int("TRAINYARD_WORLD_SIZE", 1, 1, 1 << 16, &who.world_size) ||
-      env_int("TRAINYARD_RANK", 0, 0, who.world_size - 1, &who.rank) ||
-      env_int("TRAINYARD_ATTEMPT", 1, 1, 1 << 30, &who.attempt)) {
-    fprintf(stderr,
-            "trainyard-worker: TRAINYARD_RANK, TRAINYARD_WORLD_SIZE and "
-            "TRAINYARD_ATTEMPT must be integers with 0 <= rank < world_size\n");
+  worker_env_t e;
+  char msg[1024];
+  if (worker_env_read(&e, msg, sizeof msg)) {
+    fprintf(stderr, "trainyard-worker: %s\n", msg);
     return 2;
   }
+  const wload_rank_t who = {
+      .job_id = e.job_id, .rank = e.rank, .world_size = e.world_size, .attempt = e.attempt};
   if (report_open()) return 2; /* it named the variable at fault */
   jobspec_t spec;
-  char msg[1024];
-  int rc = read_spec(getenv("TRAINYARD_SPEC"), &spec, msg, sizeof msg);
+  int rc = -1;
+  if (!e.spec_path || !*e.spec_path)
+    snprintf(msg, sizeof msg, "TRAINYARD_SPEC is not set (set it to the path of the job's spec)");
+  else
+    rc = worker_read_spec(e.spec_path, &spec, msg, sizeof msg);
   if (rc) {
     wload_send("failed", NULL, msg);
     rc = 1;

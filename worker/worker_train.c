@@ -1,7 +1,6 @@
 /* worker_train.c - TRAINYARD_MODE=train; see worker_train.h. */
 #include "worker/worker_train.h"
 
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,83 +23,6 @@
 #include "worker/placement_cuda.h"
 #include "worker/train_cuda.h"
 #endif
-
-static int env_int(const char *name, int dflt, int lo, int *out, char *err, size_t errlen) {
-  const char *s = getenv(name);
-  if (!s || !*s) {
-    *out = dflt;
-    return 0;
-  }
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  if (errno || *end || v < lo || v > 1 << 20) {
-    snprintf(err, errlen, "%s=%s is not an integer >= %d", name, s, lo);
-    return TY_EINVAL;
-  }
-  *out = (int)v;
-  return 0;
-}
-
-int worker_env_read(worker_env_t *e, char *err, size_t errlen) {
-  e->spec_path = getenv("TRAINYARD_SPEC");
-  e->job_id = getenv("TRAINYARD_JOB_ID");
-  if (!e->job_id || !*e->job_id) e->job_id = "local";
-  if (!e->spec_path || !*e->spec_path) {
-    snprintf(err, errlen, "TRAINYARD_SPEC is not set (the path of the job's normalized spec)");
-    return TY_EINVAL;
-  }
-  int rc = env_int("TRAINYARD_ATTEMPT", 1, 1, &e->attempt, err, errlen);
-  if (!rc) rc = env_int("TRAINYARD_WORLD_SIZE", 1, 1, &e->world_size, err, errlen);
-  if (!rc) rc = env_int("TRAINYARD_RANK", 0, 0, &e->rank, err, errlen);
-  if (!rc && e->rank >= e->world_size) {
-    snprintf(err, errlen, "TRAINYARD_RANK=%d is not below TRAINYARD_WORLD_SIZE=%d", e->rank,
-             e->world_size);
-    rc = TY_EINVAL;
-  }
-  return rc;
-}
-
-int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "cannot open the spec %s: %s", path, strerror(errno));
-    return TY_ENOTFOUND;
-  }
-  char *text = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len + 4096 > cap) {
-      cap = cap ? cap * 2 : 65536;
-      char *grown = realloc(text, cap);
-      if (!grown) {
-        free(text);
-        text = NULL;
-        break;
-      }
-      text = grown;
-    }
-    size_t r = fread(text + len, 1, cap - len, f);
-    len += r;
-    if (r == 0) break;
-  }
-  fclose(f);
-  if (!text) {
-    snprintf(err, errlen, "out of memory reading %s", path);
-    return TY_EEXHAUSTED;
-  }
-  ty_errlist_t errs = TY_ERRLIST_INIT;
-  jobspec_init(s);
-  int rc = jobspec_parse_json(s, text, len, &errs);
-  if (!rc) rc = jobspec_validate(s, false, &errs);
-  free(text);
-  if (rc) {
-    snprintf(err, errlen, "spec %s: %s%s%s", path, errs.len ? errs.items[0].field : "",
-             errs.len ? ": " : "invalid", errs.len ? errs.items[0].message : "");
-  }
-  ty_errlist_clear(&errs);
-  return rc;
-}
 
 /* --- Progress through worker/report.h: to the server, or one JSON line on
  * stdout, and the human-readable line on stderr. --- */

@@ -12,17 +12,20 @@
  * the embedding and norm gains included, within 1e-3 relative. All of it
  * again with the output head run over the tokens in chunks, and with
  * activation checkpointing on both sides; and the bf16 LoRA step once more
- * with attention in fp32 (TRAINYARD_CUDA_ATTN_MIB=0). Exits 77 (a
- * skip) where no CUDA device is visible. */
+ * with attention in fp32 (TRAINYARD_CUDA_ATTN_MIB=0). A workspace bound or
+ * head chunk that is not a whole number in range is refused by name. Exits
+ * 77 (a skip) where no CUDA device is visible. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/errors.h"
 #include "api/jobspec.h"
 #include "tests/gpu/gpu_util.h"
 #include "worker/loader.h"
+#include "worker/mem_cuda.h"
 #include "worker/lora.h"
 #include "worker/model.h"
 #include "worker/model_cuda.h"
@@ -86,12 +89,19 @@ static int cpu_twin(twins_t *t, const llama_config_t *cfg, ty_dtype_t dt, uint64
 }
 
 /* The GPU side: the host shard on GPU 0, a GPU model over it with adapters
- * shaped and valued like lo (NULL: full training). */
+ * shaped and valued like lo (NULL: full training). 0, or model_cuda_create's
+ * status (1 where the shard did not reach the device) with err. */
+static int gpu_twin_rc(twins_t *t, cuda_backend_t *cb, const lora_t *lo, char *err, size_t errlen) {
+  if (placement_cuda_init(&t->gpu, 0, 1 << 20, err, errlen) ||
+      loader_shard_upload(t->hs, &t->gpu, &t->ds, err, errlen))
+    return 1;
+  return model_cuda_create(&t->mc, cb, t->ds, lo, NULL, 0, B, T, g_recompute, err, errlen);
+}
+
+/* gpu_twin_rc, with a failure printed: 0 or 1. */
 static int gpu_twin(twins_t *t, cuda_backend_t *cb, const lora_t *lo) {
   char err[1024];
-  if (placement_cuda_init(&t->gpu, 0, 1 << 20, err, sizeof err) ||
-      loader_shard_upload(t->hs, &t->gpu, &t->ds, err, sizeof err) ||
-      model_cuda_create(&t->mc, cb, t->ds, lo, NULL, 0, B, T, g_recompute, err, sizeof err)) {
+  if (gpu_twin_rc(t, cb, lo, err, sizeof err)) {
     printf("FAIL gpu setup: %s\n", err);
     return 1;
   }
@@ -236,6 +246,32 @@ static int run_full(cuda_backend_t *cb, bool tied) {
   return bad;
 }
 
+/* name=value refused by model_cuda_create: TY_EINVAL, want in its message,
+ * and no device memory kept. */
+static int run_refused(cuda_backend_t *cb, const char *name, const char *value, const char *want) {
+  llama_config_t cfg;
+  config(&cfg);
+  twins_t tw = {0};
+  char err[1024] = "";
+  if (cpu_twin(&tw, &cfg, TY_DTYPE_BF16, 11, MODEL_TRAIN_LORA)) return 1;
+  lora_t *lo;
+  if (lora_create(&lo, tw.m, R, 8.0, JOBSPEC_TARGET_ALL_LINEAR, err, sizeof err)) {
+    printf("FAIL setup: %s\n", err);
+    return 1;
+  }
+  const size_t before = mem_cuda_used();
+  setenv(name, value, 1);
+  int rc = gpu_twin_rc(&tw, cb, lo, err, sizeof err);
+  unsetenv(name);
+  const size_t kept = mem_cuda_used() - before - (tw.ds ? tw.ds->bytes : 0);
+  const int bad = rc != TY_EINVAL || !strstr(err, want) || tw.mc || kept;
+  printf("%-4s %s=%s refused (status %d, %zu device bytes kept): %s\n", bad ? "FAIL" : "ok", name,
+         value, rc, kept, err);
+  lora_free(lo);
+  twins_free(&tw);
+  return bad;
+}
+
 /* LoRA in fp32 and bf16, then full training with tied and untied heads. */
 static int run_all(cuda_backend_t *cb) {
   int bad = run(cb, TY_DTYPE_F32);
@@ -272,6 +308,13 @@ int main(void) {
   setenv("TRAINYARD_CUDA_ATTN_MIB", "0", 1);
   bad |= run(cb, TY_DTYPE_BF16);
   unsetenv("TRAINYARD_CUDA_ATTN_MIB");
+  /* A bound or a chunk that is not a whole number in range is named. */
+  printf("-- bad TRAINYARD_CUDA_ATTN_MIB and TRAINYARD_CUDA_HEAD_ROWS\n");
+  bad |= run_refused(cb, "TRAINYARD_CUDA_ATTN_MIB", "128M",
+                     "TRAINYARD_CUDA_ATTN_MIB='128M' is not a whole number in 0..1048576 (MiB");
+  bad |= run_refused(cb, "TRAINYARD_CUDA_ATTN_MIB", "-1", "'-1' is not a whole number in 0..");
+  bad |= run_refused(cb, "TRAINYARD_CUDA_HEAD_ROWS", "0",
+                     "TRAINYARD_CUDA_HEAD_ROWS='0' is not a whole number in 1..1073741824 (tokens");
   cuda_backend_free(cb);
   printf("gpu/model: %s\n",
          bad ? "FAILED" : "the GPU LoRA and full-training steps match the CPU model");

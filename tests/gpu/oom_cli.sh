@@ -39,6 +39,6 @@ grep -q "out of device memory after .* beside the 1.4 MiB base shard (lower the 
 grep -q "$capped" <<<"$out" || fail "the training buffers' error does not name the cap: $out"
 out=$(train 64 false) || fail "the job did not train with 64 MiB: $out"
 out=$(train 2x true) && fail "a cap of 2x was taken: $out"
-grep -q "TRAINYARD_CUDA_MEM_LIMIT_MIB=2x: give the device memory this process may take as a whole number of MiB" <<<"$out" ||
+grep -q "TRAINYARD_CUDA_MEM_LIMIT_MIB='2x' is not a whole number in 0..1073741824 (MiB of device memory" <<<"$out" ||
   fail "a bad cap's error does not name the variable: $out"
 echo "ok"

@@ -1,0 +1,27 @@
+/* worker_env.h - what a rank is told: the worker contract's environment
+ * (DESIGN.md "Worker contract") and the job's normalized spec, read the
+ * same way by every mode (train, load) and by the reporter. */
+#ifndef TY_WORKER_WORKER_ENV_H
+#define TY_WORKER_WORKER_ENV_H
+
+#include <stddef.h>
+
+#include "api/jobspec.h"
+
+/* What the environment says about this rank. */
+typedef struct {
+  const char *spec_path; /* TRAINYARD_SPEC */
+  const char *job_id;    /* TRAINYARD_JOB_ID, default "local" */
+  int attempt;           /* TRAINYARD_ATTEMPT, default 1 */
+  int rank, world_size;  /* TRAINYARD_RANK, TRAINYARD_WORLD_SIZE */
+} worker_env_t;
+
+/* Reads the environment into e (TRAINYARD_SPEC as it is: each mode says
+ * what its absence means) and checks the pool's TRAINYARD_THREADS; 0, or
+ * TY_EINVAL with the variable at fault, its value and its range in err. */
+int worker_env_read(worker_env_t *e, char *err, size_t errlen);
+
+/* Reads and validates the normalized spec at path into s. */
+int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen);
+
+#endif
