@@ -4,12 +4,12 @@
  * Window i is tokens [i*T, (i+1)*T] (T+1 tokens: inputs, then the same
  * shifted by one as targets), in order from the start of the file. Prints
  * {"loss": L, "tokens": K}, K = N*T predicted tokens. */
-#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/commands.h"
+#include "common/numbers.h"
 #include "worker/data.h"
 #include "worker/lora.h"
 #include "worker/model.h"
@@ -25,12 +25,13 @@ static void eval_usage(FILE *f) {
           "tokens taken in order from the start of FILE (window i = tokens [i*T, (i+1)*T]).\n");
 }
 
-/* A positive int from s, or -1. */
-static long parse_positive(const char *s) {
-  char *end;
-  errno = 0;
-  long v = strtol(s, &end, 10);
-  return errno || *end || end == s || v < 1 || v > (1L << 30) ? -1 : v;
+/* A positive int flag value, or -1 after an error naming the flag. */
+static long parse_positive(const char *flag, const char *s) {
+  long v;
+  if (ty_parse_long(s, 1, 1L << 30, &v)) return v;
+  fprintf(stderr, "trainyard eval: %s wants a whole number in 1..%ld, got '%s'\n", flag, 1L << 30,
+          s);
+  return -1;
 }
 
 typedef struct {
@@ -57,19 +58,19 @@ int cmd_eval(int argc, char **argv) {
       return 2;
     }
     const char *v = argv[++i];
-    if (!strcmp(a, "--model_path"))
+    if (!strcmp(a, "--model_path")) {
       model_path = v;
-    else if (!strcmp(a, "--adapter"))
+    } else if (!strcmp(a, "--adapter")) {
       adapter = v;
-    else if (!strcmp(a, "--data"))
+    } else if (!strcmp(a, "--data")) {
       data_path = v;
-    else if (!strcmp(a, "--format"))
+    } else if (!strcmp(a, "--format")) {
       format = v;
-    else if (!strcmp(a, "--seq_len"))
-      T = parse_positive(v);
-    else if (!strcmp(a, "--batches"))
-      N = parse_positive(v);
-    else {
+    } else if (!strcmp(a, "--seq_len")) {
+      if ((T = parse_positive(a, v)) < 0) return 2;
+    } else if (!strcmp(a, "--batches")) {
+      if ((N = parse_positive(a, v)) < 0) return 2;
+    } else {
       fprintf(stderr, "trainyard eval: unknown option %s\n", a);
       eval_usage(stderr);
       return 2;

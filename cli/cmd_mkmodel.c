@@ -1,7 +1,6 @@
 /* cmd_mkmodel.c - trainyard mkmodel: writes a deterministic, randomly
  * initialised Llama checkpoint (Hugging Face layout) of any size, streamed,
  * for tests, benchmarks and the demo. */
-#include <errno.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -11,6 +10,7 @@
 
 #include "api/llama_config.h"
 #include "cli/commands.h"
+#include "common/numbers.h"
 #include "worker/checkpoint.h"
 
 static void mkmodel_usage(FILE *f) {
@@ -25,13 +25,11 @@ static void mkmodel_usage(FILE *f) {
           "shards 1, seed 1234 (the job spec's default train.seed).\n");
 }
 
-/* A positive integer flag value, or an error naming the flag. */
+/* An integer flag value in [lo, hi], or an error naming the flag. */
 static int parse_i64(const char *flag, const char *v, int64_t lo, int64_t hi, int64_t *out) {
-  char *end;
-  errno = 0;
-  long long x = strtoll(v, &end, 10);
-  if (errno || end == v || *end || x < lo || x > hi) {
-    fprintf(stderr, "trainyard mkmodel: %s wants an integer in [%lld, %lld], got '%s'\n", flag,
+  long x;
+  if (!ty_parse_long(v, (long)lo, (long)hi, &x)) {
+    fprintf(stderr, "trainyard mkmodel: %s wants a whole number in [%lld, %lld], got '%s'\n", flag,
             (long long)lo, (long long)hi, v);
     return -1;
   }

@@ -19,7 +19,7 @@
 #include "api/jobspec.h"
 #include "cli/commands.h"
 #include "cli/worker_path.h"
-#include "common/env.h"
+#include "common/numbers.h"
 #include "common/fsutil.h"
 #include "worker/launch.h"
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "api/errors.h"
-#include "common/env.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 #include "worker/comm_impl.h"
 

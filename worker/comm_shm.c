@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
-#include "common/env.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 
 #define SHM_MAGIC 0x48435954u /* "TYCH" */

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "common/env.h"
+#include "common/numbers.h"
 
 #define POOL_MAX 256
 

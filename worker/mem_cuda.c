@@ -13,7 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "api/errors.h"
-#include "common/env.h"
+#include "common/numbers.h"
 
 #define LIMIT_ENV "TRAINYARD_CUDA_MEM_LIMIT_MIB"
 

@@ -13,7 +13,7 @@
 
 #include "api/errors.h"
 #include "api/jobspec.h"
-#include "common/env.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 #include "worker/mem_cuda.h"
 

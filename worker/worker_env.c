@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "api/errors.h"
-#include "common/env.h"
+#include "common/numbers.h"
 #include "worker/cpu_pool.h"
 
 int worker_env_read(worker_env_t *e, char *err, size_t errlen) {

@@ -30,8 +30,9 @@ add_test(NAME integration/train_world
 set_tests_properties(integration/train_world PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
 
-# Numbers from the environment: bad ones named by the binaries that read them.
-add_test(NAME integration/env_numbers
-         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/env_numbers.sh)
-set_tests_properties(integration/env_numbers PROPERTIES LABELS integration TIMEOUT 120
+# Numbers from the environment and flags: bad ones named by the binaries
+# that read them.
+add_test(NAME integration/numbers
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/numbers.sh)
+set_tests_properties(integration/numbers PROPERTIES LABELS integration TIMEOUT 120
                      ENVIRONMENT "${TY_TEST_ENV}")

@@ -1,7 +1,8 @@
-/* test_env.c - ty_env_long: unset and empty keep the default; whole
- * numbers in range are taken, the bounds included; everything else is
- * refused with a message naming the variable, its value, the range and
- * what the number means, and the default is left alone. */
+/* test_numbers.c - ty_parse_long and ty_env_long: whole numbers in range
+ * are taken, the bounds included; everything else is refused (by
+ * ty_env_long with a message naming the variable, its value, the range and
+ * what the number means) and the caller's value is left alone; an unset or
+ * empty variable keeps the default. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -11,7 +12,7 @@
 #include <cmocka.h>
 
 #include "api/errors.h"
-#include "common/env.h"
+#include "common/numbers.h"
 
 #define VAR "TY_TEST_ENV_NUMBER"
 
@@ -75,8 +76,24 @@ static void test_refused(void **state) {
   unsetenv(VAR);
 }
 
+/* The text parser alone, as the CLI's flags use it. */
+static void test_parse(void **state) {
+  (void)state;
+  long v = 7;
+  assert_true(ty_parse_long("12", 1, 12, &v));
+  assert_int_equal(v, 12);
+  assert_true(ty_parse_long("-2", -2, 0, &v));
+  assert_int_equal(v, -2);
+  static const char *const bad[] = {"", "13", "0", "x", "1 ", "+1", "0x1", "-", "--1", "1.0"};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    v = 7;
+    if (ty_parse_long(bad[i], 1, 12, &v)) fail_msg("'%s' taken", bad[i]);
+    assert_int_equal(v, 7);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_default_and_taken),
-                                     cmocka_unit_test(test_refused)};
+                                     cmocka_unit_test(test_refused), cmocka_unit_test(test_parse)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# env_numbers.sh - every number trainyard takes from its environment is
-# checked where it is read, through the real binaries: a value that is not
-# a whole number in range stops the command or the rank with a message
-# naming the variable, its value, its range and what it means (never a
-# silent default), and `trainyard train` refuses a bad timeout before it
-# writes anything. A good value still trains.
+# numbers.sh - every number trainyard takes from its environment or a
+# command's flags is checked where it is read, through the real binaries: a
+# value that is not a whole number in range stops the command or the rank
+# with a message naming the variable or flag, its value, its range (and for
+# a variable what it means), never a silent default; `trainyard train`
+# refuses a bad timeout before it writes anything. Good values still work.
+# (`trainyard list --limit`: integration/server_cli.)
 set -euo pipefail
 . "$(dirname "$0")/../testlib.sh"
 
@@ -65,8 +66,23 @@ expect 2 "started without a job" TRAINYARD_SPEC= -- "$worker"
 expect 1 '"message":"TRAINYARD_SPEC is not set (set it to the path of the job' \
   TRAINYARD_MODE=load -- "$worker"
 
+# The local commands' flags.
+expect 2 "trainyard mkmodel: --layers wants a whole number in [1, 2147483647], got '+2'" -- \
+  "$ty" mkmodel --out "$tmp/m2" --layers +2
+expect 2 "trainyard mkmodel: --seed wants a whole number in [0, " -- \
+  "$ty" mkmodel --out "$tmp/m2" --seed 1e3
+[ ! -e "$tmp/m2" ] || fail "a refused mkmodel left $tmp/m2 behind"
+expect 2 "trainyard eval: --seq_len wants a whole number in 1..1073741824, got 'abc'" -- \
+  "$ty" eval --model_path "$tmp/base" --data "$spec" --seq_len abc --batches 2
+expect 2 "trainyard eval: --batches wants a whole number in 1..1073741824, got '0'" -- \
+  "$ty" eval --model_path "$tmp/base" --data "$spec" --seq_len 4 --batches 0
+
 # Good values, the bounds included, are taken.
 expect 0 "train step 1/1" TRAINYARD_THREADS=1 TRAINYARD_PROGRESS_TIMEOUT_S=86399 \
   TRAINYARD_COMM_SHM_CHUNK_KB=4 -- "${train[@]}" --train.steps 1 --output_dir "$tmp/o5"
 [ -s "$tmp/o5/adapter_model.safetensors" ] || fail "no adapter from the good values' run"
+python3 -c 'import sys; sys.stdout.buffer.write(bytes(b for i in range(16) for b in (i, 0)))' \
+  >"$tmp/ids.u16"
+expect 0 '"tokens": 4' -- "$ty" eval --model_path "$tmp/base" --data "$tmp/ids.u16" --format u16 \
+  --seq_len 4 --batches 1
 echo "ok: every bad number named, with its range; good ones taken"
