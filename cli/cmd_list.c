@@ -1,17 +1,20 @@
 /* cmd_list.c - trainyard list: jobs as a table, newest first. */
 #ifdef TRAINYARD_WITH_CLIENT
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "common/numbers.h"
 
 static void usage(FILE *f) {
   fprintf(f,
-          "usage: trainyard list [--state S[,S...]] [--limit N] [--all] [--json]\n"
+          "usage: trainyard list [--state S[,S...]] [--limit N | --all] [--json]\n"
           "                      [--server URL] [--token TOKEN]\n"
-          "Jobs, newest first: one page of --limit (default 50), or every page with --all.\n"
+          "Jobs, newest first: the first --limit of them (default 50), or every one with --all,\n"
+          "over as many of the server's pages as that takes.\n"
           "States: queued, starting, running, succeeded, failed, cancelled.\n");
 }
 
@@ -28,14 +31,14 @@ static void print_row(json_t *j) {
 int cmd_list(int argc, char **argv) {
   client_t c;
   if (!client_init(&c, &argc, argv)) return 2;
-  const char *state = NULL, *limit = "50";
+  const char *state = NULL, *limit_arg = NULL;
   bool all = false, as_json = false;
   for (int i = 1; i < argc; i++) {
     const char *v;
     if (client_flag(argc, argv, &i, "--state", &v))
       state = v;
     else if (client_flag(argc, argv, &i, "--limit", &v))
-      limit = v;
+      limit_arg = v;
     else if (!strcmp(argv[i], "--all"))
       all = true;
     else if (!strcmp(argv[i], "--json"))
@@ -46,18 +49,30 @@ int cmd_list(int argc, char **argv) {
       return help ? 0 : 2;
     }
   }
+  long limit = 50;
+  if (limit_arg && all) {
+    fprintf(stderr, "trainyard list: --all lists every job; drop it or --limit\n");
+    return 2;
+  }
+  if (limit_arg && !ty_parse_long(limit_arg, 1, 1L << 30, &limit)) {
+    fprintf(stderr, "trainyard list: --limit wants a whole number of jobs in 1..%ld, got '%s'\n",
+            1L << 30, limit_arg);
+    return 2;
+  }
+  /* The server's own page size (it caps what a request may ask for), and
+   * as many pages as the jobs wanted take. */
   char token[128] = "";
   json_t *every = json_array();
-  if (!as_json)
-    printf("%-20s %-24s %-10s %7s %5s  %-19s  %s\n", "ID", "NAME", "STATE", "ATTEMPT", "RANKS",
-           "CREATED", "REASON");
+  long shown = 0;
+  bool first = true; /* the table's header comes once a page has */
   do {
-    char es[256] = "", el[32], et[256], path[700];
+    char es[256] = "", et[256], path[700];
     if (state) client_escape(state, es, sizeof es);
-    client_escape(limit, el, sizeof el);
     client_escape(token, et, sizeof et);
-    snprintf(path, sizeof path, "/v1/jobs?page_size=%s%s%s%s%s", el, state ? "&state=" : "", es,
-             *token ? "&page_token=" : "", et);
+    int n = snprintf(path, sizeof path, "/v1/jobs");
+    char sep = '?';
+    if (state) n += snprintf(path + n, sizeof path - (size_t)n, "%cstate=%s", sep, es), sep = '&';
+    if (*token) snprintf(path + n, sizeof path - (size_t)n, "%cpage_token=%s", sep, et);
     long status;
     json_t *page;
     if (client_json(&c, "GET", path, NULL, NULL, &status, &page)) {
@@ -65,9 +80,14 @@ int cmd_list(int argc, char **argv) {
       json_decref(every);
       return 1;
     }
+    if (!as_json && first)
+      printf("%-20s %-24s %-10s %7s %5s  %-19s  %s\n", "ID", "NAME", "STATE", "ATTEMPT", "RANKS",
+             "CREATED", "REASON");
     size_t i;
     json_t *j;
     json_array_foreach(json_object_get(page, "jobs"), i, j) {
+      if (!all && shown == limit) break;
+      shown++;
       if (as_json)
         json_array_append(every, j);
       else
@@ -76,7 +96,8 @@ int cmd_list(int argc, char **argv) {
     const char *next = json_string_value(json_object_get(page, "next_page_token"));
     snprintf(token, sizeof token, "%s", next ? next : "");
     json_decref(page);
-  } while (all && *token);
+    first = false;
+  } while (*token && (all || shown < limit));
   if (as_json) {
     json_dumpf(every, stdout, JSON_INDENT(2));
     printf("\n");

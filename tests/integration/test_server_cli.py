@@ -83,5 +83,64 @@ class Cli(unittest.TestCase):
         self.ty("get", expect=2)
 
 
+class ListPages(unittest.TestCase):
+    """`trainyard list` against a server whose pages hold two jobs: --limit
+    and --all page through them; bad flags are refused by the flag's name
+    before any request, and a refused request prints no table."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(extra=["--page-max", "2"]).start()
+        cls.ids = [cls.srv.post("/v1/jobs", cls.srv.spec("page-%d" % i, steps=1)).json()["id"]
+                   for i in range(5)]
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.cleanup()
+
+    def ty(self, *args, expect=0):
+        env = dict(os.environ, TRAINYARD_SERVER=self.srv.url)
+        p = subprocess.run([TRAINYARD, "list"] + list(args), cwd=self.srv.dir, env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, expect, (args, p.stdout, p.stderr))
+        return p
+
+    def rows(self, *args):
+        lines = self.ty(*args).stdout.splitlines()
+        self.assertTrue(lines[0].startswith("ID "), lines)
+        return [l.split()[0] for l in lines[1:]]
+
+    def test_limit_and_all_page_through(self):
+        newest_first = self.ids[::-1]
+        self.assertEqual(self.rows(), newest_first)
+        self.assertEqual(self.rows("--limit", "3"), newest_first[:3])
+        self.assertEqual(self.rows("--limit", "1"), newest_first[:1])
+        self.assertEqual(self.rows("--limit", "100"), newest_first)
+        self.assertEqual(self.rows("--all"), newest_first)
+        got = json.loads(self.ty("--all", "--json").stdout)
+        self.assertEqual([j["id"] for j in got], newest_first)
+        got = json.loads(self.ty("--limit", "4", "--json").stdout)
+        self.assertEqual([j["id"] for j in got], newest_first[:4])
+
+    def test_bad_flags_and_requests(self):
+        for bad in ("x", "0", "-3", "2.5", ""):
+            p = self.ty("--limit", bad, expect=2)
+            self.assertIn("--limit", p.stderr)
+            self.assertIn("'%s'" % bad, p.stderr)
+            self.assertEqual(p.stdout, "")
+        p = self.ty("--all", "--limit", "3", expect=2)
+        self.assertIn("--all", p.stderr)
+        p = self.ty("--state", "bogus", expect=1)
+        self.assertIn("unknown state 'bogus'", p.stderr)
+        self.assertEqual(p.stdout, "")
+        # The REST page size: one range whatever is wrong with it.
+        for q in ("x", "3", "0"):
+            r = self.srv.get("/v1/jobs?page_size=" + q)
+            self.assertEqual(r.status_code, 400, q)
+            d = r.json()["error"]["details"][0]
+            self.assertEqual(d["field"], "page_size")
+            self.assertIn("between 1 and 2", d["message"])
+
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
