@@ -6,9 +6,9 @@
 // event missed or repeated; cancel from the page; an invalid spec's field
 // error shown as it is typed; a valid submit (gradient checkpointing
 // chosen on the form, and shown on the job page) running to success; a
-// restarted job's second attempt; the page at phone width; no console
-// errors. Screenshots go to
-// $TRAINYARD_BIN_DIR/tests/web-artifacts.
+// restarted job's second attempt; the page at phone width; the jobs list
+// paging through a server with small pages; no console errors.
+// Screenshots go to $TRAINYARD_BIN_DIR/tests/web-artifacts.
 //
 //   node page_test.js        (ctest sets TRAINYARD_BIN_DIR and NODE_PATH)
 'use strict';
@@ -51,7 +51,7 @@ async function waitFor(what, fn, timeoutMs = 15000) {
 
 // A trainyardd in its own directory with a model directory and a data file
 // for specs to name.
-async function startServer(dir) {
+async function startServer(dir, extra = []) {
   for (const f of [TRAINYARDD, WORKER, CHROMIUM])
     if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
   fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
@@ -63,7 +63,8 @@ async function startServer(dir) {
   const proc = spawn(TRAINYARDD, [
     '--listen', '127.0.0.1:' + port, '--db', path.join(dir, 'var', 'ty.db'),
     '--state-dir', path.join(dir, 'var'), '--roots', dir, '--output-roots', dir,
-    '--worker', WORKER, '--cpu-slots', '4', '--grace', '0.5'], { cwd: dir, env, stdio: ['ignore', log, log] });
+    '--worker', WORKER, '--cpu-slots', '4', '--grace', '0.5', ...extra],
+  { cwd: dir, env, stdio: ['ignore', log, log] });
   const url = 'http://127.0.0.1:' + port;
   await waitFor('trainyardd /healthz', async () => {
     if (proc.exitCode !== null) throw new Error('trainyardd exited: ' + proc.exitCode);
@@ -278,6 +279,38 @@ async function main() {
     await page.locator('#f-name').waitFor();
     const overflowForm = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
     assert.ok(overflowForm <= 0, 'the form fits the phone width (overflow ' + overflowForm + ' px)');
+
+    // 8. A server whose pages hold two jobs: the list takes the server's
+    // page size, and "Load more" brings the next page.
+    const dir2 = fs.mkdtempSync(path.join(os.tmpdir(), 'ty-web-pages-'));
+    const srv2 = await startServer(dir2, ['--page-max', '2']);
+    try {
+      const ids = [];
+      for (let i = 0; i < 3; i++) {
+        const r = await call(srv2, 'POST', '/v1/jobs', spec('web-page-' + i, 1));
+        assert.equal(r.status, 201, JSON.stringify(r.body));
+        ids.push(r.body.id);
+      }
+      await page.setViewportSize({ width: 1280, height: 900 });
+      await page.goto(srv2.url + '/');
+      await page.locator('#token-dialog[open]').waitFor({ timeout: 10000 });
+      await page.fill('#token-input', TOKEN);
+      await page.click('#token-dialog button[type=submit]');
+      const listed = () => page.locator('tr[data-id]').evaluateAll((rows) => rows.map((r) => r.dataset.id));
+      await waitFor('the first page of two jobs', async () => (await listed()).length === 2);
+      assert.deepEqual(await listed(), [ids[2], ids[1]]);
+      const moreButton = page.locator('button', { hasText: 'Load more' });
+      assert.ok(await moreButton.isVisible(), '"Load more" is offered while pages remain');
+      await moreButton.click();
+      await waitFor('the second page', async () => (await listed()).length === 3);
+      assert.deepEqual(await listed(), [ids[2], ids[1], ids[0]]);
+      await waitFor('"Load more" gone after the last page', async () => !(await moreButton.isVisible()));
+      await page.screenshot({ path: path.join(ART, 'pages.png') });
+    } finally {
+      srv2.proc.kill('SIGTERM');
+      await new Promise((r) => { if (srv2.proc.exitCode !== null) r(); else srv2.proc.on('exit', r); });
+      fs.rmSync(dir2, { recursive: true, force: true });
+    }
 
     assert.deepEqual(problems, [], 'no console errors');
     console.log('web page test passed; screenshots in ' + ART);

@@ -75,7 +75,8 @@ export function mountJobs(root, query) {
       let got = [];
       let token = null;
       for (let p = 0; p < pages; p++) {
-        const q = new URLSearchParams({ page_size: '50' });
+        // The server's own page size: it caps what a request may ask for.
+        const q = new URLSearchParams();
         if (state) q.set('state', state);
         if (token) q.set('page_token', token);
         const r = await api('GET', '/v1/jobs?' + q);
