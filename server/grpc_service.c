@@ -139,8 +139,6 @@ static int m_list(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **res
     size_t len = strlen(states);
     snprintf(states + len, sizeof states - len, "%s%s", len ? "," : "", name);
   }
-  if (req->has_page_size && req->page_size < 0)
-    ty_errlist_add(errs, "page_size", "must be 0 (the default) or more, got %d", req->page_size);
   if (errs->len) {
     snprintf(msg, msgsz, "invalid list request (see details)");
     return TY_EINVAL;

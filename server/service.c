@@ -331,8 +331,11 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
     free(copy);
   }
   if (page_size < 0 || page_size > s->cfg->page_max)
-    ty_errlist_add(errs, "page_size", "must be between 1 and %lld, got %lld",
-                   (long long)s->cfg->page_max, (long long)page_size);
+    ty_errlist_add(errs, "page_size",
+                   "must be between 1 and %lld (0 or unset: the default, %d), got %lld",
+                   (long long)s->cfg->page_max,
+                   PAGE_DEFAULT < s->cfg->page_max ? PAGE_DEFAULT : (int)s->cfg->page_max,
+                   (long long)page_size);
   int64_t before = 0;
   if (page_token && *page_token) {
     char *end;

@@ -143,6 +143,12 @@ class GrpcApi(unittest.TestCase):
         self.assertTrue(set(ids) <= set(seen))
         _, fields = self.assert_error("INVALID_ARGUMENT", self.c.ListJobs, page_token="bogus")
         self.assertTrue(fields)
+        # 0 (proto3's unset) takes the default page; the message says so.
+        self.assertTrue(self.c.ListJobs(page_size=0).jobs)
+        for bad in (501, -1):
+            _, fields = self.assert_error("INVALID_ARGUMENT", self.c.ListJobs, page_size=bad)
+            self.assertIn("between 1 and 500 (0 or unset: the default, 50), got %d" % bad,
+                          fields["page_size"])
 
     def test_cancel(self):
         job = self.submit(name="cancel-me-slow", steps=200)
