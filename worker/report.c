@@ -12,7 +12,6 @@
 #include <jansson.h>
 
 #include "api/errors.h"
-#include "worker/worker_env.h"
 
 #define TIMEOUT_MS 3000L
 
@@ -32,16 +31,10 @@ static size_t discard(char *p, size_t size, size_t n, void *ctx) {
   return size * n;
 }
 
-int report_open(void) {
+int report_open(const worker_env_t *e) {
   report_close();
-  worker_env_t e;
-  char err[512];
-  if (worker_env_read(&e, err, sizeof err)) {
-    fprintf(stderr, "report: %s\n", err);
-    return TY_EINVAL;
-  }
-  snprintf(g_rep.job_id, sizeof g_rep.job_id, "%s", e.job_id);
-  g_rep.attempt = e.attempt, g_rep.rank = e.rank, g_rep.world_size = e.world_size;
+  snprintf(g_rep.job_id, sizeof g_rep.job_id, "%s", e->job_id);
+  g_rep.attempt = e->attempt, g_rep.rank = e->rank, g_rep.world_size = e->world_size;
   const char *url = getenv("TRAINYARD_REPORT_URL");
   if (url && *url) {
     curl_global_init(CURL_GLOBAL_DEFAULT);

@@ -13,8 +13,10 @@
 
 #include <stdint.h>
 
-/* One report. job_id, attempt, rank and world_size come from the
- * environment (report_open); phase is one of "starting", "loading",
+#include "worker/worker_env.h"
+
+/* One report. job_id, attempt, rank and world_size come from the rank
+ * given to report_open; phase is one of "starting", "loading",
  * "training", "saving", "done", "failed". loss is NaN while unknown (sent as
  * null). message (may be NULL) says why, for "failed". */
 typedef struct {
@@ -28,12 +30,11 @@ typedef struct {
   const char *message;
 } report_t;
 
-/* Reads TRAINYARD_JOB_ID, TRAINYARD_ATTEMPT, TRAINYARD_RANK and
- * TRAINYARD_WORLD_SIZE (as worker_env_read does), TRAINYARD_REPORT_URL and
- * TRAINYARD_TOKEN. Returns 0, or TY_EINVAL when a variable that is set is
- * malformed (a message names it, its value and its range on stderr).
- * Calling it again re-reads the environment. */
-int report_open(void);
+/* Reports as the rank e (worker_env_read's: job id, attempt, rank, world
+ * size), to TRAINYARD_REPORT_URL with TRAINYARD_TOKEN from the environment.
+ * Returns 0, or TY_EUNAVAILABLE when libcurl cannot be set up. Calling it
+ * again starts over. */
+int report_open(const worker_env_t *e);
 
 /* Sends one report. Returns 0; TY_EPRECONDITION when the server answered
  * that this attempt is over (the rank should stop); TY_EUNAVAILABLE when the

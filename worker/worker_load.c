@@ -13,14 +13,13 @@
 #include "common/clock.h"
 #include "worker/memstat.h"
 #include "worker/report.h"
-#include "worker/worker_env.h"
 #ifdef TRAINYARD_HAVE_CUDA
 #include "worker/mem_cuda.h"
 #include "worker/placement_cuda.h"
 #endif
 
 typedef struct {
-  const wload_rank_t *who;
+  const worker_env_t *who;
   double last; /* monotonic seconds of the last "loading" report */
 } wload_progress_t;
 
@@ -64,7 +63,7 @@ static void wload_placement_free(placement_t *pl) {
 #endif
 }
 
-int wload_run(const jobspec_t *spec, const wload_rank_t *who) {
+int wload_run(const jobspec_t *spec, const worker_env_t *who) {
   char err[1024] = "", msg[1200];
   placement_t pl;
   if (spec->device == JOBSPEC_DEVICE_CUDA) {
@@ -137,9 +136,10 @@ int wload_main(void) {
     fprintf(stderr, "trainyard-worker: %s\n", msg);
     return 2;
   }
-  const wload_rank_t who = {
-      .job_id = e.job_id, .rank = e.rank, .world_size = e.world_size, .attempt = e.attempt};
-  if (report_open()) return 2; /* it named the variable at fault */
+  if (report_open(&e)) {
+    fprintf(stderr, "trainyard-worker: cannot set up progress reports (libcurl)\n");
+    return 2;
+  }
   jobspec_t spec;
   int rc = -1;
   if (!e.spec_path || !*e.spec_path)
@@ -150,7 +150,7 @@ int wload_main(void) {
     wload_send("failed", NULL, msg);
     rc = 1;
   } else {
-    rc = wload_run(&spec, &who);
+    rc = wload_run(&spec, &e);
   }
   report_close();
   return rc;

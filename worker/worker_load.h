@@ -9,13 +9,7 @@
 
 #include "api/jobspec.h"
 #include "worker/loader.h"
-
-/* Who this rank is (DESIGN.md "Worker contract"). */
-typedef struct {
-  const char *job_id; /* TRAINYARD_JOB_ID, default "local" */
-  int attempt;        /* TRAINYARD_ATTEMPT, default 1 */
-  int rank, world_size;
-} wload_rank_t;
+#include "worker/worker_env.h"
 
 /* Loads this rank's shard as spec says (init_from_scratch, or model_path by
  * the standard or the memory-efficient path), on the CPU placement. While
@@ -24,7 +18,7 @@ typedef struct {
  * device_peak_bytes and load_seconds (or one "failed" report with the
  * reason), through worker/report.h (report_open must have been called).
  * Returns the process exit status (0, or 1 after a "failed" report). */
-int wload_run(const jobspec_t *spec, const wload_rank_t *who);
+int wload_run(const jobspec_t *spec, const worker_env_t *who);
 
 /* The whole of TRAINYARD_MODE=load: reads the environment and the spec
  * file (TRAINYARD_SPEC), then wload_run. Bad environment: exit status 2. */

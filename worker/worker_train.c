@@ -198,9 +198,9 @@ int worker_train_main(const worker_env_t *e) {
   placement_t pl;
   placement_cpu_init(&pl);
   loader_stats_t ls = {0};
-  int rc = report_open();
+  int rc = report_open(e);
   if (rc) {
-    snprintf(err, sizeof err, "the reporting environment is malformed (see above)");
+    fprintf(stderr, "trainyard-worker: cannot set up progress reports (libcurl)\n");
     return 1;
   }
   emit(&rep, "starting", 0, NAN, 0, NULL, "");

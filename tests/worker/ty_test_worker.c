@@ -75,9 +75,14 @@ int main(void) {
     fprintf(stderr, "test worker: cannot read TRAINYARD_SPEC (%s)\n", spec_path ? spec_path : "unset");
     return 2;
   }
-  if (report_open()) return 2;
-  int rank = atoi(getenv("TRAINYARD_RANK") ? getenv("TRAINYARD_RANK") : "0");
-  int attempt = atoi(getenv("TRAINYARD_ATTEMPT") ? getenv("TRAINYARD_ATTEMPT") : "1");
+  worker_env_t e;
+  char err[512];
+  if (worker_env_read(&e, err, sizeof err)) {
+    fprintf(stderr, "test worker: %s\n", err);
+    return 2;
+  }
+  if (report_open(&e)) return 2;
+  const int rank = e.rank, attempt = e.attempt;
   plan_t p;
   parse_plan(json_string_value(json_object_get(spec, "name")), &p);
   json_int_t steps = json_integer_value(json_object_get(json_object_get(spec, "train"), "steps"));
