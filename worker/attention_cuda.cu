@@ -584,8 +584,10 @@ static int tc_rows(int r0, int T, size_t cap) {
 typedef struct {
   cuda_backend_t *b;
   const float **arr; /* the workspace's pointer arrays */
+  float *S;          /* its score buffers, after them */
   int B, T, NH, NKV, HS, G;
   size_t QD, KVD;
+  float scale; /* 1 / sqrt(HS) */
   int r0, n, r1;
   size_t chunk;
 } tc_chunk_t;
@@ -594,8 +596,10 @@ static tc_chunk_t tc_start(cuda_backend_t *b, void *ws, int B, int T, int NH, in
   tc_chunk_t c;
   memset(&c, 0, sizeof c);
   c.b = b, c.arr = (const float **)ws;
+  c.S = (float *)((char *)ws + tc_ptr_bytes((size_t)B * NH));
   c.B = B, c.T = T, c.NH = NH, c.NKV = NKV, c.HS = HS, c.G = NH / NKV;
   c.QD = (size_t)NH * HS, c.KVD = (size_t)NKV * HS;
+  c.scale = 1.0f / sqrtf((float)HS);
   return c;
 }
 /* The next chunk from r0: as many rows as cap (score floats a pair) holds. */
@@ -640,12 +644,11 @@ static int tc_forward(cuda_backend_t *b, void *ws, size_t cap, float *out, float
                       const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
                       int HS) {
   tc_chunk_t c = tc_start(b, ws, B, T, NH, NKV, HS);
-  const float scale = 1.0f / sqrtf((float)HS);
-  float *S = (float *)((char *)ws + tc_ptr_bytes((size_t)B * NH));
+  float *S = c.S;
   int rc = 0;
   for (int r0 = 0; !rc && r0 < T; r0 = c.r1) {
     tc_next(&c, r0, cap);
-    rc = tc_rows_by_keys(&c, scale, q, k, S);
+    rc = tc_rows_by_keys(&c, c.scale, q, k, S);
     if (rc) break;
     TY_LAUNCH(k_tc_softmax, (unsigned)((size_t)B * NH * c.n), 128, 0)(S, lse, c.n, c.r1, r0, T);
     rc = tc_scores_by_kv(&c, 1.0f, S, v, out); /* out = P v */
@@ -659,8 +662,8 @@ static int tc_backward(cuda_backend_t *b, void *ws, size_t cap, float *dq, float
                        int NKV, int HS) {
   tc_chunk_t c = tc_start(b, ws, B, T, NH, NKV, HS);
   const size_t count = (size_t)B * NH, rows = count * T;
-  const float scale = 1.0f / sqrtf((float)HS);
-  float *S = (float *)((char *)ws + tc_ptr_bytes(count)), *dP = S + count * cap;
+  const float scale = c.scale;
+  float *S = c.S, *dP = S + count * cap;
   if (cudaMemsetAsync(dk, 0, (size_t)B * T * c.KVD * sizeof(float), 0) != cudaSuccess ||
       cudaMemsetAsync(dv, 0, (size_t)B * T * c.KVD * sizeof(float), 0) != cudaSuccess)
     return TY_EINTERNAL;
