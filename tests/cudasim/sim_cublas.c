@@ -100,11 +100,11 @@ static int gemm_run(void *arg) {
   return 1;
 }
 
-/* cuBLAS's argument rules for one product. */
-static int gemm_args_ok(cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, int lda,
-                        int ldb, int ldc) {
-  return m >= 0 && n >= 0 && k >= 0 && lda >= (ta == CUBLAS_OP_N ? m : k) &&
-         ldb >= (tb == CUBLAS_OP_N ? k : n) && ldc >= m && lda >= 1 && ldb >= 1 && ldc >= 1;
+/* cuBLAS's argument rules for one product's shape. */
+static int gemm_args_ok(const gemm_t *g) {
+  return g->m >= 0 && g->n >= 0 && g->k >= 0 && g->lda >= (g->ta == CUBLAS_OP_N ? g->m : g->k) &&
+         g->ldb >= (g->tb == CUBLAS_OP_N ? g->k : g->n) && g->ldc >= g->m && g->lda >= 1 &&
+         g->ldb >= 1 && g->ldc >= 1;
 }
 
 /* Fails the process unless g's operands lie in device memory. */
@@ -124,8 +124,7 @@ static void gemm_require(const gemm_t *g, const char *what) {
 }
 
 static cublasStatus_t queue_gemm(const gemm_t *args) {
-  if (!gemm_args_ok(args->ta, args->tb, args->m, args->n, args->k, args->lda, args->ldb, args->ldc))
-    return CUBLAS_STATUS_INVALID_VALUE;
+  if (!gemm_args_ok(args)) return CUBLAS_STATUS_INVALID_VALUE;
   if (!args->m || !args->n) return CUBLAS_STATUS_SUCCESS;
   gemm_require(args, "cuBLAS gemm");
   gemm_t *g = malloc(sizeof *g);
@@ -234,8 +233,9 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
   (void)algo;
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (!types_ok(Atype, Btype, Ctype, compute)) return CUBLAS_STATUS_NOT_SUPPORTED;
-  if (batchCount < 0 || !gemm_args_ok(ta, tb, m, n, k, lda, ldb, ldc))
-    return CUBLAS_STATUS_INVALID_VALUE;
+  const gemm_t g =
+      ex_gemm(ta, tb, m, n, k, alpha, NULL, Atype, lda, NULL, ldb, beta, NULL, ldc, compute);
+  if (batchCount < 0 || !gemm_args_ok(&g)) return CUBLAS_STATUS_INVALID_VALUE;
   if (!m || !n || !batchCount) return CUBLAS_STATUS_SUCCESS;
   size_t arr = (size_t)batchCount * sizeof(void *);
   sim_require_device(Aarray, arr, "cuBLAS batched gemm: A's pointer array");
@@ -243,7 +243,7 @@ cublasStatus_t cublasGemmBatchedEx(cublasHandle_t h, cublasOperation_t ta, cubla
   sim_require_device(Carray, arr, "cuBLAS batched gemm: C's pointer array");
   batch_t *bt = malloc(sizeof *bt);
   if (!bt) return CUBLAS_STATUS_ALLOC_FAILED;
-  bt->g = ex_gemm(ta, tb, m, n, k, alpha, NULL, Atype, lda, NULL, ldb, beta, NULL, ldc, compute);
+  bt->g = g;
   bt->A = Aarray, bt->B = Barray, bt->C = Carray, bt->count = batchCount;
   sim_enqueue(NULL, "cublasGemmBatchedEx", batch_run, bt, free);
   return CUBLAS_STATUS_SUCCESS;
