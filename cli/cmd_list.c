@@ -64,7 +64,6 @@ int cmd_list(int argc, char **argv) {
   char token[128] = "";
   json_t *every = json_array();
   long shown = 0;
-  bool first = true; /* the table's header comes once a page has */
   do {
     char es[256] = "", et[256], path[700];
     if (state) client_escape(state, es, sizeof es);
@@ -80,7 +79,7 @@ int cmd_list(int argc, char **argv) {
       json_decref(every);
       return 1;
     }
-    if (!as_json && first)
+    if (!as_json && !*token) /* the first page came: the table's header */
       printf("%-20s %-24s %-10s %7s %5s  %-19s  %s\n", "ID", "NAME", "STATE", "ATTEMPT", "RANKS",
              "CREATED", "REASON");
     size_t i;
@@ -96,7 +95,6 @@ int cmd_list(int argc, char **argv) {
     const char *next = json_string_value(json_object_get(page, "next_page_token"));
     snprintf(token, sizeof token, "%s", next ? next : "");
     json_decref(page);
-    first = false;
   } while (*token && (all || shown < limit));
   if (as_json) {
     json_dumpf(every, stdout, JSON_INDENT(2));
