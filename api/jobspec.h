@@ -143,6 +143,14 @@ typedef struct {
 } jobspec_roots_t;
 int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs);
 
+/* The absolute, canonical form of path (relative to base, NULL: the current
+ * directory) into out (PATH_MAX bytes), as jobspec_check_roots compares it:
+ * symbolic links and ".." followed through the part that exists, the rest
+ * appended. Returns 0; -1 when the part that does not exist yet holds "."
+ * or ".."; -2 when it starts at a symbolic link that points nowhere. Two
+ * paths name one folder exactly when their resolved forms are equal. */
+int jobspec_resolve_path(const char *path, const char *base, char *out);
+
 /* device cuda needs one GPU per rank: world_size <= gpus_available.
  * Returns 0 or TY_EINVAL (error on "device"). */
 int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *errs);

@@ -10,12 +10,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* The absolute, canonical form of path (relative to base), following
- * symbolic links and ".." through the part that exists. Returns 0; -1 when
- * the part that does not exist yet holds "." or ".." (which could still
- * step out once created); -2 when it starts at a symbolic link that points
- * nowhere (or in a loop). out has PATH_MAX bytes. */
-static int resolve(const char *path, const char *base, char *out) {
+/* See jobspec.h. A missing part that holds "." or ".." could still step
+ * out once created, hence -1; -2 also covers a link in a loop. */
+int jobspec_resolve_path(const char *path, const char *base, char *out) {
   char abs[PATH_MAX * 2], cwd[PATH_MAX];
   if (path[0] == '/') {
     snprintf(abs, sizeof abs, "%s", path);
@@ -42,17 +39,23 @@ static int resolve(const char *path, const char *base, char *out) {
     char probe[PATH_MAX * 2 + 2];
     snprintf(probe, sizeof probe, "%s/%.*s", n == 1 ? "" : head, (int)strcspn(first, "/"), first);
     if (lstat(probe, &st) == 0) return -2;
-    for (const char *p = rest; *p;) {
-      while (*p == '/') p++;
-      const char *e = strchr(p, '/');
-      size_t len = e ? (size_t)(e - p) : strlen(p);
-      if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.')) return -1;
-      p += len;
-    }
+    /* The missing components, one '/' before each (none after the last), so
+     * that every spelling of a folder has one form. */
     size_t o = strlen(out);
     if (o == 1) o = 0; /* out is "/" */
-    while (*rest == '/') rest++;
-    snprintf(out + o, PATH_MAX - o, "/%s", rest);
+    for (const char *p = rest; *p;) {
+      p += strspn(p, "/");
+      size_t len = strcspn(p, "/");
+      if (!len) break;
+      if ((len == 1 && p[0] == '.') || (len == 2 && p[0] == '.' && p[1] == '.')) return -1;
+      if (o + 1 + len >= PATH_MAX) return -1;
+      out[o++] = '/';
+      memcpy(out + o, p, len);
+      o += len;
+      p += len;
+    }
+    if (!o) out[o++] = '/';
+    out[o] = '\0';
     return 0;
   }
   return -1;
@@ -69,22 +72,44 @@ static bool inside_any(const char *resolved, const char *const *roots) {
   return false;
 }
 
+/* Whether item is one of the ", "-separated entries of buf. */
+static bool listed(const char *buf, const char *item) {
+  size_t n = strlen(item);
+  for (const char *p = buf; (p = strstr(p, item)) != NULL; p++)
+    if ((p == buf || (p - buf >= 2 && p[-2] == ',' && p[-1] == ' ')) &&
+        (p[n] == '\0' || (p[n] == ',' && p[n + 1] == ' ')))
+      return true;
+  return false;
+}
+
+/* The roots of lists a and b as inside_any compares them (resolved), each
+ * once, into buf (cap bytes): what a user must move a path under. A root
+ * that does not exist holds nothing and is named as configured. */
 static void roots_list(char *buf, size_t cap, const char *const *a, const char *const *b) {
   buf[0] = '\0';
   const char *const *lists[2] = {a, b};
   for (int k = 0; k < 2; k++)
     for (size_t i = 0; lists[k] && lists[k][i]; i++) {
-      size_t l = strlen(buf);
-      snprintf(buf + l, cap - l, "%s%s", l ? ", " : "", lists[k][i]);
+      char r[PATH_MAX], item[PATH_MAX + 24];
+      if (realpath(lists[k][i], r))
+        snprintf(item, sizeof item, "%s", r);
+      else
+        snprintf(item, sizeof item, "%s (does not exist)", lists[k][i]);
+      if (listed(buf, item)) continue;
+      size_t l = strlen(buf), n = strlen(item);
+      if (l + 2 + n >= cap) goto done; /* no room: the roots named so far */
+      if (l) memcpy(buf + l, ", ", 2), l += 2;
+      memcpy(buf + l, item, n + 1);
     }
+done:
   if (!buf[0]) snprintf(buf, cap, "none configured");
 }
 
 static void check_one_root(const char *field, const char *path, bool write,
                            const jobspec_roots_t *r, ty_errlist_t *errs) {
-  char res[PATH_MAX], list[1024];
+  char res[PATH_MAX], list[4096];
   if (!path[0]) return;
-  int rc = resolve(path, r->base, res);
+  int rc = jobspec_resolve_path(path, r->base, res);
   if (rc == -2) {
     ty_errlist_add(errs, field,
                    "%s passes through a symbolic link that points nowhere; remove the link or "

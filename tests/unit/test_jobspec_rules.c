@@ -1,6 +1,7 @@
 /* test_jobspec_rules.c - every rule of the validation table, accepted and
  * rejected: the spec-time rules through jobspec_validate, the filesystem
  * rule with check_paths, and the server-side path-root and GPU checks. */
+#include <limits.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -355,6 +356,46 @@ static void test_paths_in_roots(void **state) {
   assert_int_equal(jobspec_check_roots(&s, &none, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path", "(none configured)"));
   ty_errlist_clear(&e);
+  /* The error lists the roots as they are compared (resolved), each once,
+   * and names a root that does not exist as configured. */
+  char real[PATH_MAX], dotted[600], missing[600], want[3 * PATH_MAX];
+  assert_non_null(realpath(g_tmp, real));
+  snprintf(dotted, sizeof dotted, "%s/models/../models/.", g_tmp);
+  snprintf(missing, sizeof missing, "%s/nothere", g_tmp);
+  const char *const rd2[] = {dotted, models, missing, NULL};
+  const char *const wr2[] = {runs, runs, NULL};
+  jobspec_roots_t twice = {rd2, wr2, NULL};
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"/usr\"}", &e), 0);
+  assert_int_equal(jobspec_check_roots(&s, &twice, &e), TY_EINVAL);
+  snprintf(want, sizeof want, "roots (%s/models, %s (does not exist), %s/runs); move it", real,
+           missing, real);
+  assert_true(tu_has(&e, "model_path", want));
+  ty_errlist_clear(&e);
+}
+
+/* Every spelling of one folder resolves to one form, existing or not: the
+ * key under which the server finds a folder's unfinished job. */
+static void test_resolve_path(void **state) {
+  (void)state;
+  char real[PATH_MAX], want[PATH_MAX + 32], got[PATH_MAX], abs[600];
+  assert_non_null(realpath(g_tmp, real));
+  snprintf(abs, sizeof abs, "%s//runs/new/deeper/", g_tmp);
+  const char *spellings[] = {"runs/new/deeper", "runs//new/deeper/", "./runs/new//deeper//",
+                             "models/../runs/new/deeper", abs};
+  snprintf(want, sizeof want, "%s/runs/new/deeper", real);
+  for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+    assert_int_equal(jobspec_resolve_path(spellings[i], g_tmp, got), 0);
+    assert_string_equal(got, want);
+  }
+  /* An existing folder, with a trailing slash; the root itself. */
+  snprintf(want, sizeof want, "%s/runs", real);
+  assert_int_equal(jobspec_resolve_path("runs/", g_tmp, got), 0);
+  assert_string_equal(got, want);
+  assert_int_equal(jobspec_resolve_path("//", NULL, got), 0);
+  assert_string_equal(got, "/");
+  /* "." or ".." past what exists cannot be resolved yet. */
+  assert_int_equal(jobspec_resolve_path("runs/new/./x", g_tmp, got), -1);
+  assert_int_equal(jobspec_resolve_path("runs/new/../x", g_tmp, got), -1);
 }
 
 static void test_cuda_gpus(void **state) {
@@ -433,6 +474,7 @@ int main(void) {
       cmocka_unit_test(test_seq_len_within_model),
       cmocka_unit_test_setup_teardown(test_paths_exist, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
       cmocka_unit_test(test_cuda_gpus),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
