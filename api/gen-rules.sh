@@ -14,8 +14,8 @@ a test fails when this file and the code disagree.
 
 "checked at": `spec` by `jobspec_validate` (every entry point, and
 `trainyard validate`), `paths` by the same with filesystem checks on,
-`submit` by the server (`jobspec_check_roots`, `jobspec_check_devices`),
-`load` by the worker.
+`submit` by the server (`jobspec_check_roots`, `jobspec_check_devices`,
+the stored jobs for `output-dir-free`), `load` by the worker.
 
 ## Rules
 

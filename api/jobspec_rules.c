@@ -310,6 +310,10 @@ static const rule_t g_rules[] = {
      "no reading or writing outside the server's configured roots (symbolic links and .. "
      "followed)",
      NULL},
+    {"output-dir-free", "output_dir", "submit",
+     "no two unfinished jobs write one output folder: they would overwrite each other's "
+     "checkpoints and outputs, and the later would resume from the other's checkpoint",
+     NULL},
     {"cuda-gpus", "device, world_size", "submit",
      "device cuda needs one GPU per rank on the host; fail at submit, not in a worker", NULL},
     {"checkpoint-matches-config", "model_path", "load",

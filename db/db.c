@@ -67,6 +67,12 @@ static const char *const g_migrations[] = {
     " job_id TEXT NOT NULL REFERENCES jobs(id) ON DELETE CASCADE,"
     " t REAL NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL);"
     "CREATE INDEX events_by_job ON events(job_id, seq);",
+    /* 2: each job's output folder, resolved, so that a submit can find an
+     * unfinished job writing the same one (db_job_insert). */
+    "ALTER TABLE jobs ADD COLUMN output_dir TEXT NOT NULL DEFAULT '';"
+    "UPDATE jobs SET output_dir = coalesce(json_extract(spec, '$.output_dir'), '');"
+    "CREATE INDEX jobs_unfinished_by_output ON jobs(output_dir)"
+    " WHERE state IN ('queued','starting','running');",
 };
 #define N_MIGRATIONS ((int)(sizeof g_migrations / sizeof g_migrations[0]))
 

@@ -58,6 +58,8 @@ typedef struct {
   char device[8];              /* "cpu" or "cuda", resolved at submit */
   int max_restarts;
   int attempt;                 /* attempts started so far (0 while first queued) */
+  char *output_dir;            /* the spec's output_dir resolved (jobspec_resolve_path);
+                                  "" for jobs stored before it was kept */
   double created_at, updated_at, started_at, finished_at; /* unix seconds; 0 unset */
 } db_job_t;
 
@@ -73,11 +75,20 @@ void db_close(db_t *db);
 int db_schema_version(void);
 
 /* Inserts a new job in state queued, with its "submitted" event, in one
- * transaction. j->id, name, spec, token, world_size, device, max_restarts
- * and (optionally) idempotency_key are read; seq and the times are filled.
- * When idempotency_key is already used, nothing is written and TY_EEXISTS
- * is returned with the existing job in *existing (the caller's). */
+ * transaction. j->id, name, spec, token, world_size, device, max_restarts,
+ * output_dir and (optionally) idempotency_key are read; seq and the times
+ * are filled. When idempotency_key is already used, nothing is written and
+ * TY_EEXISTS is returned with the existing job in *existing (the caller's).
+ * Otherwise, when a job that has not finished (queued, starting or running)
+ * has the same non-empty output_dir, nothing is written and
+ * TY_EPRECONDITION is returned with that job in *existing: two jobs in one
+ * folder would overwrite each other's checkpoints and outputs. */
 int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing);
+
+/* The oldest job that has not finished (queued, starting or running) whose
+ * output_dir is output_dir: 0 with it in *out (the caller's), TY_ENOTFOUND
+ * when there is none. */
+int db_job_output_user(db_t *db, const char *output_dir, db_job_t **out);
 
 /* TY_ENOTFOUND when no job has that id. */
 int db_job_get(db_t *db, const char *id, db_job_t **out);

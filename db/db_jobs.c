@@ -7,10 +7,10 @@
 #include "common/xalloc.h"
 #include "db/db_internal.h"
 
-#define JOB_COLS                                                                          \
-  "seq, id, name, state, reason, spec, idempotency_key, token, world_size, device,"      \
-  " max_restarts, attempt, created_at, updated_at, coalesce(started_at, 0),"             \
-  " coalesce(finished_at, 0)"
+#define JOB_COLS                                                                    \
+  "seq, id, name, state, reason, spec, idempotency_key, token, world_size, device," \
+  " max_restarts, attempt, created_at, updated_at, coalesce(started_at, 0),"        \
+  " coalesce(finished_at, 0), output_dir"
 
 void db_job_free(db_job_t *j) {
   if (!j) return;
@@ -18,6 +18,7 @@ void db_job_free(db_job_t *j) {
   free(j->reason);
   free(j->spec);
   free(j->idempotency_key);
+  free(j->output_dir);
   free(j);
 }
 
@@ -47,16 +48,20 @@ static db_job_t *job_from_row(sqlite3_stmt *st) {
   j->updated_at = sqlite3_column_double(st, 13);
   j->started_at = sqlite3_column_double(st, 14);
   j->finished_at = sqlite3_column_double(st, 15);
+  j->output_dir = dbi_text_dup(st, 16);
   if (!j->name) j->name = xstrdup("");
   if (!j->reason) j->reason = xstrdup("");
   if (!j->spec) j->spec = xstrdup("{}");
+  if (!j->output_dir) j->output_dir = xstrdup("");
   return j;
 }
 
-/* db_job_get without taking the lock (the caller holds it). */
-static int job_get_locked(db_t *db, const char *col, const char *value, db_job_t **out) {
-  char sql[256];
-  snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs WHERE %s = ?", col);
+/* The first job (oldest) of "SELECT ... FROM jobs WHERE <where>" with value
+ * bound to its one parameter, without taking the lock (the caller holds
+ * it). TY_ENOTFOUND when no row matches. */
+static int job_get_locked(db_t *db, const char *where, const char *value, db_job_t **out) {
+  char sql[512];
+  snprintf(sql, sizeof sql, "SELECT " JOB_COLS " FROM jobs WHERE %s ORDER BY seq LIMIT 1", where);
   sqlite3_stmt *st;
   int rc = dbi_prepare(db, sql, &st);
   if (rc) return rc;
@@ -72,10 +77,22 @@ static int job_get_locked(db_t *db, const char *col, const char *value, db_job_t
   return rc;
 }
 
+/* Matches jobs_unfinished_by_output's WHERE term for term, so that SQLite
+ * uses that index. */
+#define OUTPUT_USER_WHERE "output_dir = ? AND state IN ('queued','starting','running')"
+
 int db_job_get(db_t *db, const char *id, db_job_t **out) {
   *out = NULL;
   pthread_mutex_lock(&db->lock);
-  int rc = job_get_locked(db, "id", id, out);
+  int rc = job_get_locked(db, "id = ?", id, out);
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
+int db_job_output_user(db_t *db, const char *output_dir, db_job_t **out) {
+  *out = NULL;
+  pthread_mutex_lock(&db->lock);
+  int rc = job_get_locked(db, OUTPUT_USER_WHERE, output_dir, out);
   pthread_mutex_unlock(&db->lock);
   return rc;
 }
@@ -106,15 +123,21 @@ int db_job_brief(db_t *db, const char *id, db_job_brief_t *out) {
 
 static int insert_locked(db_t *db, db_job_t *j, db_job_t **existing) {
   if (j->idempotency_key) {
-    int rc = job_get_locked(db, "idempotency_key", j->idempotency_key, existing);
+    int rc = job_get_locked(db, "idempotency_key = ?", j->idempotency_key, existing);
     if (rc == 0) return TY_EEXISTS;
+    if (rc != TY_ENOTFOUND) return rc;
+  }
+  const char *out_dir = j->output_dir ? j->output_dir : "";
+  if (out_dir[0]) {
+    int rc = job_get_locked(db, OUTPUT_USER_WHERE, out_dir, existing);
+    if (rc == 0) return TY_EPRECONDITION;
     if (rc != TY_ENOTFOUND) return rc;
   }
   sqlite3_stmt *st;
   int rc = dbi_prepare(db,
                        "INSERT INTO jobs(id, name, state, reason, spec, idempotency_key, token,"
-                       " world_size, device, max_restarts, created_at, updated_at)"
-                       " VALUES (?, ?, 'queued', 'submitted', ?, ?, ?, ?, ?, ?, ?, ?)",
+                       " world_size, device, max_restarts, created_at, updated_at, output_dir)"
+                       " VALUES (?, ?, 'queued', 'submitted', ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                        &st);
   if (rc) return rc;
   j->created_at = j->updated_at = db_now();
@@ -131,6 +154,7 @@ static int insert_locked(db_t *db, db_job_t *j, db_job_t **existing) {
   sqlite3_bind_int(st, 8, j->max_restarts);
   sqlite3_bind_double(st, 9, j->created_at);
   sqlite3_bind_double(st, 10, j->updated_at);
+  sqlite3_bind_text(st, 11, out_dir, -1, SQLITE_STATIC);
   rc = sqlite3_step(st);
   dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert job");

@@ -3,6 +3,7 @@
 #include "server/service.h"
 
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <pthread.h>
@@ -155,8 +156,12 @@ static const char *resolve_device(const svc_t *s, const jobspec_t *spec) {
   return s->cfg->gpus > 0 ? "cuda" : "cpu";
 }
 
-int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_t msgsz) {
-  size_t before = errs->len;
+/* The checks of the spec alone (jobspec_validate with the filesystem, the
+ * roots, the devices, the slots), adding to errs; out_dir receives the
+ * resolved output_dir (PATH_MAX bytes; "" when it has none), the key under
+ * which a job's folder is stored, even when other fields are invalid, so
+ * that validate names every problem at once. */
+static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_dir) {
   if (jobspec_validate(spec, true, errs) == 0) {
     /* Paths are checked and stored absolute: ranks may run elsewhere. */
     absolutize(spec->model_path, sizeof spec->model_path);
@@ -169,12 +174,37 @@ int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_
     if (sched_fits(s->cfg, resolve_device(s, spec), spec->world_size, why, sizeof why))
       ty_errlist_add(errs, "world_size", "%s", why);
   }
-  if (errs->len > before) {
-    set_msg(msg, msgsz, "the job spec is invalid (%zu problem%s; see details)",
-            errs->len - before, errs->len - before == 1 ? "" : "s");
-    return TY_EINVAL;
+  if (!spec->output_dir[0] || jobspec_resolve_path(spec->output_dir, NULL, out_dir))
+    out_dir[0] = '\0';
+}
+
+/* The problem of a spec whose output folder an unfinished job holds. */
+static void output_taken(ty_errlist_t *errs, const char *out_dir, const db_job_t *user) {
+  ty_errlist_add(errs, "output_dir",
+                 "%s is the output folder of job %s ('%s', %s), which has not finished; two "
+                 "jobs in one folder overwrite each other's checkpoints and outputs: give this "
+                 "job another output_dir (by default it is runs/<name>), or submit it once "
+                 "that job has ended",
+                 out_dir, user->id, user->name, db_state_name(user->state));
+}
+
+static int invalid(ty_errlist_t *errs, size_t before, char *msg, size_t msgsz) {
+  if (errs->len == before) return 0;
+  set_msg(msg, msgsz, "the job spec is invalid (%zu problem%s; see details)", errs->len - before,
+          errs->len - before == 1 ? "" : "s");
+  return TY_EINVAL;
+}
+
+int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_t msgsz) {
+  size_t before = errs->len;
+  char out_dir[PATH_MAX];
+  check_spec(s, spec, errs, out_dir);
+  db_job_t *user = NULL;
+  if (out_dir[0] && db_job_output_user(s->db, out_dir, &user) == 0) {
+    output_taken(errs, out_dir, user);
+    db_job_free(user);
   }
-  return 0;
+  return invalid(errs, before, msg, msgsz);
 }
 
 /* 128 random bits as hex (2 * n + 1 bytes of out). */
@@ -196,7 +226,12 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
                bool *created, ty_errlist_t *errs, char *msg, size_t msgsz) {
   *out = NULL;
   *created = false;
-  int rc = svc_validate(s, spec, errs, msg, msgsz);
+  /* The output folder is checked when the job is stored, after its
+   * Idempotency-Key: a replay of a submit whose job runs is no conflict. */
+  size_t before = errs->len;
+  char out_dir[PATH_MAX];
+  check_spec(s, spec, errs, out_dir);
+  int rc = invalid(errs, before, msg, msgsz);
   if (rc) return rc;
   if (idempotency_key && strlen(idempotency_key) > 255) {
     ty_errlist_add(errs, "Idempotency-Key", "at most 255 characters");
@@ -214,9 +249,14 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
   j.world_size = spec->world_size;
   snprintf(j.device, sizeof j.device, "%s", resolve_device(s, spec));
   j.max_restarts = spec->max_restarts;
+  j.output_dir = out_dir;
   db_job_t *existing = NULL;
   rc = db_job_insert(s->db, &j, &existing);
-  if (rc == TY_EEXISTS) {
+  if (rc == TY_EPRECONDITION) {
+    output_taken(errs, out_dir, existing);
+    db_job_free(existing);
+    rc = invalid(errs, before, msg, msgsz);
+  } else if (rc == TY_EEXISTS) {
     json_t *a = json_loads(existing->spec, 0, NULL), *b = json_loads(j.spec, 0, NULL);
     bool same = a && b && json_equal(a, b);
     json_decref(a);

@@ -33,14 +33,19 @@ db_t *svc_db(svc_t *s);
 const srv_config_t *svc_config(svc_t *s);
 
 /* Every rule a submit checks, without storing anything: the spec's own
- * rules with filesystem checks, the roots, the devices and whether the job
- * could ever fit this server's slots. Relative paths in spec are made
- * absolute (against the server's working directory). */
+ * rules with filesystem checks, the roots, the devices, whether the job
+ * could ever fit this server's slots, and that no job that has not
+ * finished writes the same output folder (field output_dir). Relative
+ * paths in spec are made absolute (against the server's working
+ * directory). */
 int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_t msgsz);
 
 /* Validates and stores a job in state queued. idempotency_key (NULL or "")
  * makes the submit repeatable: the same key with the same spec returns the
- * job stored first (*created = false); with a different spec TY_EEXISTS. */
+ * job stored first (*created = false), even while it runs; with a different
+ * spec TY_EEXISTS. The output folder check is made as the job is stored,
+ * so of two submits racing for one folder only one is stored (TY_EINVAL,
+ * field output_dir, for the other). */
 int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t **out,
                bool *created, ty_errlist_t *errs, char *msg, size_t msgsz);
 

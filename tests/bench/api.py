@@ -142,12 +142,24 @@ http { access_log off; default_type application/json; keepalive_requests 1000000
         print("| GET /v1/jobs/{id}, median of %d rounds | %.1f us CPU/req | %.1f us CPU/req | "
               "ratio %.2fx nginx |" % (a.rounds, median(ty_cpus), median(ng_cpus), median(ratios)))
 
-        # 2. Submissions.
-        spec = json.dumps(srv.spec(name="bench", world_size=1, steps=1))
+        # 2. Submissions, each with an output folder of its own (a folder
+        # that an unfinished job writes is refused).
+        spec = json.dumps(srv.spec(name="bench", world_size=1, steps=1,
+                                   output_dir="runs/bench-@N@"))
         script = lua(os.path.join(tmp, "submit.lua"), """
+local threads = 0
+function setup(thread)
+  thread:set("tid", threads)
+  threads = threads + 1
+end
+local n = 0
+local body = [[%s]]
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
-wrk.body = [[%s]]
+request = function()
+  n = n + 1
+  return wrk.format(nil, nil, nil, (body:gsub("@N@", tid .. "-" .. n)))
+end
 """ % spec)
         before = len(srv.get("/v1/jobs?page_size=500&state=queued").json()["jobs"])
         rps, p99, bad, cpu = wrk(srv.url + "/v1/jobs", a.seconds, a.connections, a.threads,

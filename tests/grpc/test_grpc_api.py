@@ -204,6 +204,25 @@ class GrpcApi(unittest.TestCase):
         _, fields = self.assert_error("INVALID_ARGUMENT", self.c.SubmitJob)
         self.assertIn("spec", fields)
 
+    def test_output_dir_of_an_unfinished_job_is_invalid(self):
+        job = self.submit(name="holder", steps=100000, output_dir="runs/held")
+        try:
+            other = {**self.srv.spec(name="other", steps=1), "output_dir": "runs/held/"}
+            for method in (self.c.SubmitJob, self.c.ValidateJob):
+                _, fields = self.assert_error("INVALID_ARGUMENT", method,
+                                              spec=spec_message(self.pb, other))
+                self.assertIn("is the output folder of job %s ('holder', " % job.id,
+                              fields["output_dir"])
+            # REST says the same of the same spec (the holder's state may
+            # have moved on from queued meanwhile).
+            rest = self.srv.post("/v1/jobs", other).json()["error"]
+            same = lambda m: re.sub(r"'holder', [a-z]+\)", "'holder', STATE)", m)
+            self.assertEqual({d["field"]: same(d["message"]) for d in rest["details"]},
+                             {k: same(v) for k, v in fields.items()})
+        finally:
+            self.c.CancelJob(job_id=job.id)
+        self.c.CancelJob(job_id=self.c.SubmitJob(spec=spec_message(self.pb, other)).job.id)
+
     def test_rest_and_grpc_give_the_same_errors(self):
         spec = {**self.srv.spec(world_size=1), "lora_rank": 0, "train": {"steps": 0}}
         rest = self.srv.post("/v1/jobs", spec).json()["error"]

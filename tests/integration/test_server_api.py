@@ -169,7 +169,8 @@ class Api(unittest.TestCase):
             s = requests.Session()
             out = []
             for i in range(25):
-                r = s.post(self.srv.url + "/v1/jobs", json=spec, timeout=30,
+                body = {**spec, "output_dir": "runs/conc-%d-%d" % (c, i)}
+                r = s.post(self.srv.url + "/v1/jobs", json=body, timeout=30,
                            headers={**self.srv.headers(), "Idempotency-Key": "c%d-%d" % (c, i)})
                 out.append((r.status_code, r.json()["id"]))
             return out
@@ -194,6 +195,64 @@ class Api(unittest.TestCase):
             r = self.srv.post("/v1/jobs/%s:cancel" % i)
             # Those that already ran cannot be cancelled any more.
             self.assertIn(r.status_code, (200, 412), r.text)
+
+    def test_output_dir_of_an_unfinished_job_is_refused(self):
+        spec = self.srv.spec(world_size=1, name="folder", train={"steps": 100000},
+                             output_dir="runs/shared-folder")
+        os.makedirs(os.path.join(self.srv.dir, "runs"), exist_ok=True)
+        first = self.submit(spec, headers={"Idempotency-Key": "folder-1"})
+        self.assertEqual(first.status_code, 201, first.text)
+        first = first.json()
+        self.addCleanup(self.srv.post, "/v1/jobs/%s:cancel" % first["id"])
+        before = len(self.srv.get("/v1/jobs?page_size=500").json()["jobs"])
+        # The same folder, however it is spelled, while the first job is
+        # queued or running: refused by submit and by validate alike.
+        for out in ["runs/shared-folder", "./runs//shared-folder/", "runs/../runs/shared-folder",
+                    os.path.join(self.srv.dir, "runs", "shared-folder")]:
+            for path in ["/v1/jobs", "/v1/jobs:validate"]:
+                r = self.srv.post(path, {**spec, "name": "second", "output_dir": out})
+                self.assertEqual(r.status_code, 400, (out, path, r.text))
+                err = r.json()["error"]
+                self.assertEqual(err["code"], "INVALID_ARGUMENT")
+                msg = {d["field"]: d["message"] for d in err["details"]}["output_dir"]
+                self.assertIn("is the output folder of job %s ('folder', " % first["id"], msg)
+                self.assertIn("has not finished", msg)
+                self.assertIn("give this job another output_dir", msg)
+        self.assertEqual(len(self.srv.get("/v1/jobs?page_size=500").json()["jobs"]), before)
+        # A replay of the first submit is no conflict: the same job again.
+        r = self.submit(spec, headers={"Idempotency-Key": "folder-1"})
+        self.assertEqual((r.status_code, r.json()["id"]), (200, first["id"]), r.text)
+        # Another folder beside it, or inside it, is another job's.
+        for out in ["runs/shared-folder-2", "runs/shared-folder/inner"]:
+            r = self.submit({**spec, "name": "beside", "train": {"steps": 1}, "output_dir": out})
+            self.assertEqual(r.status_code, 201, r.text)
+            self.srv.post("/v1/jobs/%s:cancel" % r.json()["id"])
+        # Once the first job has ended, its folder takes a new job.
+        self.srv.post("/v1/jobs/%s:cancel" % first["id"])
+        self.srv.wait_state(first["id"], ["cancelled"])
+        r = self.submit({**spec, "name": "second", "train": {"steps": 1}})
+        self.assertEqual(r.status_code, 201, r.text)
+        self.srv.post("/v1/jobs/%s:cancel" % r.json()["id"])
+
+    def test_racing_submits_of_one_folder_store_one_job(self):
+        spec = self.srv.spec(world_size=1, name="race", train={"steps": 100000},
+                             output_dir="runs/race")
+
+        def client(c):
+            r = requests.post(self.srv.url + "/v1/jobs", json=spec, timeout=30,
+                              headers=self.srv.headers())
+            return r.status_code, r.json()
+
+        with concurrent.futures.ThreadPoolExecutor(8) as ex:
+            results = list(ex.map(client, range(16)))
+        stored = [body["id"] for code, body in results if code == 201]
+        for i in stored:
+            self.addCleanup(self.srv.post, "/v1/jobs/%s:cancel" % i)
+        self.assertEqual(len(stored), 1, results)
+        for code, body in results:
+            if code != 201:
+                self.assertEqual(code, 400)
+                self.assertIn(stored[0], body["error"]["details"][0]["message"])
 
     def test_cancel_queued_and_events_resume(self):
         # Two ranks never fit one slot... but such a job is rejected; so fill

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cmocka.h>
+#include <sqlite3.h>
 
 #include "db/db.h"
 
@@ -168,6 +169,102 @@ static void test_idempotency_key_is_unique(void **state) {
   assert_int_equal(db_job_get(f->db, "j2", &j), TY_ENOTFOUND);
 }
 
+/* insert() with an output folder; holder: the job db_job_insert names when
+ * it refuses the folder (rc_want TY_EPRECONDITION). */
+static void insert_out(db_t *db, const char *id, const char *key, const char *out, int rc_want,
+                       const char *holder) {
+  db_job_t j = {0};
+  snprintf(j.id, sizeof j.id, "%s", id);
+  j.name = (char *)"t";
+  j.spec = (char *)"{}";
+  j.idempotency_key = (char *)key;
+  j.output_dir = (char *)out;
+  snprintf(j.token, sizeof j.token, "tok-%s", id);
+  j.world_size = 1;
+  snprintf(j.device, sizeof j.device, "cpu");
+  db_job_t *existing = NULL;
+  assert_int_equal(db_job_insert(db, &j, &existing), rc_want);
+  if (holder) {
+    assert_non_null(existing);
+    assert_string_equal(existing->id, holder);
+  }
+  db_job_free(existing);
+  free(j.reason);
+  db_job_t *got = NULL;
+  assert_int_equal(db_job_get(db, id, &got), rc_want ? TY_ENOTFOUND : 0);
+  if (!rc_want) assert_string_equal(got->output_dir, out ? out : "");
+  db_job_free(got);
+}
+
+static void test_output_dir_held_until_finished(void **state) {
+  fixture_t *f = *state;
+  insert_out(f->db, "a1", NULL, "/runs/a", 0, NULL);
+  insert_out(f->db, "a2", NULL, "/runs/a", TY_EPRECONDITION, "a1");
+  insert_out(f->db, "b1", NULL, "/runs/a/b", 0, NULL); /* another folder */
+  insert_out(f->db, "n1", NULL, "", 0, NULL);          /* none kept: never a conflict */
+  insert_out(f->db, "n2", NULL, NULL, 0, NULL);
+  db_job_t *u = NULL;
+  assert_int_equal(db_job_output_user(f->db, "/runs/a", &u), 0);
+  assert_string_equal(u->id, "a1");
+  db_job_free(u);
+  assert_int_equal(db_job_output_user(f->db, "/runs/none", &u), TY_ENOTFOUND);
+  assert_null(u);
+  /* Held while queued, starting and running; free once the job ends. */
+  assert_int_equal(db_job_transition(f->db, "a1", DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING,
+                                     "spawned", NULL, NULL),
+                   0);
+  insert_out(f->db, "a2", NULL, "/runs/a", TY_EPRECONDITION, "a1");
+  assert_int_equal(db_job_transition(f->db, "a1", DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING,
+                                     "running", NULL, NULL),
+                   0);
+  insert_out(f->db, "a2", NULL, "/runs/a", TY_EPRECONDITION, "a1");
+  assert_int_equal(db_job_transition(f->db, "a1", DB_MASK(DB_JOB_RUNNING), DB_JOB_FAILED,
+                                     "rank 0 failed", NULL, NULL),
+                   0);
+  insert_out(f->db, "a2", NULL, "/runs/a", 0, NULL);
+  /* An Idempotency-Key replay names its own job, not a conflict. */
+  insert_out(f->db, "k1", "key", "/runs/k", 0, NULL);
+  db_job_t j = {0}, *existing = NULL;
+  snprintf(j.id, sizeof j.id, "k2");
+  j.name = (char *)"t";
+  j.spec = (char *)"{}";
+  j.idempotency_key = (char *)"key";
+  j.output_dir = (char *)"/runs/k";
+  j.world_size = 1;
+  assert_int_equal(db_job_insert(f->db, &j, &existing), TY_EEXISTS);
+  assert_string_equal(existing->id, "k1");
+  db_job_free(existing);
+}
+
+/* A database of schema version 1 (before output folders were kept) gets
+ * them from its jobs' specs, so its unfinished jobs still hold theirs. */
+static void test_migration_keeps_output_dirs(void **state) {
+  fixture_t *f = *state;
+  db_close(f->db);
+  f->db = NULL;
+  sqlite3 *c;
+  assert_int_equal(sqlite3_open(f->path, &c), SQLITE_OK);
+  const char *v1 =
+      "DROP INDEX jobs_unfinished_by_output;"
+      "ALTER TABLE jobs DROP COLUMN output_dir;"
+      "INSERT INTO jobs(id, name, state, spec, token, world_size, device, created_at,"
+      " updated_at) VALUES"
+      " ('old', 'o', 'running', '{\"output_dir\": \"/runs/old\"}', 't', 1, 'cpu', 0, 0),"
+      " ('done', 'd', 'succeeded', '{\"output_dir\": \"/runs/done\"}', 't', 1, 'cpu', 0, 0);"
+      "PRAGMA user_version = 1;";
+  char *err = NULL;
+  assert_int_equal(sqlite3_exec(c, v1, NULL, NULL, &err), SQLITE_OK);
+  sqlite3_close(c);
+  char msg[256];
+  assert_int_equal(db_open(f->path, &f->db, msg, sizeof msg), 0);
+  insert_out(f->db, "new", NULL, "/runs/old", TY_EPRECONDITION, "old");
+  insert_out(f->db, "new", NULL, "/runs/done", 0, NULL);
+  db_job_t *j = NULL;
+  assert_int_equal(db_job_get(f->db, "old", &j), 0);
+  assert_string_equal(j->output_dir, "/runs/old");
+  db_job_free(j);
+}
+
 static void test_list_pages_and_filters(void **state) {
   fixture_t *f = *state;
   char id[16];
@@ -219,6 +316,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_idempotency_key_is_unique, setup, teardown),
       cmocka_unit_test_setup_teardown(test_batched_reports_survive_close, setup, teardown),
       cmocka_unit_test_setup_teardown(test_list_pages_and_filters, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_output_dir_held_until_finished, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_migration_keeps_output_dirs, setup, teardown),
       cmocka_unit_test(test_state_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

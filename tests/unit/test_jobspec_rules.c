@@ -435,9 +435,10 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 16);
+  assert_int_equal(n, 17);
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
+  assert_string_equal(jobspec_rule_stage("output-dir-free"), "submit");
 }
 
 static void test_all_errors_at_once(void **state) {

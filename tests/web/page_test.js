@@ -219,8 +219,18 @@ async function main() {
     await waitFor('the unknown field error', async () =>
       /trian/.test(await page.textContent('#f-extra-error')));
 
-    // ...and a valid spec is accepted and runs to success.
+    // The folder of a job that has not finished is refused by its field.
+    const held = await call(srv, 'POST', '/v1/jobs', spec('web-held', 100000));
+    assert.equal(held.status, 201, JSON.stringify(held.body));
     await page.fill('#f-extra', '');
+    await page.fill('#f-output_dir', 'runs/web-held');
+    await waitFor('the output_dir error', async () =>
+      (await page.textContent('#f-output_dir-error')).includes(
+        'is the output folder of job ' + held.body.id));
+    await page.screenshot({ path: path.join(ART, 'submit-folder-taken.png'), fullPage: true });
+    await call(srv, 'POST', '/v1/jobs/' + held.body.id + ':cancel');
+
+    // ...and a valid spec is accepted and runs to success.
     await page.fill('#f-train-lr', '0.001');
     await page.fill('#f-name', 'web-form');
     await page.fill('#f-world_size', '2');
