@@ -32,8 +32,9 @@ static void train_usage(FILE *f) {
           "LoRA jobs write output_dir/adapter_config.json + adapter_model.safetensors (PEFT);\n"
           "full training writes output_dir/config.json + model.safetensors. Checkpoints in\n"
           "output_dir/checkpoints let a rerun resume. --json also prints every rank's raw\n"
-          "JSON reports on stdout. Exit status: 0 success, 1 a rank failed, 2 an invalid\n"
-          "spec, 130 interrupted. Example:\n"
+          "JSON reports on stdout. One run at a time writes an output_dir: a folder that\n"
+          "another run writes is refused. Exit status: 0 success, 1 a rank failed or the\n"
+          "folder is busy, 2 an invalid spec, 130 interrupted. Example:\n"
           "  trainyard train --model_path models/tiny --use_lora true --data.path text.txt \\\n"
           "    --world_size 2 --fsdp.memory_efficient_load true --allocation_mode static\n");
 }
@@ -66,6 +67,62 @@ static int progress_timeout_ms(int *ms, char *err, size_t errlen) {
                   "seconds a rank may go without a report before the job fails", &s, err, errlen);
   *ms = (int)(s * 1000);
   return rc;
+}
+
+/* The run itself, once the output folder is this process's: writes the
+ * normalized spec there, starts the ranks and reports how they ended. */
+static int train_locked(const jobspec_t *s, train_view_t *view, const char *worker,
+                        int timeout_ms) {
+  /* The normalized spec lives with the outputs: it says what made them. */
+  char spec_path[PATH_MAX];
+  snprintf(spec_path, sizeof spec_path, "%.*s/job.json", PATH_MAX - 16, s->output_dir);
+  json_t *j = jobspec_to_json(s);
+  int rc = json_dump_file(j, spec_path, JSON_INDENT(2));
+  json_decref(j);
+  if (rc) {
+    fprintf(stderr, "trainyard train: cannot write %s: %s\n", spec_path, strerror(errno));
+    return 1;
+  }
+  fprintf(stderr, "trainyard train: %s: %d rank%s, %s, %d steps on %s -> %s\n", s->name,
+          s->world_size, s->world_size == 1 ? "" : "s", s->use_lora ? "LoRA" : "full training",
+          s->train.steps, s->data.path[0] ? s->data.path : "the built-in corpus (no data.path)",
+          s->output_dir);
+  /* GPU ranks meet through NCCL, its id published in a file beside the
+   * outputs (CPU ranks: the launcher's shm segment). */
+  char rdv[PATH_MAX + 32];
+  snprintf(rdv, sizeof rdv, "nccl:file:%.*s/nccl.id", PATH_MAX - 16, s->output_dir);
+  const bool nccl = s->device == JOBSPEC_DEVICE_CUDA && s->world_size > 1;
+  /* A crashed run's id would send the other ranks to a dead rendezvous. */
+  if (nccl) unlink(rdv + strlen("nccl:file:"));
+  launch_opts_t o = {.worker = worker,
+                     .world_size = s->world_size,
+                     .spec_path = spec_path,
+                     .mode = "train",
+                     .rendezvous = nccl ? rdv : NULL,
+                     .progress_timeout_ms = timeout_ms,
+                     .on_line = on_line,
+                     .ctx = view};
+  launch_result_t res;
+  rc = launch_run(&o, &res);
+  if (rc == 0) {
+    fprintf(stderr, "trainyard train: done: %s written to %s\n",
+            s->use_lora ? "adapter_config.json + adapter_model.safetensors"
+                        : "config.json + model.safetensors",
+            s->output_dir);
+    return 0;
+  }
+  if (rc == TY_ECANCELLED) {
+    fprintf(stderr,
+            "trainyard train: stopped by signal %d (%s); every rank stopped. A rerun "
+            "resumes from the last checkpoint in %s/checkpoints\n",
+            res.interrupted, strsignal(res.interrupted), s->output_dir);
+    return 130;
+  }
+  if (res.failed_rank >= 0)
+    fprintf(stderr, "trainyard train: rank %d failed: %s\n", res.failed_rank, res.reason);
+  else
+    fprintf(stderr, "trainyard train: %s\n", res.reason);
+  return 1;
 }
 
 int cmd_train(int argc, char **argv) {
@@ -103,58 +160,23 @@ int cmd_train(int argc, char **argv) {
             "TRAINYARD_WORKER to its path)\n");
     return 1;
   }
-  /* The normalized spec lives with the outputs: it says what made them. */
-  char spec_path[PATH_MAX];
-  if (ty_mkdirs(s.output_dir, err, sizeof err)) {
+  /* One run at a time writes a folder (another `train`, or a trainyardd
+   * job, would overwrite its checkpoints and outputs): the lock is held
+   * until this process ends. */
+  int lock = ty_dir_lock(s.output_dir, err, sizeof err);
+  if (lock == TY_EPRECONDITION) {
+    fprintf(stderr,
+            "trainyard train: output_dir: %s is in use by another trainyard run (a `trainyard "
+            "train` or a trainyardd job writing it); wait for it to end, or give this run "
+            "another --output_dir\n",
+            s.output_dir);
+    return 1;
+  }
+  if (lock < 0) {
     fprintf(stderr, "trainyard train: output_dir: %s\n", err);
     return 1;
   }
-  snprintf(spec_path, sizeof spec_path, "%.*s/job.json", PATH_MAX - 16, s.output_dir);
-  json_t *j = jobspec_to_json(&s);
-  rc = json_dump_file(j, spec_path, JSON_INDENT(2));
-  json_decref(j);
-  if (rc) {
-    fprintf(stderr, "trainyard train: cannot write %s: %s\n", spec_path, strerror(errno));
-    return 1;
-  }
-  fprintf(stderr, "trainyard train: %s: %d rank%s, %s, %d steps on %s -> %s\n", s.name,
-          s.world_size, s.world_size == 1 ? "" : "s", s.use_lora ? "LoRA" : "full training",
-          s.train.steps, s.data.path[0] ? s.data.path : "the built-in corpus (no data.path)",
-          s.output_dir);
-  /* GPU ranks meet through NCCL, its id published in a file beside the
-   * outputs (CPU ranks: the launcher's shm segment). */
-  char rdv[PATH_MAX + 32];
-  snprintf(rdv, sizeof rdv, "nccl:file:%.*s/nccl.id", PATH_MAX - 16, s.output_dir);
-  const bool nccl = s.device == JOBSPEC_DEVICE_CUDA && s.world_size > 1;
-  /* A crashed run's id would send the other ranks to a dead rendezvous. */
-  if (nccl) unlink(rdv + strlen("nccl:file:"));
-  launch_opts_t o = {.worker = worker,
-                     .world_size = s.world_size,
-                     .spec_path = spec_path,
-                     .mode = "train",
-                     .rendezvous = nccl ? rdv : NULL,
-                     .progress_timeout_ms = timeout_ms,
-                     .on_line = on_line,
-                     .ctx = &view};
-  launch_result_t res;
-  rc = launch_run(&o, &res);
-  if (rc == 0) {
-    fprintf(stderr, "trainyard train: done: %s written to %s\n",
-            s.use_lora ? "adapter_config.json + adapter_model.safetensors"
-                       : "config.json + model.safetensors",
-            s.output_dir);
-    return 0;
-  }
-  if (rc == TY_ECANCELLED) {
-    fprintf(stderr,
-            "trainyard train: stopped by signal %d (%s); every rank stopped. A rerun "
-            "resumes from the last checkpoint in %s/checkpoints\n",
-            res.interrupted, strsignal(res.interrupted), s.output_dir);
-    return 130;
-  }
-  if (res.failed_rank >= 0)
-    fprintf(stderr, "trainyard train: rank %d failed: %s\n", res.failed_rank, res.reason);
-  else
-    fprintf(stderr, "trainyard train: %s\n", res.reason);
-  return 1;
+  rc = train_locked(&s, &view, worker, timeout_ms);
+  close(lock);
+  return rc;
 }

@@ -2,9 +2,11 @@
 #include "common/fsutil.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -35,6 +37,25 @@ int ty_mkdirs(const char *dir, char *err, size_t errlen) {
     if (!c) break;
   }
   return 0;
+}
+
+int ty_dir_lock(const char *dir, char *err, size_t errlen) {
+  int rc = ty_mkdirs(dir, err, errlen);
+  if (rc) return rc;
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) {
+    if (err) snprintf(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+    return TY_EPERM;
+  }
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno == EINTR) continue;
+    int e = errno;
+    close(fd);
+    if (e == EWOULDBLOCK) return TY_EPRECONDITION;
+    if (err) snprintf(err, errlen, "cannot lock directory %s: %s", dir, strerror(e));
+    return TY_EPERM;
+  }
+  return fd;
 }
 
 int ty_find_worker(char *out, size_t n) {

@@ -10,6 +10,16 @@
  * component and the system's reason in err (may be NULL). */
 int ty_mkdirs(const char *dir, char *err, size_t errlen);
 
+/* Takes an exclusive advisory lock (flock) on directory dir, creating it and
+ * its parents when missing, for as long as the returned descriptor stays
+ * open: close it to release (the kernel releases it when the process ends,
+ * however it ends). The descriptor is close-on-exec, so processes started
+ * meanwhile do not hold the lock. Returns the descriptor (>= 0);
+ * TY_EPRECONDITION when another open of dir holds the lock (another run
+ * writes there); TY_EPERM or TY_EINVAL, with a message in err (may be
+ * NULL), when dir cannot be made or opened. */
+int ty_dir_lock(const char *dir, char *err, size_t errlen);
+
 /* Where our programs (trainyardd, trainyard) find trainyard-worker: beside
  * the running executable (an installed layout), else in ../worker/ of it
  * (the build tree). Writes the path into out (n bytes); returns 0 when that

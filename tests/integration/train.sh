@@ -101,6 +101,29 @@ grep -q "built-in corpus" "$tmp/areal.log" || fail "the built-in corpus is not a
 [ -s "$tmp/runs/job/model.safetensors" ] || fail "no checkpoint written to runs/job"
 grep 'done: held-out' "$tmp/areal.log"
 
+# One run at a time in an output folder: a second `train` of the folder
+# (however spelled) is refused while the first runs, and leaves its job.json
+# alone; once the first has stopped, the folder takes a new run.
+"$ty" train --model_path "$tmp/base" --use_lora true --data.path "$data" --data.seq_len 32 \
+  --train.steps 1000000 --output_dir "$tmp/out-lock" >/dev/null 2>"$tmp/lock1.log" &
+first=$!
+for _ in $(seq 200); do grep -q 'train step 1/' "$tmp/lock1.log" && break; sleep 0.05; done
+grep -q 'train step 1/' "$tmp/lock1.log" || fail "the long run did not start: $(cat "$tmp/lock1.log")"
+rc=0
+"$ty" train --model_path "$tmp/base" --use_lora true --data.path "$data" --data.seq_len 32 \
+  --train.steps 2 --output_dir "$tmp//out-lock/" >/dev/null 2>"$tmp/lock2.log" || rc=$?
+[ "$rc" = 1 ] || fail "a second run of a busy folder exited $rc: $(cat "$tmp/lock2.log")"
+grep -q "output_dir: $tmp//out-lock/ is in use by another trainyard run" "$tmp/lock2.log" ||
+  fail "the refusal does not say why: $(cat "$tmp/lock2.log")"
+grep -q '"steps": 1000000' "$tmp/out-lock/job.json" || fail "the refused run wrote job.json"
+kill -INT "$first"
+rc=0
+wait "$first" || rc=$?
+[ "$rc" = 130 ] || fail "the interrupted run exited $rc"
+"$ty" train --model_path "$tmp/base" --use_lora true --data.path "$data" --data.seq_len 32 \
+  --train.steps 2 --output_dir "$tmp/out-lock" >/dev/null 2>"$tmp/lock3.log" ||
+  fail "the folder stayed locked: $(cat "$tmp/lock3.log")"
+
 # A spec that is wrong fails the worker with the field named.
 sed 's/"seq_len": 64/"seq_len": 0/' "$tmp/full.json" >"$tmp/bad.json"
 TRAINYARD_SPEC="$tmp/bad.json" "$worker" >"$tmp/bad.reports" 2>/dev/null && fail "a bad spec ran"

@@ -1,12 +1,16 @@
 /* test_fsutil.c - ty_mkdirs: parents created, existing directories accepted,
- * a file in the way reported by name. */
+ * a file in the way reported by name; ty_dir_lock: one holder at a time,
+ * released on close, not handed to programs started meanwhile. */
+#include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -54,6 +58,55 @@ static void test_mkdirs(void **state) {
   assert_int_equal(system(cmd), 0);
 }
 
+static void test_dir_lock(void **state) {
+  (void)state;
+  char root[] = "/tmp/ty-fsutil-XXXXXX";
+  assert_non_null(mkdtemp(root));
+  char d[512], err[256];
+  snprintf(d, sizeof d, "%s/runs/a", root);
+  int a = ty_dir_lock(d, err, sizeof err); /* made when missing */
+  assert_true(a >= 0);
+  assert_true(is_dir(d));
+  /* Any other open of the folder is refused while a holds it, also from
+   * another spelling of it. */
+  assert_int_equal(ty_dir_lock(d, err, sizeof err), TY_EPRECONDITION);
+  char other[600];
+  snprintf(other, sizeof other, "%s/runs/../runs/a/", root);
+  assert_int_equal(ty_dir_lock(other, err, sizeof err), TY_EPRECONDITION);
+  /* A program started while it is held does not keep it: once the child
+   * has exec'd (its end of a close-on-exec pipe closes then), closing a
+   * frees the folder. */
+  int p[2];
+  assert_int_equal(pipe2(p, O_CLOEXEC), 0);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    execlp("sleep", "sleep", "30", (char *)NULL);
+    _exit(127);
+  }
+  close(p[1]);
+  char c;
+  assert_int_equal(read(p[0], &c, 1), 0);
+  close(p[0]);
+  close(a);
+  int b = ty_dir_lock(d, err, sizeof err);
+  assert_true(b >= 0);
+  kill(pid, SIGKILL);
+  waitpid(pid, NULL, 0);
+  close(b);
+  /* A file in the way is named. */
+  char f[512];
+  snprintf(f, sizeof f, "%s/file", root);
+  FILE *fp = fopen(f, "w");
+  assert_non_null(fp);
+  fclose(fp);
+  assert_int_equal(ty_dir_lock(f, err, sizeof err), TY_EPERM);
+  assert_non_null(strstr(err, "a file of that name exists"));
+  char cmd[600];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", root);
+  assert_int_equal(system(cmd), 0);
+}
+
 /* This test runs from <build>/tests: the worker is found in ../worker/. */
 static void test_find_worker(void **state) {
   (void)state;
@@ -67,7 +120,7 @@ static void test_find_worker(void **state) {
 }
 
 int main(void) {
-  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mkdirs),
+  const struct CMUnitTest tests[] = {cmocka_unit_test(test_mkdirs), cmocka_unit_test(test_dir_lock),
                                      cmocka_unit_test(test_find_worker)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
