@@ -49,6 +49,7 @@ typedef struct run {
   double kill_at;
   bool killed;
   char rdv[2200];          /* the ranks' rendezvous; an shm one is removed at the end */
+  int out_lock;            /* ty_dir_lock of the output folder while the ranks run; -1 */
   struct run *next;
 } run_t;
 
@@ -272,6 +273,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   r->max_restarts = j->max_restarts;
   r->gpu = !strcmp(j->device, "cuda");
   r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
+  r->out_lock = -1;
   r->next = s->runs;
   s->runs = r;
   if (r->gpu)
@@ -300,6 +302,18 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   char mkerr[2400];
   int mk = ty_mkdirs(dir, mkerr, sizeof mkerr);
   if (!mk) write_spec_file(spec_path, j->spec);
+  /* The output folder is this attempt's alone, also against runs that the
+   * database does not know (a `trainyard train`, another trainyardd). */
+  if (!mk && j->output_dir[0]) {
+    r->out_lock = ty_dir_lock(j->output_dir, mkerr, sizeof mkerr);
+    if (r->out_lock == TY_EPRECONDITION)
+      snprintf(mkerr, sizeof mkerr,
+               "output_dir %s is in use by another trainyard run on this host (a `trainyard "
+               "train`, or another trainyardd); wait for it to end, or submit the job again "
+               "with another output_dir",
+               j->output_dir);
+    if (r->out_lock < 0) mk = r->out_lock;
+  }
   double now = ty_mono_s();
   for (int i = 0; i < r->world; i++) {
     char log_path[2300], msg[2600];
@@ -330,8 +344,17 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   return true;
 }
 
+/* Whether an attempt of job id still has ranks to stop or reap. */
+static bool job_has_run(const sched_t *s, const char *id) {
+  for (const run_t *r = s->runs; r; r = r->next)
+    if (!strcmp(r->id, id)) return true;
+  return false;
+}
+
 /* Starts queued jobs, oldest first, while the oldest fits the free slots
- * (strict FIFO: a large job at the head is never overtaken). */
+ * (strict FIFO: a large job at the head is never overtaken). A job queued
+ * again after a failed attempt waits until that attempt's ranks are gone:
+ * they may still be writing its output folder. */
 static void start_queued(sched_t *s) {
   for (;;) {
     db_job_t **jobs;
@@ -344,7 +367,7 @@ static void start_queued(sched_t *s) {
     db_job_t *j = jobs[0];
     bool gpu = !strcmp(j->device, "cuda");
     int64_t free_slots = gpu ? s->cfg->gpus - s->gpu_used : s->cfg->cpu_slots - s->cpu_used;
-    bool go = j->world_size <= free_slots;
+    bool go = j->world_size <= free_slots && !job_has_run(s, j->id);
     if (go) start_attempt(s, j);
     db_jobs_free(jobs, n);
     if (!go) return;
@@ -459,6 +482,7 @@ static void tick(sched_t *s) {
       /* Ranks unlink the segment once all have joined; one that died
        * before that leaves it, so the attempt's end removes it. */
       if (!r->gpu) comm_shm_remove(r->rdv);
+      if (r->out_lock >= 0) close(r->out_lock);
       free(r->ranks);
       free(r);
     }

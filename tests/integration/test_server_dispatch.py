@@ -1,7 +1,10 @@
 """test_server_dispatch.py - trainyardd's scheduler and dispatcher with real
 rank processes (ty_test_worker following the worker contract): success,
 rank failures and crashes with their reasons and no orphans, the watchdog,
-cancel of queued and running jobs, max_restarts, FIFO slots, capped logs."""
+cancel of queued and running jobs, max_restarts, FIFO slots, capped logs,
+one run at a time in an output folder."""
+import fcntl
+import json
 import os
 import subprocess
 import sys
@@ -226,6 +229,78 @@ class Gpus(unittest.TestCase):
             self.assertEqual(r.status_code, 400)
         finally:
             srv.cleanup()
+
+
+class OutputFolder(unittest.TestCase):
+    """An attempt holds its output folder (flock) while its ranks run; a
+    folder another run holds (a `trainyard train`) fails the attempt; a
+    retry waits for the failed attempt's ranks to be gone."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.srv = Server(extra=["--cpu-slots", "4", "--grace", "1"]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.cleanup()
+
+    def test_folder_held_by_another_run_fails_the_attempt(self):
+        out = os.path.join(self.srv.dir, "runs", "held")
+        os.makedirs(out)
+        fd = os.open(out, os.O_RDONLY | os.O_DIRECTORY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as `trainyard train` does
+        try:
+            r = self.srv.post("/v1/jobs", self.srv.spec(name="held", steps=2, world_size=1))
+            job = self.srv.wait_state(r.json()["id"], ["failed", "succeeded"])
+            self.assertEqual(job["state"], "failed")
+            self.assertIn("output_dir %s is in use by another trainyard run on this host" % out,
+                          job["reason"])
+            self.assertFalse(os.path.exists(os.path.join(out, "rank0.done")))
+        finally:
+            os.close(fd)
+        r = self.srv.post("/v1/jobs", self.srv.spec(name="held", steps=2, world_size=1))
+        job = self.srv.wait_state(r.json()["id"], ["failed", "succeeded"])
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+
+    def test_a_running_job_holds_its_folder(self):
+        r = self.srv.post("/v1/jobs", self.srv.spec(name="holds-slow", steps=100, world_size=1))
+        job = self.srv.wait_state(r.json()["id"], ["running"])
+        fd = os.open(os.path.join(self.srv.dir, "runs", "holds-slow"),
+                     os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with self.assertRaises(BlockingIOError):
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.srv.post("/v1/jobs/%s:cancel" % job["id"])
+            self.srv.wait_state(job["id"], ["cancelled"])
+            deadline = time.time() + 10  # released once its ranks are reaped
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    self.assertLess(time.time(), deadline, "the folder stayed locked")
+                    time.sleep(0.05)
+        finally:
+            os.close(fd)
+
+    def test_retry_waits_for_the_failed_attempts_ranks(self):
+        # Rank 0 fails in attempt 1; rank 1 ignores SIGTERM until SIGKILL
+        # (grace 1 s). Slots for both attempts are free, yet attempt 2 starts
+        # only once attempt 1's ranks are gone, and so gets the folder.
+        r = self.srv.post("/v1/jobs", self.srv.spec(name="flaky-ignoreterm", steps=200,
+                                                    world_size=2, max_restarts=1))
+        job = self.srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=40)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        self.assertEqual(job["attempt"], 2)
+        text = self.srv.get("/v1/jobs/%s/events" % job["id"], timeout=20).text
+        events = [json.loads(line[5:]) for line in text.splitlines()
+                  if line.startswith("data:")]
+        gone = max(e["t"] for e in events if e["type"] == "rank"
+                   and e["data"].get("attempt") == 1)
+        started = [e["t"] for e in events if e["type"] == "state"
+                   and e["data"]["to"] == "starting" and e["data"]["attempt"] == 2]
+        self.assertEqual(len(started), 1, events)
+        self.assertGreaterEqual(started[0], gone)
 
 
 class LogCap(unittest.TestCase):
