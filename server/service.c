@@ -574,11 +574,23 @@ int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, ch
   db_job_t *j;
   int rc = svc_get(s, id, &j, msg, msgsz);
   if (rc) return rc;
-  db_job_free(j);
   rc = db_rank_log_path(s->db, id, attempt, rank, out);
-  if (rc == TY_ENOTFOUND)
-    set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id,
-            rank, attempt);
+  if (rc == TY_ENOTFOUND) {
+    int shown = attempt ? attempt : j->attempt; /* 0 asks for the newest */
+    if (rank >= j->world_size)
+      set_msg(msg, msgsz, "job %s has %d rank%s (0..%d), so no rank %d", id, j->world_size,
+              j->world_size == 1 ? "" : "s", j->world_size - 1, rank);
+    else if (j->attempt == 0)
+      set_msg(msg, msgsz, "job %s has not started yet (%s): no rank has a log", id,
+              db_state_name(j->state));
+    else if (shown > j->attempt)
+      set_msg(msg, msgsz, "job %s has had %d attempt%s, so no attempt %d", id, j->attempt,
+              j->attempt == 1 ? "" : "s", shown);
+    else
+      set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id,
+              rank, shown);
+  }
+  db_job_free(j);
   return rc;
 }
 

@@ -298,7 +298,14 @@ class Api(unittest.TestCase):
         log = self.srv.get("/v1/jobs/%s/ranks/0/log" % slow["id"])
         self.assertEqual(log.status_code, 200)
         self.assertIn("[rank 0/1] train step 40/40", log.text)
-        self.assertEqual(self.srv.get("/v1/jobs/%s/ranks/5/log" % slow["id"]).status_code, 404)
+        # A log that does not exist says why: no such rank, attempt or start.
+        for job, path, why in [
+                (slow, "ranks/5/log", "has 1 rank (0..0), so no rank 5"),
+                (slow, "ranks/0/log?attempt=3", "has had 1 attempt, so no attempt 3"),
+                (queued, "ranks/0/log", "has not started yet (cancelled): no rank has a log")]:
+            r = self.srv.get("/v1/jobs/%s/%s" % (job["id"], path))
+            self.assertEqual(r.status_code, 404, r.text)
+            self.assertEqual(r.json()["error"]["message"], "job %s %s" % (job["id"], why))
 
     def test_live_events_follow_a_running_job(self):
         job = self.submit(self.srv.spec(world_size=1, name="live-slow",
