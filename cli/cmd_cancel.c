@@ -5,6 +5,7 @@
 
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/grpc_client.h"
 
 int cmd_cancel(int argc, char **argv) {
   client_t c;
@@ -19,7 +20,8 @@ int cmd_cancel(int argc, char **argv) {
     else {
       bool help = !strcmp(argv[i], "--help");
       fprintf(help ? stdout : stderr,
-              "usage: trainyard cancel JOB_ID [--reason TEXT] [--server URL] [--token TOKEN]\n"
+              "usage: trainyard cancel JOB_ID [--reason TEXT] [--server URL | --grpc HOST:PORT]\n"
+              "                        [--token TOKEN]\n"
               "Cancels a queued or running job (its ranks get SIGTERM, then SIGKILL after\n"
               "the server's grace period). Prints the job's state and reason.\n");
       return help ? 0 : 2;
@@ -34,8 +36,9 @@ int cmd_cancel(int argc, char **argv) {
   snprintf(path, sizeof path, "/v1/jobs/%s:cancel", esc);
   json_t *body = reason ? json_pack("{s:s}", "reason", reason) : NULL;
   long status;
-  json_t *job;
-  int rc = client_json(&c, "POST", path, body, NULL, &status, &job);
+  json_t *job = NULL;
+  int rc = *c.grpc ? gcli_cancel(&c, id, reason, &job)
+                   : client_json(&c, "POST", path, body, NULL, &status, &job);
   json_decref(body);
   if (!rc)
     printf("%s %s: %s\n", json_string_value(json_object_get(job, "id")),

@@ -7,12 +7,13 @@
 
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/grpc_client.h"
 #include "common/numbers.h"
 
 static void usage(FILE *f) {
   fprintf(f,
           "usage: trainyard list [--state S[,S...]] [--limit N | --all] [--json]\n"
-          "                      [--server URL] [--token TOKEN]\n"
+          "                      [--server URL | --grpc HOST:PORT] [--token TOKEN]\n"
           "Jobs, newest first: the first --limit of them (default 50), or every one with --all,\n"
           "over as many of the server's pages as that takes.\n"
           "States: queued, starting, running, succeeded, failed, cancelled.\n");
@@ -73,11 +74,13 @@ int cmd_list(int argc, char **argv) {
     if (state) n += snprintf(path + n, sizeof path - (size_t)n, "%cstate=%s", sep, es), sep = '&';
     if (*token) snprintf(path + n, sizeof path - (size_t)n, "%cpage_token=%s", sep, et);
     long status;
-    json_t *page;
-    if (client_json(&c, "GET", path, NULL, NULL, &status, &page)) {
+    json_t *page = NULL;
+    int rc = *c.grpc ? gcli_list(&c, state, token, &page)
+                     : client_json(&c, "GET", path, NULL, NULL, &status, &page);
+    if (rc) {
       json_decref(page);
       json_decref(every);
-      return 1;
+      return rc == 2 ? 2 : 1;
     }
     if (!as_json && !*token) /* the first page came: the table's header */
       printf("%-20s %-24s %-10s %7s %5s  %-19s  %s\n", "ID", "NAME", "STATE", "ATTEMPT", "RANKS",

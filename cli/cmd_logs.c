@@ -8,6 +8,15 @@
 #include "cli/commands.h"
 
 int cmd_logs(int argc, char **argv) {
+  /* The gRPC API has no logs: asked for by name, say so rather than ask
+   * another server (TRAINYARD_GRPC alone leaves logs to --server). */
+  for (int i = 1; i < argc; i++)
+    if (!strncmp(argv[i], "--grpc", 6) && (!argv[i][6] || argv[i][6] == '=')) {
+      fprintf(stderr,
+              "trainyard logs: rank logs are served over REST only, not gRPC; drop --grpc and "
+              "give the server's --server URL\n");
+      return 2;
+    }
   client_t c;
   if (!client_init(&c, &argc, argv)) return 2;
   const char *id = NULL, *rank = "0", *attempt = NULL;
@@ -23,7 +32,7 @@ int cmd_logs(int argc, char **argv) {
       bool help = !strcmp(argv[i], "--help");
       fprintf(help ? stdout : stderr,
               "usage: trainyard logs JOB_ID [--rank N] [--attempt N] [--server URL] [--token T]\n"
-              "Prints a rank's log (default rank 0 of the newest attempt).\n");
+              "Prints a rank's log (default rank 0 of the newest attempt), over REST only.\n");
       return help ? 0 : 2;
     }
   }

@@ -221,6 +221,58 @@ int gcli_get(const client_t *c, const char *id, json_t **job) {
   return 0;
 }
 
+int gcli_list(const client_t *c, const char *states, const char *page_token, json_t **page) {
+  *page = NULL;
+  /* The request from its JSON form, so that state names are read as the
+   * server writes them ("running"). */
+  json_t *names = json_array();
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s", states ? states : "");
+  for (char *save = NULL, *w = strtok_r(buf, ",", &save); w; w = strtok_r(NULL, ",", &save)) {
+    int v;
+    if (pbjson_enum_value(&trainyard__v1__job_state__descriptor, w, &v)) {
+      fprintf(stderr,
+              "trainyard list: --state: unknown state '%s' (use queued, starting, "
+              "running, succeeded, failed or cancelled, comma-separated)\n",
+              w);
+      json_decref(names);
+      return 2;
+    }
+    json_array_append_new(names, json_string(w));
+  }
+  json_t *j = json_pack("{s:o}", "states", names);
+  if (*page_token) json_object_set_new(j, "page_token", json_string(page_token));
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  ProtobufCMessage *req =
+      pbjson_to_message(j, &trainyard__v1__list_jobs_request__descriptor, "", &errs);
+  json_decref(j);
+  if (!req) { /* cannot happen: names and token were checked or are strings */
+    for (size_t i = 0; i < errs.len; i++)
+      fprintf(stderr, "trainyard list: %s: %s\n", errs.items[i].field, errs.items[i].message);
+    ty_errlist_clear(&errs);
+    return 2;
+  }
+  ProtobufCMessage *out;
+  int rc = gcli_unary(c, "ListJobs", req, &trainyard__v1__list_jobs_response__descriptor, &out);
+  protobuf_c_message_free_unpacked(req, NULL);
+  if (rc) return rc;
+  *page = as_json(out);
+  protobuf_c_message_free_unpacked(out, NULL);
+  return 0;
+}
+
+int gcli_cancel(const client_t *c, const char *id, const char *reason, json_t **job) {
+  Trainyard__V1__CancelJobRequest req = TRAINYARD__V1__CANCEL_JOB_REQUEST__INIT;
+  req.job_id = (char *)id;
+  req.reason = (char *)reason;
+  ProtobufCMessage *out;
+  int rc = gcli_unary(c, "CancelJob", &req.base, &trainyard__v1__job__descriptor, &out);
+  if (rc) return rc;
+  *job = as_json(out);
+  protobuf_c_message_free_unpacked(out, NULL);
+  return 0;
+}
+
 int gcli_watch(const client_t *c, const char *id, long long after_seq,
                void (*fn)(void *ctx, const json_t *ev), void *ctx) {
   Trainyard__V1__WatchJobRequest req = TRAINYARD__V1__WATCH_JOB_REQUEST__INIT;

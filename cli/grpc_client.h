@@ -24,6 +24,16 @@ int gcli_submit(const client_t *c, const jobspec_t *spec, const char *key, json_
 /* GetJob: *job is the caller's. 0, or 1 after printing the error. */
 int gcli_get(const client_t *c, const char *id, json_t **job);
 
+/* ListJobs: one page as the REST API's JSON ({"jobs": [...],
+ * "next_page_token"}), *page the caller's. states: comma-separated state
+ * names (NULL or "": every state); page_token: "" for the first page. 0; 1
+ * after printing the server's error; 2 after printing an unknown state. */
+int gcli_list(const client_t *c, const char *states, const char *page_token, json_t **page);
+
+/* CancelJob with reason (NULL: none): *job is the caller's. 0, or 1 after
+ * printing the error. */
+int gcli_cancel(const client_t *c, const char *id, const char *reason, json_t **job);
+
 /* WatchJob from after_seq: fn gets each event ({"seq","job_id","t",
  * "type","data"}, borrowed) until the stream ends. 0 when it ended
  * normally; -1 when it broke off (server gone or shutting down: call again

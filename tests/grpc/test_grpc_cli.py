@@ -1,6 +1,7 @@
-"""test_grpc_cli.py - trainyard submit, get and watch with --grpc (and
-TRAINYARD_GRPC) against a real trainyardd: the same output as over REST,
-errors with their field details, the token, an unreachable address."""
+"""test_grpc_cli.py - trainyard submit, get, watch, list and cancel with
+--grpc (and TRAINYARD_GRPC) against a real trainyardd: the same output as
+over REST, errors with their field details, the token, an unreachable
+address; logs, which gRPC does not serve, refuses --grpc."""
 import json
 import os
 import subprocess
@@ -71,6 +72,39 @@ class GrpcCli(unittest.TestCase):
         # submit --watch follows the new job to its end.
         out = self.ty("submit", spec, "--name", "cli-grpc-2", "--watch").stdout
         self.assertIn("succeeded", out.splitlines()[-1])
+
+    def rest(self, *args, expect=0):
+        """The same command over REST (no --grpc, no TRAINYARD_GRPC)."""
+        env = dict(os.environ, TRAINYARD_SERVER=self.srv.url, TRAINYARD_TOKEN=TOKEN)
+        env.pop("TRAINYARD_GRPC", None)
+        p = subprocess.run([TRAINYARD] + list(args), cwd=self.srv.dir, env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(p.returncode, expect, (args, p.stdout, p.stderr))
+        return p
+
+    def test_list_and_cancel(self):
+        spec = self.srv.write_spec("cli-grpc-list", steps=100000, world_size=1)
+        ids = [self.ty("submit", spec, "--name", "cli-grpc-list-%d" % i, "--output_dir",
+                       "runs/cli-grpc-list-%d" % i).stdout.strip() for i in range(3)]
+        out = self.ty("cancel", ids[0], "--reason", "over grpc").stdout
+        self.assertEqual(out.strip(), "%s cancelled: cancelled by a client: over grpc" % ids[0])
+        self.assertEqual(self.ty("cancel", "j-nope", expect=1).stderr.count("NOT_FOUND"), 1)
+        # The same table and JSON as over REST, over the server's pages.
+        for args in (["list"], ["list", "--limit", "2"], ["list", "--state", "cancelled"],
+                     ["list", "--all", "--json"]):
+            self.assertEqual(self.ty(*args, grpc_env=True).stdout, self.rest(*args).stdout
+                             if "--json" not in args else self.ty(*args).stdout)
+        listed = json.loads(self.ty("list", "--all", "--json").stdout)
+        rest = json.loads(self.rest("list", "--all", "--json").stdout)
+        self.assertEqual(listed, [drop_nulls(j) for j in rest])
+        self.assertEqual([j["id"] for j in listed[:3]], ids[::-1])
+        p = self.ty("list", "--state", "running,bogus", expect=2)
+        self.assertIn("unknown state 'bogus'", p.stderr)
+        for i in ids[1:]:
+            self.ty("cancel", i)
+        # Logs are REST's alone.
+        p = self.ty("logs", ids[0], expect=2)
+        self.assertIn("served over REST only", p.stderr)
 
     def test_errors(self):
         spec = self.srv.write_spec("cli-grpc-bad", steps=8)
