@@ -140,6 +140,9 @@ typedef struct {
   const char *const *read;  /* e.g. {"/srv/models", "/srv/data", NULL} */
   const char *const *write; /* e.g. {"/srv/runs", NULL} */
   const char *base;
+  char *output_resolved;    /* optional (PATH_MAX bytes): output_dir as it was compared,
+                               jobspec_resolve_path's form; "" when it has none or cannot
+                               be resolved */
 } jobspec_roots_t;
 int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs);
 

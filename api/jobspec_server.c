@@ -105,11 +105,14 @@ done:
   if (!buf[0]) snprintf(buf, cap, "none configured");
 }
 
+/* resolved (PATH_MAX bytes) receives path resolved, or "" when it cannot be. */
 static void check_one_root(const char *field, const char *path, bool write,
-                           const jobspec_roots_t *r, ty_errlist_t *errs) {
-  char res[PATH_MAX], list[4096];
+                           const jobspec_roots_t *r, ty_errlist_t *errs, char *res) {
+  char list[4096];
+  res[0] = '\0';
   if (!path[0]) return;
   int rc = jobspec_resolve_path(path, r->base, res);
+  if (rc) res[0] = '\0';
   if (rc == -2) {
     ty_errlist_add(errs, field,
                    "%s passes through a symbolic link that points nowhere; remove the link or "
@@ -135,9 +138,11 @@ static void check_one_root(const char *field, const char *path, bool write,
 
 int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs) {
   size_t before = errs->len;
-  check_one_root("model_path", s->model_path, false, roots, errs);
-  check_one_root("data.path", s->data.path, false, roots, errs);
-  check_one_root("output_dir", s->output_dir, true, roots, errs);
+  char res[PATH_MAX];
+  check_one_root("model_path", s->model_path, false, roots, errs, res);
+  check_one_root("data.path", s->data.path, false, roots, errs, res);
+  check_one_root("output_dir", s->output_dir, true, roots, errs,
+                 roots->output_resolved ? roots->output_resolved : res);
   return errs->len > before ? TY_EINVAL : 0;
 }
 

@@ -167,15 +167,15 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
     absolutize(spec->model_path, sizeof spec->model_path);
     absolutize(spec->data.path, sizeof spec->data.path);
     absolutize(spec->output_dir, sizeof spec->output_dir);
-    jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL};
+    jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL, out_dir};
     jobspec_check_roots(spec, &roots, errs);
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     char why[256];
     if (sched_fits(s->cfg, resolve_device(s, spec), spec->world_size, why, sizeof why))
       ty_errlist_add(errs, "world_size", "%s", why);
-  }
-  if (!spec->output_dir[0] || jobspec_resolve_path(spec->output_dir, NULL, out_dir))
+  } else if (!spec->output_dir[0] || jobspec_resolve_path(spec->output_dir, NULL, out_dir)) {
     out_dir[0] = '\0';
+  }
 }
 
 /* The problem of a spec whose output folder an unfinished job holds. */

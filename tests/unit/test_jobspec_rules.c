@@ -297,7 +297,9 @@ static void test_paths_in_roots(void **state) {
   snprintf(runs, sizeof runs, "%s/runs", g_tmp);
   const char *const rd[] = {models, NULL};
   const char *const wr[] = {runs, NULL};
-  jobspec_roots_t roots = {rd, wr, g_tmp};
+  char resolved[PATH_MAX], real[PATH_MAX], want_out[PATH_MAX + 16];
+  assert_non_null(realpath(g_tmp, real));
+  jobspec_roots_t roots = {rd, wr, g_tmp, resolved};
   jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* Relative paths resolve against base; output_dir need not exist yet. */
@@ -307,6 +309,8 @@ static void test_paths_in_roots(void **state) {
                             &e),
                    0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
+  snprintf(want_out, sizeof want_out, "%s/runs/a/b", real); /* as it was compared */
+  assert_string_equal(resolved, want_out);
   /* A model may come from an earlier job's output (write roots are readable). */
   assert_int_equal(tu_check(&s, "{\"model_path\": \"runs\", \"output_dir\": \"runs/x\"}", &e), 0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
@@ -330,6 +334,7 @@ static void test_paths_in_roots(void **state) {
                    0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), TY_EINVAL);
   assert_true(tu_has(&e, "output_dir", "cannot be resolved safely"));
+  assert_string_equal(resolved, "");
   ty_errlist_clear(&e);
   /* A dangling link inside the output root pointing out of it. */
   char link[600], target[600];
@@ -352,19 +357,18 @@ static void test_paths_in_roots(void **state) {
            g_tmp, g_tmp);
   assert_int_equal(tu_check(&s, text, &e), 0);
   assert_int_equal(jobspec_check_roots(&s, &roots, &e), 0);
-  jobspec_roots_t none = {NULL, NULL, NULL};
+  jobspec_roots_t none = {NULL, NULL, NULL, NULL};
   assert_int_equal(jobspec_check_roots(&s, &none, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path", "(none configured)"));
   ty_errlist_clear(&e);
   /* The error lists the roots as they are compared (resolved), each once,
    * and names a root that does not exist as configured. */
-  char real[PATH_MAX], dotted[600], missing[600], want[3 * PATH_MAX];
-  assert_non_null(realpath(g_tmp, real));
+  char dotted[600], missing[600], want[3 * PATH_MAX];
   snprintf(dotted, sizeof dotted, "%s/models/../models/.", g_tmp);
   snprintf(missing, sizeof missing, "%s/nothere", g_tmp);
   const char *const rd2[] = {dotted, models, missing, NULL};
   const char *const wr2[] = {runs, runs, NULL};
-  jobspec_roots_t twice = {rd2, wr2, NULL};
+  jobspec_roots_t twice = {rd2, wr2, NULL, NULL};
   assert_int_equal(tu_check(&s, "{\"model_path\": \"/usr\"}", &e), 0);
   assert_int_equal(jobspec_check_roots(&s, &twice, &e), TY_EINVAL);
   snprintf(want, sizeof want, "roots (%s/models, %s (does not exist), %s/runs); move it", real,
