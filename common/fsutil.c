@@ -39,6 +39,12 @@ int ty_mkdirs(const char *dir, char *err, size_t errlen) {
   return 0;
 }
 
+int ty_flock_try(int fd) {
+  while (flock(fd, LOCK_EX | LOCK_NB) != 0)
+    if (errno != EINTR) return errno == EWOULDBLOCK ? TY_EPRECONDITION : TY_EPERM;
+  return 0;
+}
+
 int ty_dir_lock(const char *dir, char *err, size_t errlen) {
   int rc = ty_mkdirs(dir, err, errlen);
   if (rc) return rc;
@@ -47,13 +53,13 @@ int ty_dir_lock(const char *dir, char *err, size_t errlen) {
     if (err) snprintf(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
     return TY_EPERM;
   }
-  while (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    if (errno == EINTR) continue;
+  rc = ty_flock_try(fd);
+  if (rc) {
     int e = errno;
     close(fd);
-    if (e == EWOULDBLOCK) return TY_EPRECONDITION;
-    if (err) snprintf(err, errlen, "cannot lock directory %s: %s", dir, strerror(e));
-    return TY_EPERM;
+    if (rc == TY_EPERM && err)
+      snprintf(err, errlen, "cannot lock directory %s: %s", dir, strerror(e));
+    return rc;
   }
   return fd;
 }

@@ -10,6 +10,11 @@
  * component and the system's reason in err (may be NULL). */
 int ty_mkdirs(const char *dir, char *err, size_t errlen);
 
+/* flock(fd, LOCK_EX | LOCK_NB), retried when a signal interrupts it: 0;
+ * TY_EPRECONDITION when another open of the file holds the lock; TY_EPERM
+ * when it cannot be taken at all (errno tells why). */
+int ty_flock_try(int fd);
+
 /* Takes an exclusive advisory lock (flock) on directory dir, creating it and
  * its parents when missing, for as long as the returned descriptor stays
  * open: close it to release (the kernel releases it when the process ends,

@@ -3,14 +3,18 @@
 #include "db/db_internal.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 
@@ -275,12 +279,58 @@ static int migrate(db_t *db, char *msg, size_t msgsz) {
   return 0;
 }
 
+/* Makes the database this open's alone: an exclusive flock on <path>-owner
+ * (not on the database file, whose POSIX locks SQLite's own would lose when
+ * another descriptor of it closed), which then names this process. Two
+ * servers on one database would each take the other's running ranks for
+ * leftovers of a crash and stop them. */
+static int take_owner(db_t *db, const char *path, char *msg, size_t msgsz) {
+  char owner[PATH_MAX];
+  if (snprintf(owner, sizeof owner, "%s-owner", path) >= (int)sizeof owner) {
+    if (msg) snprintf(msg, msgsz, "database path too long: %.64s...", path);
+    return TY_EINVAL;
+  }
+  db->owner_fd = open(owner, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (db->owner_fd < 0) {
+    if (msg) snprintf(msg, msgsz, "cannot open %s: %s", owner, strerror(errno));
+    return TY_EUNAVAILABLE;
+  }
+  int rc = ty_flock_try(db->owner_fd);
+  if (rc == TY_EPRECONDITION) {
+    char pid[32] = "";
+    ssize_t n = pread(db->owner_fd, pid, sizeof pid - 1, 0);
+    pid[n > 0 ? n : 0] = '\0';
+    pid[strcspn(pid, "\n")] = '\0';
+    if (msg)
+      snprintf(msg, msgsz,
+               "database %s is in use by another trainyardd (pid %s, holding %s); one "
+               "database takes one server, or each would stop the other's ranks: stop that "
+               "server first, or give this one another --db",
+               path, *pid ? pid : "unknown", owner);
+    return rc;
+  }
+  if (rc) {
+    if (msg) snprintf(msg, msgsz, "cannot lock %s: %s", owner, strerror(errno));
+    return TY_EUNAVAILABLE;
+  }
+  char pid[32];
+  int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+  if (ftruncate(db->owner_fd, 0) || pwrite(db->owner_fd, pid, (size_t)len, 0) != len)
+    ty_warn("cannot write this process's id into %s: %s", owner, strerror(errno));
+  return 0;
+}
+
 int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
   *out = NULL;
   int rc = make_parent_dir(path, msg, msgsz);
   if (rc) return rc;
   db_t *db = xcalloc(1, sizeof *db);
+  db->owner_fd = -1;
   pthread_mutex_init(&db->lock, NULL);
+  if ((rc = take_owner(db, path, msg, msgsz))) {
+    db_close(db);
+    return rc;
+  }
   int src = sqlite3_open_v2(path, &db->conn,
                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
                             NULL);
@@ -313,6 +363,7 @@ void db_close(db_t *db) {
   if (db->conn) dbi_flush(db);
   dbi_cache_clear(db);
   if (db->conn) sqlite3_close_v2(db->conn);
+  if (db->owner_fd >= 0) close(db->owner_fd); /* after SQLite: the next owner finds it whole */
   pthread_mutex_destroy(&db->lock);
   free(db);
 }

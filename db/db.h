@@ -67,7 +67,10 @@ void db_job_free(db_job_t *j);
 void db_jobs_free(db_job_t **jobs, size_t n);
 
 /* Opens (creating when missing, with its parent directory) and migrates the
- * database at path. On failure returns a TY_E* code and, when msg is not
+ * database at path, for this open alone until db_close: an exclusive flock
+ * on "<path>-owner", which holds the opener's pid, so that a second open
+ * (another trainyardd) fails with TY_EPRECONDITION, naming that pid, and
+ * touches nothing. On failure returns a TY_E* code and, when msg is not
  * NULL, a description in msg (msgsz bytes). */
 int db_open(const char *path, db_t **out, char *msg, size_t msgsz);
 void db_close(db_t *db);

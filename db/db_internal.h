@@ -21,6 +21,7 @@ typedef struct {
 
 struct db {
   sqlite3 *conn;
+  int owner_fd;         /* holds the flock of <path>-owner while open; -1 */
   pthread_mutex_t lock; /* one statement sequence or transaction at a time */
   dbi_cached_t cache[DBI_CACHE];
   /* Reports are committed in batches (group commit): a transaction opened

@@ -1,15 +1,18 @@
 """test_server_recovery.py - kill -9 of trainyardd while jobs run, then a
 restart: no acknowledged job is lost, none stays in a non-final state it
 cannot leave, surviving ranks are stopped, each change an event with its
-reason. Also a clean shutdown (SIGTERM) with a running job."""
+reason. Also a clean shutdown (SIGTERM) with a running job, and a second
+trainyardd on the same database, which is refused rather than taking the
+first one's ranks for leftovers of a crash."""
 import os
 import signal
+import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import Server, group_alive  # noqa: E402
+from tyserver import Server, free_port, group_alive  # noqa: E402
 
 
 class Recovery(unittest.TestCase):
@@ -50,6 +53,31 @@ class Recovery(unittest.TestCase):
                           "retrying (restart 1 of 1)", events)
             listed = {j["id"] for j in srv.get("/v1/jobs").json()["jobs"]}
             self.assertEqual(listed, {once["id"], retry["id"], queued["id"]})
+        finally:
+            srv.cleanup()
+
+    def test_second_server_on_one_database_is_refused(self):
+        srv = Server()
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="slow-owned", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            args = srv.args()
+            args[args.index("--listen") + 1] = "127.0.0.1:%d" % free_port()
+            p = subprocess.run(args, cwd=srv.dir, capture_output=True, text=True, timeout=30)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("is in use by another trainyardd (pid %d, " % srv.proc.pid, p.stderr)
+            self.assertIn("give this one another --db", p.stderr)
+            # The first server's job ran on, untouched.
+            self.assertTrue(all(group_alive(pid) for pid in pids))
+            got = srv.get("/v1/jobs/" + job["id"]).json()
+            self.assertEqual(got["state"], "running", got["reason"])
+            srv.post("/v1/jobs/%s:cancel" % job["id"])
+            # Once the first has stopped, the database takes a new server.
+            srv.stop()
+            srv.start()
+            self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "cancelled")
         finally:
             srv.cleanup()
 

@@ -265,6 +265,28 @@ static void test_migration_keeps_output_dirs(void **state) {
   db_job_free(j);
 }
 
+/* One open at a time: a second open (of any process) is refused, naming the
+ * holder, and loses nothing; once the first closes, the database opens. */
+static void test_second_open_is_refused(void **state) {
+  fixture_t *f = *state;
+  insert(f->db, "kept", NULL, "{}", 0);
+  db_t *other = NULL;
+  char msg[512], want[64];
+  assert_int_equal(db_open(f->path, &other, msg, sizeof msg), TY_EPRECONDITION);
+  assert_null(other);
+  snprintf(want, sizeof want, "in use by another trainyardd (pid %ld, ", (long)getpid());
+  assert_non_null(strstr(msg, want));
+  assert_non_null(strstr(msg, "give this one another --db"));
+  db_job_t *j = NULL;
+  assert_int_equal(db_job_get(f->db, "kept", &j), 0);
+  db_job_free(j);
+  db_close(f->db);
+  f->db = NULL;
+  assert_int_equal(db_open(f->path, &f->db, msg, sizeof msg), 0);
+  assert_int_equal(db_job_get(f->db, "kept", &j), 0);
+  db_job_free(j);
+}
+
 static void test_list_pages_and_filters(void **state) {
   fixture_t *f = *state;
   char id[16];
@@ -318,6 +340,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_list_pages_and_filters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_output_dir_held_until_finished, setup, teardown),
       cmocka_unit_test_setup_teardown(test_migration_keeps_output_dirs, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_second_open_is_refused, setup, teardown),
       cmocka_unit_test(test_state_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
