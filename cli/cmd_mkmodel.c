@@ -1,6 +1,7 @@
 /* cmd_mkmodel.c - trainyard mkmodel: writes a deterministic, randomly
  * initialised Llama checkpoint (Hugging Face layout) of any size, streamed,
  * for tests, benchmarks and the demo. */
+#include <dirent.h>
 #include <inttypes.h>
 #include <stdbool.h>
 #include <stddef.h>
@@ -20,9 +21,29 @@ static void mkmodel_usage(FILE *f) {
           "                         [--tie-embeddings] [--dtype f32|bf16|f16] [--shards N]\n"
           "                         [--seed S]\n"
           "Writes DIR/config.json and DIR/model.safetensors (or N shards and\n"
-          "model.safetensors.index.json). Matrices ~ normal(0, 0.02) from a counter-based\n"
-          "generator, norms = 1; the same seed gives the same weights. Defaults: dtype f32,\n"
-          "shards 1, seed 1234 (the job spec's default train.seed).\n");
+          "model.safetensors.index.json) into a folder that holds no checkpoint yet.\n"
+          "Matrices ~ normal(0, 0.02) from a counter-based generator, norms = 1; the same\n"
+          "seed gives the same weights. Defaults: dtype f32, shards 1, seed 1234 (the job\n"
+          "spec's default train.seed).\n");
+}
+
+/* The first file of dir that a checkpoint is made of (config.json, a
+ * .safetensors file or its index) into name, or false: writing over one
+ * would destroy it, or leave files of the old one beside the new (a
+ * model.safetensors beside new shards is what Hugging Face loads first). */
+static bool holds_checkpoint(const char *dir, char *name, size_t size) {
+  DIR *d = opendir(dir);
+  if (!d) return false;
+  bool found = false;
+  for (struct dirent *e; !found && (e = readdir(d)) != NULL;) {
+    size_t n = strlen(e->d_name);
+    found = !strcmp(e->d_name, "config.json") ||
+            !strcmp(e->d_name, "model.safetensors.index.json") ||
+            (n > 12 && !strcmp(e->d_name + n - 12, ".safetensors"));
+    if (found) snprintf(name, size, "%s", e->d_name);
+  }
+  closedir(d);
+  return found;
 }
 
 /* An integer flag value in [lo, hi], or an error naming the flag. */
@@ -124,7 +145,14 @@ int cmd_mkmodel(int argc, char **argv) {
     ty_errlist_clear(&errs);
     return 2;
   }
-  char err[1024];
+  char err[1024], found[256];
+  if (holds_checkpoint(out, found, sizeof found)) {
+    fprintf(stderr,
+            "trainyard mkmodel: --out %s already holds a checkpoint (%s); mkmodel never writes "
+            "over one: remove it, or give another --out\n",
+            out, found);
+    return 1;
+  }
   uint64_t bytes = 0;
   int rc =
       ckpt_write_random(out, &cfg, dtype, (int)shards, (uint64_t)seed, &bytes, err, sizeof err);

@@ -103,4 +103,15 @@ rc=$?
 set -e
 [ $rc = 2 ] && grep -q -- "--kv-heads: must divide" "$tmp/mk.err" || fail "mkmodel bad shape: $rc"
 [ ! -e "$tmp/x" ] || fail "mkmodel wrote a directory for a bad shape"
+# ...and never writes over a checkpoint: the one there stays whole, and no
+# sharded files join a single-file one.
+sum=$(cat "$tmp/m"/* | md5sum)
+set +e
+"$ty" mkmodel --out "$tmp/m" --hidden-size 24 --intermediate-size 50 --layers 2 --heads 3 \
+  --kv-heads 1 --vocab-size 300 --shards 2 2>"$tmp/mk.err"
+rc=$?
+set -e
+[ $rc = 1 ] && grep -q -- "--out $tmp/m already holds a checkpoint (" "$tmp/mk.err" ||
+  fail "mkmodel over a checkpoint: $rc $(cat "$tmp/mk.err")"
+[ "$(cat "$tmp/m"/* | md5sum)" = "$sum" ] || fail "mkmodel changed the checkpoint it refused"
 echo "load integration: ok"
