@@ -41,23 +41,36 @@ static int teardown(void **state) {
   return 0;
 }
 
-static void insert(db_t *db, const char *id, const char *key, const char *spec, int rc_want) {
+/* Inserts job id (spec text, idempotency key and output folder may be
+ * NULL) expecting rc_want; holder: the job db_job_insert names when it
+ * refuses (the key's, or the folder's). A refused job is not stored. */
+static void insert_job(db_t *db, const char *id, const char *key, const char *spec,
+                       const char *out, int rc_want, const char *holder) {
   db_job_t j = {0};
   snprintf(j.id, sizeof j.id, "%s", id);
   j.name = (char *)"t";
-  j.spec = (char *)spec;
+  j.spec = (char *)(spec ? spec : "{}");
   j.idempotency_key = (char *)key;
+  j.output_dir = (char *)out;
   snprintf(j.token, sizeof j.token, "tok-%s", id);
   j.world_size = 2;
   snprintf(j.device, sizeof j.device, "cpu");
   db_job_t *existing = NULL;
   assert_int_equal(db_job_insert(db, &j, &existing), rc_want);
-  if (rc_want == TY_EEXISTS) {
+  if (holder) {
     assert_non_null(existing);
-    assert_string_equal(existing->idempotency_key, key);
+    assert_string_equal(existing->id, holder);
   }
   db_job_free(existing);
   free(j.reason); /* the only field insert allocates */
+  db_job_t *got = NULL;
+  assert_int_equal(db_job_get(db, id, &got), rc_want ? TY_ENOTFOUND : 0);
+  if (!rc_want) assert_string_equal(got->output_dir, out ? out : "");
+  db_job_free(got);
+}
+
+static void insert(db_t *db, const char *id, const char *key, const char *spec, int rc_want) {
+  insert_job(db, id, key, spec, NULL, rc_want, NULL);
 }
 
 static void test_reopen_keeps_schema_and_rows(void **state) {
@@ -164,45 +177,23 @@ static void test_batched_reports_survive_close(void **state) {
 static void test_idempotency_key_is_unique(void **state) {
   fixture_t *f = *state;
   insert(f->db, "j1", "k", "{\"a\":1}", 0);
-  insert(f->db, "j2", "k", "{\"a\":2}", TY_EEXISTS);
+  insert_job(f->db, "j2", "k", "{\"a\":2}", NULL, TY_EEXISTS, "j1");
   db_job_t *j;
   assert_int_equal(db_job_get(f->db, "j2", &j), TY_ENOTFOUND);
 }
 
-/* insert() with an output folder; holder: the job db_job_insert names when
- * it refuses the folder (rc_want TY_EPRECONDITION). */
-static void insert_out(db_t *db, const char *id, const char *key, const char *out, int rc_want,
+static void insert_out(db_t *db, const char *id, const char *out, int rc_want,
                        const char *holder) {
-  db_job_t j = {0};
-  snprintf(j.id, sizeof j.id, "%s", id);
-  j.name = (char *)"t";
-  j.spec = (char *)"{}";
-  j.idempotency_key = (char *)key;
-  j.output_dir = (char *)out;
-  snprintf(j.token, sizeof j.token, "tok-%s", id);
-  j.world_size = 1;
-  snprintf(j.device, sizeof j.device, "cpu");
-  db_job_t *existing = NULL;
-  assert_int_equal(db_job_insert(db, &j, &existing), rc_want);
-  if (holder) {
-    assert_non_null(existing);
-    assert_string_equal(existing->id, holder);
-  }
-  db_job_free(existing);
-  free(j.reason);
-  db_job_t *got = NULL;
-  assert_int_equal(db_job_get(db, id, &got), rc_want ? TY_ENOTFOUND : 0);
-  if (!rc_want) assert_string_equal(got->output_dir, out ? out : "");
-  db_job_free(got);
+  insert_job(db, id, NULL, NULL, out, rc_want, holder);
 }
 
 static void test_output_dir_held_until_finished(void **state) {
   fixture_t *f = *state;
-  insert_out(f->db, "a1", NULL, "/runs/a", 0, NULL);
-  insert_out(f->db, "a2", NULL, "/runs/a", TY_EPRECONDITION, "a1");
-  insert_out(f->db, "b1", NULL, "/runs/a/b", 0, NULL); /* another folder */
-  insert_out(f->db, "n1", NULL, "", 0, NULL);          /* none kept: never a conflict */
-  insert_out(f->db, "n2", NULL, NULL, 0, NULL);
+  insert_out(f->db, "a1", "/runs/a", 0, NULL);
+  insert_out(f->db, "a2", "/runs/a", TY_EPRECONDITION, "a1");
+  insert_out(f->db, "b1", "/runs/a/b", 0, NULL); /* another folder */
+  insert_out(f->db, "n1", "", 0, NULL);          /* none kept: never a conflict */
+  insert_out(f->db, "n2", NULL, 0, NULL);
   db_job_t *u = NULL;
   assert_int_equal(db_job_output_user(f->db, "/runs/a", &u), 0);
   assert_string_equal(u->id, "a1");
@@ -213,27 +204,18 @@ static void test_output_dir_held_until_finished(void **state) {
   assert_int_equal(db_job_transition(f->db, "a1", DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING,
                                      "spawned", NULL, NULL),
                    0);
-  insert_out(f->db, "a2", NULL, "/runs/a", TY_EPRECONDITION, "a1");
+  insert_out(f->db, "a2", "/runs/a", TY_EPRECONDITION, "a1");
   assert_int_equal(db_job_transition(f->db, "a1", DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING,
                                      "running", NULL, NULL),
                    0);
-  insert_out(f->db, "a2", NULL, "/runs/a", TY_EPRECONDITION, "a1");
+  insert_out(f->db, "a2", "/runs/a", TY_EPRECONDITION, "a1");
   assert_int_equal(db_job_transition(f->db, "a1", DB_MASK(DB_JOB_RUNNING), DB_JOB_FAILED,
                                      "rank 0 failed", NULL, NULL),
                    0);
-  insert_out(f->db, "a2", NULL, "/runs/a", 0, NULL);
+  insert_out(f->db, "a2", "/runs/a", 0, NULL);
   /* An Idempotency-Key replay names its own job, not a conflict. */
-  insert_out(f->db, "k1", "key", "/runs/k", 0, NULL);
-  db_job_t j = {0}, *existing = NULL;
-  snprintf(j.id, sizeof j.id, "k2");
-  j.name = (char *)"t";
-  j.spec = (char *)"{}";
-  j.idempotency_key = (char *)"key";
-  j.output_dir = (char *)"/runs/k";
-  j.world_size = 1;
-  assert_int_equal(db_job_insert(f->db, &j, &existing), TY_EEXISTS);
-  assert_string_equal(existing->id, "k1");
-  db_job_free(existing);
+  insert_job(f->db, "k1", "key", NULL, "/runs/k", 0, NULL);
+  insert_job(f->db, "k2", "key", NULL, "/runs/k", TY_EEXISTS, "k1");
 }
 
 /* A database of schema version 1 (before output folders were kept) gets
@@ -257,8 +239,8 @@ static void test_migration_keeps_output_dirs(void **state) {
   sqlite3_close(c);
   char msg[256];
   assert_int_equal(db_open(f->path, &f->db, msg, sizeof msg), 0);
-  insert_out(f->db, "new", NULL, "/runs/old", TY_EPRECONDITION, "old");
-  insert_out(f->db, "new", NULL, "/runs/done", 0, NULL);
+  insert_out(f->db, "new", "/runs/old", TY_EPRECONDITION, "old");
+  insert_out(f->db, "new", "/runs/done", 0, NULL);
   db_job_t *j = NULL;
   assert_int_equal(db_job_get(f->db, "old", &j), 0);
   assert_string_equal(j->output_dir, "/runs/old");
