@@ -174,11 +174,8 @@ static int m_cancel(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
                     ty_errlist_t *errs, char *msg, size_t msgsz) {
   const Trainyard__V1__CancelJobRequest *req = (const void *)rq;
   if (!request_id(req->job_id, errs, msg, msgsz)) return TY_EINVAL;
-  char reason[300] = "";
-  if (req->reason && *req->reason)
-    snprintf(reason, sizeof reason, "cancelled by a client: %s", req->reason);
   db_job_t *job = NULL;
-  int rc = svc_cancel(svc, req->job_id, reason, &job, msg, msgsz);
+  int rc = svc_cancel(svc, req->job_id, req->reason, &job, errs, msg, msgsz);
   if (rc) return rc;
   rc = job_reply(job, resp, msg, msgsz);
   db_job_free(job);

@@ -119,27 +119,38 @@ enum MHD_Result rest_h_get(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
 }
 
 enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
-  char reason[300] = "";
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  json_t *o = NULL;
+  const char *reason = NULL;
   if (q->body_len) {
     json_error_t jerr;
-    json_t *o = json_loadb(q->body, q->body_len, 0, &jerr);
-    const char *s = json_string_value(json_object_get(o, "reason"));
-    if (!o || !json_is_object(o)) {
-      json_decref(o);
-      ty_errlist_t errs = TY_ERRLIST_INIT;
+    o = json_loadb(q->body, q->body_len, JSON_REJECT_DUPLICATES, &jerr);
+    if (!json_is_object(o)) {
       ty_errlist_add(&errs, "", "the body, when given, is {\"reason\": \"...\"}");
-      enum MHD_Result ret = rest_send_error(c, q, TY_EINVAL, "invalid cancel request", &errs);
-      ty_errlist_clear(&errs);
-      return ret;
+    } else {
+      const char *key;
+      json_t *v;
+      json_object_foreach(o, key, v) {
+        if (!strcmp(key, "reason") && (json_is_string(v) || json_is_null(v)))
+          reason = json_string_value(v);
+        else if (!strcmp(key, "reason"))
+          ty_errlist_add(&errs, "reason", "must be a string (why the job is cancelled)");
+        else
+          ty_errlist_add(&errs, key, "unknown field; the body is {\"reason\": \"...\"}");
+      }
     }
-    if (s) snprintf(reason, sizeof reason, "cancelled by a client: %s", s);
-    json_decref(o);
   }
   db_job_t *job = NULL;
   char msg[MSG_MAX] = "";
-  int rc = svc_cancel(r->svc, q->params[0], reason, &job, msg, sizeof msg);
-  if (rc) return send_rc(c, q, rc, msg, NULL);
-  enum MHD_Result ret = rest_send_json(c, q, 200, svc_job_json(job));
+  int rc = TY_EINVAL;
+  if (errs.len)
+    snprintf(msg, sizeof msg, "invalid cancel request");
+  else
+    rc = svc_cancel(r->svc, q->params[0], reason, &job, &errs, msg, sizeof msg);
+  json_decref(o);
+  enum MHD_Result ret =
+      rc ? send_rc(c, q, rc, msg, &errs) : rest_send_json(c, q, 200, svc_job_json(job));
+  ty_errlist_clear(&errs);
   db_job_free(job);
   return ret;
 }

@@ -404,12 +404,21 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
   return 0;
 }
 
-int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, char *msg,
-               size_t msgsz) {
+int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_errlist_t *errs,
+               char *msg, size_t msgsz) {
   if (out) *out = NULL;
+  size_t n = reason ? strlen(reason) : 0;
+  if (n > SVC_CANCEL_REASON_MAX) {
+    ty_errlist_add(errs, "reason", "at most %d bytes, got %zu; say it shorter",
+                   SVC_CANCEL_REASON_MAX, n);
+    set_msg(msg, msgsz, "invalid cancel request");
+    return TY_EINVAL;
+  }
+  char why[SVC_CANCEL_REASON_MAX + 32];
+  snprintf(why, sizeof why, "cancelled by a client%s%s", n ? ": " : "", n ? reason : "");
   int cur;
-  int rc = svc_transition(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED,
-                          reason && *reason ? reason : "cancelled by a client", &cur, NULL);
+  int rc = svc_transition(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED, why,
+                          &cur, NULL);
   if (rc == TY_ENOTFOUND) {
     set_msg(msg, msgsz, "no job with id '%s'", id);
     return rc;

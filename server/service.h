@@ -66,11 +66,16 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
 
 /* Cancels a queued or running job: queued ones are final at once; running
  * ones are final too, and their ranks are stopped (SIGTERM, then SIGKILL
- * after the grace period), freeing their slots. Cancelling a cancelled job
- * is a no-op; a job that already succeeded or failed gives
- * TY_EPRECONDITION. *out (optional) receives the job after the change. */
-int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, char *msg,
-               size_t msgsz);
+ * after the grace period), freeing their slots. The job's reason is
+ * "cancelled by a client", followed by ": <reason>" when the client gave
+ * one (NULL or "": none); a reason over SVC_CANCEL_REASON_MAX bytes is
+ * TY_EINVAL with an error on field "reason", and changes nothing.
+ * Cancelling a cancelled job is a no-op; a job that already succeeded or
+ * failed gives TY_EPRECONDITION. *out (optional) receives the job after
+ * the change. */
+#define SVC_CANCEL_REASON_MAX 1024 /* as api/openapi.yaml says */
+int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_errlist_t *errs,
+               char *msg, size_t msgsz);
 
 /* A rank's progress report (DESIGN.md "Worker contract"), authorized by the
  * job's own token. TY_EUNAUTHENTICATED for a wrong token, TY_EINVAL for a

@@ -152,9 +152,14 @@ class GrpcApi(unittest.TestCase):
 
     def test_cancel(self):
         job = self.submit(name="cancel-me-slow", steps=200)
-        out = self.c.CancelJob(job_id=job.id, reason="changed my mind")
+        _, fields = self.assert_error("INVALID_ARGUMENT", self.c.CancelJob, job_id=job.id,
+                                      reason="x" * 1025)
+        self.assertIn("at most 1024 bytes, got 1025", fields["reason"])
+        self.assertNotEqual(self.c.GetJob(job_id=job.id).state, self.pb.JOB_STATE_CANCELLED)
+        why = "changed my mind " + "z" * (1024 - 16)  # the longest reason, kept whole
+        out = self.c.CancelJob(job_id=job.id, reason=why)
         self.assertEqual(out.state, self.pb.JOB_STATE_CANCELLED)
-        self.assertIn("changed my mind", out.reason)
+        self.assertEqual(out.reason, "cancelled by a client: " + why)
         events = self.watch_all(job.id)
         # Ranks stopped by the cancel may be recorded after the state.
         states = [e.data.to for e in events if e.type == "state"]

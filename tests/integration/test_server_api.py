@@ -260,6 +260,16 @@ class Api(unittest.TestCase):
         slow = self.submit(self.srv.spec(world_size=1, name="slow-blocker",
                                          train={"steps": 40})).json()
         queued = self.submit(self.srv.spec(world_size=1, name="behind", train={"steps": 2})).json()
+        # A malformed cancel body is refused by its field and cancels nothing.
+        for body, field, part in [({"reason": 5}, "reason", "must be a string"),
+                                  ({"reason": "x", "why": 1}, "why", "unknown field"),
+                                  ({"reason": "x" * 1025}, "reason", "at most 1024 bytes, got 1025"),
+                                  ([], "", "the body, when given, is")]:
+            r = self.srv.post("/v1/jobs/%s:cancel" % queued["id"], body)
+            self.assertEqual(r.status_code, 400, (body, r.text))
+            msgs = {d["field"]: d["message"] for d in r.json()["error"]["details"]}
+            self.assertIn(part, msgs[field], msgs)
+            self.assertEqual(self.srv.get("/v1/jobs/" + queued["id"]).json()["state"], "queued")
         r = self.srv.post("/v1/jobs/%s:cancel" % queued["id"], {"reason": "not needed"})
         self.assertEqual(r.status_code, 200, r.text)
         self.assertEqual(r.json()["state"], "cancelled")
