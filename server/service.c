@@ -566,40 +566,48 @@ int svc_events(svc_t *s, const char *id, int64_t after_seq, int limit, json_t **
   return db_events_json(s->db, id, after_seq, limit, out, last_seq);
 }
 
-int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
-  int rc = db_ranks_json(s->db, id, attempt, out);
+/* Whether job id has had attempt (0: the newest, always known): 0 with the
+ * job's brief in *b, else TY_ENOTFOUND (or a database error) with the
+ * reason in msg. */
+static int known_attempt(svc_t *s, const char *id, int attempt, db_job_brief_t *b, char *msg,
+                         size_t msgsz) {
+  int rc = db_job_brief(s->db, id, b);
   if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
-  return rc;
+  if (rc) return rc;
+  if (attempt <= b->attempt) return 0;
+  set_msg(msg, msgsz, "job %s has had %d attempt%s, so no attempt %d", id, b->attempt,
+          b->attempt == 1 ? "" : "s", attempt);
+  return TY_ENOTFOUND;
+}
+
+int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
+  db_job_brief_t b;
+  int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
+  return rc ? rc : db_ranks_json(s->db, id, attempt, out);
 }
 
 int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
-  int rc = db_metrics_json(s->db, id, attempt, out);
-  if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
-  return rc;
+  db_job_brief_t b;
+  int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
+  return rc ? rc : db_metrics_json(s->db, id, attempt, out);
 }
 
 int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
                  size_t msgsz) {
-  db_job_t *j;
-  int rc = svc_get(s, id, &j, msg, msgsz);
+  db_job_brief_t b;
+  int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
   if (rc) return rc;
   rc = db_rank_log_path(s->db, id, attempt, rank, out);
-  if (rc == TY_ENOTFOUND) {
-    int shown = attempt ? attempt : j->attempt; /* 0 asks for the newest */
-    if (rank >= j->world_size)
-      set_msg(msg, msgsz, "job %s has %d rank%s (0..%d), so no rank %d", id, j->world_size,
-              j->world_size == 1 ? "" : "s", j->world_size - 1, rank);
-    else if (j->attempt == 0)
-      set_msg(msg, msgsz, "job %s has not started yet (%s): no rank has a log", id,
-              db_state_name(j->state));
-    else if (shown > j->attempt)
-      set_msg(msg, msgsz, "job %s has had %d attempt%s, so no attempt %d", id, j->attempt,
-              j->attempt == 1 ? "" : "s", shown);
-    else
-      set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id,
-              rank, shown);
-  }
-  db_job_free(j);
+  if (rc != TY_ENOTFOUND) return rc;
+  if (rank >= b.world_size)
+    set_msg(msg, msgsz, "job %s has %d rank%s (0..%d), so no rank %d", id, b.world_size,
+            b.world_size == 1 ? "" : "s", b.world_size - 1, rank);
+  else if (b.attempt == 0)
+    set_msg(msg, msgsz, "job %s has not started yet (%s): no rank has a log", id,
+            db_state_name(b.state));
+  else
+    set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id,
+            rank, attempt ? attempt : b.attempt);
   return rc;
 }
 

@@ -308,10 +308,13 @@ class Api(unittest.TestCase):
         log = self.srv.get("/v1/jobs/%s/ranks/0/log" % slow["id"])
         self.assertEqual(log.status_code, 200)
         self.assertIn("[rank 0/1] train step 40/40", log.text)
-        # A log that does not exist says why: no such rank, attempt or start.
+        # A log, ranks table or metrics that do not exist say why: no such
+        # rank, attempt or start.
         for job, path, why in [
                 (slow, "ranks/5/log", "has 1 rank (0..0), so no rank 5"),
                 (slow, "ranks/0/log?attempt=3", "has had 1 attempt, so no attempt 3"),
+                (slow, "ranks?attempt=2", "has had 1 attempt, so no attempt 2"),
+                (slow, "metrics?attempt=2", "has had 1 attempt, so no attempt 2"),
                 (queued, "ranks/0/log", "has not started yet (cancelled): no rank has a log")]:
             r = self.srv.get("/v1/jobs/%s/%s" % (job["id"], path))
             self.assertEqual(r.status_code, 404, r.text)
