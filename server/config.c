@@ -3,6 +3,7 @@
 #include "server/config.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdlib.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 
 typedef enum { OPT_STR, OPT_INT, OPT_SEC } opt_type_t;
@@ -70,21 +72,27 @@ static int set_opt(srv_config_t *c, const opt_t *o, const char *value, const cha
     *(char **)field = xstrdup(value);
     return 0;
   }
-  char *end;
+  /* Whole numbers are read as every other number of trainyard's
+   * (common/numbers.h: digits only, no sign, blank or exponent). */
+  long whole = 0;
+  char *end = NULL;
   errno = 0;
-  double v = o->type == OPT_INT ? (double)strtoll(value, &end, 10) : strtod(value, &end);
-  if (end == value || *end || errno || !isfinite(v)) {
+  double v = o->type == OPT_INT ? 0 : strtod(value, &end);
+  bool ok = o->type == OPT_INT ? ty_parse_long(value, LONG_MIN, LONG_MAX, &whole)
+                               : end != value && !*end && !errno && isfinite(v);
+  if (!ok) {
     snprintf(msg, msgsz, "%s: %s must be %s, got '%s'", origin, o->name,
-             o->type == OPT_INT ? "an integer" : "a number of seconds", value);
+             o->type == OPT_INT ? "a whole number" : "a number of seconds", value);
     return TY_EINVAL;
   }
+  if (o->type == OPT_INT) v = (double)whole;
   if (v < o->min || v > o->max) {
     snprintf(msg, msgsz, "%s: %s must be between %.15g and %.15g, got %s", origin, o->name, o->min,
              o->max, value);
     return TY_EINVAL;
   }
   if (o->type == OPT_INT)
-    *(int64_t *)field = strtoll(value, NULL, 10);
+    *(int64_t *)field = whole;
   else
     *(double *)field = v;
   return 0;

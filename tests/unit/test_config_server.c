@@ -63,8 +63,17 @@ static void test_errors_name_the_option(void **state) {
   char msg[256];
   assert_int_equal(srv_config_set(&c, "grace", "0", "--grace", msg, sizeof msg), -3);
   assert_non_null(strstr(msg, "grace must be between 0.05 and 3600"));
-  assert_int_equal(srv_config_set(&c, "cpu_slots", "two", "--cpu_slots", msg, sizeof msg), -3);
-  assert_non_null(strstr(msg, "an integer"));
+  /* Whole numbers are digits alone, as every number trainyard reads. */
+  const char *not_whole[] = {"two", "+5", " 5", "5 ", "0x10", "1e3", "2.0", ""};
+  for (size_t i = 0; i < sizeof not_whole / sizeof not_whole[0]; i++) {
+    assert_int_equal(srv_config_set(&c, "cpu_slots", not_whole[i], "--cpu_slots", msg, sizeof msg),
+                     -3);
+    assert_non_null(strstr(msg, "cpu_slots must be a whole number, got '"));
+  }
+  assert_int_equal(srv_config_set(&c, "cpu_slots", "5000", "--cpu_slots", msg, sizeof msg), -3);
+  assert_non_null(strstr(msg, "cpu_slots must be between 0 and 4096, got 5000"));
+  assert_int_equal(srv_config_set(&c, "cpu_slots", "007", "--cpu_slots", msg, sizeof msg), 0);
+  assert_int_equal(c.cpu_slots, 7);
   assert_int_equal(srv_config_set(&c, "nope", "1", "x", msg, sizeof msg), -3);
   assert_non_null(strstr(msg, "unknown option 'nope'"));
   bool help;
