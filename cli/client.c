@@ -73,9 +73,10 @@ static size_t sink_write(char *p, size_t size, size_t n, void *ctx) {
 }
 
 int client_request(const client_t *c, const char *method, const char *path, const json_t *body,
-                   const char *const *headers, long *status, char **out) {
+                   const char *const *headers, long *status, char **out, size_t *len) {
   *status = 0;
   *out = NULL;
+  if (len) *len = 0;
   CURL *curl = curl_easy_init();
   if (!curl) return -1;
   char url[2048], auth[600];
@@ -113,6 +114,7 @@ int client_request(const client_t *c, const char *method, const char *path, cons
   } else {
     curl_easy_getinfo(curl, CURLINFO_RESPONSE_CODE, status);
     *out = sink.buf ? sink.buf : xstrdup("");
+    if (len) *len = sink.len;
   }
   curl_slist_free_all(hl);
   curl_easy_cleanup(curl);
@@ -124,7 +126,7 @@ int client_json(const client_t *c, const char *method, const char *path, const j
                 const char *const *headers, long *status, json_t **out) {
   char *raw = NULL;
   *out = NULL;
-  int rc = client_request(c, method, path, body, headers, status, &raw);
+  int rc = client_request(c, method, path, body, headers, status, &raw, NULL);
   if (rc) return rc;
   *out = json_loads(raw, 0, NULL);
   if (*status >= 400) {

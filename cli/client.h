@@ -26,9 +26,11 @@ bool client_init(client_t *c, int *argc, char **argv);
 /* One request: method, path (starting with "/"), optional JSON body (NULL:
  * none) and extra header lines (NULL-terminated, may be NULL). *status
  * receives the HTTP status (0 when the server could not be reached, with a
- * message on stderr); *body the response body (the caller frees it). */
+ * message on stderr); *out the response body, NUL-terminated (the caller
+ * frees it); *len (optional) its length in bytes, which counts NUL bytes
+ * inside it too. */
 int client_request(const client_t *c, const char *method, const char *path, const json_t *body,
-                   const char *const *headers, long *status, char **out);
+                   const char *const *headers, long *status, char **out, size_t *len);
 
 /* The same, with the body parsed as JSON (*out is NULL when it is not). */
 int client_json(const client_t *c, const char *method, const char *path, const json_t *body,

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "common/log.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 #include "server/service.h"
 
@@ -189,9 +190,8 @@ bool rest_query_int(struct MHD_Connection *c, const char *name, int64_t min, int
                     int64_t *out, ty_errlist_t *errs) {
   const char *v = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, name);
   if (!v) return true;
-  char *end;
-  long long x = strtoll(v, &end, 10);
-  if (!*v || *end || x < min || x > max) {
+  long x;
+  if (!ty_parse_long(v, (long)min, (long)max, &x)) {
     ty_errlist_add(errs, name, "must be an integer between %lld and %lld, got '%s'",
                    (long long)min, (long long)max, v);
     return false;

@@ -193,6 +193,14 @@ enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
   if (*end || rank < 0 || rank > 1000000)
     ty_errlist_add(&errs, "rank", "must be a rank number, got '%s'", q->params[1]);
   rest_query_int(c, "attempt", 1, 1000000, &attempt, &errs);
+  /* A part of the log: from byte offset (to follow it), or its last tail
+   * bytes (to show its end); the whole log by default. */
+  int64_t offset = -1, tail = -1;
+  rest_query_int(c, "offset", 0, INT64_MAX, &offset, &errs);
+  rest_query_int(c, "tail", 1, INT64_MAX, &tail, &errs);
+  if (offset >= 0 && tail > 0)
+    ty_errlist_add(&errs, "tail", "give offset (bytes from there) or tail (the last bytes), "
+                   "not both");
   enum MHD_Result ret;
   if (errs.len) {
     ret = rest_send_error(c, q, TY_EINVAL, "invalid log request", &errs);
@@ -213,8 +221,18 @@ enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
     return rest_send_error(c, q, TY_ENOTFOUND, msg, NULL);
   }
   free(path);
-  /* MHD owns fd from here and sends the file as it is now. */
-  struct MHD_Response *resp = MHD_create_response_from_fd((uint64_t)st.st_size, fd);
+  /* MHD owns fd from here and sends [start, end) of the file as it is now;
+   * X-Log-End is where a client following the log asks from next. */
+  int64_t end_at = st.st_size, start = 0;
+  if (offset >= 0) start = offset < end_at ? offset : end_at;
+  if (tail > 0) start = tail < end_at ? end_at - tail : 0;
+  struct MHD_Response *resp =
+      MHD_create_response_from_fd_at_offset64((uint64_t)(end_at - start), fd, (uint64_t)start);
+  char num[32];
+  snprintf(num, sizeof num, "%lld", (long long)start);
+  MHD_add_response_header(resp, "X-Log-Start", num);
+  snprintf(num, sizeof num, "%lld", (long long)end_at);
+  MHD_add_response_header(resp, "X-Log-End", num);
   MHD_add_response_header(resp, "Content-Type", "text/plain; charset=utf-8");
   return rest_queue(c, q, 200, resp);
 }

@@ -1,6 +1,7 @@
 """test_server_cli.py - the trainyard client commands (submit, list, get,
-watch, cancel, logs) against a real trainyardd, with --server/--token and
-their environment variables."""
+watch, cancel, logs and logs --follow) against a real trainyardd, with
+--server/--token and their environment variables; the log endpoint's
+offset and tail."""
 import json
 import os
 import subprocess
@@ -52,6 +53,63 @@ class Cli(unittest.TestCase):
         lst = self.ty("list", "--state", "succeeded").stdout
         self.assertIn(job_id, lst)
         self.assertIn("ID", lst.splitlines()[0])
+
+    def test_logs_follow(self):
+        # A job queued behind another is waited for, then followed to its
+        # end: what --follow printed is the whole log, and it exits 0.
+        first = self.ty("submit", self.srv.write_spec("follow-first-slow", steps=15,
+                                                      world_size=4)).stdout.strip()
+        job = self.ty("submit", self.srv.write_spec("follow-slow", steps=20)).stdout.strip()
+        p = self.ty("logs", job, "--rank", "1", "--follow")
+        whole = self.ty("logs", job, "--rank", "1").stdout
+        self.assertEqual(p.stdout, whole)
+        self.assertIn("[rank 1/2] train step 20/20", p.stdout)
+        self.assertEqual(self.srv.get("/v1/jobs/" + first, token=TOKEN).json()["state"],
+                         "succeeded")
+        # A retried job (queued behind another, so that --follow sees it
+        # from the start): the failed attempt's log, then the next one's.
+        self.ty("submit", self.srv.write_spec("follow-ahead-slow", steps=10, world_size=4))
+        flaky = self.ty("submit", self.srv.write_spec("flaky-follow", steps=5,
+                                                      max_restarts=1)).stdout.strip()
+        p = self.ty("logs", flaky, "-f")
+        self.assertIn("attempt 1 is over; attempt 2 follows", p.stderr)
+        one = self.ty("logs", flaky, "--attempt", "1").stdout
+        two = self.ty("logs", flaky, "--attempt", "2").stdout
+        self.assertEqual(p.stdout, one + two)
+        self.assertIn("injected failure", one)
+        # A rank the job does not have, or a job that never started, ends at
+        # once with the server's reason.
+        p = self.ty("logs", job, "--rank", "5", "--follow", expect=1)
+        self.assertIn("has 2 ranks (0..1), so no rank 5", p.stderr)
+        blocker = self.ty("submit", self.srv.write_spec("follow-block-slow", steps=100,
+                                                        world_size=4)).stdout.strip()
+        queued = self.ty("submit", self.srv.write_spec("follow-never", steps=1,
+                                                       world_size=4)).stdout.strip()
+        self.assertIn("cancelled", self.ty("cancel", queued).stdout)
+        self.ty("cancel", blocker)
+        p = self.ty("logs", queued, "--follow", expect=1)
+        self.assertIn("has not started yet (cancelled)", p.stderr)
+
+    def test_log_offset_and_tail(self):
+        job = self.ty("submit", self.srv.write_spec("log-parts", steps=6)).stdout.strip()
+        self.ty("watch", job)
+        path = "/v1/jobs/%s/ranks/0/log" % job
+        whole = self.srv.get(path, token=TOKEN)
+        size = len(whole.content)
+        self.assertEqual(whole.headers["X-Log-Start"], "0")
+        self.assertEqual(whole.headers["X-Log-End"], str(size))
+        for query, start in [("offset=10", 10), ("tail=25", size - 25), ("offset=%d" % size, size),
+                             ("offset=%d" % (size + 99), size), ("tail=%d" % (size + 99), 0)]:
+            r = self.srv.get(path + "?" + query, token=TOKEN)
+            self.assertEqual(r.status_code, 200, (query, r.text))
+            self.assertEqual(r.content, whole.content[start:], query)
+            self.assertEqual((r.headers["X-Log-Start"], r.headers["X-Log-End"]),
+                             (str(start), str(size)), query)
+        for query, field in [("offset=-1", "offset"), ("tail=0", "tail"), ("offset=1&tail=1", "tail"),
+                             ("offset=%2B5", "offset")]:
+            r = self.srv.get(path + "?" + query, token=TOKEN)
+            self.assertEqual(r.status_code, 400, (query, r.text))
+            self.assertIn(field, [d["field"] for d in r.json()["error"]["details"]])
 
     def test_watch_a_failing_job_exits_1(self):
         spec = self.srv.write_spec("fail0at2", steps=5)
