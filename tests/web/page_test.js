@@ -142,6 +142,10 @@ async function main() {
       problems.push('console ' + m.type() + ': ' + m.text());
     });
     page.on('pageerror', (e) => problems.push('page error: ' + e.message));
+    const logReads = []; // the first job's rank 0 log requests, in order
+    page.on('request', (q) => {
+      if (q.url().includes('/v1/jobs/' + jobId + '/ranks/0/log')) logReads.push(q.url());
+    });
     // Which request a "Failed to load resource" line was about.
     page.on('response', (r) => {
       if (r.status() >= 402) problems.push('HTTP ' + r.status() + ' for ' + r.url());
@@ -203,6 +207,16 @@ async function main() {
     const want = await allEventIds(srv, jobId);
     const got = await page.evaluate(() => window.tyJobView.seen);
     assert.deepEqual(got, want, 'the page saw every event exactly once, in order');
+    // The log, read as its tail and then only what was added, is the whole
+    // log once the ranks have stopped.
+    const whole = await (await fetch(srv.url + '/v1/jobs/' + jobId + '/ranks/0/log',
+                                     { headers: { Authorization: 'Bearer ' + TOKEN } })).text();
+    await waitFor('the whole log on the page', async () =>
+      (await page.textContent('#log')) === whole);
+    assert.ok(/[?&]tail=\d+/.test(logReads[0]) && logReads.length > 1 &&
+              logReads.slice(1).every((u) => /[?&]offset=\d+/.test(u)),
+              'the log is read as its tail, then from where the last read ended: ' +
+              logReads.join(' '));
     await page.screenshot({ path: path.join(ART, 'job-cancelled.png'), fullPage: true });
 
     // 5. Submit form: an invalid value gets its error next to its field.

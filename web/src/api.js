@@ -40,7 +40,8 @@ async function errorFrom(resp) {
 
 // One request. body (an object) is sent as JSON. On 401 the page asks for a
 // token once and retries. Resolves to the parsed JSON (or text for
-// opts.text); rejects with ApiError.
+// opts.text, or {data: Uint8Array, headers} for opts.bytes); rejects with
+// ApiError.
 export async function api(method, path, body, opts = {}) {
   for (let tries = 0; ; tries++) {
     const h = headers(opts.headers);
@@ -57,6 +58,7 @@ export async function api(method, path, body, opts = {}) {
     }
     if (!resp.ok) throw await errorFrom(resp);
     if (resp.status === 204) return null;
+    if (opts.bytes) return { data: new Uint8Array(await resp.arrayBuffer()), headers: resp.headers };
     return opts.text ? resp.text() : resp.json();
   }
 }

@@ -35,6 +35,10 @@ export function mountJob(root, id) {
   let gone = false;
   let logRank = 0;
   let logTimer = null;
+  // The shown log: whose it is ("rank/attempt"), the text kept (its last
+  // LOG_KEEP characters), where the next read starts (-1: read its tail
+  // first) and the decoder that joins characters split between reads.
+  let log = { key: '', text: '', end: -1, decoder: null, seq: 0 };
   const seen = [];              // event ids received, in order (for tests)
 
   const head = el('section', { class: 'card', id: 'job-head' });
@@ -286,6 +290,11 @@ export function mountJob(root, id) {
       if (row && x.attempt === attempt)
         Object.assign(row, { state: x.state, message: x.message, finished_at: ev.data.t || 1 });
       refreshRanks();
+      // The shown rank has stopped: its log is whole now.
+      if (x.rank === logRank && x.attempt === attempt) {
+        clearTimeout(logTimer);
+        logTimer = setTimeout(loadLog, 200);
+      }
     }
     addTimeline(ev);
     if (!renderQueued) {
@@ -321,15 +330,26 @@ export function mountJob(root, id) {
       logPre.textContent = 'no log: rank ' + logRank +
                            (isFinal(job.state) ? ' was never started' : ' has not started yet');
     } else if (!(document.hidden && logPre.textContent)) { // a background tab waits
+      // Its tail first, then only what was written since (X-Log-End).
+      const key = logRank + '/' + attempt;
+      if (key !== log.key) log = { key, text: '', end: -1, decoder: new TextDecoder(), seq: log.seq };
+      const my = ++log.seq;
+      const cur = log;
       try {
-        let text = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + attempt,
-                             undefined, { text: true });
-        if (text.length > LOG_KEEP) text = '…\n' + text.slice(-LOG_KEEP);
-        const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
-        logPre.textContent = text || '(empty)';
-        if (atEnd) logPre.scrollTop = logPre.scrollHeight;
+        const part = cur.end < 0 ? 'tail=' + LOG_KEEP : 'offset=' + cur.end;
+        const r = await api('GET', base + '/ranks/' + logRank + '/log?attempt=' + attempt + '&' +
+                            part, undefined, { bytes: true });
+        if (cur === log && my === log.seq) { // no later read, nor another log, took over
+          if (cur.end < 0 && Number(r.headers.get('X-Log-Start')) > 0) cur.text = '…\n';
+          cur.text += cur.decoder.decode(r.data, { stream: true });
+          cur.end = Number(r.headers.get('X-Log-End'));
+          if (cur.text.length > LOG_KEEP) cur.text = '…\n' + cur.text.slice(-LOG_KEEP);
+          const atEnd = logPre.scrollTop + logPre.clientHeight >= logPre.scrollHeight - 4;
+          logPre.textContent = cur.text || '(empty)';
+          if (atEnd) logPre.scrollTop = logPre.scrollHeight;
+        }
       } catch (e) {
-        logPre.textContent = e.message;
+        if (cur === log && my === log.seq) logPre.textContent = e.message;
       }
     }
     if (!gone && job && !isFinal(job.state)) logTimer = setTimeout(loadLog, LOG_REFRESH_MS);
