@@ -255,6 +255,22 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
   }
 }
 
+/* Training every weight writes config.json and model.safetensors into
+ * output_dir; into model_path they would replace the checkpoint it starts
+ * from (and a resume would start from the replacement). */
+static void check_output_not_model(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  if (!v->check_paths || s->use_lora || s->init_from_scratch || !s->model_path[0]) return;
+  char model[PATH_MAX], out[PATH_MAX];
+  if (!realpath(s->model_path, model) || jobspec_resolve_path(s->output_dir, NULL, out)) return;
+  if (strcmp(model, out)) return;
+  ty_errlist_add(errs, "output_dir",
+                 "%s is model_path's folder: training every weight writes config.json and "
+                 "model.safetensors there, over the checkpoint it trains from; give another "
+                 "output_dir (LoRA adapters may share the base's folder)",
+                 s->output_dir);
+}
+
 typedef struct {
   const char *id, *fields, *stage, *why;
   check_fn check; /* NULL: checked elsewhere (stage submit or load) */
@@ -306,6 +322,10 @@ static const rule_t g_rules[] = {
     {"paths-exist", "model_path, data.path", "paths",
      "fail early, not in a worker: model_path is a directory, data.path a readable file",
      check_paths_exist},
+    {"output-not-model", "output_dir, model_path, use_lora", "paths",
+     "training every weight writes config.json and model.safetensors into output_dir: into "
+     "model_path's folder they would overwrite the checkpoint the job trains from",
+     check_output_not_model},
     {"paths-in-roots", "model_path, data.path, output_dir", "submit",
      "no reading or writing outside the server's configured roots (symbolic links and .. "
      "followed)",

@@ -290,6 +290,47 @@ static void test_paths_exist(void **state) {
   assert_int_equal(jobspec_validate(&s, false, &e), 0);
 }
 
+/* Training every weight must not write over its own base checkpoint; LoRA
+ * adapters, and a model from scratch, may go anywhere. */
+static void test_output_not_model(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  char text[1024];
+  const char *spellings[] = {"", "/", "/../tiny"}; /* after models/tiny: one folder */
+  for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
+    snprintf(text, sizeof text,
+             "{\"model_path\": \"%s/models/tiny\", \"use_lora\": false, "
+             "\"output_dir\": \"%s/models/tiny%s\"}",
+             g_tmp, g_tmp, spellings[i]);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+    assert_true(tu_has(&e, "output_dir", "is model_path's folder: training every weight writes"));
+    assert_int_equal(e.len, 1);
+    ty_errlist_clear(&e);
+  }
+  /* LoRA beside its base, every weight into a folder of its own. */
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": true, "
+           "\"output_dir\": \"%s/models/tiny\"}",
+           g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": false, "
+           "\"output_dir\": \"%s/models/tiny/out\"}",
+           g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  /* Without check_paths nothing is resolved. */
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": false, "
+           "\"output_dir\": \"%s/models/tiny\"}",
+           g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, false, &e), 0);
+}
+
 static void test_paths_in_roots(void **state) {
   (void)state;
   char models[300], runs[300];
@@ -439,7 +480,7 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 17);
+  assert_int_equal(n, 18);
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
   assert_string_equal(jobspec_rule_stage("output-dir-free"), "submit");
@@ -478,6 +519,7 @@ int main(void) {
       cmocka_unit_test(test_warmup_within_steps),
       cmocka_unit_test(test_seq_len_within_model),
       cmocka_unit_test_setup_teardown(test_paths_exist, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_output_not_model, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
       cmocka_unit_test(test_cuda_gpus),
