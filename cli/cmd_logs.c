@@ -28,15 +28,16 @@ static void sleep_ms(long ms) {
   nanosleep(&ts, NULL);
 }
 
-/* The job's state, attempt and world size: 0, or 1 after printing the
- * error. */
+/* The job's state, attempt and world size: 0; 1 after printing the
+ * server's error; -1 when the server could not be reached (said). */
 static int job_now(const client_t *c, const char *esc_id, char *state, size_t size, long *attempt,
                    long *world) {
   char path[300];
   snprintf(path, sizeof path, "/v1/jobs/%s", esc_id);
   long status;
   json_t *job;
-  if (client_json(c, "GET", path, NULL, NULL, &status, &job)) return 1;
+  int rc = client_json(c, "GET", path, NULL, NULL, &status, &job);
+  if (rc) return rc;
   const char *s = json_string_value(json_object_get(job, "state"));
   snprintf(state, size, "%s", s ? s : "");
   *attempt = (long)json_integer_value(json_object_get(job, "attempt"));
@@ -116,18 +117,29 @@ static int read_more(const client_t *c, const char *esc_id, const char *esc_rank
  * began; the log is then read until it has
  * nothing new once the attempt's ranks have all stopped (or for at most
  * FOLLOW_GRACE_MS, should a rank never be reaped). Without a pinned
- * attempt, each newer attempt's log follows the rest of its predecessor's. */
+ * attempt, each newer attempt's log follows the rest of its predecessor's.
+ * A server that cannot be reached (restarting) is tried again, for
+ * FOLLOW_LOST_MAX reads in a row. */
 #define FOLLOW_GRACE_MS 30000
+#define FOLLOW_LOST_MAX 10  /* reads in a row without a server before giving up */
+#define FOLLOW_LOST_MS 1000 /* the wait after each */
 static int follow(const client_t *c, const char *esc_id, const char *esc_rank, long rank,
                   long pinned) {
   long attempt = pinned, over_ms = -1, status = 0;
   long long offset = 0;
   size_t len = 0;
   bool first = true;
-  for (;;) {
+  int lost = 0; /* reads in a row that found no server */
+  for (;; sleep_ms(FOLLOW_POLL_MS)) {
     char state[32];
     long newest, world;
-    if (job_now(c, esc_id, state, sizeof state, &newest, &world)) return 1;
+    int rc = job_now(c, esc_id, state, sizeof state, &newest, &world);
+    if (rc < 0 && ++lost < FOLLOW_LOST_MAX) {
+      fprintf(stderr, "trainyard logs: trying again\n");
+      sleep_ms(FOLLOW_LOST_MS);
+      continue;
+    }
+    if (rc) return 1;
     /* No such rank will ever have a log: the server says so at once. */
     bool final = final_state(state) || rank >= world;
     /* Unpinned, the attempt running when the command started, then each
@@ -136,7 +148,11 @@ static int follow(const client_t *c, const char *esc_id, const char *esc_rank, l
       attempt = newest;
     } else if (!pinned && newest > attempt) {
       if (attempt > 0) {
-        if (read_more(c, esc_id, esc_rank, attempt, false, &offset, &status, &len)) return 1;
+        if (read_more(c, esc_id, esc_rank, attempt, false, &offset, &status, &len)) {
+          if (++lost >= FOLLOW_LOST_MAX) return 1;
+          sleep_ms(FOLLOW_LOST_MS);
+          continue;
+        }
         fprintf(stderr, "trainyard logs: attempt %ld is over; attempt %ld follows\n", attempt,
                 attempt + 1);
       }
@@ -150,12 +166,16 @@ static int follow(const client_t *c, const char *esc_id, const char *esc_rank, l
     status = 0;
     len = 0;
     if ((attempt > 0 || final) &&
-        read_more(c, esc_id, esc_rank, attempt, final, &offset, &status, &len))
-      return 1;
+        read_more(c, esc_id, esc_rank, attempt, final, &offset, &status, &len)) {
+      if (++lost >= FOLLOW_LOST_MAX) return 1;
+      fprintf(stderr, "trainyard logs: trying again\n");
+      sleep_ms(FOLLOW_LOST_MS);
+      continue;
+    }
+    lost = 0;
     if (status != 200 && status != 0 && (status != 404 || final)) return 1;
     if (over) over_ms = over_ms < 0 ? 0 : over_ms + FOLLOW_POLL_MS;
     if (over && len == 0 && (stopped || over_ms >= FOLLOW_GRACE_MS)) return 0;
-    sleep_ms(FOLLOW_POLL_MS);
   }
 }
 

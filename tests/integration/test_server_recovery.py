@@ -12,7 +12,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import Server, free_port, group_alive  # noqa: E402
+from tyserver import BIN, Server, free_port, group_alive  # noqa: E402
 
 
 class Recovery(unittest.TestCase):
@@ -78,6 +78,30 @@ class Recovery(unittest.TestCase):
             srv.stop()
             srv.start()
             self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "cancelled")
+        finally:
+            srv.cleanup()
+
+    def test_logs_follow_rides_out_a_restart(self):
+        srv = Server()
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="slow-followed", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            env = dict(os.environ, TRAINYARD_SERVER=srv.url)
+            env.pop("TRAINYARD_TOKEN", None)
+            follow = subprocess.Popen([os.path.join(BIN, "cli", "trainyard"), "logs", job["id"],
+                                       "--follow"], env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE, text=True)
+            time.sleep(1)
+            srv.stop()  # a clean shutdown: the ranks are stopped, the job fails
+            time.sleep(1.5)
+            srv.start()
+            out, err = follow.communicate(timeout=60)
+            self.assertEqual(follow.returncode, 0, err)
+            self.assertIn("trying again", err)
+            whole = srv.get("/v1/jobs/%s/ranks/0/log" % job["id"]).text
+            self.assertEqual(out, whole)
+            self.assertIn("trainyardd shut down", srv.get("/v1/jobs/" + job["id"]).json()["reason"])
         finally:
             srv.cleanup()
 
