@@ -19,8 +19,9 @@
 #include "api/jobspec.h"
 #include "cli/commands.h"
 #include "cli/worker_path.h"
-#include "common/numbers.h"
 #include "common/fsutil.h"
+#include "common/json_util.h"
+#include "common/numbers.h"
 #include "worker/launch.h"
 
 static void train_usage(FILE *f) {
@@ -77,7 +78,7 @@ static int train_locked(const jobspec_t *s, train_view_t *view, const char *work
   char spec_path[PATH_MAX];
   snprintf(spec_path, sizeof spec_path, "%.*s/job.json", PATH_MAX - 16, s->output_dir);
   json_t *j = jobspec_to_json(s);
-  int rc = json_dump_file(j, spec_path, JSON_INDENT(2));
+  int rc = ty_json_dump_file(j, spec_path, JSON_INDENT(2));
   json_decref(j);
   if (rc) {
     fprintf(stderr, "trainyard train: cannot write %s: %s\n", spec_path, strerror(errno));

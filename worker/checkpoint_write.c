@@ -11,6 +11,7 @@
 
 #include "api/errors.h"
 #include "common/fsutil.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 #include "worker/checkpoint.h"
 #include "worker/weightinit.h"
@@ -52,7 +53,7 @@ static int write_file(const char *path, const ckpt_layout_t *l, size_t lo, size_
 }
 
 static int write_json(const char *path, json_t *j, char *err, size_t errlen) {
-  int r = json_dump_file(j, path, JSON_INDENT(2));
+  int r = ty_json_dump_file(j, path, JSON_INDENT(2));
   json_decref(j);
   if (r) return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: cannot write", path);
   return 0;

@@ -12,6 +12,7 @@
 
 #include "api/errors.h"
 #include "common/fsutil.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 #include "worker/safetensors.h"
 #include "worker/train_state.h"
@@ -41,7 +42,7 @@ int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_mo
                           targets, "bias", "none", "fan_in_fan_out", 0, "inference_mode", 1,
                           "use_rslora", 0, "modules_to_save", "layers_to_transform");
   pathf(path, "%s/%s", dir, OUTPUTS_ADAPTER_CONFIG);
-  if (!cfg || json_dump_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
+  if (!cfg || ty_json_dump_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
     snprintf(err, errlen, "cannot write %s", path);
     json_decref(cfg);
     return TY_EPERM;
@@ -188,7 +189,7 @@ int outputs_write_config(const char *dir, const llama_config_t *cfg, char *err, 
   c.torch_dtype = TY_DTYPE_F32; /* what model.safetensors holds */
   json_t *j = llama_config_to_json(&c);
   pathf(path, "%s/config.json", dir);
-  if (!j || json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
+  if (!j || ty_json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
     snprintf(err, errlen, "cannot write %s", path);
     json_decref(j);
     return TY_EPERM;

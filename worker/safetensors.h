@@ -88,7 +88,10 @@ int st_read(const st_ckpt_t *c, const st_tensor_t *t, uint64_t off, void *dst, s
 
 /* Streaming writer. The header is written from the tensor descriptions at
  * open; the data follows in the same order through st_writer_write, in
- * pieces of any size, so a multi-GB file never needs to be in memory. */
+ * pieces of any size, so a multi-GB file never needs to be in memory. The
+ * bytes go to "<path>.partial", renamed onto path when st_writer_close
+ * finds them whole: until then path keeps what it held (nothing, or the
+ * previous file), so no reader and no crash ever sees part of a file. */
 typedef struct {
   const char *name;
   ty_dtype_t dtype;
@@ -104,8 +107,9 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
                    st_writer_t **out, char *err, size_t errlen);
 /* Appends n bytes of data (the next bytes of the tensors, in order). */
 int st_writer_write(st_writer_t *w, const void *data, size_t n, char *err, size_t errlen);
-/* Checks that every declared byte was written, flushes and closes; always
- * frees w. A file left incomplete is removed. */
+/* Checks that every declared byte was written, flushes, closes and puts
+ * the file in place; always frees w. An incomplete file is removed, and
+ * path keeps what it held. */
 int st_writer_close(st_writer_t *w, char *err, size_t errlen);
 
 #endif

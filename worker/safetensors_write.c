@@ -14,19 +14,25 @@
 #include "common/xalloc.h"
 #include "worker/safetensors.h"
 
+/* The file is written as <path>.partial and renamed onto path once whole,
+ * so that path holds the previous file, or the new one complete, never a
+ * part: a reader (eval, a later job, PEFT) and a crash both see one or the
+ * other. */
 struct st_writer {
   FILE *f;
   char *path;
+  char *partial;    /* path + ".partial", where the bytes go */
   uint64_t total;   /* data bytes declared by the header */
   uint64_t written; /* data bytes written so far */
   char *buf;        /* stdio buffer */
 };
 
-static void writer_free(st_writer_t *w, bool remove_file) {
+static void writer_free(st_writer_t *w, bool remove_partial) {
   if (!w) return;
   if (w->f) fclose(w->f);
-  if (remove_file) unlink(w->path);
+  if (remove_partial) unlink(w->partial);
   free(w->path);
+  free(w->partial);
   free(w->buf);
   free(w);
 }
@@ -75,8 +81,12 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
 
   st_writer_t *w = xcalloc(1, sizeof *w);
   w->path = xstrdup(path);
+  size_t pl = strlen(path);
+  w->partial = xmalloc(pl + sizeof ".partial");
+  memcpy(w->partial, path, pl);
+  memcpy(w->partial + pl, ".partial", sizeof ".partial");
   w->total = off;
-  w->f = fopen(path, "wb");
+  w->f = fopen(w->partial, "wb");
   if (!w->f) {
     int e = errno;
     free(hdr);
@@ -115,12 +125,16 @@ int st_writer_close(st_writer_t *w, char *err, size_t errlen) {
   if (!w) return 0;
   int rc = 0;
   if (w->written != w->total)
-    rc = ty_errf(err, errlen, TY_EINVAL, "%s: %llu of %llu data bytes written; file removed",
+    rc = ty_errf(err, errlen, TY_EINVAL,
+                 "%s: %llu of %llu data bytes written; not written (what was there stays)",
                  w->path, (unsigned long long)w->written, (unsigned long long)w->total);
   FILE *f = w->f;
   w->f = NULL;
   if (fclose(f) && !rc)
     rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: closing: %s (disk full?)", w->path,
+                 strerror(errno));
+  if (!rc && rename(w->partial, w->path))
+    rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: cannot replace it: %s", w->path,
                  strerror(errno));
   writer_free(w, rc != 0);
   return rc;

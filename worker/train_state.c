@@ -17,6 +17,7 @@
 
 #include "api/errors.h"
 #include "common/fsutil.h"
+#include "common/json_util.h"
 #include "worker/safetensors.h"
 
 #define STATE_TENSORS "state.safetensors"
@@ -81,7 +82,7 @@ static int64_t parse_step_name(const char *name) {
 }
 
 static int write_json(const char *path, json_t *obj, char *err, size_t errlen) {
-  int rc = json_dump_file(obj, path, JSON_INDENT(2) | JSON_SORT_KEYS);
+  int rc = ty_json_dump_file(obj, path, JSON_INDENT(2) | JSON_SORT_KEYS);
   if (rc) snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
   return rc ? TY_EPERM : 0;
 }

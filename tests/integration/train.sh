@@ -187,4 +187,7 @@ for what in lora full; do
     echo "device cuda, $what, 2 ranks: refused on this host (no GPU or no CUDA build)"
   fi
 done
+# Outputs are written aside and renamed when whole: none is left part-way.
+left=$(find "$tmp" -name '*.partial')
+[ -z "$left" ] || fail "partial files left behind: $left"
 echo "ok"

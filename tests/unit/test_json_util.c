@@ -1,7 +1,12 @@
-/* test_json_util.c - ty_json_kind's names for every JSON type and for NULL. */
+/* test_json_util.c - ty_json_kind's names for every JSON type and for NULL;
+ * ty_json_dump_file replacing a file whole. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -23,9 +28,41 @@ static void test_kind_names_each_type(void **state) {
   json_decref(v);
 }
 
+/* The file is replaced whole: the old one stays until the new is written,
+ * and a write that cannot be made leaves it and no part of its own. */
+static void test_dump_file_replaces_whole(void **state) {
+  (void)state;
+  char dir[] = "/tmp/ty-json-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[128], partial[160];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  snprintf(partial, sizeof partial, "%s.partial", path);
+  json_t *a = json_pack("{s:i}", "hidden_size", 64), *b = json_pack("{s:i}", "hidden_size", 128);
+  assert_int_equal(ty_json_dump_file(a, path, JSON_INDENT(2)), 0);
+  assert_int_equal(ty_json_dump_file(b, path, JSON_INDENT(2)), 0);
+  json_t *got = json_load_file(path, 0, NULL);
+  assert_true(json_equal(got, b));
+  json_decref(got);
+  assert_int_equal(access(partial, F_OK), -1);
+  /* Where the partial file cannot be made (a directory in its way), the
+   * write fails with errno and the file is as it was. */
+  assert_int_equal(mkdir(partial, 0755), 0);
+  assert_int_equal(ty_json_dump_file(a, path, 0), -1);
+  got = json_load_file(path, 0, NULL);
+  assert_true(json_equal(got, b));
+  json_decref(got);
+  assert_int_equal(rmdir(partial), 0);
+  json_decref(a);
+  json_decref(b);
+  char cmd[160];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_kind_names_each_type),
+      cmocka_unit_test(test_dump_file_replaces_whole),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -95,12 +95,31 @@ static void test_roundtrip(void **state) {
   assert_null(st_find(c, "zzz"));
   st_close(c);
 
-  /* A writer closed early removes its file. */
+  /* While a writer writes, the path holds the previous file whole; one
+   * closed early leaves it so, and no part of its own. */
+  char partial[600];
+  snprintf(partial, sizeof partial, "%s.partial", p);
   assert_int_equal(st_writer_open(p, d, 3, NULL, &w, err, sizeof err), 0);
   assert_int_equal(st_writer_write(w, f32, 10, err, sizeof err), 0);
+  assert_int_equal(st_open(p, &c, err, sizeof err), 0);
+  assert_non_null(st_find(c, "c.f16"));
+  st_close(c);
+  assert_int_equal(access(partial, F_OK), 0);
   assert_int_not_equal(st_writer_close(w, err, sizeof err), 0);
-  assert_non_null(strstr(err, "10 of 86"));
-  assert_int_equal(access(p, F_OK), -1);
+  assert_non_null(strstr(err, "10 of 86 data bytes written; not written (what was there stays)"));
+  assert_int_equal(access(partial, F_OK), -1);
+  assert_int_equal(st_open(p, &c, err, sizeof err), 0);
+  t = st_find(c, "c.f16");
+  assert_int_equal(st_read(c, t, 0, hb, 12, err, sizeof err), 0);
+  assert_memory_equal(hb, h, 12);
+  st_close(c);
+  /* A writer into a new path leaves nothing there when closed early. */
+  char fresh[600];
+  snprintf(fresh, sizeof fresh, "%s.new", p);
+  assert_int_equal(st_writer_open(fresh, d, 3, NULL, &w, err, sizeof err), 0);
+  assert_int_not_equal(st_writer_close(w, err, sizeof err), 0);
+  assert_int_equal(access(fresh, F_OK), -1);
+  unlink(p);
 }
 
 static void test_malformed_headers(void **state) {
