@@ -253,6 +253,22 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
     else if (!S_ISREG(st.st_mode) || access(s->data.path, R_OK) != 0)
       ty_errlist_add(errs, "data.path", "%s is not a readable file", s->data.path);
   }
+  /* output_dir, or the nearest part of it that exists, must be a folder:
+   * a file there would fail the job only when its ranks start. */
+  char part[JOBSPEC_PATH_MAX];
+  snprintf(part, sizeof part, "%s", s->output_dir);
+  for (char *slash; part[0];) {
+    if (stat(part, &st) == 0) {
+      if (!S_ISDIR(st.st_mode))
+        ty_errlist_add(errs, "output_dir",
+                       "%s cannot be a folder: %s is a file; give a folder that exists or can "
+                       "be made",
+                       s->output_dir, part);
+      break;
+    }
+    if (!(slash = strrchr(part, '/')) || slash == part) break;
+    *slash = '\0';
+  }
 }
 
 /* Training every weight writes config.json and model.safetensors into
@@ -319,8 +335,9 @@ static const rule_t g_rules[] = {
      "a warm-up longer than the run never reaches the set learning rate", check_warmup},
     {"seq-len-within-model", "data.seq_len, model.max_position_embeddings", "spec",
      "positions beyond the model's limit have no meaning", check_seq_len},
-    {"paths-exist", "model_path, data.path", "paths",
-     "fail early, not in a worker: model_path is a directory, data.path a readable file",
+    {"paths-exist", "model_path, data.path, output_dir", "paths",
+     "fail early, not in a worker: model_path is a directory, data.path a readable file, "
+     "output_dir a folder or one that can be made (no file in its way)",
      check_paths_exist},
     {"output-not-model", "output_dir, model_path, use_lora", "paths",
      "training every weight writes config.json and model.safetensors into output_dir: into "

@@ -288,6 +288,25 @@ static void test_paths_exist(void **state) {
   /* Without check_paths the same spec passes. */
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, false, &e), 0);
+  /* A file where output_dir, or a folder above it, would be. */
+  const char *beneath[] = {"", "/", "/sub/deeper"};
+  for (size_t i = 0; i < sizeof beneath / sizeof beneath[0]; i++) {
+    snprintf(text, sizeof text,
+             "{\"model_path\": \"%s/models/tiny\", \"output_dir\": \"%s/models/train.txt%s\"}",
+             g_tmp, g_tmp, beneath[i]);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+    char want[700];
+    snprintf(want, sizeof want, "cannot be a folder: %s/models/train.txt is a file", g_tmp);
+    assert_true(tu_has(&e, "output_dir", want));
+    ty_errlist_clear(&e);
+  }
+  /* A folder that does not exist yet, under one that does, is fine. */
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"output_dir\": \"%s/runs/new/one\"}", g_tmp,
+           g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
 }
 
 /* Training every weight must not write over its own base checkpoint; LoRA
