@@ -309,45 +309,35 @@ static void test_paths_exist(void **state) {
   assert_int_equal(jobspec_validate(&s, true, &e), 0);
 }
 
+/* jobspec_validate of a spec training models/tiny (LoRA or every weight)
+ * into g_tmp + out, errors in e. */
+static int validate_out(bool lora, const char *out, bool check_paths, ty_errlist_t *e) {
+  jobspec_t s;
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": %s, \"output_dir\": \"%s%s\"}",
+           g_tmp, lora ? "true" : "false", g_tmp, out);
+  assert_int_equal(tu_parse(&s, text, e), 0);
+  return jobspec_validate(&s, check_paths, e);
+}
+
 /* Training every weight must not write over its own base checkpoint; LoRA
  * adapters, and a model from scratch, may go anywhere. */
 static void test_output_not_model(void **state) {
   (void)state;
-  jobspec_t s;
   ty_errlist_t e = TY_ERRLIST_INIT;
-  char text[1024];
-  const char *spellings[] = {"", "/", "/../tiny"}; /* after models/tiny: one folder */
-  for (size_t i = 0; i < sizeof spellings / sizeof spellings[0]; i++) {
-    snprintf(text, sizeof text,
-             "{\"model_path\": \"%s/models/tiny\", \"use_lora\": false, "
-             "\"output_dir\": \"%s/models/tiny%s\"}",
-             g_tmp, g_tmp, spellings[i]);
-    assert_int_equal(tu_parse(&s, text, &e), 0);
-    assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  const char *same[] = {"/models/tiny", "/models/tiny/", "/models/tiny/../tiny"};
+  for (size_t i = 0; i < sizeof same / sizeof same[0]; i++) {
+    assert_int_equal(validate_out(false, same[i], true, &e), TY_EINVAL);
     assert_true(tu_has(&e, "output_dir", "is model_path's folder: training every weight writes"));
     assert_int_equal(e.len, 1);
     ty_errlist_clear(&e);
   }
   /* LoRA beside its base, every weight into a folder of its own. */
-  snprintf(text, sizeof text,
-           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": true, "
-           "\"output_dir\": \"%s/models/tiny\"}",
-           g_tmp, g_tmp);
-  assert_int_equal(tu_parse(&s, text, &e), 0);
-  assert_int_equal(jobspec_validate(&s, true, &e), 0);
-  snprintf(text, sizeof text,
-           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": false, "
-           "\"output_dir\": \"%s/models/tiny/out\"}",
-           g_tmp, g_tmp);
-  assert_int_equal(tu_parse(&s, text, &e), 0);
-  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  assert_int_equal(validate_out(true, "/models/tiny", true, &e), 0);
+  assert_int_equal(validate_out(false, "/models/tiny/out", true, &e), 0);
   /* Without check_paths nothing is resolved. */
-  snprintf(text, sizeof text,
-           "{\"model_path\": \"%s/models/tiny\", \"use_lora\": false, "
-           "\"output_dir\": \"%s/models/tiny\"}",
-           g_tmp, g_tmp);
-  assert_int_equal(tu_parse(&s, text, &e), 0);
-  assert_int_equal(jobspec_validate(&s, false, &e), 0);
+  assert_int_equal(validate_out(false, "/models/tiny", false, &e), 0);
 }
 
 static void test_paths_in_roots(void **state) {
