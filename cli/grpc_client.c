@@ -210,15 +210,22 @@ int gcli_submit(const client_t *c, const jobspec_t *spec, const char *key, json_
   return 0;
 }
 
+/* gcli_unary with the answer (of type d) as the REST API's JSON in *out
+ * (the caller's). */
+static int gcli_unary_json(const client_t *c, const char *method, const ProtobufCMessage *req,
+                           const ProtobufCMessageDescriptor *d, json_t **out) {
+  ProtobufCMessage *m;
+  int rc = gcli_unary(c, method, req, d, &m);
+  if (rc) return rc;
+  *out = as_json(m);
+  protobuf_c_message_free_unpacked(m, NULL);
+  return 0;
+}
+
 int gcli_get(const client_t *c, const char *id, json_t **job) {
   Trainyard__V1__GetJobRequest req = TRAINYARD__V1__GET_JOB_REQUEST__INIT;
   req.job_id = (char *)id;
-  ProtobufCMessage *out;
-  int rc = gcli_unary(c, "GetJob", &req.base, &trainyard__v1__job__descriptor, &out);
-  if (rc) return rc;
-  *job = as_json(out);
-  protobuf_c_message_free_unpacked(out, NULL);
-  return 0;
+  return gcli_unary_json(c, "GetJob", &req.base, &trainyard__v1__job__descriptor, job);
 }
 
 int gcli_list(const client_t *c, const char *states, const char *page_token, json_t **page) {
@@ -252,25 +259,17 @@ int gcli_list(const client_t *c, const char *states, const char *page_token, jso
     ty_errlist_clear(&errs);
     return 2;
   }
-  ProtobufCMessage *out;
-  int rc = gcli_unary(c, "ListJobs", req, &trainyard__v1__list_jobs_response__descriptor, &out);
+  int rc =
+      gcli_unary_json(c, "ListJobs", req, &trainyard__v1__list_jobs_response__descriptor, page);
   protobuf_c_message_free_unpacked(req, NULL);
-  if (rc) return rc;
-  *page = as_json(out);
-  protobuf_c_message_free_unpacked(out, NULL);
-  return 0;
+  return rc;
 }
 
 int gcli_cancel(const client_t *c, const char *id, const char *reason, json_t **job) {
   Trainyard__V1__CancelJobRequest req = TRAINYARD__V1__CANCEL_JOB_REQUEST__INIT;
   req.job_id = (char *)id;
   req.reason = (char *)reason;
-  ProtobufCMessage *out;
-  int rc = gcli_unary(c, "CancelJob", &req.base, &trainyard__v1__job__descriptor, &out);
-  if (rc) return rc;
-  *job = as_json(out);
-  protobuf_c_message_free_unpacked(out, NULL);
-  return 0;
+  return gcli_unary_json(c, "CancelJob", &req.base, &trainyard__v1__job__descriptor, job);
 }
 
 int gcli_watch(const client_t *c, const char *id, long long after_seq,
