@@ -28,4 +28,8 @@ if(Python3_FOUND)
   # wrk against trainyardd beside nginx; not in CI (label bench).
   add_test(NAME bench/api COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/api.py)
   set_tests_properties(bench/api PROPERTIES LABELS bench TIMEOUT 600 ENVIRONMENT "${TY_TEST_ENV}")
+  # The server's instructions per submission under callgrind (label bench).
+  add_test(NAME bench/submit_cost COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/submit_cost.sh
+                                          ${CMAKE_BINARY_DIR})
+  set_tests_properties(bench/submit_cost PROPERTIES LABELS bench TIMEOUT 600)
 endif()
