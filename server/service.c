@@ -2,6 +2,7 @@
  * state change passes through svc_transition (db_job_transition). */
 #include "server/service.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
@@ -75,6 +76,14 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   size_t nw = split_roots(s->out_roots_buf, s->write_roots, ROOTS_MAX);
   for (size_t i = 0; i < nw; i++) s->read_roots[nr + i] = s->write_roots[i];
   s->read_roots[nr + nw] = NULL;
+  /* A root that does not exist holds nothing until it does: say so now,
+   * not only in the errors of the jobs it refuses. */
+  for (size_t i = 0; i < nr + nw; i++) {
+    char real[PATH_MAX];
+    if (!realpath(s->read_roots[i], real))
+      ty_warn("root %s does not exist (%s): no job path lies inside it until it does",
+              s->read_roots[i], strerror(errno));
+  }
   int rc = db_open(cfg->db, &s->db, msg, msgsz);
   if (rc) {
     svc_close(s);

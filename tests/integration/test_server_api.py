@@ -352,6 +352,20 @@ class Api(unittest.TestCase):
         self.assertEqual(h["status"], "ok")
 
 
+class MissingRoot(unittest.TestCase):
+    def test_a_root_that_does_not_exist_is_named(self):
+        missing = "/nonexistent-trainyard-root"
+        srv = Server(extra=["--roots", missing + ":."]).start()
+        try:
+            self.assertIn("root %s does not exist" % missing, srv.read_log())
+            r = srv.post("/v1/jobs", {**srv.spec(world_size=1), "model_path": "/usr"})
+            self.assertEqual(r.status_code, 400, r.text)
+            msg = {d["field"]: d["message"] for d in r.json()["error"]["details"]}["model_path"]
+            self.assertIn("%s (does not exist)" % missing, msg)
+        finally:
+            srv.cleanup()
+
+
 class ConnectionLimit(unittest.TestCase):
     def test_429_past_max_connections(self):
         import socket
