@@ -2,10 +2,15 @@
  * and the strict match of a checkpoint's tensors against the table. */
 #include "worker/checkpoint.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <jansson.h>
 
@@ -79,6 +84,56 @@ int ckpt_layout_index(const ckpt_layout_t *l, ckpt_kind_t kind, int layer) {
   if (kind == CKPT_FINAL_NORM) return (int)(1 + L * CKPT_PER_LAYER);
   if (kind == CKPT_LM_HEAD && !l->cfg.tie_word_embeddings) return (int)(2 + L * CKPT_PER_LAYER);
   return -1;
+}
+
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ull;
+  return h;
+}
+
+/* Folds bytes [0, n) of path into *h; 0 or the read's error. */
+static int fold_file(uint64_t *h, const char *path, uint64_t n, char *err, size_t errlen) {
+  int fd = open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
+  char buf[65536];
+  int rc = 0;
+  for (uint64_t off = 0; off < n && !rc;) {
+    size_t want = n - off < sizeof buf ? (size_t)(n - off) : sizeof buf;
+    ssize_t got = pread(fd, buf, want, (off_t)off);
+    if (got <= 0)
+      rc = ty_errf(err, errlen, TY_EDATALOSS, "%s: cannot read: %s", path,
+                   got < 0 ? strerror(errno) : "shorter than expected");
+    else
+      *h = fnv1a(*h, buf, (size_t)got), off += (uint64_t)got;
+  }
+  close(fd);
+  return rc;
+}
+
+int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
+  out[0] = '\0';
+  uint64_t h = 14695981039346656037ull;
+  char path[4096];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  struct stat st;
+  if (stat(path, &st) != 0)
+    return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
+  int rc = fold_file(&h, path, (uint64_t)st.st_size, err, errlen);
+  st_ckpt_t *c = NULL;
+  if (!rc) rc = st_open(dir, &c, err, errlen);
+  for (size_t i = 0; !rc && i < c->nfiles; i++) {
+    const st_file_t *f = &c->files[i];
+    const char *name = strrchr(f->path, '/');
+    name = name ? name + 1 : f->path;
+    h = fnv1a(h, name, strlen(name) + 1);
+    h = fnv1a(h, &f->size, sizeof f->size);
+    uint64_t probe = f->data_start + 4096 < f->size ? f->data_start + 4096 : f->size;
+    rc = fold_file(&h, f->path, probe, err, errlen);
+  }
+  st_close(c);
+  if (!rc) snprintf(out, CKPT_FINGERPRINT_LEN, "%016llx", (unsigned long long)h);
+  return rc;
 }
 
 int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {

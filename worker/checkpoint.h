@@ -92,6 +92,17 @@ typedef struct {
 int ckpt_open(const char *dir, ckpt_t **out, char *err, size_t errlen);
 void ckpt_close(ckpt_t *c);
 
+/* A fingerprint of the checkpoint in dir, as 16 hex digits in out (17
+ * bytes): FNV-1a over config.json, and over each of its safetensors files
+ * (as st_open finds them: the index's, or model.safetensors) the file's
+ * name, size, header and first 4 KiB of data. It tells one base checkpoint
+ * from another of the same shape (another seed, a fine-tuned copy) while
+ * reading a few KiB a file (training reads it on the first rank only); a
+ * copy of the checkpoint elsewhere has the same fingerprint.
+ * Returns 0 or the error of reading the files. */
+#define CKPT_FINGERPRINT_LEN 17
+int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen);
+
 /* The strict match alone, for a layout and an open safetensors set: fills
  * map[i] with the file's tensor for layout tensor i. */
 int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **map, char *err,

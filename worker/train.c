@@ -9,6 +9,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/xalloc.h"
+#include "worker/checkpoint.h"
 #include "worker/optim.h"
 #include "worker/train_state.h"
 
@@ -202,8 +203,16 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       if (m->tensors[i].ndim == 1)
         optim_exclude_decay(o, m->tensors[i].offset, m->tensors[i].numel);
 
+  /* Adapters belong to their frozen base: rank 0 fingerprints it, so that
+   * a checkpoint made over another base is not resumed. */
+  char fp[CKPT_FINGERPRINT_LEN] = "";
+  if (a->lora && s->model_path[0] && comm_rank(a->comm) == 0 &&
+      (rc = ckpt_fingerprint(s->model_path, fp, err, errlen)))
+    goto out;
+  const train_base_t base = {s->model_path, fp};
   int64_t start = 0;
-  rc = train_state_resume(s->output_dir, a->comm, d, o, params, n, sharded, &start, err, errlen);
+  rc = train_state_resume(s->output_dir, a->comm, d, o, params, n, sharded, &base, &start, err,
+                          errlen);
   if (rc) goto out;
   res->start_step = start;
   /* The device's copy of the span (and with the optimizer there, the
@@ -309,8 +318,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if (periodic || (step + 1 == stop && stop < steps)) {
       if (dev_opt && (rc = dev->state_to_host(dev->ctx, params, o->m, o->v, n, err, errlen)))
         goto out;
-      rc =
-          train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, sharded, err, errlen);
+      rc = train_state_save(s->output_dir, a->comm, d, o, params, n, step + 1, sharded, &base, err,
+                            errlen);
       if (rc) goto out;
       char msg[96];
       snprintf(msg, sizeof msg, "checkpoint of step %lld written", (long long)step + 1);

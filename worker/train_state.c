@@ -57,17 +57,17 @@ static void tensors_path(char *out, const char *dir, bool sharded, int rank) {
     pathf(out, "%s/%s", dir, STATE_TENSORS);
 }
 
-/* Every rank learns whether any rank failed (status 0 = fine). */
-static int agree(comm_t *comm, int rc, int64_t step, char *err, size_t errlen) {
+/* Every rank learns whether any rank failed (status 0 = fine); what names
+ * the work for the others' message ("write the checkpoint of step 50"). */
+static int agree(comm_t *comm, int rc, const char *what, char *err, size_t errlen) {
   if (comm_world_size(comm) == 1) return rc;
   float status = rc ? 1.0f : 0.0f;
   if (comm_all_reduce(comm, &status, 1) != 0) {
-    snprintf(err, errlen, "checkpoint of step %lld: %s", (long long)step, comm_error(comm));
+    snprintf(err, errlen, "cannot %s: %s", what, comm_error(comm));
     return TY_EABORTED;
   }
   if (status != 0 && !rc) {
-    snprintf(err, errlen, "another rank failed to write the checkpoint of step %lld",
-             (long long)step);
+    snprintf(err, errlen, "another rank failed to %s", what);
     return TY_EABORTED;
   }
   return rc;
@@ -103,7 +103,8 @@ static int write_tensors(const char *path, const optim_t *o, const float *params
 }
 
 static int write_json_state(const char *dir, const data_t *d, const optim_t *o, size_t n,
-                            int64_t step, int world, bool sharded, char *err, size_t errlen) {
+                            int64_t step, int world, bool sharded, const train_base_t *base,
+                            char *err, size_t errlen) {
   char path[PATH_MAX];
   data_position_t pos;
   data_position_at(d, step, &pos);
@@ -113,6 +114,10 @@ static int write_json_state(const char *dir, const data_t *d, const optim_t *o, 
                 "data", "seed", (json_int_t)pos.seed, "num_tokens", (json_int_t)pos.num_tokens,
                 "num_train_windows", (json_int_t)pos.num_train_windows, "global_batch",
                 (json_int_t)pos.global_batch, "seq_len", pos.seq_len);
+  if (base && base->fingerprint && base->fingerprint[0])
+    json_object_set_new(
+        j, "base",
+        json_pack("{ss ss}", "model_path", base->model_path, "fingerprint", base->fingerprint));
   pathf(path, "%s/%s", dir, STATE_JSON);
   int rc = write_json(path, j, err, errlen);
   json_decref(j);
@@ -120,10 +125,11 @@ static int write_json_state(const char *dir, const data_t *d, const optim_t *o, 
 }
 
 int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, const optim_t *o,
-                     const float *params, size_t n, int64_t step, bool sharded, char *err,
-                     size_t errlen) {
+                     const float *params, size_t n, int64_t step, bool sharded,
+                     const train_base_t *base, char *err, size_t errlen) {
   const int rank = comm_rank(comm), world = comm_world_size(comm);
-  char root[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX], path[PATH_MAX];
+  char root[PATH_MAX], tmp[PATH_MAX], final[PATH_MAX], path[PATH_MAX], what[64];
+  snprintf(what, sizeof what, "write the checkpoint of step %lld", (long long)step);
   pathf(root, "%s/checkpoints", output_dir);
   pathf(tmp, "%s/step-%08lld.tmp", root, (long long)step);
   pathf(final, "%s/step-%08lld", root, (long long)step);
@@ -132,14 +138,14 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
     remove_ckpt_dir(tmp); /* left by a run that died while writing */
     rc = ty_mkdirs(tmp, err, errlen);
   }
-  if ((rc = agree(comm, rc, step, err, errlen))) return rc;
+  if ((rc = agree(comm, rc, what, err, errlen))) return rc;
   if (sharded || rank == 0) {
     tensors_path(path, tmp, sharded, rank);
     rc = write_tensors(path, o, params, n, err, errlen);
   }
-  if ((rc = agree(comm, rc, step, err, errlen))) return rc;
+  if ((rc = agree(comm, rc, what, err, errlen))) return rc;
   if (rank == 0) {
-    rc = write_json_state(tmp, d, o, n, step, world, sharded, err, errlen);
+    rc = write_json_state(tmp, d, o, n, step, world, sharded, base, err, errlen);
     if (!rc) {
       remove_ckpt_dir(final);
       if (rename(tmp, final) != 0) {
@@ -164,7 +170,7 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
       if (dh) closedir(dh);
     }
   }
-  return agree(comm, rc, step, err, errlen);
+  return agree(comm, rc, what, err, errlen);
 }
 
 static int64_t json_int(const json_t *o, const char *key) {
@@ -182,9 +188,27 @@ static int load_tensor(const st_ckpt_t *c, const char *name, float *dst, size_t 
   return st_read(c, t, 0, dst, n * sizeof(float), err, errlen);
 }
 
+/* Rank 0's check that the checkpoint's frozen base (j's "base", when it
+ * names one) is this run's. */
+static int same_base(const json_t *j, const char *dir, const train_base_t *base, char *err,
+                     size_t errlen) {
+  const json_t *jb = json_object_get(j, "base");
+  const char *was = json_string_value(json_object_get(jb, "fingerprint"));
+  if (!was || !base || !base->fingerprint || !base->fingerprint[0] ||
+      !strcmp(was, base->fingerprint))
+    return 0;
+  const char *was_path = json_string_value(json_object_get(jb, "model_path"));
+  snprintf(err, errlen,
+           "checkpoint %s trained its adapters over another base checkpoint (%s, fingerprint "
+           "%s); this run's model_path %s has fingerprint %s: resume over the same base, or use "
+           "a new output_dir",
+           dir, was_path ? was_path : "unknown", was, base->model_path, base->fingerprint);
+  return TY_EPRECONDITION;
+}
+
 int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, optim_t *o,
-                       float *params, size_t n, bool sharded, int64_t *step, char *err,
-                       size_t errlen) {
+                       float *params, size_t n, bool sharded, const train_base_t *base,
+                       int64_t *step, char *err, size_t errlen) {
   *step = 0;
   char root[PATH_MAX], dir[PATH_MAX], path[PATH_MAX];
   pathf(root, "%s/checkpoints", output_dir);
@@ -219,7 +243,11 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
   int64_t t = json_int(j, "optimizer_step"), jn = json_int(j, "n");
   int64_t world = json_int(j, "world_size");
   bool was_sharded = json_is_true(json_object_get(j, "sharded"));
+  int rc = comm_rank(comm) == 0 ? same_base(j, dir, base, err, errlen) : 0;
   json_decref(j);
+  if ((rc = agree(comm, rc, "resume (rank 0: the checkpoint was made over another base)", err,
+                  errlen)))
+    return rc;
   if (sharded != was_sharded || (sharded && world != comm_world_size(comm))) {
     snprintf(err, errlen,
              "checkpoint %s holds %s state of %lld ranks; this run has %d ranks "
@@ -236,7 +264,7 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
              dir, (long long)jn, (long long)pos.step, n);
     return TY_EPRECONDITION;
   }
-  int rc = data_position_check(d, &pos, err, errlen);
+  rc = data_position_check(d, &pos, err, errlen);
   if (rc) return rc;
   tensors_path(path, dir, sharded, comm_rank(comm));
   st_ckpt_t *c;

@@ -57,6 +57,25 @@ assert len([k for k in hdr if k != "__metadata__"]) == 2 * 7 * 2
 PY
 ls "$tmp/out-lora/checkpoints" | grep -q '^step-00000020$' || fail "no checkpoint of step 20"
 
+# The adapters' checkpoint belongs to its base: a longer run over another
+# checkpoint of the same shape is refused, naming both; over a copy of the
+# same base (another path) it resumes. The checkpoint is left as it was.
+"$ty" mkmodel --out "$tmp/other" --hidden-size 64 --intermediate-size 96 --layers 2 --heads 4 \
+  --kv-heads 2 --vocab-size 256 --dtype bf16 --seed 4 >/dev/null
+cp -r "$tmp/base" "$tmp/base-copy"
+sum=$(cat "$tmp/out-lora/checkpoints/step-00000020"/* | md5sum)
+longer=("$ty" train "$tmp/lora.json" --train.steps 40 --output_dir "$tmp/out-lora")
+rc=0
+"${longer[@]}" --model_path "$tmp/other" >/dev/null 2>"$tmp/other.log" || rc=$?
+[ "$rc" = 1 ] || fail "a resume over another base exited $rc"
+grep -q "trained its adapters over another base checkpoint ($tmp/base, fingerprint [0-9a-f]*); this run's model_path $tmp/other has fingerprint" \
+  "$tmp/other.log" || fail "the refused resume does not say why: $(cat "$tmp/other.log")"
+[ "$(cat "$tmp/out-lora/checkpoints/step-00000020"/* | md5sum)" = "$sum" ] ||
+  fail "the refused resume changed the checkpoint"
+"${longer[@]}" --model_path "$tmp/base-copy" >/dev/null 2>"$tmp/copy.log" ||
+  fail "the resume over a copy of the base failed: $(cat "$tmp/copy.log")"
+grep -q "resumed from the checkpoint of step 20" "$tmp/copy.log" || fail "no resume over the copy"
+
 ev=("$ty" eval --model_path "$tmp/base" --data "$data" --seq_len 64 --batches 8)
 base=$("${ev[@]}")
 with=$("${ev[@]}" --adapter "$tmp/out-lora")

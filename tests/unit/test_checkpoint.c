@@ -234,12 +234,47 @@ static void test_strict_match(void **state) {
   expect_open_fails(dir, TY_EINVAL, "model.safetensors");
 }
 
+/* One fingerprint for a checkpoint and its copies; another for another
+ * seed of the same shape, or other weights in the same files. */
+static void test_fingerprint(void **state) {
+  (void)state;
+  llama_config_t c = tiny();
+  char a[300], b[300], copy[300], err[1024], cmd[1000];
+  char fa[CKPT_FINGERPRINT_LEN], fb[CKPT_FINGERPRINT_LEN], fc[CKPT_FINGERPRINT_LEN];
+  sub(a, sizeof a, "fp-a");
+  sub(b, sizeof b, "fp-b");
+  sub(copy, sizeof copy, "fp-copy");
+  assert_int_equal(ckpt_write_random(a, &c, TY_DTYPE_BF16, 2, 1, NULL, err, sizeof err), 0);
+  assert_int_equal(ckpt_write_random(b, &c, TY_DTYPE_BF16, 2, 2, NULL, err, sizeof err), 0);
+  snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", a, copy);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ckpt_fingerprint(a, fa, err, sizeof err), 0);
+  assert_int_equal(strlen(fa), 16);
+  assert_int_equal(ckpt_fingerprint(copy, fc, err, sizeof err), 0);
+  assert_string_equal(fa, fc);
+  assert_int_equal(ckpt_fingerprint(b, fb, err, sizeof err), 0);
+  assert_string_not_equal(fa, fb);
+  /* A file beside the checkpoint's own (a LoRA output there) is not part
+   * of it. */
+  snprintf(cmd, sizeof cmd,
+           "cp '%s/model-00001-of-00002.safetensors' '%s/adapter_model.safetensors'", b, copy);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ckpt_fingerprint(copy, fc, err, sizeof err), 0);
+  assert_string_equal(fa, fc);
+  /* Without a config.json there is nothing to fingerprint. */
+  snprintf(cmd, sizeof cmd, "rm '%s/config.json'", copy);
+  assert_int_equal(system(cmd), 0);
+  assert_int_equal(ckpt_fingerprint(copy, fc, err, sizeof err), TY_ENOTFOUND);
+  assert_non_null(strstr(err, "config.json"));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_layout),
       cmocka_unit_test(test_model_table_agrees),
       cmocka_unit_test(test_write_values_and_shards),
       cmocka_unit_test(test_strict_match),
+      cmocka_unit_test(test_fingerprint),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
