@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/numbers.h"
 #include "common/xalloc.h"
 #include "server/rest_internal.h"
 #include "server/service.h"
@@ -188,9 +189,8 @@ enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *
 enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int64_t attempt = 0;
-  char *end;
-  long rank = strtol(q->params[1], &end, 10);
-  if (*end || rank < 0 || rank > 1000000)
+  long rank = 0;
+  if (!ty_parse_long(q->params[1], 0, 1000000, &rank))
     ty_errlist_add(&errs, "rank", "must be a rank number, got '%s'", q->params[1]);
   rest_query_int(c, "attempt", 1, 1000000, &attempt, &errs);
   /* A part of the log: from byte offset (to follow it), or its last tail

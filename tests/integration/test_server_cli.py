@@ -110,6 +110,9 @@ class Cli(unittest.TestCase):
             r = self.srv.get(path + "?" + query, token=TOKEN)
             self.assertEqual(r.status_code, 400, (query, r.text))
             self.assertIn(field, [d["field"] for d in r.json()["error"]["details"]])
+        r = self.srv.get("/v1/jobs/%s/ranks/%%2B0/log" % job, token=TOKEN)  # "+0"
+        self.assertEqual(r.status_code, 400, r.text)
+        self.assertEqual(r.json()["error"]["details"][0]["field"], "rank")
 
     def test_watch_a_failing_job_exits_1(self):
         spec = self.srv.write_spec("fail0at2", steps=5)
