@@ -122,6 +122,10 @@ int client_request(const client_t *c, const char *method, const char *path, cons
   return rc;
 }
 
+bool client_state_final(const char *state) {
+  return !strcmp(state, "succeeded") || !strcmp(state, "failed") || !strcmp(state, "cancelled");
+}
+
 int client_json(const client_t *c, const char *method, const char *path, const json_t *body,
                 const char *const *headers, long *status, json_t **out) {
   char *raw = NULL;

@@ -45,6 +45,9 @@ int client_print_error(long status, const json_t *body, const char *raw);
  * succeeded, 1 otherwise. */
 int client_watch(const client_t *c, const char *id);
 
+/* Whether a job state name is final: succeeded, failed or cancelled. */
+bool client_state_final(const char *state);
+
 /* Percent-encodes s for a URL path segment or query value into out. */
 void client_escape(const char *s, char *out, size_t size);
 

@@ -46,10 +46,6 @@ static int job_now(const client_t *c, const char *esc_id, char *state, size_t si
   return 0;
 }
 
-static bool final_state(const char *s) {
-  return !strcmp(s, "succeeded") || !strcmp(s, "failed") || !strcmp(s, "cancelled");
-}
-
 /* GET of the log from byte offset (-1: all of it) of attempt (0: the
  * newest): *text and *len the bytes, *status the HTTP status. 0, or -1
  * when the server could not be reached (said on stderr). */
@@ -141,7 +137,7 @@ static int follow(const client_t *c, const char *esc_id, const char *esc_rank, l
     }
     if (rc) return 1;
     /* No such rank will ever have a log: the server says so at once. */
-    bool final = final_state(state) || rank >= world;
+    bool final = client_state_final(state) || rank >= world;
     /* Unpinned, the attempt running when the command started, then each
      * later one in turn, however briefly it ran. */
     if (!pinned && first) {

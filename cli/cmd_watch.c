@@ -102,8 +102,7 @@ static void on_event(watch_t *w, const char *type, json_t *ev) {
   if (!strcmp(type, "state")) {
     snprintf(w->state, sizeof w->state, "%s", json_string_value(json_object_get(d, "to")));
     snprintf(w->reason, sizeof w->reason, "%s", json_string_value(json_object_get(d, "reason")));
-    w->final = !strcmp(w->state, "succeeded") || !strcmp(w->state, "failed") ||
-               !strcmp(w->state, "cancelled");
+    w->final = client_state_final(w->state);
     if (!w->tty) printf("%s (attempt %d): %s\n", w->state, w->attempt, w->reason);
     return;
   }
