@@ -103,6 +103,14 @@ typedef struct {
 } db_job_brief_t;
 int db_job_brief(db_t *db, const char *id, db_job_brief_t *out);
 
+/* Deletes a finished job with everything stored about it (attempts, ranks,
+ * metrics, events; its Idempotency-Key becomes free), in one transaction.
+ * *out receives the job as it was (the caller's), also on TY_EPRECONDITION
+ * (the job has not finished: nothing is deleted) and TY_EUNAVAILABLE (it
+ * has finished but a rank's end is not recorded yet, as while a cancelled
+ * job's ranks stop: try again). TY_ENOTFOUND when no job has that id. */
+int db_job_delete(db_t *db, const char *id, db_job_t **out);
+
 /* Jobs whose state is in state_mask (0: every state), newest first, with
  * seq < before_seq (0: from the newest), at most limit. *out is an array of
  * *n jobs, freed with db_jobs_free. */

@@ -1,5 +1,5 @@
-/* db_jobs.c - job rows: insert (with Idempotency-Key), get, list, counts;
- * see db.h. */
+/* db_jobs.c - job rows: insert (with Idempotency-Key), get, list, counts,
+ * delete; see db.h. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -178,6 +178,48 @@ int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing) {
     free(j->reason);
     j->reason = xstrdup("submitted");
   }
+  return rc;
+}
+
+/* Whether a started rank of any attempt of job id has no recorded end
+ * (the caller holds the lock): 1, 0, or a negative TY_E* code. */
+static int has_unfinished_rank_locked(db_t *db, const char *id) {
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db,
+                       "SELECT 1 FROM ranks WHERE job_id = ? AND pid IS NOT NULL"
+                       " AND finished_at IS NULL LIMIT 1",
+                       &st);
+  if (rc) return rc;
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  int s = sqlite3_step(st);
+  rc = s == SQLITE_ROW ? 1 : s == SQLITE_DONE ? 0 : dbi_err(db, s, "unfinished ranks");
+  dbi_finish(db, st);
+  return rc;
+}
+
+static int delete_locked(db_t *db, const char *id, db_job_t **out) {
+  int rc = job_get_locked(db, "id = ?", id, out);
+  if (rc) return rc;
+  if (!db_state_final((*out)->state)) return TY_EPRECONDITION;
+  if ((rc = has_unfinished_rank_locked(db, id)) != 0) return rc > 0 ? TY_EUNAVAILABLE : rc;
+  sqlite3_stmt *st;
+  if ((rc = dbi_prepare(db, "DELETE FROM jobs WHERE id = ?", &st))) return rc;
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  int s = sqlite3_step(st);
+  dbi_finish(db, st);
+  return s == SQLITE_DONE ? 0 : dbi_err(db, s, "delete job");
+}
+
+int db_job_delete(db_t *db, const char *id, db_job_t **out) {
+  *out = NULL;
+  pthread_mutex_lock(&db->lock);
+  int rc = dbi_begin(db);
+  if (!rc) {
+    rc = delete_locked(db, id, out);
+    int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
+    if (!rc) rc = end;
+  }
+  pthread_mutex_unlock(&db->lock);
   return rc;
 }
 

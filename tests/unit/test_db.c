@@ -1,5 +1,6 @@
 /* test_db.c - the SQLite state: migrations, the one state-change function
- * with its events, idempotency keys, listing, reports and metrics. */
+ * with its events, idempotency keys, listing, reports and metrics, and
+ * deleting a finished job. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -303,6 +304,71 @@ static void test_list_pages_and_filters(void **state) {
   assert_int_equal(counts[DB_JOB_CANCELLED], 1);
 }
 
+/* Rows of table whose job_id is id (the test reads the file directly). */
+static int rows_of(const char *path, const char *table, const char *id) {
+  sqlite3 *c;
+  assert_int_equal(sqlite3_open_v2(path, &c, SQLITE_OPEN_READONLY, NULL), SQLITE_OK);
+  char sql[128];
+  snprintf(sql, sizeof sql, "SELECT count(*) FROM %s WHERE job_id = ?", table);
+  sqlite3_stmt *st;
+  assert_int_equal(sqlite3_prepare_v2(c, sql, -1, &st, NULL), SQLITE_OK);
+  sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+  assert_int_equal(sqlite3_step(st), SQLITE_ROW);
+  int n = sqlite3_column_int(st, 0);
+  sqlite3_finalize(st);
+  sqlite3_close(c);
+  return n;
+}
+
+/* Only a finished job whose ranks have all ended is deleted; then every row
+ * of it goes, its key is free again, and other jobs keep theirs. */
+static void test_delete_only_finished(void **state) {
+  fixture_t *f = *state;
+  insert(f->db, "j1", "key-1", "{}", 0);
+  insert(f->db, "j2", NULL, "{}", 0);
+  db_job_t *j = NULL;
+  assert_int_equal(db_job_delete(f->db, "nope", &j), TY_ENOTFOUND);
+  assert_null(j);
+  assert_int_equal(db_job_delete(f->db, "j1", &j), TY_EPRECONDITION);
+  assert_int_equal(j->state, DB_JOB_QUEUED);
+  db_job_free(j);
+  for (const char *id = "j1"; id; id = strcmp(id, "j1") ? NULL : "j2") {
+    assert_int_equal(
+        db_job_transition(f->db, id, DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, "go", NULL, NULL), 0);
+    for (int r = 0; r < 2; r++)
+      assert_int_equal(db_rank_spawned(f->db, id, 1, r, 100 + r, 7, "l"), 0);
+    db_report_t rep = {.attempt = 1,
+                       .rank = 0,
+                       .world_size = 2,
+                       .phase = "training",
+                       .step = 1,
+                       .total_steps = 2,
+                       .loss = 1.0};
+    assert_int_equal(db_report_ingest(f->db, id, &rep, NULL), 0);
+    assert_int_equal(
+        db_job_transition(f->db, id, DB_MASK_ACTIVE, DB_JOB_CANCELLED, "stop", NULL, NULL), 0);
+  }
+  /* Cancelled, but rank 1 has not been seen to end: not yet. */
+  assert_int_equal(db_rank_finished(f->db, "j1", 1, 0, "stopped", 143, "x"), 0);
+  assert_int_equal(db_job_delete(f->db, "j1", &j), TY_EUNAVAILABLE);
+  assert_int_equal(j->state, DB_JOB_CANCELLED);
+  db_job_free(j);
+  assert_int_equal(db_rank_finished(f->db, "j1", 1, 1, "stopped", 143, "x"), 0);
+  assert_int_equal(db_job_delete(f->db, "j1", &j), 0);
+  assert_string_equal(j->id, "j1");
+  assert_string_equal(j->reason, "stop");
+  db_job_free(j);
+  db_flush(f->db);
+  const char *tables[] = {"attempts", "ranks", "metrics", "events"};
+  for (int t = 0; t < 4; t++) {
+    assert_int_equal(rows_of(f->path, tables[t], "j1"), 0);
+    assert_true(rows_of(f->path, tables[t], "j2") > 0);
+  }
+  assert_int_equal(db_job_get(f->db, "j1", &j), TY_ENOTFOUND);
+  assert_int_equal(db_job_delete(f->db, "j1", &j), TY_ENOTFOUND);
+  insert(f->db, "j3", "key-1", "{}", 0); /* the key is free again */
+}
+
 static void test_state_names(void **state) {
   (void)state;
   assert_string_equal(db_state_name(DB_JOB_RUNNING), "running");
@@ -323,6 +389,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_output_dir_held_until_finished, setup, teardown),
       cmocka_unit_test_setup_teardown(test_migration_keeps_output_dirs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_second_open_is_refused, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_delete_only_finished, setup, teardown),
       cmocka_unit_test(test_state_names),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
