@@ -1,6 +1,7 @@
 /* fsutil.c - small filesystem helpers; see fsutil.h. */
 #include "common/fsutil.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -37,6 +38,62 @@ int ty_mkdirs(const char *dir, char *err, size_t errlen) {
     if (!c) break;
   }
   return 0;
+}
+
+/* Removes every entry of the open directory dfd (consumed), depth levels at
+ * most below it; path names it for messages. */
+static int rm_contents(int dfd, const char *path, int depth, char *err, size_t errlen) {
+  DIR *d = fdopendir(dfd);
+  if (!d) {
+    if (err) snprintf(err, errlen, "cannot read directory %s: %s", path, strerror(errno));
+    close(dfd);
+    return TY_EPERM;
+  }
+  int rc = 0;
+  struct dirent *e;
+  while (!rc && (e = readdir(d))) {
+    if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+    char sub[PATH_MAX];
+    snprintf(sub, sizeof sub, "%s/%s", path, e->d_name);
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode)) {
+      int sfd = depth > 0
+                    ? openat(dirfd(d), e->d_name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+                    : -1;
+      if (sfd < 0) {
+        if (err)
+          snprintf(err, errlen, "cannot open directory %s: %s", sub,
+                   depth > 0 ? strerror(errno) : "nested too deep");
+        rc = TY_EPERM;
+        break;
+      }
+      rc = rm_contents(sfd, sub, depth - 1, err, errlen);
+      if (!rc && unlinkat(dirfd(d), e->d_name, AT_REMOVEDIR) != 0) {
+        if (err) snprintf(err, errlen, "cannot remove directory %s: %s", sub, strerror(errno));
+        rc = TY_EPERM;
+      }
+    } else if (unlinkat(dirfd(d), e->d_name, 0) != 0 && errno != ENOENT) {
+      if (err) snprintf(err, errlen, "cannot remove %s: %s", sub, strerror(errno));
+      rc = TY_EPERM;
+    }
+  }
+  closedir(d);
+  return rc;
+}
+
+int ty_rmtree(const char *dir, char *err, size_t errlen) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0 && errno == ENOENT) return 0;
+  if (fd < 0) {
+    if (err) snprintf(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+    return TY_EPERM;
+  }
+  int rc = rm_contents(fd, dir, 16, err, errlen);
+  if (!rc && rmdir(dir) != 0 && errno != ENOENT) {
+    if (err) snprintf(err, errlen, "cannot remove directory %s: %s", dir, strerror(errno));
+    rc = TY_EPERM;
+  }
+  return rc;
 }
 
 int ty_flock_try(int fd) {

@@ -10,6 +10,13 @@
  * component and the system's reason in err (may be NULL). */
 int ty_mkdirs(const char *dir, char *err, size_t errlen);
 
+/* Removes directory dir with everything in it, like rm -rf, without
+ * following symbolic links (a link is removed, never what it names) and at
+ * most 16 levels deep. A missing dir is success. Returns 0, or TY_EPERM
+ * with a message naming the first entry that could not be removed in err
+ * (may be NULL); what was removed before it stays removed. */
+int ty_rmtree(const char *dir, char *err, size_t errlen);
+
 /* flock(fd, LOCK_EX | LOCK_NB), retried when a signal interrupts it: 0;
  * TY_EPRECONDITION when another open of the file holds the lock; TY_EPERM
  * when it cannot be taken at all (errno tells why). */

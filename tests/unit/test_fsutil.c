@@ -1,6 +1,7 @@
 /* test_fsutil.c - ty_mkdirs: parents created, existing directories accepted,
  * a file in the way reported by name; ty_dir_lock: one holder at a time,
- * released on close, not handed to programs started meanwhile. */
+ * released on close, not handed to programs started meanwhile; ty_rmtree:
+ * a tree removed, links not followed. */
 #include <fcntl.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -108,6 +109,53 @@ static void test_dir_lock(void **state) {
 }
 
 /* This test runs from <build>/tests: the worker is found in ../worker/. */
+static void touch(const char *dir, const char *name) {
+  char p[512];
+  snprintf(p, sizeof p, "%s/%s", dir, name);
+  FILE *f = fopen(p, "w");
+  assert_non_null(f);
+  fputs("x", f);
+  fclose(f);
+}
+
+/* ty_rmtree removes a tree, removes links without following them, and
+ * treats a missing folder as done. */
+static void test_rmtree(void **state) {
+  (void)state;
+  char root[] = "/tmp/ty-fsutil-XXXXXX";
+  assert_non_null(mkdtemp(root));
+  char tree[512], deep[600], keep[512], link[600], err[256];
+  snprintf(tree, sizeof tree, "%s/job", root);
+  snprintf(deep, sizeof deep, "%s/attempt-1/sub", tree);
+  snprintf(keep, sizeof keep, "%s/keep", root);
+  assert_int_equal(ty_mkdirs(deep, err, sizeof err), 0);
+  assert_int_equal(ty_mkdirs(keep, err, sizeof err), 0);
+  touch(tree, "spec.json");
+  touch(deep, "rank-0.log");
+  touch(keep, "precious");
+  snprintf(link, sizeof link, "%s/attempt-1/to-keep", tree);
+  assert_int_equal(symlink(keep, link), 0);
+  assert_int_equal(ty_rmtree(tree, err, sizeof err), 0);
+  assert_false(is_dir(tree));
+  char precious[600];
+  snprintf(precious, sizeof precious, "%s/precious", keep);
+  assert_int_equal(access(precious, F_OK), 0);           /* the link's target is untouched */
+  assert_int_equal(ty_rmtree(tree, err, sizeof err), 0); /* gone already: done */
+  /* A folder whose entry cannot be removed says which. */
+  if (geteuid() != 0) {
+    snprintf(deep, sizeof deep, "%s/locked", tree);
+    assert_int_equal(ty_mkdirs(deep, err, sizeof err), 0);
+    touch(deep, "f");
+    assert_int_equal(chmod(deep, 0500), 0);
+    assert_int_equal(ty_rmtree(tree, err, sizeof err), TY_EPERM);
+    assert_non_null(strstr(err, "locked/f"));
+    assert_int_equal(chmod(deep, 0700), 0);
+    assert_int_equal(ty_rmtree(tree, err, sizeof err), 0);
+  }
+  assert_int_equal(ty_rmtree(root, err, sizeof err), 0);
+  assert_false(is_dir(root));
+}
+
 static void test_find_worker(void **state) {
   (void)state;
   char path[4096];
@@ -121,6 +169,7 @@ static void test_find_worker(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {cmocka_unit_test(test_mkdirs), cmocka_unit_test(test_dir_lock),
+                                     cmocka_unit_test(test_rmtree),
                                      cmocka_unit_test(test_find_worker)};
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
