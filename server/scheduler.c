@@ -68,6 +68,7 @@ struct sched {
   bool wake, quit, started;
   pthread_t thread;
   run_t *runs;
+  run_t *ending; /* runs being released by tick, outside s->lock */
   cancel_req_t *cancels;
   int64_t cpu_used, gpu_used;
   uint64_t gpu_busy;       /* bit g: GPU g is held by a rank (gpus <= 64) */
@@ -344,11 +345,21 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   return true;
 }
 
-/* Whether an attempt of job id still has ranks to stop or reap. */
+/* Whether an attempt of job id still has ranks to stop or reap (the caller
+ * holds s->lock). */
 static bool job_has_run(const sched_t *s, const char *id) {
   for (const run_t *r = s->runs; r; r = r->next)
     if (!strcmp(r->id, id)) return true;
+  for (const run_t *r = s->ending; r; r = r->next)
+    if (!strcmp(r->id, id)) return true; /* only its id is read: tick is releasing it */
   return false;
+}
+
+bool sched_has_run(sched_t *s, const char *id) {
+  pthread_mutex_lock(&s->lock);
+  bool has = job_has_run(s, id);
+  pthread_mutex_unlock(&s->lock);
+  return has;
 }
 
 /* Starts queued jobs, oldest first, while the oldest fits the free slots
@@ -473,20 +484,24 @@ static void tick(sched_t *s) {
     }
   }
   if (ended) {
+    s->ending = ended; /* still this job's run for sched_has_run */
     pthread_mutex_unlock(&s->lock);
-    while (ended) {
-      run_t *r = ended;
-      ended = r->next;
+    for (run_t *r = ended; r; r = r->next) {
       for (int i = 0; i < r->world; i++)
         if (r->ranks[i].started) dispatch_release(&r->ranks[i].proc);
       /* Ranks unlink the segment once all have joined; one that died
        * before that leaves it, so the attempt's end removes it. */
       if (!r->gpu) comm_shm_remove(r->rdv);
       if (r->out_lock >= 0) close(r->out_lock);
+    }
+    pthread_mutex_lock(&s->lock);
+    s->ending = NULL;
+    while (ended) {
+      run_t *r = ended;
+      ended = r->next;
       free(r->ranks);
       free(r);
     }
-    pthread_mutex_lock(&s->lock);
   }
   if (!s->quit) start_queued(s);
 }

@@ -7,6 +7,7 @@
 #ifndef TY_SERVER_SCHEDULER_H
 #define TY_SERVER_SCHEDULER_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "db/db.h"
@@ -38,5 +39,8 @@ void sched_note_report(sched_t *s, const char *id, const db_report_t *r);
 int sched_fits(const srv_config_t *cfg, const char *device, int world_size, char *msg,
                size_t msgsz);
 int64_t sched_ranks_running(sched_t *s);
+/* Whether the scheduler still holds an attempt of job id: ranks to stop,
+ * reap or record, or an output folder lock to release. */
+bool sched_has_run(sched_t *s, const char *id);
 
 #endif
