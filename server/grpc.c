@@ -238,10 +238,13 @@ static void call_arrived(gcall_t *c) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   if (c->method < 0) {
     char *path = grpc_slice_to_c_string(c->details.method);
-    snprintf(msg, sizeof msg,
-             "unknown method %s; trainyard.v1.Trainyard has SubmitJob, ValidateJob, GetJob, "
-             "ListJobs, CancelJob and WatchJob",
-             path);
+    int n = snprintf(msg, sizeof msg, "unknown method %s; trainyard.v1.Trainyard has", path);
+    for (size_t i = 0; i < gsvc_method_count && n > 0 && (size_t)n < sizeof msg; i++)
+      n += snprintf(msg + n, sizeof msg - (size_t)n, "%s %s",
+                    i == 0                       ? ""
+                    : i + 1 == gsvc_method_count ? " and"
+                                                 : ",",
+                    strrchr(gsvc_methods[i].path, '/') + 1);
     gpr_free(path);
     call_finish(c, TY_EUNIMPLEMENTED, msg, NULL, NULL);
     return;

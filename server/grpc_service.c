@@ -43,7 +43,7 @@ static Trainyard__V1__Job *job_pb(const db_job_t *j, char *msg, size_t msgsz) {
   return m;
 }
 
-/* Packs a job row as a bare Job (GetJob, CancelJob). */
+/* Packs a job row as a bare Job (GetJob, CancelJob, DeleteJob). */
 static int job_reply(const db_job_t *j, grpc_byte_buffer **resp, char *msg, size_t msgsz) {
   Trainyard__V1__Job *m = job_pb(j, msg, msgsz);
   if (!m) return TY_EINTERNAL;
@@ -182,6 +182,18 @@ static int m_cancel(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
   return rc;
 }
 
+static int m_delete(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **resp,
+                    ty_errlist_t *errs, char *msg, size_t msgsz) {
+  const Trainyard__V1__DeleteJobRequest *req = (const void *)rq;
+  if (!request_id(req->job_id, errs, msg, msgsz)) return TY_EINVAL;
+  db_job_t *job = NULL;
+  int rc = svc_delete(svc, req->job_id, &job, msg, msgsz);
+  if (rc) return rc;
+  rc = job_reply(job, resp, msg, msgsz);
+  db_job_free(job);
+  return rc;
+}
+
 /* ---- WatchJob ---- */
 
 typedef struct {
@@ -273,6 +285,9 @@ const gsrv_method_t gsvc_methods[] = {
     {.path = TY_PATH("CancelJob"),
      .request = &trainyard__v1__cancel_job_request__descriptor,
      .unary = m_cancel},
+    {.path = TY_PATH("DeleteJob"),
+     .request = &trainyard__v1__delete_job_request__descriptor,
+     .unary = m_delete},
     {.path = TY_PATH("WatchJob"),
      .request = &trainyard__v1__watch_job_request__descriptor,
      .open = w_open,

@@ -32,6 +32,7 @@ static const rest_route_t g_routes[] = {
     {"GET", "/v1/jobs", rest_h_list, 0, AUTH_API},
     {"POST", "/v1/jobs:validate", rest_h_validate, -1, AUTH_API},
     {"GET", "/v1/jobs/{id}", rest_h_get, 0, AUTH_API},
+    {"DELETE", "/v1/jobs/{id}", rest_h_delete, 0, AUTH_API},
     {"POST", "/v1/jobs/{id}:cancel", rest_h_cancel, 4096, AUTH_API},
     {"GET", "/v1/jobs/{id}/ranks", rest_h_ranks, 0, AUTH_API},
     {"GET", "/v1/jobs/{id}/metrics", rest_h_metrics, 0, AUTH_API},

@@ -74,6 +74,7 @@ enum MHD_Result rest_h_validate(rest_t *r, struct MHD_Connection *c, rest_req_t 
 enum MHD_Result rest_h_list(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_get(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_delete(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_ranks(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q);

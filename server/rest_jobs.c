@@ -156,6 +156,17 @@ enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   return ret;
 }
 
+/* DELETE /v1/jobs/{id}: 200 with the job as it was. */
+enum MHD_Result rest_h_delete(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
+  db_job_t *job = NULL;
+  char msg[MSG_MAX] = "";
+  int rc = svc_delete(r->svc, q->params[0], &job, msg, sizeof msg);
+  enum MHD_Result ret =
+      rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, svc_job_json(job));
+  db_job_free(job);
+  return ret;
+}
+
 /* GET of one view of a job's attempt (?attempt=N, default the latest):
  * the ranks table or the metric series, as the service renders them. */
 typedef int (*attempt_view_fn)(svc_t *s, const char *id, int attempt, json_t **out, char *msg,

@@ -15,6 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 #include "server/scheduler.h"
@@ -441,6 +442,51 @@ int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_
   if (rc) return rc;
   if ((DB_MASK_ACTIVE & DB_MASK(cur)) && s->sched) sched_cancel(s->sched, id);
   return out ? db_job_get(s->db, id, out) : 0;
+}
+
+int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz) {
+  if (out) *out = NULL;
+  db_job_t *j = NULL;
+  db_job_brief_t b;
+  int rc = db_job_brief(s->db, id, &b);
+  /* The scheduler lets go of an attempt only after its ranks are reaped,
+   * recorded and their log pumps joined; db_job_delete checks the state
+   * again, in its transaction. */
+  if (!rc && db_state_final(b.state) && s->sched && sched_has_run(s->sched, id))
+    rc = TY_EUNAVAILABLE;
+  if (!rc) {
+    cache_invalidate(s, id);
+    rc = db_job_delete(s->db, id, &j);
+    cache_invalidate(s, id);
+    if (j) b.state = j->state;
+  }
+  if (rc == TY_ENOTFOUND) set_msg(msg, msgsz, "no job with id '%s'", id);
+  if (rc == TY_EPRECONDITION)
+    set_msg(msg, msgsz,
+            "job %s is %s; only a job that has ended (succeeded, failed or cancelled) can be "
+            "deleted: cancel it first",
+            id, db_state_name(b.state));
+  if (rc == TY_EUNAVAILABLE)
+    set_msg(msg, msgsz,
+            "job %s has ended but its ranks are still being stopped (at most the %.0f s grace "
+            "period); delete it again once they have",
+            id, s->cfg->grace);
+  if (rc) {
+    db_job_free(j);
+    return rc;
+  }
+  char dir[PATH_MAX], err[PATH_MAX + 128];
+  snprintf(dir, sizeof dir, "%s/jobs/%s", s->cfg->state_dir, id);
+  if (ty_rmtree(dir, err, sizeof err))
+    ty_warn("job %s deleted, but not all of its files: %s", id, err);
+  ty_info("job %s deleted (%s, %s); its output_dir %s is left as it is", id, j->name,
+          db_state_name(j->state), *j->output_dir ? j->output_dir : "(none)");
+  notify(s);
+  if (out)
+    *out = j;
+  else
+    db_job_free(j);
+  return 0;
 }
 
 /* Fills a report from JSON, adding one error per bad field. */

@@ -77,6 +77,16 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
 int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_errlist_t *errs,
                char *msg, size_t msgsz);
 
+/* Deletes a job that has ended (succeeded, failed or cancelled): its rows
+ * (attempts, ranks, metrics, events; its Idempotency-Key becomes free) and
+ * the files the server keeps for it under state_dir/jobs/<id> (spec, rank
+ * logs). Its output_dir, the user's results, is never touched. A queued or
+ * running job is TY_EPRECONDITION (cancel it first); one whose ranks are
+ * still being stopped is TY_EUNAVAILABLE (try again after the grace
+ * period); neither changes anything. *out (optional) receives the job as it
+ * was. */
+int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz);
+
 /* A rank's progress report (DESIGN.md "Worker contract"), authorized by the
  * job's own token. TY_EUNAUTHENTICATED for a wrong token, TY_EINVAL for a
  * malformed report (details in errs), TY_EPRECONDITION when the report's

@@ -166,6 +166,27 @@ class GrpcApi(unittest.TestCase):
         self.assertEqual(states[-1], self.pb.JOB_STATE_CANCELLED)
         self.assertEqual(self.c.CancelJob(job_id=job.id).state, self.pb.JOB_STATE_CANCELLED)
 
+    def test_delete(self):
+        job = self.submit(name="delete-me-slow", steps=200)
+        message, _ = self.assert_error("FAILED_PRECONDITION", self.c.DeleteJob, job_id=job.id)
+        self.assertIn("cancel it first", message)
+        self.c.CancelJob(job_id=job.id)
+        self.watch_all(job.id)  # ends once every rank's end is recorded
+        deadline = time.time() + 10
+        while True:  # the scheduler lets go of the attempt just after
+            try:
+                out = self.c.DeleteJob(job_id=job.id)
+                break
+            except grpc.RpcError as e:
+                self.assertEqual(e.code(), grpc.StatusCode.UNAVAILABLE, e.details())
+                self.assertLess(time.time(), deadline)
+                time.sleep(0.05)
+        self.assertEqual((out.id, out.state), (job.id, self.pb.JOB_STATE_CANCELLED))
+        for fn in (self.c.GetJob, self.c.DeleteJob, self.c.WatchJob):
+            self.assert_error("NOT_FOUND", fn, job_id=job.id)
+        _, fields = self.assert_error("INVALID_ARGUMENT", self.c.DeleteJob)
+        self.assertIn("job_id", fields)
+
     def test_watch_resumes_after_a_sequence_number(self):
         job = self.submit(name="resume", steps=5)
         full = self.watch_all(job.id)
@@ -238,7 +259,7 @@ class GrpcApi(unittest.TestCase):
         self.assertEqual({d["field"]: d["message"] for d in rest["details"]}, fields)
 
     def test_unknown_job_is_not_found(self):
-        for fn in (self.c.GetJob, self.c.CancelJob, self.c.WatchJob):
+        for fn in (self.c.GetJob, self.c.CancelJob, self.c.DeleteJob, self.c.WatchJob):
             message, _ = self.assert_error("NOT_FOUND", fn, job_id="no-such-job")
             self.assertIn("no-such-job", message)
         _, fields = self.assert_error("INVALID_ARGUMENT", self.c.GetJob)
@@ -252,6 +273,8 @@ class GrpcApi(unittest.TestCase):
             call(self.pb.GetJobRequest(job_id="x"), timeout=5)
         self.assertEqual(cm.exception.code(), grpc.StatusCode.UNIMPLEMENTED)
         self.assertIn("Nope", cm.exception.details())
+        self.assertIn("has SubmitJob, ValidateJob, GetJob, ListJobs, CancelJob, DeleteJob and "
+                      "WatchJob", cm.exception.details())
 
     def test_malformed_request_is_invalid_argument(self):
         call = self.c.channel.unary_unary("/trainyard.v1.Trainyard/GetJob",

@@ -38,6 +38,7 @@ METHODS = {
     "GetJob": ("GetJobRequest", "Job", False),
     "ListJobs": ("ListJobsRequest", "ListJobsResponse", False),
     "CancelJob": ("CancelJobRequest", "Job", False),
+    "DeleteJob": ("DeleteJobRequest", "Job", False),
     "WatchJob": ("WatchJobRequest", "JobEvent", True),
 }
 

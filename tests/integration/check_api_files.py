@@ -3,7 +3,7 @@
 each other and with DESIGN.md: the OpenAPI document parses as YAML, every
 $ref resolves, every REST endpoint of DESIGN.md is there, each schema that
 mirrors a protobuf message has exactly that message's fields, the job states
-match, the service has its six RPCs (WatchJob server-streaming), and, when
+match, the service has its seven RPCs (WatchJob server-streaming), and, when
 the server's route table is given, the document has exactly its routes."""
 import re
 import sys
@@ -20,7 +20,7 @@ assert doc["openapi"].startswith("3."), doc["openapi"]
 # Every endpoint of DESIGN.md "APIs", with its method.
 want = {
     ("/v1/jobs", "post"), ("/v1/jobs", "get"), ("/v1/jobs:validate", "post"),
-    ("/v1/jobs/{id}", "get"), ("/v1/jobs/{id}:cancel", "post"),
+    ("/v1/jobs/{id}", "get"), ("/v1/jobs/{id}", "delete"), ("/v1/jobs/{id}:cancel", "post"),
     ("/v1/jobs/{id}/ranks", "get"), ("/v1/jobs/{id}/metrics", "get"),
     ("/v1/jobs/{id}/events", "get"), ("/v1/jobs/{id}/ranks/{rank}/log", "get"),
     ("/healthz", "get"), ("/metrics", "get"), ("/", "get"),
@@ -90,7 +90,7 @@ if [s.lower() for s in phases] != schemas["Phase"]["enum"]:
 
 if not re.search(r"^package trainyard\.v1;", proto, re.M):
     problems.append("proto: package is not trainyard.v1")
-for rpc in ["SubmitJob", "ValidateJob", "GetJob", "ListJobs", "CancelJob"]:
+for rpc in ["SubmitJob", "ValidateJob", "GetJob", "ListJobs", "CancelJob", "DeleteJob"]:
     if not re.search(r"rpc %s\(\w+\) returns \(\w+\);" % rpc, proto):
         problems.append(f"proto: no unary rpc {rpc}")
 if not re.search(r"rpc WatchJob\(WatchJobRequest\) returns \(stream \w+\);", proto):

@@ -2,7 +2,7 @@
 rank processes (ty_test_worker following the worker contract): success,
 rank failures and crashes with their reasons and no orphans, the watchdog,
 cancel of queued and running jobs, max_restarts, FIFO slots, capped logs,
-one run at a time in an output folder."""
+one run at a time in an output folder, deleting jobs that have ended."""
 import fcntl
 import json
 import os
@@ -10,6 +10,8 @@ import subprocess
 import sys
 import time
 import unittest
+
+import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tyserver import BIN, Server, group_alive  # noqa: E402
@@ -301,6 +303,95 @@ class OutputFolder(unittest.TestCase):
                    and e["data"]["to"] == "starting" and e["data"]["attempt"] == 2]
         self.assertEqual(len(started), 1, events)
         self.assertGreaterEqual(started[0], gone)
+
+
+class Delete(unittest.TestCase):
+    """DELETE /v1/jobs/{id}: only a job that has ended, and only once its
+    ranks are gone; then its rows and rank logs go, its output_dir and every
+    other job stay, and its Idempotency-Key is free."""
+
+    @classmethod
+    def setUpClass(cls):
+        # Ranks that ignore SIGTERM take the whole 3 s grace to stop.
+        cls.srv = Server(extra=["--cpu-slots", "4", "--grace", "3"]).start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.srv.cleanup()
+
+    def delete(self, job_id):
+        return requests.delete(self.srv.url + "/v1/jobs/" + job_id, headers=self.srv.headers(),
+                               timeout=10)
+
+    def test_delete_only_what_has_ended(self):
+        srv = self.srv
+        keep = srv.post("/v1/jobs", srv.spec(name="keep", steps=3, world_size=1)).json()
+        keep = srv.wait_state(keep["id"], ["succeeded"])
+        key = {"Idempotency-Key": "del-key"}
+        spec = srv.spec(name="del-slow-ignoreterm", steps=1000, world_size=2)
+        r = srv.post("/v1/jobs", spec, headers=key)
+        self.assertEqual(r.status_code, 201, r.text)
+        job = srv.wait_state(r.json()["id"], ["running"])
+        state_dir = os.path.join(srv.dir, "var", "jobs", job["id"])
+        out = job["spec"]["output_dir"]
+        self.assertTrue(os.path.isdir(state_dir))
+
+        r = self.delete(job["id"])
+        self.assertEqual(r.status_code, 412, r.text)
+        self.assertEqual(r.json()["error"]["message"],
+                         "job %s is running; only a job that has ended (succeeded, failed or "
+                         "cancelled) can be deleted: cancel it first" % job["id"])
+        self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "running")
+
+        self.assertEqual(srv.post("/v1/jobs/%s:cancel" % job["id"]).status_code, 200)
+        r = self.delete(job["id"])  # its ranks ignore SIGTERM: 3 s until SIGKILL
+        self.assertEqual(r.status_code, 503, r.text)
+        self.assertIn("its ranks are still being stopped", r.json()["error"]["message"])
+        self.assertEqual(srv.get("/v1/jobs/%s/ranks/0/log" % job["id"]).status_code, 200)
+
+        deadline = time.time() + 20
+        while r.status_code == 503 and time.time() < deadline:
+            time.sleep(0.1)
+            r = self.delete(job["id"])
+        self.assertEqual(r.status_code, 200, r.text)
+        gone = r.json()
+        self.assertEqual((gone["id"], gone["state"]), (job["id"], "cancelled"))
+        self.assertEqual(gone["idempotency_key"], "del-key")
+
+        for path in ["", "/ranks", "/metrics", "/events", "/ranks/0/log"]:
+            r = srv.get("/v1/jobs/" + job["id"] + path)
+            self.assertEqual(r.status_code, 404, (path, r.text))
+        self.assertNotIn(job["id"], [j["id"] for j in srv.get("/v1/jobs").json()["jobs"]])
+        self.assertEqual(self.delete(job["id"]).status_code, 404)
+        self.assertEqual(self.delete("j-nope").status_code, 404)
+        self.assertFalse(os.path.exists(state_dir))
+        self.assertTrue(os.path.isdir(out))  # the user's outputs stay
+        # Every other job keeps its rows and logs.
+        self.assertEqual(srv.get("/v1/jobs/" + keep["id"]).json()["state"], "succeeded")
+        self.assertIn("train step 3/3", srv.get("/v1/jobs/%s/ranks/0/log" % keep["id"]).text)
+        # The key names no job any more: the same submit makes a new one.
+        again = srv.post("/v1/jobs", {**spec, "name": "del-again", "output_dir": "runs/again"},
+                         headers=key)
+        self.assertEqual(again.status_code, 201, again.text)
+        self.assertNotEqual(again.json()["id"], job["id"])
+        srv.wait_state(again.json()["id"], ["running"])
+        srv.post("/v1/jobs/%s:cancel" % again.json()["id"])
+        srv.wait_state(again.json()["id"], ["cancelled"])
+
+    def test_delete_of_a_queued_job_is_refused(self):
+        srv = self.srv
+        r = srv.post("/v1/jobs", srv.spec(name="wide", steps=3, world_size=5))
+        self.assertEqual(r.status_code, 400, r.text)  # 5 ranks never fit 4 slots
+        holder = srv.post("/v1/jobs", srv.spec(name="hold-slow", steps=1000, world_size=4)).json()
+        srv.wait_state(holder["id"], ["running"])
+        queued = srv.post("/v1/jobs", srv.spec(name="waits", steps=3, world_size=1)).json()
+        r = self.delete(queued["id"])
+        self.assertEqual(r.status_code, 412, r.text)
+        self.assertIn("is queued", r.json()["error"]["message"])
+        self.assertEqual(srv.get("/v1/jobs/" + queued["id"]).json()["state"], "queued")
+        srv.post("/v1/jobs/%s:cancel" % holder["id"])
+        srv.wait_state(queued["id"], ["succeeded"])
+        self.assertEqual(self.delete(queued["id"]).status_code, 200)
 
 
 class LogCap(unittest.TestCase):
