@@ -14,12 +14,13 @@
   X("eval", cmd_eval, "mean next-token loss of a model (and adapter) on a token file")
 
 #ifdef TRAINYARD_WITH_CLIENT
-#define TY_COMMANDS_CLIENT(X) \
-  X("submit", cmd_submit, "send a job spec to trainyardd; prints the job id") \
-  X("list", cmd_list, "list the server's jobs (filter by state, page through)") \
-  X("get", cmd_get, "print one job as JSON") \
-  X("watch", cmd_watch, "follow a job live: per-rank progress until it ends") \
-  X("cancel", cmd_cancel, "cancel a queued or running job") \
+#define TY_COMMANDS_CLIENT(X)                                                        \
+  X("submit", cmd_submit, "send a job spec to trainyardd; prints the job id")        \
+  X("list", cmd_list, "list the server's jobs (filter by state, page through)")      \
+  X("get", cmd_get, "print one job as JSON")                                         \
+  X("watch", cmd_watch, "follow a job live: per-rank progress until it ends")        \
+  X("cancel", cmd_cancel, "cancel a queued or running job")                          \
+  X("delete", cmd_delete, "delete jobs that have ended (their output folders stay)") \
   X("logs", cmd_logs, "print a rank's log of a job")
 #else
 #define TY_COMMANDS_CLIENT(X)

@@ -272,6 +272,12 @@ int gcli_cancel(const client_t *c, const char *id, const char *reason, json_t **
   return gcli_unary_json(c, "CancelJob", &req.base, &trainyard__v1__job__descriptor, job);
 }
 
+int gcli_delete(const client_t *c, const char *id, json_t **job) {
+  Trainyard__V1__DeleteJobRequest req = TRAINYARD__V1__DELETE_JOB_REQUEST__INIT;
+  req.job_id = (char *)id;
+  return gcli_unary_json(c, "DeleteJob", &req.base, &trainyard__v1__job__descriptor, job);
+}
+
 int gcli_watch(const client_t *c, const char *id, long long after_seq,
                void (*fn)(void *ctx, const json_t *ev), void *ctx) {
   Trainyard__V1__WatchJobRequest req = TRAINYARD__V1__WATCH_JOB_REQUEST__INIT;

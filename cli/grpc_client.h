@@ -34,6 +34,10 @@ int gcli_list(const client_t *c, const char *states, const char *page_token, jso
  * printing the error. */
 int gcli_cancel(const client_t *c, const char *id, const char *reason, json_t **job);
 
+/* DeleteJob: *job (the caller's) is the job as it was. 0, or 1 after
+ * printing the error. */
+int gcli_delete(const client_t *c, const char *id, json_t **job);
+
 /* WatchJob from after_seq: fn gets each event ({"seq","job_id","t",
  * "type","data"}, borrowed) until the stream ends. 0 when it ended
  * normally; -1 when it broke off (server gone or shutting down: call again

@@ -1,4 +1,4 @@
-"""test_grpc_cli.py - trainyard submit, get, watch, list and cancel with
+"""test_grpc_cli.py - trainyard submit, get, watch, list, cancel and delete with
 --grpc (and TRAINYARD_GRPC) against a real trainyardd: the same output as
 over REST, errors with their field details, the token, an unreachable
 address; logs, which gRPC does not serve, refuses --grpc."""
@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -105,6 +106,24 @@ class GrpcCli(unittest.TestCase):
         # Logs are REST's alone.
         p = self.ty("logs", ids[0], expect=2)
         self.assertIn("served over REST only", p.stderr)
+        # Deleted over gRPC once their ranks are gone, with REST's line.
+        for i in ids:
+            deadline = time.time() + 10
+            while True:
+                p = subprocess.run([TRAINYARD, "delete", i, "--grpc", self.target],
+                                   env=dict(os.environ, TRAINYARD_TOKEN=TOKEN),
+                                   capture_output=True, text=True, timeout=60)
+                if p.returncode == 0 or time.time() > deadline:
+                    break
+                self.assertIn("UNAVAILABLE", p.stderr)  # ranks still stopping
+                time.sleep(0.05)
+            self.assertEqual(p.stdout, "deleted %s (%s, cancelled); its output_dir %s is left "
+                             "as it is\n" % (i, "cli-grpc-list-%d" % ids.index(i),
+                                              os.path.join(self.srv.dir, "runs",
+                                                           "cli-grpc-list-%d" % ids.index(i))))
+        self.assertFalse(set(ids) & {j["id"] for j in
+                                     json.loads(self.ty("list", "--all", "--json").stdout)})
+        self.assertIn("NOT_FOUND", self.ty("delete", ids[0], expect=1).stderr)
 
     def test_errors(self):
         spec = self.srv.write_spec("cli-grpc-bad", steps=8)

@@ -1,5 +1,5 @@
 """test_server_cli.py - the trainyard client commands (submit, list, get,
-watch, cancel, logs and logs --follow) against a real trainyardd, with
+watch, cancel, delete, logs and logs --follow) against a real trainyardd, with
 --server/--token and their environment variables; the log endpoint's
 offset and tail."""
 import json
@@ -129,6 +129,23 @@ class Cli(unittest.TestCase):
         self.assertIn("changed my mind", c)
         self.ty("cancel", a)
         self.ty("cancel", "j-nope", expect=1)
+
+    def test_delete(self):
+        done_id = self.ty("submit", self.srv.write_spec("cli-del", steps=3)).stdout.strip()
+        self.ty("watch", done_id)
+        running = self.ty("submit", self.srv.write_spec("cli-del-slow", steps=400)).stdout.strip()
+        p = self.ty("delete", done_id, running, "j-nope", expect=1)
+        out = os.path.join(self.srv.dir, "runs", "cli-del")
+        self.assertEqual(p.stdout, "deleted %s (cli-del, succeeded); its output_dir %s is left "
+                         "as it is\n" % (done_id, out))
+        self.assertIn("job %s is running; only a job that has ended" % running, p.stderr)
+        self.assertIn("NOT_FOUND (HTTP 404): no job with id 'j-nope'", p.stderr)
+        self.assertTrue(os.path.isdir(out))
+        self.assertIn("NOT_FOUND", self.ty("get", done_id, expect=1).stderr)
+        self.assertEqual(self.ty("get", running).returncode, 0)
+        self.ty("cancel", running)
+        self.assertIn("usage: trainyard delete JOB_ID...", self.ty("delete", expect=2).stderr)
+        self.assertIn("unknown option --force", self.ty("delete", "--force", expect=2).stderr)
 
     def test_errors(self):
         p = self.ty("submit", "--world_size", "0", "--model_path", "models/tiny", expect=1)
