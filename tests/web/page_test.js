@@ -3,7 +3,8 @@
 // are played by ty_test_worker. The server requires a token, so the page
 // must ask for one. Checks: the jobs list; a running job's rank rows and
 // charts updating; the event stream resuming after forced drops with no
-// event missed or repeated; cancel from the page; an invalid spec's field
+// event missed or repeated; cancel from the page, then delete the ended
+// job from it; an invalid spec's field
 // error shown as it is typed; a valid submit (gradient checkpointing
 // chosen on the form, and shown on the job page) running to success; a
 // restarted job's second attempt; the page at phone width; the jobs list
@@ -219,6 +220,23 @@ async function main() {
               logReads.join(' '));
     await page.screenshot({ path: path.join(ART, 'job-cancelled.png'), fullPage: true });
 
+    // 4b. Delete the job that has ended, from the page: asked first, then
+    // the jobs list says what was deleted and no longer lists it.
+    assert.equal(await page.locator('#cancel').count(), 0, 'an ended job has no cancel button');
+    await page.click('#delete');
+    assert.match(await page.textContent('#delete-confirm'), /runs\/web-watch-slow stays/);
+    await page.click('#delete-yes');
+    await page.waitForURL(/#\/$/, {timeout: 15000});
+    await waitFor(
+        'the deleted notice',
+        async () => (await page.textContent('#notice'))
+                        .startsWith('Deleted job ' + jobId + ' (web-watch-slow, cancelled)'));
+    assert.equal((await call(srv, 'GET', '/v1/jobs/' + jobId)).status, 404);
+    await waitFor(
+        'the list without it (its only job)',
+        async () => (await page.textContent('table.jobs tbody')) === 'no jobs yet');
+    await page.screenshot({path: path.join(ART, 'job-deleted.png'), fullPage: true});
+
     // 5. Submit form: an invalid value gets its error next to its field.
     await page.goto(srv.url + '/#/submit');
     await page.fill('#f-model_path', 'models/tiny');
@@ -286,7 +304,7 @@ async function main() {
 
     // 7. Phone width: nothing wider than the screen; the key parts visible.
     await page.setViewportSize(PHONE);
-    await page.goto(srv.url + '/#/jobs/' + jobId);
+    await page.goto(srv.url + '/#/jobs/' + flaky.body.id);
     await page.locator('#ranks tr[data-rank="1"]').waitFor();
     await page.locator('#chart-loss canvas').waitFor();
     const overflow = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
@@ -295,7 +313,7 @@ async function main() {
     assert.ok(await page.locator('#ranks').isVisible());
     await page.screenshot({ path: path.join(ART, 'phone-job.png'), fullPage: true });
     await page.goto(srv.url + '/#/');
-    await page.locator(`tr[data-id="${jobId}"]`).waitFor();
+    await page.locator(`tr[data-id="${flaky.body.id}"]`).waitFor();
     const overflowList = await page.evaluate(() => document.documentElement.scrollWidth - window.innerWidth);
     assert.ok(overflowList <= 0, 'the jobs list fits the phone width (overflow ' + overflowList + ' px)');
     await page.screenshot({ path: path.join(ART, 'phone-jobs.png'), fullPage: true });

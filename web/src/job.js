@@ -1,15 +1,17 @@
-// job.js - one job, live: header and cancel button, the per-rank table
+// job.js - one job, live: header with cancel (or, once it has ended, delete)
+// button, the per-rank table
 // (phase, step progress, loss, tokens/s, host and device peaks drawn against
 // the full model's size), loss and throughput charts, the event timeline and
 // the ranks' logs. Starts from GET job/ranks/metrics, then follows the
 // event stream from its first event.
 
-import { api, followEvents } from './api.js';
+import {api, followEvents, ApiError} from './api.js';
 import { RankChart, rankColor } from './charts.js';
-import { el, bar, badge, fmtBytes, fmtNum, fmtRate, fmtTime, isFinal, debounce,
-         ACTIVE_STATES } from './util.js';
+import {el, bar, badge, fmtBytes, fmtNum, fmtRate, fmtTime, isFinal, debounce, setFlash, ACTIVE_STATES} from './util.js';
 
 const LOG_REFRESH_MS = 3000;
+const DELETE_RETRY_MS = 500;  // while a cancelled job's ranks still stop (503)
+const DELETE_TRIES = 120;
 const LOG_KEEP = 256 * 1024; // bytes of a log shown (its tail)
 const DTYPE_BYTES = { float32: 4, bfloat16: 2, float16: 2 };
 
@@ -86,26 +88,59 @@ export function mountJob(root, id) {
       el('button', { type: 'button', class: 'danger', id: 'cancel-yes', onclick: doCancel },
          'Yes, cancel'),
       el('button', { type: 'button', class: 'link', onclick: () => { box.hidden = true; } }, 'No'));
+    const delBox =
+        el('div', {class: 'confirm', hidden: true, id: 'delete-confirm'},
+           'Delete this job, its events and its rank logs from the server? Its output folder ',
+           el('span', {class: 'mono'}, spec.output_dir || ''), ' stays. ',
+           el('button', {type: 'button', class: 'danger', id: 'delete-yes', onclick: doDelete},
+              'Yes, delete'),
+           el('button', {
+             type: 'button',
+             class: 'link',
+             onclick: () => {
+               delBox.hidden = true;
+             }
+           },
+              'No'));
     head.replaceChildren(
-      el('div', { class: 'row wrap' },
-        el('h1', {}, j.name), badge(j.state), el('span', { class: 'grow' }),
-        cancellable ? el('button', { type: 'button', class: 'danger', id: 'cancel',
-                                     onclick: () => { box.hidden = false; } }, 'Cancel job')
-                    : null),
-      box,
-      el('p', { class: 'reason', id: 'reason' }, j.reason || ''),
-      el('dl', { class: 'facts' },
-        fact('id', el('span', { class: 'mono' }, j.id)),
-        fact('attempt', String(j.attempt) + (j.max_restarts ? ' of ' + (j.max_restarts + 1) : '')),
-        fact('ranks', j.world_size + ' × ' + j.device),
-        fact('training', (spec.use_lora ? 'LoRA r' + spec.lora_rank : 'full weights') +
-             ', ' + ((spec.train && spec.train.steps) || '?') + ' steps' +
-             (spec.gradient_checkpointing ? ', gradient checkpointing' : '')),
-        fact('loading', spec.fsdp && spec.fsdp.memory_efficient_load ? 'memory-efficient'
-                                                                    : 'standard'),
-        fact('created', fmtTime(j.created_at)),
-        fact('started', fmtTime(j.started_at)),
-        fact('finished', fmtTime(j.finished_at))));
+        el('div', {class: 'row wrap'}, el('h1', {}, j.name), badge(j.state),
+           el('span', {class: 'grow'}),
+           cancellable ? el('button', {
+             type: 'button',
+             class: 'danger',
+             id: 'cancel',
+             onclick: () => {
+               box.hidden = false;
+             }
+           },
+                            'Cancel job') :
+                         null,
+           isFinal(j.state) ? el('button', {
+             type: 'button',
+             class: 'danger',
+             id: 'delete',
+             onclick: () => {
+               delBox.hidden = false;
+             }
+           },
+                                 'Delete job') :
+                              null),
+        box, delBox, el('p', {class: 'reason', id: 'reason'}, j.reason || ''),
+        el('dl', {class: 'facts'}, fact('id', el('span', {class: 'mono'}, j.id)),
+           fact(
+               'attempt',
+               String(j.attempt) + (j.max_restarts ? ' of ' + (j.max_restarts + 1) : '')),
+           fact('ranks', j.world_size + ' × ' + j.device),
+           fact(
+               'training',
+               (spec.use_lora ? 'LoRA r' + spec.lora_rank : 'full weights') + ', ' +
+                   ((spec.train && spec.train.steps) || '?') + ' steps' +
+                   (spec.gradient_checkpointing ? ', gradient checkpointing' : '')),
+           fact(
+               'loading',
+               spec.fsdp && spec.fsdp.memory_efficient_load ? 'memory-efficient' : 'standard'),
+           fact('created', fmtTime(j.created_at)), fact('started', fmtTime(j.started_at)),
+           fact('finished', fmtTime(j.finished_at))));
   }
 
   function fact(k, v) { return el('div', {}, el('dt', {}, k), el('dd', {}, v)); }
@@ -118,6 +153,34 @@ export function mountJob(root, id) {
     } catch (e) {
       head.append(el('p', { class: 'error' }, 'cancel failed: ' + e.message));
       ev.target.disabled = false;
+    }
+  }
+
+  // Deletes the job and goes back to the list. A cancelled job's ranks may
+  // still be stopping (503): the delete is tried again until they have.
+  async function doDelete(ev) {
+    ev.target.disabled = true;
+    const note = el('p', {class: 'muted small', id: 'delete-status'});
+    head.append(note);
+    for (let tries = 1; !gone; tries++) {
+      try {
+        const was = await api('DELETE', base);
+        setFlash(
+            'Deleted job ' + was.id + ' (' + was.name + ', ' + was.state + '); its ' +
+            'output folder ' + ((was.spec && was.spec.output_dir) || '') + ' stays.');
+        location.hash = '#/';
+        return;
+      } catch (e) {
+        if (e instanceof ApiError && e.status === 503 && tries < DELETE_TRIES) {
+          note.textContent = 'waiting for its ranks to stop…';
+          await new Promise((r) => setTimeout(r, DELETE_RETRY_MS));
+          continue;
+        }
+        note.remove();
+        head.append(el('p', {class: 'error'}, 'delete failed: ' + e.message));
+        ev.target.disabled = false;
+        return;
+      }
     }
   }
 

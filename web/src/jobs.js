@@ -2,7 +2,7 @@
 // server) and by name or id (here); refreshed every few seconds.
 
 import { api } from './api.js';
-import { el, bar, badge, fmtAge, isFinal, ACTIVE_STATES } from './util.js';
+import {el, bar, badge, fmtAge, isFinal, takeFlash, ACTIVE_STATES} from './util.js';
 
 const STATES = ['queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled'];
 const REFRESH_MS = 2000;
@@ -45,18 +45,21 @@ export function mountJobs(root, query) {
   const more = el('button', { type: 'button', class: 'link', hidden: true,
                               onclick: () => { pages++; load(); } }, 'Load more');
   const status = el('p', { class: 'muted small' });
+  const flash = takeFlash();
   root.replaceChildren(
-    el('section', { class: 'card' },
-      el('div', { class: 'row wrap' }, el('h1', {}, 'Jobs'), el('span', { class: 'grow' }),
-         el('a', { class: 'button primary', href: '#/submit' }, 'New job')),
-      el('div', { class: 'row wrap' }, chips, filterBox),
-      el('div', { class: 'scroll' },
-        el('table', { class: 'jobs' },
-          el('thead', {}, el('tr', {}, el('th', {}, 'job'), el('th', {}, 'state'),
-                               el('th', { class: 'wide' }, 'progress'), el('th', {}, 'ranks'),
-                               el('th', {}, 'age'))),
-          tbody)),
-      el('div', { class: 'row' }, more, el('span', { class: 'grow' }), status)));
+      el('section', {class: 'card'},
+         el('div', {class: 'row wrap'}, el('h1', {}, 'Jobs'), el('span', {class: 'grow'}),
+            el('a', {class: 'button primary', href: '#/submit'}, 'New job')),
+         flash ? el('p', {class: 'notice', id: 'notice', role: 'status'}, flash) : null,
+         el('div', {class: 'row wrap'}, chips, filterBox),
+         el('div', {class: 'scroll'},
+            el('table', {class: 'jobs'},
+               el('thead', {},
+                  el('tr', {}, el('th', {}, 'job'), el('th', {}, 'state'),
+                     el('th', {class: 'wide'}, 'progress'), el('th', {}, 'ranks'),
+                     el('th', {}, 'age'))),
+               tbody)),
+         el('div', {class: 'row'}, more, el('span', {class: 'grow'}), status)));
 
   function syncUrl() {
     for (const b of chips.children) b.classList.toggle('on', b.dataset.state === state);

@@ -70,6 +70,16 @@ export function badge(state) {
   return el('span', { class: 'badge s-' + state }, state);
 }
 
+// A one-line notice for the next view to show once (the jobs list shows
+// what the job page just deleted).
+let flash = '';
+export function setFlash(text) { flash = text; }
+export function takeFlash() {
+  const t = flash;
+  flash = '';
+  return t;
+}
+
 export function debounce(fn, ms) {
   let t = null;
   return (...args) => { clearTimeout(t); t = setTimeout(() => fn(...args), ms); };
