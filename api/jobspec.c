@@ -180,7 +180,7 @@ static const char *default_text(const jobspec_field_t *f, char *buf, size_t cap)
   jobspec_t d;
   jobspec_init(&d);
   json_t *v = jobspec_field_to_json(&d, f);
-  char *t = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT | JSON_REAL_PRECISION(15));
+  char *t = ty_json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
   snprintf(buf, cap, "%s", t ? t : "?");
   free(t);
   json_decref(v);
@@ -471,16 +471,7 @@ bool jobspec_equal(const jobspec_t *a, const jobspec_t *b) {
 
 char *jobspec_dumps(const jobspec_t *s, bool pretty) {
   json_t *j = jobspec_to_json(s);
-  size_t base = pretty ? JSON_INDENT(2) : JSON_COMPACT;
-  /* 15 significant digits print 3e-4 as 0.0003; fall back to 17, which
-   * always round-trips, when some value needs it. */
-  char *t = json_dumps(j, base | JSON_REAL_PRECISION(15));
-  json_t *back = t ? json_loads(t, 0, NULL) : NULL;
-  if (!back || !json_equal(back, j)) {
-    free(t);
-    t = json_dumps(j, base | JSON_REAL_PRECISION(17));
-  }
-  json_decref(back);
+  char *t = ty_json_dumps(j, pretty ? JSON_INDENT(2) : JSON_COMPACT);
   json_decref(j);
   return t;
 }

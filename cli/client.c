@@ -8,6 +8,7 @@
 
 #include <curl/curl.h>
 
+#include "common/json_util.h"
 #include "common/xalloc.h"
 
 static void set_str(char *dst, size_t size, const char *v) { snprintf(dst, size, "%s", v); }
@@ -89,7 +90,7 @@ int client_request(const client_t *c, const char *method, const char *path, cons
   for (size_t i = 0; headers && headers[i]; i++) hl = curl_slist_append(hl, headers[i]);
   char *text = NULL;
   if (body) {
-    text = json_dumps(body, JSON_COMPACT);
+    text = ty_json_dumps(body, JSON_COMPACT);
     hl = curl_slist_append(hl, "Content-Type: application/json");
     curl_easy_setopt(curl, CURLOPT_POSTFIELDS, text);
   } else if (!strcmp(method, "POST")) {

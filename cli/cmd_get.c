@@ -6,6 +6,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/grpc_client.h"
+#include "common/json_util.h"
 
 int cmd_get(int argc, char **argv) {
   client_t c;
@@ -26,7 +27,7 @@ int cmd_get(int argc, char **argv) {
     json_decref(job);
     return 1;
   }
-  json_dumpf(job, stdout, JSON_INDENT(2));
+  ty_json_dumpf(job, stdout, JSON_INDENT(2));
   printf("\n");
   json_decref(job);
   return 0;

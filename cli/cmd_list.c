@@ -8,6 +8,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/grpc_client.h"
+#include "common/json_util.h"
 #include "common/numbers.h"
 
 static void usage(FILE *f) {
@@ -100,7 +101,7 @@ int cmd_list(int argc, char **argv) {
     json_decref(page);
   } while (*token && (all || shown < limit));
   if (as_json) {
-    json_dumpf(every, stdout, JSON_INDENT(2));
+    ty_json_dumpf(every, stdout, JSON_INDENT(2));
     printf("\n");
   }
   json_decref(every);

@@ -15,6 +15,7 @@
 #include "api/jobspec.h"
 #include "cli/commands.h"
 #include "cli/worker_path.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 #include "worker/launch.h"
 #include "worker/loader.h"
@@ -74,7 +75,7 @@ static int print_rank(const jobspec_t *s, int rank, json_t *rep, const char *why
       json_integer_value(json_object_get(rep, "host_peak_bytes")), "device_peak_bytes",
       json_integer_value(json_object_get(rep, "device_peak_bytes")), "load_seconds", secs,
       "gb_per_s", secs > 0 ? (double)loaded / secs / 1e9 : 0.0, "message", msg ? msg : "");
-  char *line = json_dumps(out, JSON_COMPACT);
+  char *line = ty_json_dumps(out, JSON_COMPACT);
   printf("%s\n", line);
   free(line);
   json_decref(out);

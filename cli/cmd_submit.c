@@ -9,6 +9,7 @@
 #include "cli/client.h"
 #include "cli/commands.h"
 #include "cli/grpc_client.h"
+#include "common/json_util.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -87,7 +88,7 @@ int cmd_submit(int argc, char **argv) {
   char id[128];
   snprintf(id, sizeof id, "%s", json_string_value(json_object_get(job, "id")));
   if (as_json) {
-    json_dumpf(job, stdout, JSON_INDENT(2));
+    ty_json_dumpf(job, stdout, JSON_INDENT(2));
     printf("\n");
   } else {
     printf("%s\n", id);

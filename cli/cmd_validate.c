@@ -6,6 +6,7 @@
 
 #include "api/jobspec.h"
 #include "cli/commands.h"
+#include "common/json_util.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -71,7 +72,7 @@ int cmd_validate(int argc, char **argv) {
   if (errs.len) {
     if (as_json) {
       json_t *e = ty_error_json(TY_EINVAL, "the job spec is invalid", &errs);
-      char *t = json_dumps(e, JSON_INDENT(2));
+      char *t = ty_json_dumps(e, JSON_INDENT(2));
       printf("%s\n", t);
       free(t);
       json_decref(e);

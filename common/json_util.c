@@ -1,9 +1,15 @@
 /* json_util.c - small jansson helpers; see json_util.h. */
 #include "common/json_util.h"
 
+#include "common/xalloc.h"
+
+#include <ctype.h>
 #include <errno.h>
 #include <limits.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 const char *ty_json_kind(const json_t *v) {
@@ -27,13 +33,102 @@ const char *ty_json_kind(const json_t *v) {
   }
 }
 
+/* The shortest of %.15g, %.16g and %.17g that reads back to x, in
+ * jansson's style: ".0" where it would read as an integer, and no '+' or
+ * leading zeros in the exponent. 15 digits come first: a double that some
+ * decimal of 15 digits or fewer reads back to prints as that decimal at 15
+ * (%g drops trailing zeros), so no shorter form is missed. */
+static void shortest_real(double x, char *buf, size_t cap) {
+  for (int digits = 15; digits <= 17; digits++) {
+    snprintf(buf, cap, "%.*g", digits, x);
+    if (strtod(buf, NULL) == x) break;
+  }
+  char *e = strpbrk(buf, "eE");
+  if (!e && !strchr(buf, '.')) {
+    strncat(buf, ".0", cap - strlen(buf) - 1);
+  } else if (e) {
+    char *from = e + 1, *to = e + 1;
+    if (*from == '+')
+      from++;
+    else if (*from == '-')
+      *to++ = *from++;
+    while (*from == '0' && from[1]) from++;
+    memmove(to, from, strlen(from) + 1);
+  }
+}
+
+typedef struct {
+  char *text;
+  size_t len, cap;
+} textbuf_t;
+
+static void textbuf_put(textbuf_t *b, const char *s, size_t n) {
+  if (b->cap - b->len < n + 1) {
+    b->cap = (b->cap + n + 1) * 2;
+    b->text = xrealloc(b->text, b->cap);
+  }
+  memcpy(b->text + b->len, s, n);
+  b->len += n;
+  b->text[b->len] = '\0';
+}
+
+char *ty_json_dumps(const json_t *j, size_t flags) {
+  flags &= ~(size_t)JSON_REAL_PRECISION(0x1F);
+  char *text = json_dumps(j, flags | JSON_REAL_PRECISION(17));
+  if (!text) return NULL;
+  size_t n = strlen(text);
+  textbuf_t out = {xmalloc(n + 64), 0, n + 64};
+  out.text[0] = '\0';
+  bool in_string = false;
+  size_t i = 0;
+  while (i < n) {
+    char c = text[i];
+    size_t k = i + 1; /* text[i, k) is copied as it is */
+    if (in_string) {
+      if (c == '\\')
+        k++;
+      else if (c == '"')
+        in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '-' || isdigit((unsigned char)c)) {
+      k = i + strspn(text + i, "0123456789+-.eE");
+      char num[64];
+      snprintf(num, sizeof num, "%.*s", (int)(k - i), text + i);
+      /* An integer stays as jansson wrote it; a real is written again. */
+      if (strpbrk(num, ".eE") && k - i < sizeof num) {
+        char piece[40];
+        shortest_real(strtod(num, NULL), piece, sizeof piece);
+        textbuf_put(&out, piece, strlen(piece));
+        i = k;
+        continue;
+      }
+    }
+    textbuf_put(&out, text + i, k - i);
+    i = k;
+  }
+  free(text);
+  return out.text;
+}
+
+int ty_json_dumpf(const json_t *j, FILE *f, size_t flags) {
+  char *text = ty_json_dumps(j, flags);
+  int rc = text && fputs(text, f) >= 0 ? 0 : -1;
+  free(text);
+  return rc;
+}
+
 int ty_json_dump_file(const json_t *j, const char *path, size_t flags) {
   char partial[PATH_MAX];
   if (snprintf(partial, sizeof partial, "%s.partial", path) >= (int)sizeof partial) {
     errno = ENAMETOOLONG;
     return -1;
   }
-  if (json_dump_file(j, partial, flags) == 0 && rename(partial, path) == 0) return 0;
+  FILE *f = fopen(partial, "w");
+  if (f) {
+    int wrote = ty_json_dumpf(j, f, flags);
+    if (fclose(f) == 0 && wrote == 0 && rename(partial, path) == 0) return 0;
+  }
   int e = errno;
   unlink(partial);
   errno = e;

@@ -2,6 +2,8 @@
 #ifndef TY_COMMON_JSON_UTIL_H
 #define TY_COMMON_JSON_UTIL_H
 
+#include <stdio.h>
+
 #include <jansson.h>
 
 /* What kind of value v is, for messages such as "must be an integer, got a
@@ -9,7 +11,18 @@
  * "a boolean", "null", or "nothing" for NULL. A static string. */
 const char *ty_json_kind(const json_t *v);
 
-/* json_dump_file(j, path, flags), but into "<path>.partial", renamed onto
+/* json_dumps(j, flags), but every real number is written in the shortest
+ * form that reads back to the same double: 0.0003 and 1e-6, where jansson
+ * writes 0.00029999999999999997 and 9.9999999999999995e-7, so a value a
+ * person wrote reads as written and none loses a bit. A whole real stays a
+ * real (16.0). A JSON_REAL_PRECISION in flags is ignored. The caller frees
+ * the text (free); NULL where json_dumps gives NULL. */
+char *ty_json_dumps(const json_t *j, size_t flags);
+
+/* ty_json_dumps' text written to f. 0, or -1. */
+int ty_json_dumpf(const json_t *j, FILE *f, size_t flags);
+
+/* ty_json_dumps' text written to path, but into "<path>.partial", renamed onto
  * path once written: path holds what it held, or the new file whole, never
  * a part (a reader or a crash sees one or the other). 0, or -1 with errno
  * set and path as it was. */

@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "common/fsutil.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 
@@ -224,7 +225,7 @@ int64_t dbi_event_append_text(db_t *db, const char *id, const char *type, const 
 }
 
 int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *data) {
-  char *text = json_dumps(data, JSON_COMPACT);
+  char *text = ty_json_dumps(data, JSON_COMPACT);
   int64_t seq = dbi_event_append_text(db, id, type, text);
   free(text);
   return seq;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json_util.h"
 #include "common/xalloc.h"
 #include "db/db_internal.h"
 
@@ -167,7 +168,7 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   if (progressed) *progressed = false;
   /* Rendered outside the lock: every report that moves is an event. */
   json_t *ev = report_json(r);
-  char *ev_text = json_dumps(ev, JSON_COMPACT);
+  char *ev_text = ty_json_dumps(ev, JSON_COMPACT);
   json_decref(ev);
   pthread_mutex_lock(&db->lock);
   int rc = 0;

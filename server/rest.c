@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
@@ -149,7 +150,7 @@ enum MHD_Result rest_send_text(struct MHD_Connection *c, rest_req_t *q, int stat
 
 /* body (consumed) as compact JSON and a newline. */
 static struct MHD_Response *json_response(json_t *body) {
-  char *text = json_dumps(body, JSON_COMPACT);
+  char *text = ty_json_dumps(body, JSON_COMPACT);
   json_decref(body);
   if (!text) text = xstrdup("{}");
   size_t n = strlen(text);

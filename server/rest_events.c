@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "common/clock.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 #include "server/rest_internal.h"
 #include "server/service.h"
@@ -40,7 +41,7 @@ static void format_events(sse_t *s, json_t *events) {
   size_t i;
   json_t *ev;
   json_array_foreach(events, i, ev) {
-    char *data = json_dumps(ev, JSON_COMPACT);
+    char *data = ty_json_dumps(ev, JSON_COMPACT);
     const char *type = json_string_value(json_object_get(ev, "type"));
     long long seq = (long long)json_integer_value(json_object_get(ev, "seq"));
     size_t need = strlen(data) + 128;

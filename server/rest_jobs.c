@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/json_util.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
 #include "server/rest_internal.h"
@@ -50,7 +51,7 @@ enum MHD_Result rest_h_submit(rest_t *r, struct MHD_Connection *c, rest_req_t *q
     char location[128];
     snprintf(location, sizeof location, "/v1/jobs/%s", job->id);
     json_t *body = svc_job_json(job);
-    char *text = json_dumps(body, JSON_COMPACT);
+    char *text = ty_json_dumps(body, JSON_COMPACT);
     json_decref(body);
     struct MHD_Response *resp =
         MHD_create_response_from_buffer(strlen(text), text, MHD_RESPMEM_MUST_FREE);

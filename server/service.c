@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "common/fsutil.h"
+#include "common/json_util.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 #include "server/scheduler.h"
@@ -337,7 +338,7 @@ int svc_get_text(svc_t *s, const char *id, char **text, size_t *len, char *msg, 
   if (rc) return rc;
   json_t *o = svc_job_json(j);
   db_job_free(j);
-  char *body = json_dumps(o, JSON_COMPACT);
+  char *body = ty_json_dumps(o, JSON_COMPACT);
   json_decref(o);
   if (!body) return TY_EINTERNAL;
   *len = strlen(body);

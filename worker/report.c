@@ -12,6 +12,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/json_util.h"
 
 #define TIMEOUT_MS 3000L
 
@@ -100,7 +101,7 @@ static void human_line(const report_t *r) {
 int report_send(const report_t *r) {
   human_line(r);
   json_t *o = report_json(r);
-  char *text = json_dumps(o, JSON_COMPACT);
+  char *text = ty_json_dumps(o, JSON_COMPACT);
   json_decref(o);
   if (!text) return TY_EINTERNAL;
   int rc = 0;

@@ -8,6 +8,8 @@ set -euo pipefail
 
 "$ty" mkmodel --out "$tmp/m" --hidden-size 24 --intermediate-size 50 --layers 2 --heads 3 \
   --kv-heads 1 --vocab-size 37 --dtype bf16 --shards 2 --seed 5 >/dev/null
+# A real of config.json reads as written (jansson alone: 9.9999999999999995e-7).
+grep -q '"rms_norm_eps": 1e-6,' "$tmp/m/config.json" || fail "config.json: $(grep eps "$tmp/m/config.json")"
 total=$(python3 -c "import json;print(json.load(open('$tmp/m/model.safetensors.index.json'))['metadata']['total_size'])")
 
 # check OUT WORLD PATH: one line per rank, all ok, byte counts consistent.

@@ -41,6 +41,24 @@ class Api(unittest.TestCase):
         self.assertEqual(got["id"], job["id"])
         self.srv.wait_state(job["id"], ["succeeded"])
 
+    def test_reals_read_as_written(self):
+        # jansson alone writes 3e-4 as 0.00029999999999999997: every answer
+        # writes each real in its shortest form that reads back the same.
+        spec = self.srv.spec(name="reals", world_size=1, lora_alpha=16,
+                             train={"steps": 5, "lr": 3e-4, "weight_decay": 0.01})
+        r = self.submit(spec)
+        self.assertEqual(r.status_code, 201, r.text)
+        job_id = r.json()["id"]
+        for text in (r.text, self.srv.get("/v1/jobs/" + job_id).text,
+                     self.srv.get("/v1/jobs?page_size=500").text):
+            for want in ('"lr":0.0003,', '"weight_decay":0.01,', '"lora_alpha":16.0,',
+                         '"eval_fraction":0.05'):
+                self.assertIn(want, text)
+            self.assertNotIn("0000000000", text)
+        got = self.srv.get("/v1/jobs/" + job_id).json()["spec"]
+        self.assertEqual(got["train"]["lr"], 3e-4)
+        self.srv.wait_state(job_id, ["succeeded"])
+
     def test_job_that_can_never_fit_is_rejected(self):
         r = self.submit(self.srv.spec(world_size=2))
         self.assertEqual(r.status_code, 400, r.text)

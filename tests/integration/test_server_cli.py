@@ -44,8 +44,12 @@ class Cli(unittest.TestCase):
         self.assertIn("[rank 1/2] training", w.stdout)
         self.assertIn("6/6", w.stdout)
         self.assertIn("job %s succeeded" % job_id, w.stdout)
-        job = json.loads(self.ty("get", job_id).stdout)
+        got = self.ty("get", job_id).stdout
+        job = json.loads(got)
         self.assertEqual(job["state"], "succeeded")
+        # Reals as written: 0.0003, not 0.00029999999999999997.
+        self.assertIn('"lr": 0.0003,', got)
+        self.assertIn('"eval_fraction": 0.05\n', got)
         self.assertEqual(job["spec"]["train"]["steps"], 6)
         log = self.ty("logs", job_id, "--rank", "1").stdout
         self.assertIn("[rank 1/2] train step 6/6", log)
