@@ -54,8 +54,8 @@ static void progress_line(const watch_t *w, int r, char *out, size_t size) {
   const rank_view_t *v = &w->ranks[r];
   const double mib = 1024.0 * 1024.0;
   char b[BAR + 1];
-  if (!strcmp(v->phase, "loading")) {
-    bar(b, v->btotal ? (double)v->loaded / (double)v->btotal : 0);
+  if (!strcmp(v->phase, "loading") && v->btotal > 0) {
+    bar(b, (double)v->loaded / (double)v->btotal);
     snprintf(out, size, "[rank %d/%d] load  [%s] %.1f/%.1f MiB  host-peak %.0f MiB", r, w->world,
              b, v->loaded / mib, v->btotal / mib, v->host_peak / mib);
   } else if (!strcmp(v->phase, "training") || !strcmp(v->phase, "saving") ||

@@ -100,7 +100,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   }
   /* Everything the child needs is prepared before fork: after it, only
    * async-signal-safe calls. */
-  char env_buf[11][1200];
+  char env_buf[12][1200];
   snprintf(env_buf[0], sizeof env_buf[0], "TRAINYARD_SPEC=%s", sp->spec_path);
   snprintf(env_buf[1], sizeof env_buf[1], "TRAINYARD_JOB_ID=%s", sp->job_id);
   snprintf(env_buf[2], sizeof env_buf[2], "TRAINYARD_ATTEMPT=%d", sp->attempt);
@@ -110,16 +110,17 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   snprintf(env_buf[6], sizeof env_buf[6], "TRAINYARD_REPORT_URL=%s", sp->report_url);
   snprintf(env_buf[7], sizeof env_buf[7], "TRAINYARD_TOKEN=%s", sp->token);
   snprintf(env_buf[8], sizeof env_buf[8], "TRAINYARD_MODE=train");
+  snprintf(env_buf[9], sizeof env_buf[9], "TRAINYARD_HEARTBEAT_MS=%d", sp->heartbeat_ms);
   /* One GPU per rank: the rank sees only its own, as device 0. */
-  snprintf(env_buf[9], sizeof env_buf[9], "CUDA_VISIBLE_DEVICES=%d", sp->gpu);
+  snprintf(env_buf[10], sizeof env_buf[10], "CUDA_VISIBLE_DEVICES=%d", sp->gpu);
   /* ...and may allocate this much of it (worker/mem_cuda.h). */
-  snprintf(env_buf[10], sizeof env_buf[10], "TRAINYARD_CUDA_MEM_LIMIT_MIB=%lld",
+  snprintf(env_buf[11], sizeof env_buf[11], "TRAINYARD_CUDA_MEM_LIMIT_MIB=%lld",
            (long long)sp->gpu_mem_limit_mib);
-  int n_own = sp->gpu < 0 ? 9 : sp->gpu_mem_limit_mib > 0 ? 11 : 10;
+  int n_own = sp->gpu < 0 ? 10 : sp->gpu_mem_limit_mib > 0 ? 12 : 11;
   extern char **environ;
   size_t nenv = 0;
   while (environ[nenv]) nenv++;
-  char **envp = xcalloc(nenv + 12, sizeof *envp);
+  char **envp = xcalloc(nenv + 13, sizeof *envp);
   size_t k = 0;
   for (size_t i = 0; i < nenv; i++)
     if (strncmp(environ[i], "TRAINYARD_", 10) &&

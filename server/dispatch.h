@@ -32,6 +32,8 @@ typedef struct {
   void *line_ctx;
   int64_t gpu_mem_limit_mib; /* with a GPU: the device memory it may allocate
                               * (TRAINYARD_CUDA_MEM_LIMIT_MIB); 0: no cap */
+  int heartbeat_ms;          /* TRAINYARD_HEARTBEAT_MS: how often the rank repeats
+                              * its last report while it computes */
 } dispatch_spec_t;
 
 /* A started rank. The pump thread copies the rank's output into its log

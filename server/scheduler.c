@@ -259,6 +259,15 @@ static void write_spec_file(const char *path, const char *spec) {
 
 /* Starts the job's next attempt; false when it could not be moved to
  * starting (cancelled meanwhile). */
+/* How often a rank repeats its last report while it computes
+ * (TRAINYARD_HEARTBEAT_MS): four times per heartbeat_timeout, so that a load
+ * or a step longer than the timeout is not taken for a dead rank, while one
+ * lost repeat is not taken for one either. */
+static int heartbeat_ms(const srv_config_t *cfg) {
+  double ms = cfg->heartbeat_timeout * 1000.0 / 4.0;
+  return ms < 10 ? 10 : (int)ms;
+}
+
 static bool start_attempt(sched_t *s, const db_job_t *j) {
   int attempt;
   char why[128];
@@ -326,7 +335,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
     dispatch_spec_t sp = {s->worker, spec_path, j->id,    attempt,           i,
                           r->world,  rdv,       url,      j->token,          r->ranks[i].gpu,
                           log_path,  s->cfg->log_max,     on_report_line,    lc,
-                          s->cfg->gpu_mem_limit_mib};
+                          s->cfg->gpu_mem_limit_mib, heartbeat_ms(s->cfg)};
     if (mk) free(lc);
     int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
     if (mk) snprintf(msg, sizeof msg, "%s", mkerr);

@@ -1,17 +1,22 @@
-/* report.c - progress reports to the server (libcurl) or stdout, and the
- * human-readable line on stderr; see report.h. */
+/* report.c - progress reports to the server (libcurl) or stdout, the
+ * human-readable line on stderr, and the heartbeat that repeats the last
+ * report while the rank is busy; see report.h. */
 #include "worker/report.h"
 
 #include <math.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <curl/curl.h>
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/clock.h"
 #include "common/json_util.h"
 
 #define TIMEOUT_MS 3000L
@@ -22,7 +27,20 @@ static struct {
   char *url;
   struct curl_slist *headers;
   CURL *curl;
+  /* The heartbeat (URL mode, heartbeat_ms > 0): a thread that sends the
+   * last report again once nothing was sent for heartbeat_ms. */
+  long heartbeat_ms;
+  bool beating, closing;
+  pthread_t beat;
+  bool over;       /* the server answered that this attempt is over */
+  char *last;      /* the last report's JSON text, owned; NULL before one */
+  long long sent_ms; /* ty_mono_ms() of the last send */
 } g_rep;
+
+/* g_rep's sends and heartbeat fields are used under g_lock: a report and a
+ * heartbeat never go at once, so the server sees them in order. */
+static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t g_wake; /* report_close wakes the heartbeat; CLOCK_MONOTONIC */
 
 /* The server's answer is not needed (the status says it all); without this
  * libcurl would print it on stdout. */
@@ -30,6 +48,76 @@ static size_t discard(char *p, size_t size, size_t n, void *ctx) {
   (void)p;
   (void)ctx;
   return size * n;
+}
+
+/* POSTs text to the server (under g_lock). 0, TY_EPRECONDITION or
+ * TY_EUNAVAILABLE, as report_send. */
+static int post_locked(const char *text) {
+  curl_easy_setopt(g_rep.curl, CURLOPT_URL, g_rep.url);
+  curl_easy_setopt(g_rep.curl, CURLOPT_HTTPHEADER, g_rep.headers);
+  curl_easy_setopt(g_rep.curl, CURLOPT_POSTFIELDS, text);
+  curl_easy_setopt(g_rep.curl, CURLOPT_TIMEOUT_MS, TIMEOUT_MS);
+  curl_easy_setopt(g_rep.curl, CURLOPT_NOSIGNAL, 1L);
+  curl_easy_setopt(g_rep.curl, CURLOPT_WRITEFUNCTION, discard);
+  CURLcode cc = curl_easy_perform(g_rep.curl);
+  long status = 0;
+  if (cc == CURLE_OK) curl_easy_getinfo(g_rep.curl, CURLINFO_RESPONSE_CODE, &status);
+  g_rep.sent_ms = ty_mono_ms();
+  if (cc != CURLE_OK) return TY_EUNAVAILABLE;
+  if (status == 412 || status == 409) {
+    g_rep.over = true;
+    return TY_EPRECONDITION;
+  }
+  return status < 200 || status >= 300 ? TY_EUNAVAILABLE : 0;
+}
+
+/* The heartbeat thread: while the rank computes (a long load, a long step)
+ * it sends the last report again every heartbeat_ms, so that the server,
+ * which fails a rank silent for its heartbeat_timeout, knows it is alive. A
+ * repeat moves no phase, step or byte count: a rank that is stuck is still
+ * caught by the server's progress_timeout. It stops once the server says the
+ * attempt is over. */
+static void *heartbeat_main(void *arg) {
+  (void)arg;
+  pthread_mutex_lock(&g_lock);
+  while (!g_rep.closing && !g_rep.over) {
+    long long due = g_rep.sent_ms + g_rep.heartbeat_ms, now = ty_mono_ms();
+    if (g_rep.last && now >= due) {
+      (void)post_locked(g_rep.last); /* one that does not get through: the next may */
+      continue;
+    }
+    if (!g_rep.last) due = now + g_rep.heartbeat_ms;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    long long wait_ms = due - now;
+    ts.tv_sec += wait_ms / 1000;
+    ts.tv_nsec += (wait_ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    pthread_cond_timedwait(&g_wake, &g_lock, &ts);
+  }
+  pthread_mutex_unlock(&g_lock);
+  return NULL;
+}
+
+/* Starts the heartbeat with every signal blocked in it, so that the rank's
+ * handlers (SIGTERM) run on the main thread. */
+static int heartbeat_start(void) {
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  pthread_cond_init(&g_wake, &ca);
+  pthread_condattr_destroy(&ca);
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old);
+  int rc = pthread_create(&g_rep.beat, NULL, heartbeat_main, NULL);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
+  if (rc) {
+    pthread_cond_destroy(&g_wake);
+    return TY_EUNAVAILABLE;
+  }
+  g_rep.beating = true;
+  return 0;
 }
 
 int report_open(const worker_env_t *e) {
@@ -49,11 +137,22 @@ int report_open(const worker_env_t *e) {
       snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
       g_rep.headers = curl_slist_append(g_rep.headers, auth);
     }
+    g_rep.heartbeat_ms = e->heartbeat_ms;
+    if (g_rep.heartbeat_ms > 0) return heartbeat_start();
   }
   return 0;
 }
 
 void report_close(void) {
+  if (g_rep.beating) {
+    pthread_mutex_lock(&g_lock);
+    g_rep.closing = true;
+    pthread_cond_signal(&g_wake);
+    pthread_mutex_unlock(&g_lock);
+    pthread_join(g_rep.beat, NULL);
+    pthread_cond_destroy(&g_wake);
+  }
+  free(g_rep.last);
   if (g_rep.curl) curl_easy_cleanup(g_rep.curl);
   curl_slist_free_all(g_rep.headers);
   free(g_rep.url);
@@ -81,9 +180,12 @@ static void human_line(const report_t *r) {
   const char *ph = r->phase ? r->phase : "starting";
   char head[64];
   snprintf(head, sizeof head, "[rank %d/%d]", g_rep.rank, g_rep.world_size);
-  if (!strcmp(ph, "loading"))
+  if (!strcmp(ph, "loading") && r->bytes_total > 0)
     fprintf(stderr, "%s load  %.1f/%.1f MiB  host-peak %.0f MiB\n", head, r->bytes_loaded / mib,
             r->bytes_total / mib, r->host_peak_bytes / mib);
+  else if (!strcmp(ph, "loading")) /* before the byte count is known: what it loads */
+    fprintf(stderr, "%s load  %s  host-peak %.0f MiB\n", head,
+            r->message && *r->message ? r->message : "starting", r->host_peak_bytes / mib);
   else if (!strcmp(ph, "training") && isfinite(r->loss))
     fprintf(stderr, "%s train step %lld/%lld loss %.3f  %.0f tok/s  host-peak %.0f MiB\n", head,
             (long long)r->step, (long long)r->total_steps, r->loss, r->tokens_per_s,
@@ -105,26 +207,17 @@ int report_send(const report_t *r) {
   json_decref(o);
   if (!text) return TY_EINTERNAL;
   int rc = 0;
+  pthread_mutex_lock(&g_lock);
   if (!g_rep.curl) {
     printf("%s\n", text);
     fflush(stdout);
+    free(text);
   } else {
-    curl_easy_setopt(g_rep.curl, CURLOPT_URL, g_rep.url);
-    curl_easy_setopt(g_rep.curl, CURLOPT_HTTPHEADER, g_rep.headers);
-    curl_easy_setopt(g_rep.curl, CURLOPT_POSTFIELDS, text);
-    curl_easy_setopt(g_rep.curl, CURLOPT_TIMEOUT_MS, TIMEOUT_MS);
-    curl_easy_setopt(g_rep.curl, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(g_rep.curl, CURLOPT_WRITEFUNCTION, discard);
-    CURLcode cc = curl_easy_perform(g_rep.curl);
-    long status = 0;
-    if (cc == CURLE_OK) curl_easy_getinfo(g_rep.curl, CURLINFO_RESPONSE_CODE, &status);
-    if (cc != CURLE_OK)
-      rc = TY_EUNAVAILABLE;
-    else if (status == 412 || status == 409)
-      rc = TY_EPRECONDITION;
-    else if (status < 200 || status >= 300)
-      rc = TY_EUNAVAILABLE;
+    rc = post_locked(text);
+    if (g_rep.over) rc = TY_EPRECONDITION;
+    free(g_rep.last);
+    g_rep.last = text;
   }
-  free(text);
+  pthread_mutex_unlock(&g_lock);
   return rc;
 }

@@ -6,8 +6,14 @@
  *   [rank 1/2] load  512.0/1024.0 MiB  host-peak 70 MiB
  *   [rank 1/2] train step 40/200 loss 2.314  1530 tok/s  host-peak 212 MiB
  *
- * One reporter per process (a rank is one process). Not thread-safe: call
- * from one thread. */
+ * Sent to a server, the last report is also sent again every
+ * TRAINYARD_HEARTBEAT_MS (worker_env_t.heartbeat_ms) while no other report
+ * goes, from a thread of the reporter's own: a load or a step longer than
+ * the server's heartbeat_timeout is not taken for a dead rank. A repeat is
+ * not written to stderr.
+ *
+ * One reporter per process (a rank is one process); report_send from one
+ * thread. */
 #ifndef TY_WORKER_REPORT_H
 #define TY_WORKER_REPORT_H
 
@@ -31,9 +37,9 @@ typedef struct {
 } report_t;
 
 /* Reports as the rank e (worker_env_read's: job id, attempt, rank, world
- * size), to TRAINYARD_REPORT_URL with TRAINYARD_TOKEN from the environment.
- * Returns 0, or TY_EUNAVAILABLE when libcurl cannot be set up. Calling it
- * again starts over. */
+ * size, heartbeat), to TRAINYARD_REPORT_URL with TRAINYARD_TOKEN from the
+ * environment. Returns 0, or TY_EUNAVAILABLE when libcurl or the heartbeat's
+ * thread cannot be set up. Calling it again starts over. */
 int report_open(const worker_env_t *e);
 
 /* Sends one report. Returns 0; TY_EPRECONDITION when the server answered
@@ -43,7 +49,7 @@ int report_open(const worker_env_t *e);
  * a few seconds. */
 int report_send(const report_t *r);
 
-/* Releases what report_open holds. */
+/* Stops the heartbeat and releases what report_open holds. */
 void report_close(void);
 
 #endif

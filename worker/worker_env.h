@@ -14,6 +14,9 @@ typedef struct {
   const char *job_id;    /* TRAINYARD_JOB_ID, default "local" */
   int attempt;           /* TRAINYARD_ATTEMPT, default 1 */
   int rank, world_size;  /* TRAINYARD_RANK, TRAINYARD_WORLD_SIZE */
+  long heartbeat_ms;     /* TRAINYARD_HEARTBEAT_MS: the last report is sent
+                          * again after this long without one (0: never);
+                          * default 15000 */
 } worker_env_t;
 
 /* Reads the environment into e (TRAINYARD_SPEC as it is: each mode says

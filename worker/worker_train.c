@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 
+#include "common/clock.h"
 #include "common/log.h"
 #include "worker/comm.h"
 #include "worker/fsdp.h"
@@ -86,16 +87,36 @@ static int job_config(const jobspec_t *s, llama_config_t *cfg, char *err, size_t
 /* This rank's float32 shards of the checkpoint (or the seeded
  * initialisation) in host memory, by the loader's path the spec picks, as
  * an fsdp over m. */
+/* The loader's progress as "loading" reports, at most one a second: what a
+ * person watching a long load sees move, and what tells the server's
+ * progress_timeout that the rank is not stuck. */
+typedef struct {
+  reporter_t *rep;
+  double last; /* ty_mono_s() of the last report */
+} load_progress_t;
+
+static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
+  load_progress_t *p = ctx;
+  double now = ty_mono_s();
+  if (now - p->last < 1.0 || done >= total) return;
+  p->last = now;
+  loader_stats_t st = {.bytes_read = done, .bytes_total = total};
+  emit(p->rep, "loading", 0, NAN, 0, &st, NULL);
+}
+
 static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
-                     model_t *m, fsdp_mode_t mode, fsdp_t **f, loader_stats_t *ls, char *err,
-                     size_t errlen) {
+                     model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f,
+                     loader_stats_t *ls, char *err, size_t errlen) {
+  load_progress_t prog = {rep, ty_mono_s()};
   loader_opts_t o = {.rank = comm_rank(comm),
                      .world_size = comm_world_size(comm),
                      .dtype = TY_DTYPE_F32,
                      .memory_efficient = s->fsdp.memory_efficient_load,
                      .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20,
                      .seed = s->train.seed,
-                     .pl = pl};
+                     .pl = pl,
+                     .progress = on_load_progress,
+                     .progress_ctx = &prog};
   loader_shard_t *shard;
   int rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
                                 : loader_load(s->model_path, &o, &shard, ls, err, errlen);
@@ -103,7 +124,8 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
 }
 
 static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
-                       model_t **m, fsdp_t **f, loader_stats_t *ls, char *err, size_t errlen) {
+                       reporter_t *rep, model_t **m, fsdp_t **f, loader_stats_t *ls, char *err,
+                       size_t errlen) {
   int rc = job_config(s, cfg, err, errlen);
   /* Several ranks: no whole-model buffers, only activations. */
   int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
@@ -117,7 +139,8 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
     model_io_init_scratch(*m, s->train.seed);
     return 0;
   }
-  return load_span(s, comm, pl, cfg, *m, s->use_lora ? FSDP_FROZEN : FSDP_FULL, f, ls, err, errlen);
+  return load_span(s, comm, pl, cfg, *m, s->use_lora ? FSDP_FROZEN : FSDP_FULL, rep, f, ls, err,
+                   errlen);
 }
 
 /* What this worker trains on device cuda: LoRA adapters on one GPU per
@@ -157,8 +180,9 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
  * picks it (the server makes each rank's GPU its only one,
  * CUDA_VISIBLE_DEVICES). */
 static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
-                      model_t *shape, model_t **m, fsdp_t **f, lora_t **lo, train_cuda_t **tc,
-                      train_device_t *dev, loader_stats_t *ls, char *err, size_t errlen) {
+                      reporter_t *rep, model_t *shape, model_t **m, fsdp_t **f, lora_t **lo,
+                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
+                      size_t errlen) {
   const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
   const int B = s->train.micro_batch_size, T = s->data.seq_len;
   int rc = job_config(s, cfg, err, errlen);
@@ -174,7 +198,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_c
     tr.host = *m;
   } else {
     rc = model_create_table(m, cfg, B, T, mode, err, errlen);
-    if (!rc) rc = load_span(s, comm, pl, cfg, *m, FSDP_SPAN, f, ls, err, errlen);
+    if (!rc) rc = load_span(s, comm, pl, cfg, *m, FSDP_SPAN, rep, f, ls, err, errlen);
     tr.span = *f;
   }
   if (rc) return rc;
@@ -228,11 +252,12 @@ int worker_train_main(const worker_env_t *e) {
          spec.init_from_scratch ? "initialising" : spec.model_path);
     if (cuda) {
 #ifdef TRAINYARD_HAVE_CUDA
-      rc = build_cuda(&spec, comm, &pl, &cfg, &shape, &m, &f, &lo, &tc, &dev, &ls, err, sizeof err);
+      rc = build_cuda(&spec, comm, &pl, &cfg, &rep, &shape, &m, &f, &lo, &tc, &dev, &ls, err,
+                      sizeof err);
       if (!rc) emit(&rep, "loading", 0, NAN, 0, &ls, "weights loaded onto the GPU");
 #endif
     } else {
-      rc = build_model(&spec, comm, &pl, &cfg, &m, &f, &ls, err, sizeof err);
+      rc = build_model(&spec, comm, &pl, &cfg, &rep, &m, &f, &ls, err, sizeof err);
       if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
       if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
     }

@@ -58,6 +58,8 @@ expect 2 "TRAINYARD_RANK='2' is not a whole number in 0..1 (this process's rank)
   TRAINYARD_SPEC="$spec" TRAINYARD_RANK=2 TRAINYARD_WORLD_SIZE=2 -- "$worker"
 expect 2 "TRAINYARD_WORLD_SIZE='two' is not a whole number in 1..65536 (the job's ranks)" \
   TRAINYARD_SPEC="$spec" TRAINYARD_WORLD_SIZE=two -- "$worker"
+expect 2 "TRAINYARD_HEARTBEAT_MS='5s' is not a whole number in 0..3600000 (milliseconds without a report" \
+  TRAINYARD_SPEC="$spec" TRAINYARD_HEARTBEAT_MS=5s -- "$worker"
 expect 2 "TRAINYARD_ATTEMPT='0' is not a whole number in 1..1073741824" \
   TRAINYARD_MODE=load TRAINYARD_SPEC="$spec" TRAINYARD_ATTEMPT=0 -- "$worker"
 expect 2 "TRAINYARD_THREADS='1.5' is not" TRAINYARD_MODE=load TRAINYARD_SPEC="$spec" \

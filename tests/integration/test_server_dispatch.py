@@ -110,6 +110,24 @@ class Dispatch(unittest.TestCase):
         self.assertIn("rank 0 sent no report", job["reason"])
         self.assert_no_orphans(job["id"])
 
+    def test_a_step_longer_than_the_heartbeat_timeout(self):
+        # A 3 s step, silent but for the reporter's heartbeat, outlasts the
+        # server's 2 s heartbeat_timeout; before the heartbeat the rank was
+        # failed as silent. Its reports count the repeats.
+        job = self.run_job("step3000", ["succeeded", "failed"], steps=1, world_size=1)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        rank = self.srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"][0]
+        # starting, 4 loading, 1 step, saving, done: 8 reports, and the repeats.
+        self.assertGreaterEqual(rank["reports"], 8 + 3, rank)
+
+    def test_a_rank_stuck_in_a_step_fails_by_progress(self):
+        # The heartbeat says the rank lives, not that it moves: a step that
+        # never ends fails at progress_timeout, naming where it stopped.
+        job = self.run_job("step600000", ["failed"], steps=2, world_size=1)
+        self.assertIn("rank 0 made no progress", job["reason"])
+        self.assertIn("phase loading", job["reason"])
+        self.assert_no_orphans(job["id"])
+
     def test_cancel_running_frees_slots_even_when_sigterm_is_ignored(self):
         r = self.srv.post("/v1/jobs", self.srv.spec(name="ignoreterm-child-slow", steps=200,
                                                     world_size=4))

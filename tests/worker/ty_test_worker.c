@@ -8,6 +8,7 @@
  *   hangRatS    rank R stops advancing at step S but keeps reporting
  *   silentR     rank R never reports and sleeps
  *   slow        100 ms per step (default 5 ms)
+ *   stepMS      MS milliseconds per step, silent meanwhile (a long step)
  *   flaky       rank 0 fails at step 1 of attempt 1 only
  *   ignoreterm  every rank ignores SIGTERM and the server's "stop" answer
  *   child       every rank leaves a sleeping child in its process group
@@ -47,6 +48,7 @@ static void parse_plan(const char *name, plan_t *p) {
     if (sscanf(w, "crash%dat%d", &p->crash_rank, &p->crash_step) == 2) continue;
     if (sscanf(w, "hang%dat%d", &p->hang_rank, &p->hang_step) == 2) continue;
     if (sscanf(w, "silent%d", &p->silent_rank) == 1) continue;
+    if (sscanf(w, "step%d", &p->step_ms) == 1) continue;
     if (!strcmp(w, "slow")) p->step_ms = 100;
     if (!strcmp(w, "flaky")) p->flaky = true;
     if (!strcmp(w, "ignoreterm")) p->ignoreterm = true;
