@@ -104,7 +104,7 @@ int cmd_eval(int argc, char **argv) {
   int B = N < 4 ? (int)N : 4;
   int rc = model_io_read_config(model_path, &cfg, err, sizeof err);
   if (!rc) rc = model_create(&m, &cfg, B, (int)T, MODEL_EVAL, err, sizeof err);
-  if (!rc) rc = model_io_load(m, model_path, err, sizeof err);
+  if (!rc) rc = model_io_load(m, model_path, NULL, NULL, NULL, err, sizeof err);
   if (!rc && adapter) rc = outputs_read_adapter(adapter, m, &lo, err, sizeof err);
   if (!rc) {
     data_config_t dc = {.path = data_path,

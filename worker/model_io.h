@@ -11,14 +11,21 @@
 #include <stdint.h>
 
 #include "api/llama_config.h"
+#include "worker/loader.h"
 #include "worker/model.h"
 
 /* Reads dir's config.json into *cfg (may be NULL) without opening weights. */
 int model_io_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen);
 
 /* Fills every tensor of m from the checkpoint in dir, matched strictly
- * (ckpt_open); m must have been created from the same config. */
-int model_io_load(model_t *m, const char *dir, char *err, size_t errlen);
+ * (ckpt_open); m must have been created from the same config. progress
+ * (may be NULL) is called after each tensor with the file bytes read and
+ * to read; stats (may be NULL) gets the bytes read, the model's parameter
+ * bytes as its shard and placement peak (one rank holds it all), the host
+ * peak after the load and the seconds taken, as loader_load gives them for
+ * a rank's shard. */
+int model_io_load(model_t *m, const char *dir, loader_progress_fn progress, void *progress_ctx,
+                  loader_stats_t *stats, char *err, size_t errlen);
 
 /* Fills m with weightinit's values for seed (matrices ~ N(0, 0.02^2),
  * norm weights 1). */

@@ -32,8 +32,8 @@ static struct {
   long heartbeat_ms;
   bool beating, closing;
   pthread_t beat;
-  bool over;       /* the server answered that this attempt is over */
-  char *last;      /* the last report's JSON text, owned; NULL before one */
+  bool over;         /* the server answered that this attempt is over */
+  char *last;        /* the last report's JSON text, owned; NULL before one */
   long long sent_ms; /* ty_mono_ms() of the last send */
 } g_rep;
 

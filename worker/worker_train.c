@@ -105,8 +105,8 @@ static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
 }
 
 static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
-                     model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f,
-                     loader_stats_t *ls, char *err, size_t errlen) {
+                     model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f, loader_stats_t *ls,
+                     char *err, size_t errlen) {
   load_progress_t prog = {rep, ty_mono_s()};
   loader_opts_t o = {.rank = comm_rank(comm),
                      .world_size = comm_world_size(comm),
@@ -135,7 +135,9 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_
                 s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
   if (rc) return rc;
   if (comm_world_size(comm) == 1) {
-    if (!s->init_from_scratch) return model_io_load(*m, s->model_path, err, errlen);
+    load_progress_t prog = {rep, ty_mono_s()};
+    if (!s->init_from_scratch)
+      return model_io_load(*m, s->model_path, on_load_progress, &prog, ls, err, errlen);
     model_io_init_scratch(*m, s->train.seed);
     return 0;
   }
@@ -259,7 +261,8 @@ int worker_train_main(const worker_env_t *e) {
     } else {
       rc = build_model(&spec, comm, &pl, &cfg, &rep, &m, &f, &ls, err, sizeof err);
       if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
-      if (!rc && f) emit(&rep, "loading", 0, NAN, 0, &ls, "shards loaded");
+      if (!rc && (f || !spec.init_from_scratch))
+        emit(&rep, "loading", 0, NAN, 0, &ls, f ? "shards loaded" : "weights loaded");
     }
   }
   if (!rc && spec.use_lora && !cuda) {

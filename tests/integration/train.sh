@@ -41,6 +41,15 @@ assert [r["step"] for r in steps] == list(range(1, 31)), [r["step"] for r in ste
 for r in reps:
     assert set(r) >= {"job_id", "attempt", "rank", "world_size", "phase", "step", "total_steps",
                       "loss", "tokens_per_s", "host_peak_bytes", "message"}, r
+# One rank loads the whole checkpoint and says what it read, as sharded ranks do.
+import os
+loaded = [r for r in reps if r["phase"] == "loading" and r["message"] == "weights loaded"]
+assert len(loaded) == 1, [r for r in reps if r["phase"] == "loading"]
+ld = loaded[0]
+header = struct.unpack("<Q", open(f"{tmp}/base/model.safetensors", "rb").read(8))[0]
+want = os.path.getsize(f"{tmp}/base/model.safetensors") - 8 - header
+assert ld["bytes_loaded"] == ld["bytes_total"] == want, (ld, want)
+assert ld["load_seconds"] > 0 and ld["device_peak_bytes"] == 2 * want, ld
 print("# LoRA job:", reps[-1]["message"], "; first loss %.4f last %.4f" % (steps[0]["loss"], steps[-1]["loss"]))
 cfg = json.load(open(f"{tmp}/out-lora/adapter_config.json"))
 assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM", cfg

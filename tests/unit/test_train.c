@@ -296,6 +296,20 @@ static void test_adapter_save_reload_same_loss(void **state) {
   model_free(m);
 }
 
+/* What model_io_load's progress calls said. */
+typedef struct {
+  int calls;
+  uint64_t done, total;
+  bool rising; /* each call's done above the last, total the same */
+} progress_seen_t;
+
+static void count_progress(void *ctx, uint64_t done, uint64_t total) {
+  progress_seen_t *p = ctx;
+  if (p->calls && (done <= p->done || total != p->total)) p->rising = false;
+  p->calls++;
+  p->done = done, p->total = total;
+}
+
 static void test_full_checkpoint_save_reload(void **state) {
   (void)state;
   jobspec_t s = tiny_spec(false, 10, "fullout");
@@ -313,9 +327,23 @@ static void test_full_checkpoint_save_reload(void **state) {
   assert_int_equal(model_io_read_config(s.output_dir, &c2, err, sizeof err), 0);
   assert_int_equal(c2.num_key_value_heads, 2);
   assert_int_equal(model_create(&back, &c2, 4, 32, MODEL_EVAL, err, sizeof err), 0);
-  rc = model_io_load(back, s.output_dir, err, sizeof err);
+  progress_seen_t seen = {0, 0, 0, true};
+  loader_stats_t st;
+  rc = model_io_load(back, s.output_dir, count_progress, &seen, &st, err, sizeof err);
   if (rc) fail_msg("load: %s", err);
   assert_int_equal(back->n_params, m->n_params);
+  /* Its figures, as a rank's load reports them: the F32 file's bytes, one
+   * progress call per tensor, rising to the total. */
+  assert_int_equal(st.bytes_total, m->n_params * sizeof(float));
+  assert_int_equal(st.bytes_read, st.bytes_total);
+  assert_int_equal(st.shard_bytes, m->n_params * sizeof(float));
+  assert_int_equal(st.device_peak_bytes, st.shard_bytes);
+  assert_true(st.host_peak_bytes >= st.shard_bytes);
+  assert_true(st.load_seconds > 0);
+  assert_int_equal(seen.calls, back->n_tensors);
+  assert_true(seen.rising);
+  assert_int_equal(seen.done, st.bytes_total);
+  assert_int_equal(seen.total, st.bytes_total);
   assert_memory_equal(back->params, m->params, m->n_params * sizeof(float));
   assert_true(heldout(&s, m, NULL) == heldout(&s, back, NULL));
   model_free(back);
