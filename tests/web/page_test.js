@@ -302,6 +302,18 @@ async function main() {
     const flakyPoints = await page.evaluate(() => [0, 1].map((r) => window.tyJobView.lossChart.count(r)));
     assert.deepEqual(flakyPoints, [12, 12], 'the charts hold attempt 2\'s 12 steps per rank');
 
+    // A short job's step axis ticks at whole steps only (uPlot alone put
+    // a tick every 0.25 steps across 3 steps).
+    const short = await call(srv, 'POST', '/v1/jobs', spec('web-short', 3));
+    assert.equal(short.status, 201, JSON.stringify(short.body));
+    await page.goto(srv.url + '/#/jobs/' + short.body.id);
+    await waitFor('the short job to succeed', async () =>
+      (await page.textContent('#job-head .badge')) === 'succeeded', 30000);
+    await waitFor('its loss chart to hold 3 steps per rank', async () =>
+      (await page.evaluate(() => window.tyJobView.lossChart.count(0))) === 3);
+    const ticks = await page.evaluate(() => window.tyJobView.lossChart.plot.axes[0]._splits);
+    assert.ok(ticks.length >= 2 && ticks.every(Number.isInteger), 'step ticks: ' + ticks);
+
     // 7. Phone width: nothing wider than the screen; the key parts visible.
     await page.setViewportSize(PHONE);
     await page.goto(srv.url + '/#/jobs/' + flaky.body.id);

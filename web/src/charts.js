@@ -6,6 +6,11 @@ const COLORS = ['#2563eb', '#dc2626', '#059669', '#d97706', '#7c3aed', '#0891b2'
                 '#65a30d'];
 export const rankColor = (r) => COLORS[r % COLORS.length];
 
+// Steps are whole numbers: the step axis ticks every 1, 2, 5, 10, 20, ...
+// steps (uPlot's own choice for a short run would be 0.25 apart).
+const STEP_INCRS = [];
+for (let p = 1; p <= 1e9; p *= 10) STEP_INCRS.push(p, 2 * p, 5 * p);
+
 export class RankChart {
   // host: the element to draw in; title: e.g. "loss"; fmt: value -> text.
   constructor(host, title, fmt) {
@@ -76,7 +81,7 @@ export class RankChart {
       legend: { live: true },
       cursor: { drag: { x: false, y: false } },
       scales: { x: { time: false } },
-      axes: [{ label: 'step', size: 36, labelSize: 14 },
+      axes: [{ label: 'step', size: 36, labelSize: 14, incrs: STEP_INCRS },
              { size: 54, values: (u, vals) => vals.map((v) => fmt(v)) }],
       // Without the cursor over the chart, the legend shows the newest step.
       hooks: { setLegend: [(u) => { if (u.legend.idx == null) this.showLatest(u); }] },
