@@ -32,6 +32,8 @@ typedef struct {
   int64_t total_steps;
   bool stop; /* the server said this attempt is over */
   int rank, world;
+  const loader_stats_t *loaded; /* once the weights are in: every later
+                                 * report carries the load's figures */
 } reporter_t;
 
 static void emit(reporter_t *r, const char *phase, int64_t step, double loss, double tps,
@@ -45,6 +47,7 @@ static void emit(reporter_t *r, const char *phase, int64_t step, double loss, do
                   .tokens_per_s = tps,
                   .host_peak_bytes = (int64_t)ms.hwm_bytes,
                   .message = message ? message : ""};
+  if (!ls) ls = r->loaded;
   if (ls) {
     rep.bytes_loaded = (int64_t)ls->bytes_read;
     rep.bytes_total = (int64_t)ls->bytes_total;
@@ -215,7 +218,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_c
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {0, false, e->rank, e->world_size};
+  reporter_t rep = {0, false, e->rank, e->world_size, NULL};
   comm_t *comm = NULL;
   model_t *m = NULL;
   fsdp_t *f = NULL;
@@ -256,13 +259,16 @@ int worker_train_main(const worker_env_t *e) {
 #ifdef TRAINYARD_HAVE_CUDA
       rc = build_cuda(&spec, comm, &pl, &cfg, &rep, &shape, &m, &f, &lo, &tc, &dev, &ls, err,
                       sizeof err);
-      if (!rc) emit(&rep, "loading", 0, NAN, 0, &ls, "weights loaded onto the GPU");
+      if (!rc) rep.loaded = &ls;
+      if (!rc) emit(&rep, "loading", 0, NAN, 0, NULL, "weights loaded onto the GPU");
 #endif
     } else {
       rc = build_model(&spec, comm, &pl, &cfg, &rep, &m, &f, &ls, err, sizeof err);
       if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
-      if (!rc && (f || !spec.init_from_scratch))
-        emit(&rep, "loading", 0, NAN, 0, &ls, f ? "shards loaded" : "weights loaded");
+      if (!rc && (f || !spec.init_from_scratch)) {
+        rep.loaded = &ls;
+        emit(&rep, "loading", 0, NAN, 0, NULL, f ? "shards loaded" : "weights loaded");
+      }
     }
   }
   if (!rc && spec.use_lora && !cuda) {
@@ -298,7 +304,7 @@ int worker_train_main(const worker_env_t *e) {
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
                res.eval_loss_end);
-    emit(&rep, "done", res.steps_done, res.last_loss, 0, f || cuda ? &ls : NULL, msg);
+    emit(&rep, "done", res.steps_done, res.last_loss, 0, NULL, msg);
   } else {
     emit(&rep, "failed", 0, NAN, 0, NULL, err);
     ty_error("%s", err);

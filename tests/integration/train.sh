@@ -50,6 +50,10 @@ header = struct.unpack("<Q", open(f"{tmp}/base/model.safetensors", "rb").read(8)
 want = os.path.getsize(f"{tmp}/base/model.safetensors") - 8 - header
 assert ld["bytes_loaded"] == ld["bytes_total"] == want, (ld, want)
 assert ld["load_seconds"] > 0 and ld["device_peak_bytes"] == 2 * want, ld
+# ...and every later report carries them, so the rank's row keeps them.
+after = reps[reps.index(ld):]
+assert all(r["bytes_total"] == want and r["load_seconds"] == ld["load_seconds"] for r in after), \
+    [(r["phase"], r["bytes_total"]) for r in after]
 print("# LoRA job:", reps[-1]["message"], "; first loss %.4f last %.4f" % (steps[0]["loss"], steps[-1]["loss"]))
 cfg = json.load(open(f"{tmp}/out-lora/adapter_config.json"))
 assert cfg["peft_type"] == "LORA" and cfg["task_type"] == "CAUSAL_LM", cfg
