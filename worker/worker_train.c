@@ -34,6 +34,7 @@ typedef struct {
   int rank, world;
   const loader_stats_t *loaded; /* once the weights are in: every later
                                  * report carries the load's figures */
+  double tokens_per_s;          /* the last step's, for the done report */
 } reporter_t;
 
 static void emit(reporter_t *r, const char *phase, int64_t step, double loss, double tps,
@@ -64,6 +65,7 @@ static int on_progress(void *ctx, const train_progress_t *p) {
   if (isfinite(p->eval_loss))
     snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
              p->eval_loss);
+  if (p->tokens_per_s > 0) r->tokens_per_s = p->tokens_per_s;
   emit(r, p->phase, p->step, p->loss, p->tokens_per_s, NULL, msg);
   /* The report's own line shows no message while loading or training:
    * events (resumed, checkpoint written) get a log line of their own. */
@@ -218,7 +220,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_c
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {0, false, e->rank, e->world_size, NULL};
+  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0};
   comm_t *comm = NULL;
   model_t *m = NULL;
   fsdp_t *f = NULL;
@@ -304,7 +306,7 @@ int worker_train_main(const worker_env_t *e) {
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
                res.eval_loss_end);
-    emit(&rep, "done", res.steps_done, res.last_loss, 0, NULL, msg);
+    emit(&rep, "done", res.steps_done, res.last_loss, rep.tokens_per_s, NULL, msg);
   } else {
     emit(&rep, "failed", 0, NAN, 0, NULL, err);
     ty_error("%s", err);
