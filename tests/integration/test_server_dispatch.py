@@ -239,6 +239,7 @@ class Gpus(unittest.TestCase):
                                               device="cuda")).json()
             self.assertEqual(a["device"], "cuda")
             for j in (a, b, c):
+                self.assertIn("id", j, j)
                 self.assertEqual(srv.wait_state(j["id"], ["succeeded", "failed"])["state"],
                                  "succeeded")
             self.assertEqual({self.done(srv, "gpu-a-slow", 0)["gpu"],
