@@ -12,6 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "api/jobspec_internal.h"
 
 /* ---- allocation_mode: "static" or AReaL's training form "fsdp:d<N>" ---- */
@@ -223,6 +225,19 @@ static void check_warmup(const vctx_t *v, ty_errlist_t *errs) {
                    v->s->train.warmup_steps, v->s->train.steps);
 }
 
+/* The checkpoint's max_position_embeddings, from model_path/config.json;
+ * 0 where it cannot be read or gives none (loading says what is wrong with
+ * a checkpoint; this rule only compares). */
+static int64_t checkpoint_max_positions(const char *model_path) {
+  char path[JOBSPEC_PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/config.json", model_path);
+  json_t *cfg = json_load_file(path, 0, NULL);
+  json_t *v = json_object_get(cfg, "max_position_embeddings");
+  int64_t n = json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
+  json_decref(cfg);
+  return n;
+}
+
 static void check_seq_len(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   if (s->has_model && s->model.max_position_embeddings > 0 &&
@@ -231,6 +246,15 @@ static void check_seq_len(const vctx_t *v, ty_errlist_t *errs) {
                    "is %d, longer than model.max_position_embeddings "
                    "(%lld); shorten it or raise the model's limit",
                    s->data.seq_len, (long long)s->model.max_position_embeddings);
+  /* A checkpoint's limit is its config.json's, read where paths are. */
+  if (s->has_model || !v->check_paths || !s->model_path[0]) return;
+  int64_t max = checkpoint_max_positions(s->model_path);
+  if (max > 0 && s->data.seq_len > max)
+    ty_errlist_add(errs, "data.seq_len",
+                   "is %d, longer than the checkpoint's max_position_embeddings (%lld, in "
+                   "%s/config.json); shorten it, or raise the limit in config.json if the model "
+                   "was trained for longer sequences",
+                   s->data.seq_len, (long long)max, s->model_path);
 }
 
 static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
@@ -333,8 +357,11 @@ static const rule_t g_rules[] = {
      "a LoRA job with no target module has nothing to train", check_targets},
     {"warmup-within-steps", "train.warmup_steps, train.steps", "spec",
      "a warm-up longer than the run never reaches the set learning rate", check_warmup},
-    {"seq-len-within-model", "data.seq_len, model.max_position_embeddings", "spec",
-     "positions beyond the model's limit have no meaning", check_seq_len},
+    {"seq-len-within-model",
+     "data.seq_len, model.max_position_embeddings or model_path's config.json", "spec",
+     "positions beyond the model's limit have no meaning; a checkpoint's limit is read from its "
+     "config.json where paths are checked",
+     check_seq_len},
     {"paths-exist", "model_path, data.path, output_dir", "paths",
      "fail early, not in a worker: model_path is a directory, data.path a readable file, "
      "output_dir a folder or one that can be made (no file in its way)",

@@ -309,6 +309,53 @@ static void test_paths_exist(void **state) {
   assert_int_equal(jobspec_validate(&s, true, &e), 0);
 }
 
+/* A checkpoint's limit comes from its config.json, where paths are
+ * checked: longer windows are refused naming the file, shorter or equal
+ * ones pass, and without paths (or without the field) nothing is read. */
+static void test_seq_len_within_checkpoint(void **state) {
+  (void)state;
+  char dir[512], path[600], text[1024];
+  snprintf(dir, sizeof dir, "%s/models/short", g_tmp);
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{\"hidden_size\": 64, \"max_position_embeddings\": 256}", f);
+  fclose(f);
+  const int lens[] = {256, 257};
+  for (int i = 0; i < 2; i++) {
+    for (int paths = 0; paths < 2; paths++) {
+      jobspec_t s;
+      ty_errlist_t e = TY_ERRLIST_INIT;
+      snprintf(text, sizeof text, "{\"model_path\": \"%s\", \"data\": {\"seq_len\": %d}}", dir,
+               lens[i]);
+      assert_int_equal(tu_parse(&s, text, &e), 0);
+      bool refused = i == 1 && paths;
+      assert_int_equal(jobspec_validate(&s, paths, &e), refused ? TY_EINVAL : 0);
+      if (refused) {
+        char want[700];
+        snprintf(want, sizeof want,
+                 "is 257, longer than the checkpoint's max_position_embeddings (256, in "
+                 "%s/config.json)",
+                 dir);
+        assert_true(tu_has(&e, "data.seq_len", want));
+        assert_int_equal(e.len, 1);
+      }
+      ty_errlist_clear(&e);
+    }
+  }
+  /* A config.json without the field limits nothing. */
+  f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{\"hidden_size\": 64}", f);
+  fclose(f);
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  snprintf(text, sizeof text, "{\"model_path\": \"%s\", \"data\": {\"seq_len\": 100000}}", dir);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+}
+
 /* jobspec_validate of a spec training models/tiny (LoRA or every weight)
  * into g_tmp + out, errors in e. */
 static int validate_out(bool lora, const char *out, bool check_paths, ty_errlist_t *e) {
@@ -528,6 +575,7 @@ int main(void) {
       cmocka_unit_test(test_warmup_within_steps),
       cmocka_unit_test(test_seq_len_within_model),
       cmocka_unit_test_setup_teardown(test_paths_exist, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_seq_len_within_checkpoint, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_output_not_model, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
