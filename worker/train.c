@@ -130,6 +130,29 @@ static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, s
   return eval_loop(&p, a->spec->data.seq_len, n, eval_window, &ctx, loss, NULL, err, errlen);
 }
 
+/* The data layout of spec s for rank of world over a vocabulary of V. */
+static data_config_t data_config(const jobspec_t *s, int64_t V, int rank, int world) {
+  return (data_config_t){.path = s->data.path,
+                         .format = s->data.format,
+                         .vocab_size = V,
+                         .seq_len = s->data.seq_len,
+                         .eval_fraction = s->data.eval_fraction,
+                         .seed = s->train.seed,
+                         .world_size = world,
+                         .rank = rank,
+                         .micro_batch_size = s->train.micro_batch_size,
+                         .grad_accum = s->train.grad_accum};
+}
+
+int train_data_check(const jobspec_t *s, int64_t vocab_size, int rank, int world, char *err,
+                     size_t errlen) {
+  const data_config_t dc = data_config(s, vocab_size, rank, world);
+  data_t *d = NULL;
+  int rc = data_open(&d, &dc, err, errlen);
+  data_free(d);
+  return rc;
+}
+
 int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errlen) {
   const jobspec_t *s = a->spec;
   model_t *m = a->model;
@@ -163,16 +186,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     return ty_errf(err, errlen, TY_EINTERNAL,
                    "the optimizer runs on the device for full training of one rank or of "
                    "shards, not for a replicated span");
-  data_config_t dc = {.path = s->data.path,
-                      .format = s->data.format,
-                      .vocab_size = m->d.V,
-                      .seq_len = T,
-                      .eval_fraction = s->data.eval_fraction,
-                      .seed = s->train.seed,
-                      .world_size = world,
-                      .rank = rank,
-                      .micro_batch_size = B,
-                      .grad_accum = A};
+  const data_config_t dc = data_config(s, m->d.V, rank, world);
   data_t *d = NULL;
   optim_t *o = NULL;
   int32_t *win = NULL;

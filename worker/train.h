@@ -110,6 +110,13 @@ typedef struct {
   double eval_loss_end;   /* after the last (NAN if none) */
 } train_result_t;
 
+/* Whether spec s's data can train a model of vocab_size tokens as rank of
+ * world: what train_run's data_open checks (the file, its format, a whole
+ * global batch of windows), without a model, so that a rank can fail before
+ * it loads one. 0, or the reason in err. */
+int train_data_check(const jobspec_t *s, int64_t vocab_size, int rank, int world, char *err,
+                     size_t errlen);
+
 /* Runs the loop from step 0, or from the newest complete checkpoint under
  * spec->output_dir/checkpoints when one exists (its data position must
  * match; see data_position_check). Writes a checkpoint every

@@ -89,9 +89,6 @@ static int job_config(const jobspec_t *s, llama_config_t *cfg, char *err, size_t
   return model_io_read_config(s->model_path, cfg, err, errlen);
 }
 
-/* This rank's float32 shards of the checkpoint (or the seeded
- * initialisation) in host memory, by the loader's path the spec picks, as
- * an fsdp over m. */
 /* The loader's progress as "loading" reports, at most one a second: what a
  * person watching a long load sees move, and what tells the server's
  * progress_timeout that the rank is not stuck. */
@@ -109,6 +106,9 @@ static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
   emit(p->rep, "loading", 0, NAN, 0, &st, NULL);
 }
 
+/* This rank's float32 shards of the checkpoint (or the seeded
+ * initialisation) in host memory, by the loader's path the spec picks, as
+ * an fsdp over m. */
 static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
                      model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f, loader_stats_t *ls,
                      char *err, size_t errlen) {
@@ -128,16 +128,14 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
   return rc ? rc : fsdp_create(f, m, comm, shard, mode, err, errlen);
 }
 
-static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
-                       reporter_t *rep, model_t **m, fsdp_t **f, loader_stats_t *ls, char *err,
-                       size_t errlen) {
-  int rc = job_config(s, cfg, err, errlen);
+static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl,
+                       const llama_config_t *cfg, reporter_t *rep, model_t **m, fsdp_t **f,
+                       loader_stats_t *ls, char *err, size_t errlen) {
   /* Several ranks: no whole-model buffers, only activations. */
   int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
       comm_world_size(comm) == 1 ? model_create : model_create_unowned;
-  if (!rc)
-    rc = create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
-                s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
+  int rc = create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
+                  s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
   if (rc) return rc;
   if (comm_world_size(comm) == 1) {
     load_progress_t prog = {rep, ty_mono_s()};
@@ -186,14 +184,13 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
  * shard) on the rank's GPU: device rank % visible devices, as the nccl comm
  * picks it (the server makes each rank's GPU its only one,
  * CUDA_VISIBLE_DEVICES). */
-static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, llama_config_t *cfg,
-                      reporter_t *rep, model_t *shape, model_t **m, fsdp_t **f, lora_t **lo,
-                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
-                      size_t errlen) {
+static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl,
+                      const llama_config_t *cfg, reporter_t *rep, model_t *shape, model_t **m,
+                      fsdp_t **f, lora_t **lo, train_cuda_t **tc, train_device_t *dev,
+                      loader_stats_t *ls, char *err, size_t errlen) {
   const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
   const int B = s->train.micro_batch_size, T = s->data.seq_len;
-  int rc = job_config(s, cfg, err, errlen);
-  if (!rc) rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);
+  int rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);
   if (rc) return rc;
   train_cuda_trained_t tr = {0};
   if (s->use_lora) {
@@ -254,6 +251,13 @@ int worker_train_main(const worker_env_t *e) {
     rep.total_steps = spec.train.steps;
     rc = comm_open_env(&comm, err, sizeof err);
   }
+  /* The model's shape, and whether the data holds a global batch of it,
+   * before any weight is read: a job that cannot train fails in a moment,
+   * not after loading a large checkpoint. */
+  if (!rc) rc = job_config(&spec, &cfg, err, sizeof err);
+  if (!rc)
+    rc = train_data_check(&spec, cfg.vocab_size, comm_rank(comm), comm_world_size(comm), err,
+                          sizeof err);
   if (!rc) {
     emit(&rep, "loading", 0, NAN, 0, NULL,
          spec.init_from_scratch ? "initialising" : spec.model_path);

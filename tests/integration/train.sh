@@ -106,6 +106,21 @@ assert w['loss'] < b['loss'] - 0.2, (b, w)"
   fail "eval past the end of the data succeeded"
 grep -q "tokens" "$tmp/err" || fail "eval past the end: unclear error: $(cat "$tmp/err")"
 
+# Data too short for one global batch fails the rank before it reads a
+# weight: the failure follows the start, with no load between.
+printf 'far too short' >"$tmp/short.txt"
+sed -e "s|\"path\": \"$data\"|\"path\": \"$tmp/short.txt\"|" -e "s|out-lora|out-short|" \
+  "$tmp/lora.json" >"$tmp/short.json"
+if TRAINYARD_SPEC="$tmp/short.json" "$worker" >"$tmp/short.reports" 2>"$tmp/short.log"; then
+  fail "a job with too little data succeeded"
+fi
+python3 - "$tmp/short.reports" "$tmp/short.txt" <<'PY'
+import json, sys
+reps = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["phase"] for r in reps] == ["starting", "failed"], [(r["phase"], r["message"]) for r in reps]
+assert reps[-1]["message"].startswith("data file %s holds 13 tokens" % sys.argv[2]), reps[-1]
+PY
+
 # Full training from scratch; the written checkpoint loads and evaluates.
 cat >"$tmp/full.json" <<JSON
 {"name": "it-full", "init_from_scratch": true,
