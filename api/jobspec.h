@@ -116,6 +116,38 @@ int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *pa
  * made only when check_paths is true. */
 int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs);
 
+/* How a token file splits into windows of seq_len + 1 tokens (each
+ * overlapping the next by one): a held-out tail of eval_fraction of them at
+ * the end (at least one when eval_fraction > 0), the training windows
+ * before it. */
+typedef struct {
+  int64_t tokens;     /* in the file */
+  int64_t eval;       /* held-out windows */
+  int64_t eval_start; /* the tail's first token: the training part's length */
+  int64_t train;      /* training windows */
+} jobspec_data_split_t;
+
+/* Bytes per token of format f: 1 (text), 2 (u16) or 4 (u32). */
+size_t jobspec_data_token_bytes(jobspec_data_format_t f);
+
+/* The layout of a job's data: data.* and the batch of train.* and
+ * world_size. */
+typedef struct {
+  jobspec_data_format_t format;
+  int seq_len;
+  double eval_fraction;
+  int world_size, micro_batch_size, grad_accum;
+} jobspec_data_layout_t;
+
+/* Whether a token file (path, of size bytes) holds a whole number of
+ * tokens of l->format and at least one global batch of training windows
+ * (world_size x micro_batch_size x grad_accum), and fewer than 2^32. The
+ * worker's data reader and rule data-holds-a-batch both ask it. 0 with
+ * *split filled (may be NULL), or TY_EINVAL with the reason and the fix in
+ * msg. */
+int jobspec_data_split(const jobspec_data_layout_t *l, const char *path, uint64_t size,
+                       jobspec_data_split_t *split, char *msg, size_t msglen);
+
 /* The normalized spec as a new JSON object (the caller owns it). Parsing
  * it back gives the same struct. */
 json_t *jobspec_to_json(const jobspec_t *s);

@@ -6,6 +6,7 @@
 #include <ctype.h>
 #include <limits.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -257,6 +258,83 @@ static void check_seq_len(const vctx_t *v, ty_errlist_t *errs) {
                    s->data.seq_len, (long long)max, s->model_path);
 }
 
+size_t jobspec_data_token_bytes(jobspec_data_format_t f) {
+  return f == JOBSPEC_DATA_U32 ? 4 : f == JOBSPEC_DATA_U16 ? 2 : 1;
+}
+
+static const char *format_name(jobspec_data_format_t f) {
+  return f == JOBSPEC_DATA_U32 ? "u32" : f == JOBSPEC_DATA_U16 ? "u16" : "text";
+}
+
+/* Sizes a split can be made of: whole windows and batches, a tail that
+ * leaves a part to train on. */
+static bool layout_ok(const jobspec_data_layout_t *l) {
+  return l->seq_len >= 1 && l->world_size >= 1 && l->micro_batch_size >= 1 && l->grad_accum >= 1 &&
+         l->eval_fraction >= 0 && l->eval_fraction < 1;
+}
+
+int jobspec_data_split(const jobspec_data_layout_t *l, const char *path, uint64_t size,
+                       jobspec_data_split_t *split, char *msg, size_t msglen) {
+  const size_t elem = jobspec_data_token_bytes(l->format);
+  if (!layout_ok(l)) {
+    snprintf(msg, msglen,
+             "data layout out of range: seq_len %d, micro_batch_size %d, grad_accum %d, "
+             "world_size %d, eval_fraction %g (need seq_len, batch sizes >= 1 and eval_fraction "
+             "in [0, 1))",
+             l->seq_len, l->micro_batch_size, l->grad_accum, l->world_size, l->eval_fraction);
+    return TY_EINVAL;
+  }
+  if (size % elem != 0) {
+    snprintf(msg, msglen,
+             "data file %s has %llu bytes, not a whole number of %s tokens (%zu bytes each): "
+             "the last %llu bytes are a partial token; check data.format",
+             path, (unsigned long long)size, format_name(l->format), elem,
+             (unsigned long long)(size % elem));
+    return TY_EINVAL;
+  }
+  const int64_t T = l->seq_len, N = (int64_t)(size / elem);
+  const int64_t W = N >= T + 1 ? (N - 1) / T : 0;
+  int64_t n_eval = 0;
+  if (l->eval_fraction > 0 && W > 0) {
+    n_eval = (int64_t)((double)W * l->eval_fraction);
+    if (n_eval < 1) n_eval = 1;
+  }
+  const int64_t E = n_eval ? N - n_eval * T - 1 : N;
+  const int64_t n_train = E >= T + 1 ? (E - 1) / T : 0;
+  const int64_t G = (int64_t)l->world_size * l->micro_batch_size * l->grad_accum;
+  if (n_train < 1 || n_train < G || n_train > UINT32_MAX) {
+    snprintf(msg, msglen,
+             "data file %s holds %lld tokens: %lld training windows of seq_len+1 = %lld tokens "
+             "(after a held-out tail of %lld windows), %s one global batch of %lld windows "
+             "(world_size %d x micro_batch_size %d x grad_accum %d); use more data or a "
+             "smaller seq_len or batch",
+             path, (long long)N, (long long)n_train, (long long)(T + 1), (long long)n_eval,
+             n_train > UINT32_MAX ? "more than 2^32 windows, beyond" : "fewer than", (long long)G,
+             l->world_size, l->micro_batch_size, l->grad_accum);
+    return TY_EINVAL;
+  }
+  if (split) *split = (jobspec_data_split_t){N, n_eval, E, n_train};
+  return 0;
+}
+
+/* The data file, where paths are checked, holds a global batch: a job that
+ * could not take one step is refused at validate and submit, not when its
+ * ranks start. */
+static void check_data_batch(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  struct stat st;
+  if (!v->check_paths || !s->data.path[0] || stat(s->data.path, &st) != 0 ||
+      !S_ISREG(st.st_mode))
+    return; /* paths-exist names a missing file; no path: the built-in corpus */
+  const jobspec_data_layout_t l = {s->data.format,     s->data.seq_len,
+                                   s->data.eval_fraction, s->world_size,
+                                   s->train.micro_batch_size, s->train.grad_accum};
+  if (!layout_ok(&l)) return; /* rule ranges names the number */
+  char msg[1024];
+  if (jobspec_data_split(&l, s->data.path, (uint64_t)st.st_size, NULL, msg, sizeof msg))
+    ty_errlist_add(errs, "data.path", "%s", msg);
+}
+
 static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   struct stat st;
@@ -366,6 +444,14 @@ static const rule_t g_rules[] = {
      "fail early, not in a worker: model_path is a directory, data.path a readable file, "
      "output_dir a folder or one that can be made (no file in its way)",
      check_paths_exist},
+    {"data-holds-a-batch",
+     "data.path, data.format, data.seq_len, data.eval_fraction, world_size, "
+     "train.micro_batch_size, train.grad_accum",
+     "paths",
+     "a job whose data file is a partial token short, or holds fewer training windows than one "
+     "global batch, could not take a step: refused before it is stored, and again by each rank "
+     "before it loads a weight",
+     check_data_batch},
     {"output-not-model", "output_dir, model_path, use_lora", "paths",
      "training every weight writes config.json and model.safetensors into output_dir: into "
      "model_path's folder they would overwrite the checkpoint the job trains from",

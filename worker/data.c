@@ -27,14 +27,6 @@ struct data_s {
   int64_t perm_epoch; /* -1: none computed yet */
 };
 
-static size_t elem_size(jobspec_data_format_t f) {
-  return f == JOBSPEC_DATA_U32 ? 4 : f == JOBSPEC_DATA_U16 ? 2 : 1;
-}
-
-static const char *format_name(jobspec_data_format_t f) {
-  return f == JOBSPEC_DATA_U32 ? "u32" : f == JOBSPEC_DATA_U16 ? "u16" : "text";
-}
-
 /* The built-in corpus (data.path unset): DATA_BUILTIN_TOKENS u32 ids in an
  * anonymous memory file, so the reading path is the same as for a file.
  * 128 "words" of 2-6 ids over an alphabet of min(V, 64) - 1 ids, separated
@@ -133,53 +125,31 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
     close(fd);
     return TY_EINVAL;
   }
-  size_t elem = elem_size(cfg->format);
-  if ((uint64_t)st.st_size % elem != 0) {
-    snprintf(msg, msglen,
-             "data file %s has %lld bytes, not a whole number of %s tokens (%zu bytes each): "
-             "the last %lld bytes are a partial token; check data.format",
-             cfg->path, (long long)st.st_size, format_name(cfg->format), elem,
-             (long long)((uint64_t)st.st_size % elem));
+  const jobspec_data_layout_t layout = {cfg->format,     cfg->seq_len,
+                                        cfg->eval_fraction, cfg->world_size,
+                                        cfg->micro_batch_size, cfg->grad_accum};
+  jobspec_data_split_t split;
+  int rc = jobspec_data_split(&layout, cfg->path, (uint64_t)st.st_size, &split, msg, msglen);
+  if (rc) {
     close(fd);
-    return TY_EINVAL;
-  }
-  int64_t N = (int64_t)((uint64_t)st.st_size / elem);
-  int64_t W = N >= T + 1 ? (N - 1) / T : 0;
-  int64_t n_eval = 0;
-  if (cfg->eval_fraction > 0 && W > 0) {
-    n_eval = (int64_t)((double)W * cfg->eval_fraction);
-    if (n_eval < 1) n_eval = 1;
-  }
-  int64_t E = n_eval ? N - n_eval * T - 1 : N;
-  int64_t n_train = E >= T + 1 ? (E - 1) / T : 0;
-  int64_t G = (int64_t)cfg->world_size * cfg->micro_batch_size * cfg->grad_accum;
-  if (n_train < 1 || n_train < G || n_train > UINT32_MAX) {
-    snprintf(msg, msglen,
-             "data file %s holds %lld tokens: %lld training windows of seq_len+1 = %lld tokens "
-             "(after a held-out tail of %lld windows), %s one global batch of %lld windows "
-             "(world_size %d x micro_batch_size %d x grad_accum %d); use more data or a "
-             "smaller seq_len or batch",
-             cfg->path, (long long)N, (long long)n_train, (long long)(T + 1), (long long)n_eval,
-             n_train > UINT32_MAX ? "more than 2^32 windows, beyond" : "fewer than", (long long)G,
-             cfg->world_size, cfg->micro_batch_size, cfg->grad_accum);
-    close(fd);
-    return TY_EINVAL;
+    return rc;
   }
   data_t *d = xcalloc(1, sizeof *d);
   d->cfg = *cfg;
   d->path = xstrdup(cfg->path);
   d->cfg.path = d->path;
   d->fd = fd;
-  d->elem = elem;
-  d->num_tokens = N;
-  d->n_train = n_train;
-  d->n_eval = n_eval;
-  d->eval_start = E;
-  d->global_batch = G;
-  d->raw = xmalloc((size_t)(T + 1) * elem);
-  d->perm = malloc((size_t)n_train * sizeof *d->perm);
+  d->elem = jobspec_data_token_bytes(cfg->format);
+  d->num_tokens = split.tokens;
+  d->n_train = split.train;
+  d->n_eval = split.eval;
+  d->eval_start = split.eval_start;
+  d->global_batch = (int64_t)cfg->world_size * cfg->micro_batch_size * cfg->grad_accum;
+  d->raw = xmalloc((size_t)(T + 1) * d->elem);
+  d->perm = malloc((size_t)split.train * sizeof *d->perm);
   if (!d->perm) {
-    snprintf(msg, msglen, "cannot allocate the shuffle order of %lld windows", (long long)n_train);
+    snprintf(msg, msglen, "cannot allocate the shuffle order of %lld windows",
+             (long long)split.train);
     data_free(d);
     return TY_EEXHAUSTED;
   }

@@ -41,7 +41,7 @@ class Server:
         with open(os.path.join(self.dir, "models", "tiny", "config.json"), "w") as f:
             json.dump({"hidden_size": 64}, f)
         with open(os.path.join(self.dir, "train.txt"), "w") as f:
-            f.write("hello trainyard\n" * 64)
+            f.write("hello trainyard\n" * 1024)
         self.log = open(os.path.join(self.dir, "trainyardd.log"), "ab")
 
     def args(self):

@@ -239,10 +239,12 @@ static int make_tmp(void **state) {
   mkdir(p, 0755);
   snprintf(p, sizeof p, "%s/secret", g_tmp);
   mkdir(p, 0755);
+  /* Text enough for the default spec's global batch (4 windows of 129
+   * bytes, and a held-out one). */
   snprintf(p, sizeof p, "%s/models/train.txt", g_tmp);
   FILE *f = fopen(p, "w");
   if (!f) return -1;
-  fputs("hello", f);
+  for (int i = 0; i < 100; i++) fputs("hello trainyard\n", f);
   fclose(f);
   /* A link inside the model root that points out of it. */
   char target[512];
@@ -354,6 +356,86 @@ static void test_seq_len_within_checkpoint(void **state) {
   snprintf(text, sizeof text, "{\"model_path\": \"%s\", \"data\": {\"seq_len\": 100000}}", dir);
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, true, &e), 0);
+}
+
+/* The data file holds one global batch, where paths are checked; the
+ * figures are the worker's own (jobspec_data_split). */
+static void test_data_holds_a_batch(void **state) {
+  (void)state;
+  char path[600], text[1024];
+  snprintf(path, sizeof path, "%s/models/ids.u16", g_tmp);
+  /* 1001 u16 tokens: with seq_len 99, 10 windows, 1 held out (5%), 9 to
+   * train on. */
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  for (int i = 0; i < 1001; i++) fputc(i % 200, f), fputc(0, f);
+  fclose(f);
+  struct {
+    const char *extra;
+    bool paths;
+    const char *want; /* NULL: valid */
+  } cases[] = {
+      {"\"train\": {\"micro_batch_size\": 9}", true, NULL},
+      {"\"world_size\": 3, \"train\": {\"micro_batch_size\": 3}", true, NULL},
+      {"\"train\": {\"micro_batch_size\": 10}", true,
+       "holds 1001 tokens: 9 training windows of seq_len+1 = 100 tokens (after a held-out tail of "
+       "1 windows), fewer than one global batch of 10 windows (world_size 1 x micro_batch_size 10 "
+       "x grad_accum 1)"},
+      {"\"world_size\": 2, \"train\": {\"micro_batch_size\": 5}", true,
+       "fewer than one global batch of 10 windows (world_size 2 x micro_batch_size 5"},
+      {"\"train\": {\"micro_batch_size\": 3, \"grad_accum\": 4}", true,
+       "fewer than one global batch of 12 windows"},
+      {"\"train\": {\"micro_batch_size\": 10}", false, NULL},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    jobspec_t s;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    snprintf(text, sizeof text,
+             "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": \"%s\", \"format\": "
+             "\"u16\", \"seq_len\": 99}, %s}",
+             g_tmp, path, cases[i].extra);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    int rc = jobspec_validate(&s, cases[i].paths, &e);
+    if (!cases[i].want) {
+      if (rc) tu_dump(&e);
+      assert_int_equal(rc, 0);
+    } else {
+      assert_int_equal(rc, TY_EINVAL);
+      assert_true(tu_has(&e, "data.path", cases[i].want));
+      assert_int_equal(e.len, 1);
+    }
+    ty_errlist_clear(&e);
+  }
+  /* Numbers out of range are the ranges rule's alone: no split of them is
+   * tried (a seq_len of 0 divided by zero). */
+  for (int i = 0; i < 2; i++) {
+    jobspec_t s;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    snprintf(text, sizeof text,
+             "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": \"%s\", \"seq_len\": %d}, "
+             "\"train\": {\"grad_accum\": %d}}",
+             g_tmp, path, i ? 99 : 0, i ? 0 : 1);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+    assert_int_equal(e.len, 1);
+    assert_true(tu_has(&e, i ? "train.grad_accum" : "data.seq_len", "must be >= 1"));
+    ty_errlist_clear(&e);
+  }
+  /* A partial token: an odd number of bytes read as u16. */
+  f = fopen(path, "a");
+  assert_non_null(f);
+  fputc(7, f);
+  fclose(f);
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": \"%s\", \"format\": "
+           "\"u16\", \"seq_len\": 99}, \"train\": {\"micro_batch_size\": 1}}",
+           g_tmp, path);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "data.path", "has 2003 bytes, not a whole number of u16 tokens"));
+  ty_errlist_clear(&e);
 }
 
 /* jobspec_validate of a spec training models/tiny (LoRA or every weight)
@@ -536,8 +618,9 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 18);
+  assert_int_equal(n, 19);
   assert_null(jobspec_rule_stage("no-such-rule"));
+  assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
   assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
   assert_string_equal(jobspec_rule_stage("output-dir-free"), "submit");
 }
@@ -576,6 +659,7 @@ int main(void) {
       cmocka_unit_test(test_seq_len_within_model),
       cmocka_unit_test_setup_teardown(test_paths_exist, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_seq_len_within_checkpoint, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_data_holds_a_batch, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_output_not_model, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),

@@ -57,7 +57,7 @@ async function startServer(dir, extra = []) {
     if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
   fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
   fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), '{"hidden_size": 64}\n');
-  fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(64));
+  fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(1024));
   const port = await freePort();
   const log = fs.openSync(path.join(dir, 'trainyardd.log'), 'a');
   const env = Object.assign({}, process.env, { TRAINYARD_TOKENS: TOKEN });
