@@ -33,16 +33,19 @@ const char *ty_json_kind(const json_t *v) {
   }
 }
 
-/* The shortest of %.15g, %.16g and %.17g that reads back to x, in
+/* x in 15 or 16 significant digits where that reads back to x, in
  * jansson's style: ".0" where it would read as an integer, and no '+' or
- * leading zeros in the exponent. 15 digits come first: a double that some
- * decimal of 15 digits or fewer reads back to prints as that decimal at 15
- * (%g drops trailing zeros), so no shorter form is missed. */
-static void shortest_real(double x, char *buf, size_t cap) {
-  for (int digits = 15; digits <= 17; digits++) {
+ * leading zeros in the exponent. false where x needs all 17, as jansson
+ * wrote it. 15 digits come first: a double that some decimal of 15 digits
+ * or fewer reads back to prints as that decimal at 15 (%g drops trailing
+ * zeros), so no shorter form is missed. */
+static bool shorter_real(double x, char *buf, size_t cap) {
+  int digits = 15;
+  for (; digits <= 16; digits++) {
     snprintf(buf, cap, "%.*g", digits, x);
     if (strtod(buf, NULL) == x) break;
   }
+  if (digits > 16) return false;
   char *e = strpbrk(buf, "eE");
   if (!e && !strchr(buf, '.')) {
     strncat(buf, ".0", cap - strlen(buf) - 1);
@@ -55,6 +58,7 @@ static void shortest_real(double x, char *buf, size_t cap) {
     while (*from == '0' && from[1]) from++;
     memmove(to, from, strlen(from) + 1);
   }
+  return true;
 }
 
 typedef struct {
@@ -94,11 +98,14 @@ char *ty_json_dumps(const json_t *j, size_t flags) {
     } else if (c == '-' || isdigit((unsigned char)c)) {
       k = i + strspn(text + i, "0123456789+-.eE");
       char num[64];
-      snprintf(num, sizeof num, "%.*s", (int)(k - i), text + i);
-      /* An integer stays as jansson wrote it; a real is written again. */
-      if (strpbrk(num, ".eE") && k - i < sizeof num) {
-        char piece[40];
-        shortest_real(strtod(num, NULL), piece, sizeof piece);
+      size_t nl = k - i < sizeof num ? k - i : sizeof num - 1;
+      memcpy(num, text + i, nl);
+      num[nl] = '\0';
+      /* An integer stays as jansson wrote it, and so does a real that
+       * needs its 17 digits; another real is written shorter. */
+      char piece[40];
+      if (strpbrk(num, ".eE") && k - i < sizeof num &&
+          shorter_real(strtod(num, NULL), piece, sizeof piece)) {
         textbuf_put(&out, piece, strlen(piece));
         i = k;
         continue;

@@ -28,6 +28,11 @@ if(Python3_FOUND)
   # wrk against trainyardd beside nginx; not in CI (label bench).
   add_test(NAME bench/api COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/bench/api.py)
   set_tests_properties(bench/api PROPERTIES LABELS bench TIMEOUT 600 ENVIRONMENT "${TY_TEST_ENV}")
+  # What shortest reals cost a JSON answer against jansson alone (label bench).
+  add_executable(json_dumps_bench ${CMAKE_CURRENT_SOURCE_DIR}/bench/json_dumps.c)
+  target_link_libraries(json_dumps_bench PRIVATE ty_common)
+  add_test(NAME bench/json_dumps COMMAND json_dumps_bench)
+  set_tests_properties(bench/json_dumps PROPERTIES LABELS bench TIMEOUT 600)
   # The server's instructions per submission under callgrind (label bench).
   add_test(NAME bench/submit_cost COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/submit_cost.sh
                                           ${CMAKE_BINARY_DIR})
