@@ -265,8 +265,10 @@ int worker_train_main(const worker_env_t *e) {
 #ifdef TRAINYARD_HAVE_CUDA
       rc = build_cuda(&spec, comm, &pl, &cfg, &rep, &shape, &m, &f, &lo, &tc, &dev, &ls, err,
                       sizeof err);
-      if (!rc) rep.loaded = &ls;
-      if (!rc) emit(&rep, "loading", 0, NAN, 0, NULL, "weights loaded onto the GPU");
+      if (!rc) {
+        rep.loaded = &ls;
+        emit(&rep, "loading", 0, NAN, 0, NULL, "weights loaded onto the GPU");
+      }
 #endif
     } else {
       rc = build_model(&spec, comm, &pl, &cfg, &rep, &m, &f, &ls, err, sizeof err);
