@@ -1,14 +1,21 @@
-/* jobspec_server.c - the rules that need the server's configuration: paths
- * inside the configured roots, one GPU per rank for device cuda. They are
- * rows "paths-in-roots" and "cuda-gpus" of the rule table; see jobspec.h. */
+/* jobspec_server.c - the rules that need the server's configuration or
+ * host: paths inside the configured roots, one GPU per rank for device
+ * cuda, CPU ranks that fit the host's memory. They are rows
+ * "paths-in-roots", "cuda-gpus" and "host-memory" of the rule table; see
+ * jobspec.h. */
 #include "api/jobspec.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+
+#include <jansson.h>
+
+#include "api/llama_config.h"
 
 /* See jobspec.h. A missing part that holds "." or ".." could still step
  * out once created, hence -1; -2 also covers a link in a loop. */
@@ -164,4 +171,77 @@ int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *
     return TY_EINVAL;
   }
   return 0;
+}
+
+uint64_t jobspec_host_memory(void) {
+  FILE *f = fopen("/proc/meminfo", "r");
+  if (!f) return 0;
+  char line[256];
+  unsigned long long kib = 0;
+  while (fgets(line, sizeof line, f))
+    if (sscanf(line, "MemTotal: %llu kB", &kib) == 1) break;
+  fclose(f);
+  return (uint64_t)kib << 10;
+}
+
+/* The model's parameters: s->model's, or model_path/config.json's; 0 where
+ * they cannot be known. */
+static int64_t model_params(const jobspec_t *s) {
+  if (s->has_model) return llama_config_num_params(&s->model);
+  if (!s->model_path[0]) return 0;
+  char path[JOBSPEC_PATH_MAX + 16];
+  snprintf(path, sizeof path, "%s/config.json", s->model_path);
+  json_t *root = json_load_file(path, 0, NULL);
+  llama_config_t c;
+  llama_config_init(&c);
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  bool ok = root && !llama_config_from_json(root, &c, "", false, &errs) &&
+            !llama_config_validate(&c, "", &errs);
+  ty_errlist_clear(&errs);
+  json_decref(root);
+  return ok ? llama_config_num_params(&c) : 0;
+}
+
+/* Bytes that all of s's ranks hold at least, loading on the standard path
+ * (standard) or each its own shard. */
+static double ranks_bytes(const jobspec_t *s, int64_t params, bool standard) {
+  const double whole = (double)params * 4.0, W = s->world_size;
+  const double shard = (double)((params + s->world_size - 1) / s->world_size) * 4.0;
+  /* Loading: the standard path places the whole model, then copies out the
+   * rank's shard (one rank keeps the whole model as its own). */
+  double load = standard ? whole + (W > 1 ? shard : 0.0) : shard;
+  /* Training every weight: gradients and AdamW's two moments of the shard. */
+  double train = s->use_lora ? shard : 4.0 * shard;
+  return W * (load > train ? load : train);
+}
+
+int jobspec_check_host_memory(const jobspec_t *s, uint64_t host_bytes, const char *host_what,
+                              ty_errlist_t *errs) {
+  const int64_t params = model_params(s);
+  if (!host_bytes || params <= 0) return 0;
+  const double gib = 1024.0 * 1024.0 * 1024.0, host = (double)host_bytes;
+  /* From scratch each rank initialises only its shard. */
+  const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
+  const double need = ranks_bytes(s, params, standard);
+  if (need <= host) return 0;
+  const double efficient = ranks_bytes(s, params, false);
+  if (standard && efficient <= host) {
+    ty_errlist_add(errs, "fsdp.memory_efficient_load",
+                   "is false: on the standard path each of the %d ranks places the whole model "
+                   "(%lld parameters, %.2f GiB in float32) before it keeps its shard, at least "
+                   "%.2f GiB in all on a host of %.2f GiB (%s); set it true: each rank then "
+                   "reads only its shard, at least %.2f GiB in all",
+                   s->world_size, (long long)params, (double)params * 4.0 / gib, need / gib,
+                   host / gib, host_what, efficient / gib);
+  } else {
+    ty_errlist_add(errs, s->init_from_scratch ? "model" : "model_path",
+                   "the model (%lld parameters) needs at least %.2f GiB of this host's memory "
+                   "for its %s in float32 over %d rank%s, more than the host's %.2f GiB (%s): "
+                   "%suse device cuda, or a host with more memory",
+                   (long long)params, need / gib,
+                   s->use_lora ? "weights" : "weights, gradients and AdamW moments",
+                   s->world_size, s->world_size == 1 ? "" : "s", host / gib, host_what,
+                   s->use_lora || s->init_from_scratch ? "" : "train LoRA adapters (use_lora), ");
+  }
+  return TY_EINVAL;
 }

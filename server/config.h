@@ -28,6 +28,8 @@
   X(cpu_slots, INT, "0", 0, 4096, "TRAINYARD_CPU_SLOTS",                                   \
     "CPU ranks that may run at once (0: the number of online CPUs)")                       \
   X(gpus, INT, "0", 0, 64, "TRAINYARD_GPUS", "GPUs on this host (one rank each)")          \
+  X(host_mem_mib, INT, "0", 0, 1073741824, "TRAINYARD_HOST_MEM_MIB",                       \
+    "MiB of memory a job's CPU ranks may hold in all (0: the host's MemTotal)")             \
   X(gpu_mem_limit_mib, INT, "0", 0, 16777216, "TRAINYARD_GPU_MEM_LIMIT_MIB",               \
     "MiB of device memory each GPU rank may allocate (0: no cap)")                         \
   X(worker, STR, "", 0, 0, "TRAINYARD_WORKER_BIN",                                         \

@@ -48,6 +48,7 @@ struct svc {
   const char *write_roots[ROOTS_MAX + 1];
   pthread_mutex_t cache_lock;
   job_cache_t cache[JOB_CACHE];
+  uint64_t host_mem_total; /* MemTotal, read once: what CPU jobs must fit */
 };
 
 /* Splits a colon-separated list in place into list (NULL-terminated, at
@@ -78,6 +79,7 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   size_t nw = split_roots(s->out_roots_buf, s->write_roots, ROOTS_MAX);
   for (size_t i = 0; i < nw; i++) s->read_roots[nr + i] = s->write_roots[i];
   s->read_roots[nr + nw] = NULL;
+  s->host_mem_total = jobspec_host_memory();
   /* A root that does not exist holds nothing until it does: say so now,
    * not only in the errors of the jobs it refuses. */
   for (size_t i = 0; i < nr + nw; i++) {
@@ -181,6 +183,12 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
     jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL, out_dir};
     jobspec_check_roots(spec, &roots, errs);
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
+    if (!strcmp(resolve_device(s, spec), "cpu")) {
+      const bool set = s->cfg->host_mem_mib > 0;
+      jobspec_check_host_memory(spec,
+                                set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
+                                set ? "--host_mem_mib" : "MemTotal", errs);
+    }
     char why[256];
     if (sched_fits(s->cfg, resolve_device(s, spec), spec->world_size, why, sizeof why))
       ty_errlist_add(errs, "world_size", "%s", why);

@@ -2,6 +2,7 @@
 client (requests): errors, auth, limits, idempotency, pagination, events,
 metrics and concurrent submissions."""
 import concurrent.futures
+import json
 import os
 import sys
 import time
@@ -380,6 +381,38 @@ class MissingRoot(unittest.TestCase):
             self.assertEqual(r.status_code, 400, r.text)
             msg = {d["field"]: d["message"] for d in r.json()["error"]["details"]}["model_path"]
             self.assertIn("%s (does not exist)" % missing, msg)
+        finally:
+            srv.cleanup()
+
+
+class HostMemory(unittest.TestCase):
+    def test_cpu_ranks_must_fit_the_host(self):
+        # A 199.8M-parameter model (0.74 GiB in float32) on a host of 1 GiB
+        # (--host_mem_mib): two standard-path ranks each place it whole
+        # (2.23 GiB), two memory-efficient ones hold a shard each (0.74).
+        srv = Server(extra=["--host-mem-mib", "1024"]).start()
+        try:
+            big = os.path.join(srv.dir, "models", "big")
+            os.makedirs(big)
+            with open(os.path.join(big, "config.json"), "w") as f:
+                json.dump({"hidden_size": 1024, "intermediate_size": 4096,
+                           "num_hidden_layers": 8, "num_attention_heads": 16,
+                           "vocab_size": 32000}, f)
+            spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big"}
+            for path in ("/v1/jobs:validate", "/v1/jobs"):
+                r = srv.post(path, spec)
+                self.assertEqual(r.status_code, 400, r.text)
+                detail = r.json()["error"]["details"]
+                self.assertEqual([d["field"] for d in detail], ["fsdp.memory_efficient_load"])
+                self.assertIn("each of the 2 ranks places the whole model (199771136 parameters, "
+                              "0.74 GiB in float32) before it keeps its shard, at least 2.23 GiB "
+                              "in all on a host of 1.00 GiB (--host_mem_mib); set it true",
+                              detail[0]["message"])
+            self.assertEqual(srv.get("/v1/jobs").json()["jobs"], [])
+            spec["fsdp"] = {"memory_efficient_load": True}
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            srv.wait_state(r.json()["id"], ["succeeded"])
         finally:
             srv.cleanup()
 

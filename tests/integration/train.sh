@@ -121,6 +121,19 @@ assert [r["phase"] for r in reps] == ["starting", "failed"], [(r["phase"], r["me
 assert reps[-1]["message"].startswith("data file %s holds 13 tokens" % sys.argv[2]), reps[-1]
 PY
 
+# A model this host can never hold is refused before anything is written:
+# its config.json alone (4.4e12 parameters) says so.
+mkdir -p "$tmp/huge"
+echo '{"hidden_size": 65536, "intermediate_size": 262144, "num_hidden_layers": 64,
+       "num_attention_heads": 512, "vocab_size": 256000}' >"$tmp/huge/config.json"
+rc=0
+"$ty" train --model_path "$tmp/huge" --use_lora true --world_size 2 --output_dir "$tmp/out-huge" \
+  2>"$tmp/huge.err" || rc=$?
+[ "$rc" = 2 ] || fail "a model past the host's memory: exit $rc: $(cat "$tmp/huge.err")"
+grep -q "trainyard train: fsdp.memory_efficient_load: is false: on the standard path each of the 2 ranks places the whole model\|trainyard train: model_path: the model (4[0-9]* parameters) needs at least .* GiB of this host's memory for its weights in float32 over 2 ranks, more than the host's .* GiB (MemTotal)" "$tmp/huge.err" ||
+  fail "the refusal does not say why: $(cat "$tmp/huge.err")"
+[ ! -e "$tmp/out-huge" ] || fail "a refused job wrote $tmp/out-huge"
+
 # Full training from scratch; the written checkpoint loads and evaluates.
 cat >"$tmp/full.json" <<JSON
 {"name": "it-full", "init_from_scratch": true,

@@ -5,6 +5,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -581,6 +582,85 @@ static void test_resolve_path(void **state) {
   assert_int_equal(jobspec_resolve_path("runs/new/../x", g_tmp, got), -1);
 }
 
+/* host_memory's verdict on a spec of models/big (LoRA or every weight,
+ * world ranks, memory-efficient or not) and a host of gib GiB: 0, or the
+ * error's field and message in e. */
+static int host_memory(bool lora, int world, bool efficient, double gib, ty_errlist_t *e) {
+  jobspec_t s;
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/big\", \"use_lora\": %s, \"world_size\": %d, "
+           "\"fsdp\": {\"memory_efficient_load\": %s}}",
+           g_tmp, lora ? "true" : "false", world, efficient ? "true" : "false");
+  assert_int_equal(tu_parse(&s, text, e), 0);
+  assert_int_equal(jobspec_validate(&s, false, e), 0);
+  return jobspec_check_host_memory(&s, (uint64_t)(gib * 1073741824.0), "MemTotal", e);
+}
+
+/* CPU ranks must fit the host: the weights in float32 (whole in each rank
+ * on the standard path, one shard each on the memory-efficient one), and
+ * for full training gradients and AdamW moments. models/big has 199.8M
+ * parameters, 0.744 GiB in float32. */
+static void test_host_memory(void **state) {
+  (void)state;
+  char dir[600], path[700];
+  snprintf(dir, sizeof dir, "%s/models/big", g_tmp);
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
+        "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
+        "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
+        f);
+  fclose(f);
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  /* LoRA over 4 ranks: the standard path holds 4 x (whole + shard) = 3.72
+   * GiB, the memory-efficient one 4 shards = 0.74 GiB. */
+  assert_int_equal(host_memory(true, 4, false, 4.0, &e), 0);
+  assert_int_equal(host_memory(true, 4, false, 2.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load",
+                     "is false: on the standard path each of the 4 ranks places the whole model "
+                     "(199771136 parameters, 0.74 GiB in float32) before it keeps its shard, at "
+                     "least 3.72 GiB in all on a host of 2.00 GiB (MemTotal); set it true"));
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load", "at least 0.74 GiB in all"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  assert_int_equal(host_memory(true, 4, true, 2.0, &e), 0);
+  /* One rank holds the model once, whichever the path. */
+  assert_int_equal(host_memory(true, 1, false, 0.8, &e), 0);
+  /* Too little even for the weights once: no load path helps. */
+  assert_int_equal(host_memory(true, 4, true, 0.5, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path",
+                     "needs at least 0.74 GiB of this host's memory for its weights in float32 "
+                     "over 4 ranks, more than the host's 0.50 GiB (MemTotal): use device cuda"));
+  ty_errlist_clear(&e);
+  /* Every weight: gradients and AdamW's moments beside the weights, 2.98
+   * GiB over 4 memory-efficient ranks; LoRA is named as the way out. */
+  assert_int_equal(host_memory(false, 4, true, 2.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path",
+                     "needs at least 2.98 GiB of this host's memory for its weights, gradients "
+                     "and AdamW moments in float32 over 4 ranks"));
+  assert_true(tu_has(&e, "model_path", "train LoRA adapters (use_lora), use device cuda"));
+  ty_errlist_clear(&e);
+  /* An unknown host size, or a config.json that cannot be read: nothing
+   * to compare (loading says what is wrong with a checkpoint). */
+  assert_int_equal(host_memory(true, 4, false, 0.0, &e), 0);
+  unlink(path);
+  assert_int_equal(host_memory(true, 4, false, 0.5, &e), 0);
+  /* From scratch: the inline model, each rank initialising its shard. */
+  jobspec_t s;
+  assert_int_equal(tu_check(&s, "{\"init_from_scratch\": true, \"world_size\": 2, " SCRATCH_MODEL "}",
+                            &e),
+                   0);
+  assert_int_equal(jobspec_check_host_memory(&s, 1 << 30, "--host_mem_mib", &e), 0);
+  assert_int_equal(jobspec_check_host_memory(&s, 1 << 10, "--host_mem_mib", &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model", "more than the host's 0.00 GiB (--host_mem_mib): use device"));
+  ty_errlist_clear(&e);
+  /* The host's own size is read. */
+  assert_true(jobspec_host_memory() > (64u << 20));
+}
+
 static void test_cuda_gpus(void **state) {
   (void)state;
   jobspec_t s;
@@ -618,7 +698,7 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 19);
+  assert_int_equal(n, 20);
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
   assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
@@ -660,6 +740,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_paths_exist, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_seq_len_within_checkpoint, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_data_holds_a_batch, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_host_memory, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_output_not_model, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
