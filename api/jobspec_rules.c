@@ -323,12 +323,10 @@ int jobspec_data_split(const jobspec_data_layout_t *l, const char *path, uint64_
 static void check_data_batch(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   struct stat st;
-  if (!v->check_paths || !s->data.path[0] || stat(s->data.path, &st) != 0 ||
-      !S_ISREG(st.st_mode))
+  if (!v->check_paths || !s->data.path[0] || stat(s->data.path, &st) != 0 || !S_ISREG(st.st_mode))
     return; /* paths-exist names a missing file; no path: the built-in corpus */
-  const jobspec_data_layout_t l = {s->data.format,     s->data.seq_len,
-                                   s->data.eval_fraction, s->world_size,
-                                   s->train.micro_batch_size, s->train.grad_accum};
+  const jobspec_data_layout_t l = {s->data.format, s->data.seq_len,           s->data.eval_fraction,
+                                   s->world_size,  s->train.micro_batch_size, s->train.grad_accum};
   if (!layout_ok(&l)) return; /* rule ranges names the number */
   char msg[1024];
   if (jobspec_data_split(&l, s->data.path, (uint64_t)st.st_size, NULL, msg, sizeof msg))
@@ -464,8 +462,7 @@ static const rule_t g_rules[] = {
      "no two unfinished jobs write one output folder: they would overwrite each other's "
      "checkpoints and outputs, and the later would resume from the other's checkpoint",
      NULL},
-    {"host-memory", "model_path, model, fsdp.memory_efficient_load, world_size, use_lora",
-     "submit",
+    {"host-memory", "model_path, model, fsdp.memory_efficient_load, world_size, use_lora", "submit",
      "CPU ranks on one host must fit its memory (trainyardd: --host_mem_mib, else MemTotal; "
      "trainyard train: MemTotal): the weights in float32, placed whole by each rank on the "
      "standard load path, and for full training the gradients and AdamW moments; a job over "

@@ -239,8 +239,8 @@ int jobspec_check_host_memory(const jobspec_t *s, uint64_t host_bytes, const cha
                    "for its %s in float32 over %d rank%s, more than the host's %.2f GiB (%s): "
                    "%suse device cuda, or a host with more memory",
                    (long long)params, need / gib,
-                   s->use_lora ? "weights" : "weights, gradients and AdamW moments",
-                   s->world_size, s->world_size == 1 ? "" : "s", host / gib, host_what,
+                   s->use_lora ? "weights" : "weights, gradients and AdamW moments", s->world_size,
+                   s->world_size == 1 ? "" : "s", host / gib, host_what,
                    s->use_lora || s->init_from_scratch ? "" : "train LoRA adapters (use_lora), ");
   }
   return TY_EINVAL;

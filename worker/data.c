@@ -125,9 +125,8 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
     close(fd);
     return TY_EINVAL;
   }
-  const jobspec_data_layout_t layout = {cfg->format,     cfg->seq_len,
-                                        cfg->eval_fraction, cfg->world_size,
-                                        cfg->micro_batch_size, cfg->grad_accum};
+  const jobspec_data_layout_t layout = {cfg->format,     cfg->seq_len,          cfg->eval_fraction,
+                                        cfg->world_size, cfg->micro_batch_size, cfg->grad_accum};
   jobspec_data_split_t split;
   int rc = jobspec_data_split(&layout, cfg->path, (uint64_t)st.st_size, &split, msg, msglen);
   if (rc) {

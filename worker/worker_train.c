@@ -128,9 +128,9 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
   return rc ? rc : fsdp_create(f, m, comm, shard, mode, err, errlen);
 }
 
-static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl,
-                       const llama_config_t *cfg, reporter_t *rep, model_t **m, fsdp_t **f,
-                       loader_stats_t *ls, char *err, size_t errlen) {
+static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
+                       reporter_t *rep, model_t **m, fsdp_t **f, loader_stats_t *ls, char *err,
+                       size_t errlen) {
   /* Several ranks: no whole-model buffers, only activations. */
   int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
       comm_world_size(comm) == 1 ? model_create : model_create_unowned;
@@ -184,10 +184,10 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
  * shard) on the rank's GPU: device rank % visible devices, as the nccl comm
  * picks it (the server makes each rank's GPU its only one,
  * CUDA_VISIBLE_DEVICES). */
-static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl,
-                      const llama_config_t *cfg, reporter_t *rep, model_t *shape, model_t **m,
-                      fsdp_t **f, lora_t **lo, train_cuda_t **tc, train_device_t *dev,
-                      loader_stats_t *ls, char *err, size_t errlen) {
+static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
+                      reporter_t *rep, model_t *shape, model_t **m, fsdp_t **f, lora_t **lo,
+                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
+                      size_t errlen) {
   const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
   const int B = s->train.micro_batch_size, T = s->data.seq_len;
   int rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);

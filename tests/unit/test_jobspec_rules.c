@@ -609,10 +609,11 @@ static void test_host_memory(void **state) {
   snprintf(path, sizeof path, "%s/config.json", dir);
   FILE *f = fopen(path, "w");
   assert_non_null(f);
-  fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
-        "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
-        "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
-        f);
+  fputs(
+      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
+      "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
+      "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
+      f);
   fclose(f);
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* LoRA over 4 ranks: the standard path holds 4 x (whole + shard) = 3.72
@@ -650,9 +651,8 @@ static void test_host_memory(void **state) {
   assert_int_equal(host_memory(true, 4, false, 0.5, &e), 0);
   /* From scratch: the inline model, each rank initialising its shard. */
   jobspec_t s;
-  assert_int_equal(tu_check(&s, "{\"init_from_scratch\": true, \"world_size\": 2, " SCRATCH_MODEL "}",
-                            &e),
-                   0);
+  assert_int_equal(
+      tu_check(&s, "{\"init_from_scratch\": true, \"world_size\": 2, " SCRATCH_MODEL "}", &e), 0);
   assert_int_equal(jobspec_check_host_memory(&s, 1 << 30, "--host_mem_mib", &e), 0);
   assert_int_equal(jobspec_check_host_memory(&s, 1 << 10, "--host_mem_mib", &e), TY_EINVAL);
   assert_true(tu_has(&e, "model", "more than the host's 0.00 GiB (--host_mem_mib): use device"));
