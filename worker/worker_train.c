@@ -34,7 +34,7 @@ typedef struct {
   int rank, world;
   const loader_stats_t *loaded; /* once the weights are in: every later
                                  * report carries the load's figures */
-  double tokens_per_s;          /* the last step's, for the done report */
+  double tokens_per_s;          /* the last step's, for the saving and done reports */
 } reporter_t;
 
 static void emit(reporter_t *r, const char *phase, int64_t step, double loss, double tps,
@@ -66,7 +66,9 @@ static int on_progress(void *ctx, const train_progress_t *p) {
     snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
              p->eval_loss);
   if (p->tokens_per_s > 0) r->tokens_per_s = p->tokens_per_s;
-  emit(r, p->phase, p->step, p->loss, p->tokens_per_s, NULL, msg);
+  /* A save keeps the rate of the steps before it, as the done report does. */
+  double tps = strcmp(p->phase, "saving") ? p->tokens_per_s : r->tokens_per_s;
+  emit(r, p->phase, p->step, p->loss, tps, NULL, msg);
   /* The report's own line shows no message while loading or training:
    * events (resumed, checkpoint written) get a log line of their own. */
   if (*msg) fprintf(stderr, "[rank %d/%d] %s\n", r->rank, r->world, msg);
@@ -299,7 +301,7 @@ int worker_train_main(const worker_env_t *e) {
   if (!rc) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
     if (comm_rank(comm) == 0)
-      emit(&rep, "saving", res.steps_done, res.last_loss, 0, NULL, spec.output_dir);
+      emit(&rep, "saving", res.steps_done, res.last_loss, rep.tokens_per_s, NULL, spec.output_dir);
     if (spec.use_lora && comm_rank(comm) == 0)
       rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
     else if (!spec.use_lora && f)

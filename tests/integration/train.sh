@@ -50,8 +50,10 @@ header = struct.unpack("<Q", open(f"{tmp}/base/model.safetensors", "rb").read(8)
 want = os.path.getsize(f"{tmp}/base/model.safetensors") - 8 - header
 assert ld["bytes_loaded"] == ld["bytes_total"] == want, (ld, want)
 assert ld["load_seconds"] > 0 and ld["device_peak_bytes"] == 2 * want, ld
-# The done report keeps the last step's throughput.
+# The saving and done reports keep the last step's throughput.
 assert reps[-1]["tokens_per_s"] == steps[-1]["tokens_per_s"] > 0, (reps[-1], steps[-1])
+saves = [r for r in reps if r["phase"] == "saving"]
+assert saves and all(r["tokens_per_s"] > 0 for r in saves), saves
 # ...and every later report carries them, so the rank's row keeps them.
 after = reps[reps.index(ld):]
 assert all(r["bytes_total"] == want and r["load_seconds"] == ld["load_seconds"] for r in after), \
