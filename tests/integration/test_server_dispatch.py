@@ -111,14 +111,22 @@ class Dispatch(unittest.TestCase):
         self.assert_no_orphans(job["id"])
 
     def test_a_step_longer_than_the_heartbeat_timeout(self):
-        # A 3 s step, silent but for the reporter's heartbeat, outlasts the
-        # server's 2 s heartbeat_timeout; before the heartbeat the rank was
-        # failed as silent. Its reports count the repeats.
-        job = self.run_job("step3000", ["succeeded", "failed"], steps=1, world_size=1)
-        self.assertEqual(job["state"], "succeeded", job["reason"])
-        rank = self.srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"][0]
-        # starting, 4 loading, 1 step, saving, done: 8 reports, and the repeats.
-        self.assertGreaterEqual(rank["reports"], 8 + 3, rank)
+        # A 3 s step, silent but for the reporter's heartbeat, outlasts a
+        # 1 s heartbeat_timeout (well within the progress timeout); before
+        # the heartbeat the rank was failed as silent. Its reports count
+        # the repeats.
+        srv = Server(extra=["--heartbeat-timeout", "1", "--progress-timeout", "20"]).start()
+        try:
+            r = srv.post("/v1/jobs", srv.spec(name="step3000", steps=1, world_size=1))
+            self.assertEqual(r.status_code, 201, r.text)
+            job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=30)
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            rank = srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"][0]
+            # starting, 4 loading, 1 step, saving, done: 8 reports, and the
+            # repeats (one each 0.25 s of the step).
+            self.assertGreaterEqual(rank["reports"], 8 + 5, rank)
+        finally:
+            srv.cleanup()
 
     def test_a_rank_stuck_in_a_step_fails_by_progress(self):
         # The heartbeat says the rank lives, not that it moves: a step that
