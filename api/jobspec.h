@@ -194,17 +194,18 @@ int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *
 uint64_t jobspec_host_memory(void);
 
 /* A job of CPU ranks, all on one host of host_bytes (named by host_what,
- * e.g. "MemTotal"), must fit it: the weights in float32 (the CPU ranks'
- * compute type), which on the standard load path each rank places whole
- * before it keeps its shard, and for full training each rank's gradients
- * and AdamW moments beside its shard. That is a lower bound (activations,
- * buffers and the process are not counted): a job over it can never start,
- * and is refused with the fix (fsdp.memory_efficient_load, when that fits).
- * The model's size comes from s->model or model_path's config.json; where
- * that cannot be read, nothing is checked (loading names the problem).
- * Returns 0 or TY_EINVAL. */
-int jobspec_check_host_memory(const jobspec_t *s, uint64_t host_bytes, const char *host_what,
-                              ty_errlist_t *errs);
+ * e.g. "MemTotal"), must fit it. Training (training true) holds the weights
+ * in float32, the CPU ranks' compute type, and for full training each
+ * rank's gradients and AdamW moments beside its shard; a load alone
+ * (`trainyard load`) holds them in the job's dtype. On the standard load
+ * path each rank places the whole model before it keeps its shard. That is
+ * a lower bound (activations, buffers and the process are not counted): a
+ * job over it can never start, and is refused with the fix
+ * (fsdp.memory_efficient_load, when that fits). The model's size comes from
+ * s->model or model_path's config.json; where that cannot be read, nothing
+ * is checked (loading names the problem). Returns 0 or TY_EINVAL. */
+int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
+                              const char *host_what, ty_errlist_t *errs);
 
 /* The table of validation rules, for docs and the validate --rules output:
  * calls fn once per rule with its id, the fields it concerns and why. */

@@ -462,11 +462,13 @@ static const rule_t g_rules[] = {
      "no two unfinished jobs write one output folder: they would overwrite each other's "
      "checkpoints and outputs, and the later would resume from the other's checkpoint",
      NULL},
-    {"host-memory", "model_path, model, fsdp.memory_efficient_load, world_size, use_lora", "submit",
+    {"host-memory", "model_path, model, fsdp.memory_efficient_load, world_size, use_lora, dtype",
+     "submit",
      "CPU ranks on one host must fit its memory (trainyardd: --host_mem_mib, else MemTotal; "
-     "trainyard train: MemTotal): the weights in float32, placed whole by each rank on the "
-     "standard load path, and for full training the gradients and AdamW moments; a job over "
-     "that can never start, and the message says when fsdp.memory_efficient_load would fit",
+     "trainyard train and load: MemTotal): the weights in float32 (a load alone: the job's "
+     "dtype), placed whole by each rank on the standard load path, and for full training the "
+     "gradients and AdamW moments; a job over that can never start, and the message says when "
+     "fsdp.memory_efficient_load would fit",
      NULL},
     {"cuda-gpus", "device, world_size", "submit",
      "device cuda needs one GPU per rank on the host; fail at submit, not in a worker", NULL},

@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "api/llama_config.h"
+#include "common/dtype.h"
 
 /* See jobspec.h. A missing part that holds "." or ".." could still step
  * out once created, hence -1; -2 also covers a link in a loop. */
@@ -203,45 +204,51 @@ static int64_t model_params(const jobspec_t *s) {
 }
 
 /* Bytes that all of s's ranks hold at least, loading on the standard path
- * (standard) or each its own shard. */
-static double ranks_bytes(const jobspec_t *s, int64_t params, bool standard) {
-  const double whole = (double)params * 4.0, W = s->world_size;
-  const double shard = (double)((params + s->world_size - 1) / s->world_size) * 4.0;
+ * (standard) or each its own shard, elem bytes a weight; with training,
+ * every weight's gradients and AdamW moments too. */
+static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool training,
+                          bool standard) {
+  const double whole = (double)params * elem, W = s->world_size;
+  const double shard = (double)((params + s->world_size - 1) / s->world_size) * elem;
   /* Loading: the standard path places the whole model, then copies out the
    * rank's shard (one rank keeps the whole model as its own). */
   double load = standard ? whole + (W > 1 ? shard : 0.0) : shard;
   /* Training every weight: gradients and AdamW's two moments of the shard. */
-  double train = s->use_lora ? shard : 4.0 * shard;
+  double train = training && !s->use_lora ? 4.0 * shard : shard;
   return W * (load > train ? load : train);
 }
 
-int jobspec_check_host_memory(const jobspec_t *s, uint64_t host_bytes, const char *host_what,
-                              ty_errlist_t *errs) {
+int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
+                              const char *host_what, ty_errlist_t *errs) {
   const int64_t params = model_params(s);
   if (!host_bytes || params <= 0) return 0;
+  /* Training computes in float32 on the CPU; a load holds the job's dtype. */
+  const ty_dtype_t dtype = training ? TY_DTYPE_F32 : s->dtype;
+  const double elem = (double)ty_dtype_size(dtype);
   const double gib = 1024.0 * 1024.0 * 1024.0, host = (double)host_bytes;
   /* From scratch each rank initialises only its shard. */
   const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
-  const double need = ranks_bytes(s, params, standard);
+  const double need = ranks_bytes(s, params, elem, training, standard);
   if (need <= host) return 0;
-  const double efficient = ranks_bytes(s, params, false);
+  const double efficient = ranks_bytes(s, params, elem, training, false);
+  const bool full = training && !s->use_lora;
   if (standard && efficient <= host) {
     ty_errlist_add(errs, "fsdp.memory_efficient_load",
                    "is false: on the standard path each of the %d ranks places the whole model "
-                   "(%lld parameters, %.2f GiB in float32) before it keeps its shard, at least "
+                   "(%lld parameters, %.2f GiB in %s) before it keeps its shard, at least "
                    "%.2f GiB in all on a host of %.2f GiB (%s); set it true: each rank then "
                    "reads only its shard, at least %.2f GiB in all",
-                   s->world_size, (long long)params, (double)params * 4.0 / gib, need / gib,
-                   host / gib, host_what, efficient / gib);
+                   s->world_size, (long long)params, (double)params * elem / gib,
+                   ty_dtype_name(dtype), need / gib, host / gib, host_what, efficient / gib);
   } else {
     ty_errlist_add(errs, s->init_from_scratch ? "model" : "model_path",
                    "the model (%lld parameters) needs at least %.2f GiB of this host's memory "
-                   "for its %s in float32 over %d rank%s, more than the host's %.2f GiB (%s): "
+                   "for its %s in %s over %d rank%s, more than the host's %.2f GiB (%s): "
                    "%suse device cuda, or a host with more memory",
                    (long long)params, need / gib,
-                   s->use_lora ? "weights" : "weights, gradients and AdamW moments", s->world_size,
-                   s->world_size == 1 ? "" : "s", host / gib, host_what,
-                   s->use_lora || s->init_from_scratch ? "" : "train LoRA adapters (use_lora), ");
+                   full ? "weights, gradients and AdamW moments" : "weights", ty_dtype_name(dtype),
+                   s->world_size, s->world_size == 1 ? "" : "s", host / gib, host_what,
+                   full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "");
   }
   return TY_EINVAL;
 }

@@ -94,6 +94,9 @@ int cmd_load(int argc, char **argv) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int rc = jobspec_from_args(&s, argc - 1, argv + 1, NULL, &errs);
   if (!rc) rc = jobspec_validate(&s, true, &errs);
+  /* Every rank loads on this host: a load it can never hold is refused. */
+  if (!rc && s.device != JOBSPEC_DEVICE_CUDA)
+    rc = jobspec_check_host_memory(&s, false, jobspec_host_memory(), "MemTotal", &errs);
   if (rc) {
     for (size_t i = 0; i < errs.len; i++)
       fprintf(stderr, "trainyard load: %s: %s\n",

@@ -143,7 +143,7 @@ int cmd_train(int argc, char **argv) {
   if (!rc) rc = jobspec_validate(&s, true, &errs);
   /* Every rank runs on this host: CPU ranks must fit its memory. */
   if (!rc && s.device != JOBSPEC_DEVICE_CUDA)
-    rc = jobspec_check_host_memory(&s, jobspec_host_memory(), "MemTotal", &errs);
+    rc = jobspec_check_host_memory(&s, true, jobspec_host_memory(), "MemTotal", &errs);
   if (rc) {
     for (size_t i = 0; i < errs.len; i++)
       fprintf(stderr, "trainyard train: %s: %s\n",

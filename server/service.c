@@ -185,7 +185,7 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     if (!strcmp(resolve_device(s, spec), "cpu")) {
       const bool set = s->cfg->host_mem_mib > 0;
-      jobspec_check_host_memory(spec,
+      jobspec_check_host_memory(spec, true,
                                 set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
                                 set ? "--host_mem_mib" : "MemTotal", errs);
     }

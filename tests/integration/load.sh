@@ -116,4 +116,17 @@ set -e
 [ $rc = 1 ] && grep -q -- "--out $tmp/m already holds a checkpoint (" "$tmp/mk.err" ||
   fail "mkmodel over a checkpoint: $rc $(cat "$tmp/mk.err")"
 [ "$(cat "$tmp/m"/* | md5sum)" = "$sum" ] || fail "mkmodel changed the checkpoint it refused"
+# A load this host can never hold is refused before any rank starts: the
+# config.json of a 4.4e12-parameter model says so, in its dtype.
+mkdir -p "$tmp/huge"
+echo '{"hidden_size": 65536, "intermediate_size": 262144, "num_hidden_layers": 64,
+       "num_attention_heads": 512, "vocab_size": 256000}' >"$tmp/huge/config.json"
+set +e
+"$ty" load --model_path "$tmp/huge" --dtype bfloat16 --fsdp.memory_efficient_load true \
+  >"$tmp/huge.out" 2>"$tmp/huge.err"
+rc=$?
+set -e
+[ $rc = 2 ] && grep -q "trainyard load: model_path: the model (4431609397248 parameters) needs at least .* GiB of this host's memory for its weights in bfloat16 over 1 rank, more than the host's .* GiB (MemTotal): use device cuda" "$tmp/huge.err" ||
+  fail "a load past the host's memory: $rc $(cat "$tmp/huge.err")"
+[ ! -s "$tmp/huge.out" ] || fail "a refused load printed figures: $(cat "$tmp/huge.out")"
 echo "load integration: ok"

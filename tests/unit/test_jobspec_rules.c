@@ -594,7 +594,7 @@ static int host_memory(bool lora, int world, bool efficient, double gib, ty_errl
            g_tmp, lora ? "true" : "false", world, efficient ? "true" : "false");
   assert_int_equal(tu_parse(&s, text, e), 0);
   assert_int_equal(jobspec_validate(&s, false, e), 0);
-  return jobspec_check_host_memory(&s, (uint64_t)(gib * 1073741824.0), "MemTotal", e);
+  return jobspec_check_host_memory(&s, true, (uint64_t)(gib * 1073741824.0), "MemTotal", e);
 }
 
 /* CPU ranks must fit the host: the weights in float32 (whole in each rank
@@ -644,6 +644,23 @@ static void test_host_memory(void **state) {
                      "and AdamW moments in float32 over 4 ranks"));
   assert_true(tu_has(&e, "model_path", "train LoRA adapters (use_lora), use device cuda"));
   ty_errlist_clear(&e);
+  /* A load alone (trainyard load) holds the job's dtype and no training
+   * state: in bfloat16, 4 standard ranks hold 1.86 GiB, 4 shards 0.37. */
+  jobspec_t ld;
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s\", \"use_lora\": false, \"world_size\": 4, \"dtype\": "
+           "\"bfloat16\"}",
+           dir);
+  assert_int_equal(tu_parse(&ld, text, &e), 0);
+  assert_int_equal(jobspec_validate(&ld, false, &e), 0);
+  assert_int_equal(jobspec_check_host_memory(&ld, false, 2u << 30, "MemTotal", &e), 0);
+  assert_int_equal(jobspec_check_host_memory(&ld, false, 1u << 30, "MemTotal", &e), TY_EINVAL);
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load",
+                     "(199771136 parameters, 0.37 GiB in bfloat16) before it keeps its shard, at "
+                     "least 1.86 GiB in all on a host of 1.00 GiB (MemTotal); set it true: each "
+                     "rank then reads only its shard, at least 0.37 GiB in all"));
+  ty_errlist_clear(&e);
   /* An unknown host size, or a config.json that cannot be read: nothing
    * to compare (loading says what is wrong with a checkpoint). */
   assert_int_equal(host_memory(true, 4, false, 0.0, &e), 0);
@@ -653,8 +670,8 @@ static void test_host_memory(void **state) {
   jobspec_t s;
   assert_int_equal(
       tu_check(&s, "{\"init_from_scratch\": true, \"world_size\": 2, " SCRATCH_MODEL "}", &e), 0);
-  assert_int_equal(jobspec_check_host_memory(&s, 1 << 30, "--host_mem_mib", &e), 0);
-  assert_int_equal(jobspec_check_host_memory(&s, 1 << 10, "--host_mem_mib", &e), TY_EINVAL);
+  assert_int_equal(jobspec_check_host_memory(&s, true, 1 << 30, "--host_mem_mib", &e), 0);
+  assert_int_equal(jobspec_check_host_memory(&s, true, 1 << 10, "--host_mem_mib", &e), TY_EINVAL);
   assert_true(tu_has(&e, "model", "more than the host's 0.00 GiB (--host_mem_mib): use device"));
   ty_errlist_clear(&e);
   /* The host's own size is read. */
