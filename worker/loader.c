@@ -16,6 +16,13 @@
 #define LOADER_ALIGN 64
 #define LOADER_MIN_BUCKET 64 /* bytes; tests use tiny buckets to exercise chunking */
 
+bool loader_progress_due(double *last, uint64_t done, uint64_t total) {
+  double now = ty_mono_s();
+  if (now - *last < 1.0 || done >= total) return false;
+  *last = now;
+  return true;
+}
+
 void loader_rows(int64_t R, int rank, int world, int64_t *row0, int64_t *count) {
   int64_t base = R / world, extra = R % world;
   *count = base + (rank < extra ? 1 : 0);

@@ -70,6 +70,11 @@ typedef struct {
 /* progress(ctx, bytes_done, bytes_total) is called after each tensor. */
 typedef void (*loader_progress_fn)(void *ctx, uint64_t done, uint64_t total);
 
+/* For a progress callback that reports: whether a report of (done, total)
+ * is due, at most one a second (*last: ty_mono_s() of the last, updated
+ * when one is due) and none for the end, which the load's own report says. */
+bool loader_progress_due(double *last, uint64_t done, uint64_t total);
+
 typedef struct {
   int rank, world_size;        /* 0 <= rank < world_size */
   ty_dtype_t dtype;            /* shard dtype (the job's dtype) */

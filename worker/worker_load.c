@@ -48,9 +48,7 @@ static void wload_send(const char *phase, const loader_stats_t *st, const char *
 
 static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   wload_progress_t *p = ctx;
-  double t = ty_mono_s();
-  if (t - p->last < 1.0 || done >= total) return;
-  p->last = t;
+  if (!loader_progress_due(&p->last, done, total)) return;
   loader_stats_t st = {.bytes_read = done, .bytes_total = total};
   wload_send("loading", &st, NULL);
 }

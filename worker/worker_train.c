@@ -101,9 +101,7 @@ typedef struct {
 
 static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
   load_progress_t *p = ctx;
-  double now = ty_mono_s();
-  if (now - p->last < 1.0 || done >= total) return;
-  p->last = now;
+  if (!loader_progress_due(&p->last, done, total)) return;
   loader_stats_t st = {.bytes_read = done, .bytes_total = total};
   emit(p->rep, "loading", 0, NAN, 0, &st, NULL);
 }

@@ -15,6 +15,7 @@
 #include <cmocka.h>
 
 #include "api/errors.h"
+#include "common/clock.h"
 #include "worker/loader.h"
 
 #include "tmpdir_testutil.h"
@@ -376,12 +377,24 @@ static void test_upload(void **state) {
   assert_int_equal(host.in_use, 0);
 }
 
+/* A progress report is due at most once a second, and never for the end. */
+static void test_progress_due(void **state) {
+  (void)state;
+  double last = ty_mono_s() - 2.0, was = last;
+  assert_true(loader_progress_due(&last, 10, 100));
+  assert_true(last > was);
+  assert_false(loader_progress_due(&last, 20, 100)); /* within the second */
+  last -= 2.0;
+  assert_false(loader_progress_due(&last, 100, 100)); /* the end has its own */
+  assert_true(loader_progress_due(&last, 99, 100));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_rows),     cmocka_unit_test(test_paths_agree),
       cmocka_unit_test(test_views),    cmocka_unit_test(test_scratch),
       cmocka_unit_test(test_failures), cmocka_unit_test(test_placement_faults),
-      cmocka_unit_test(test_upload),
+      cmocka_unit_test(test_upload),   cmocka_unit_test(test_progress_due),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
