@@ -183,14 +183,15 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
     jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL, out_dir};
     jobspec_check_roots(spec, &roots, errs);
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
-    if (!strcmp(resolve_device(s, spec), "cpu")) {
+    const char *device = resolve_device(s, spec);
+    if (!strcmp(device, "cpu")) {
       const bool set = s->cfg->host_mem_mib > 0;
       jobspec_check_host_memory(spec, true,
                                 set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
                                 set ? "--host_mem_mib" : "MemTotal", errs);
     }
     char why[256];
-    if (sched_fits(s->cfg, resolve_device(s, spec), spec->world_size, why, sizeof why))
+    if (sched_fits(s->cfg, device, spec->world_size, why, sizeof why))
       ty_errlist_add(errs, "world_size", "%s", why);
   } else if (!spec->output_dir[0] || jobspec_resolve_path(spec->output_dir, NULL, out_dir)) {
     out_dir[0] = '\0';
