@@ -31,6 +31,7 @@
 #
 # Environment: TY_GPU_BUILD_DIR (default <source>/build-gpu),
 #   TY_GPU_BENCH=0 to skip the bench, TY_GPU_BENCH_TIMEOUT (seconds, 300),
+#   TY_GPU_TEST_TIMEOUT (seconds for each GPU suite, 300),
 #   TY_DEPS_DEBS as above, TY_GPU_CUDA (the build's TRAINYARD_CUDA, ON):
 #   SIM rehearses this whole script on the simulated device on a machine
 #   without a GPU (with the bench's TY_GPU_BENCH_* set to a small model, as
@@ -79,7 +80,8 @@ if [ -n "${TY_DEPS_DEBS:-}" ]; then
   stage deps ok "$(ls "$TY_DEPS_DEBS"/*.deb | wc -l) packages unpacked into /tmp/trainyard-deps"
 fi
 
-# 3. The worker-only build with CUDA (sm_90 + PTX unless CUDAARCHS says otherwise).
+# 3. The worker-only build with CUDA (sm_90 + PTX unless CUDAARCHS says
+# otherwise), with line numbers for compute-sanitizer's reports.
 # The toolkit's usual place, when its nvcc is not on PATH.
 if ! command -v nvcc >/dev/null && [ -x /usr/local/cuda/bin/nvcc ]; then
   export PATH=/usr/local/cuda/bin:$PATH
@@ -87,16 +89,23 @@ fi
 gen=()
 command -v ninja >/dev/null && gen=(-G Ninja)
 if cmake -S "$src" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=Release -DTRAINYARD_WORKER_ONLY=ON \
-  -DTRAINYARD_CUDA="${TY_GPU_CUDA:-ON}" >"$out/build.log" 2>&1 &&
+  -DTRAINYARD_CUDA="${TY_GPU_CUDA:-ON}" -DCMAKE_CUDA_FLAGS=-lineinfo >"$out/build.log" 2>&1 &&
   cmake --build "$build" -j"$jobs" >>"$out/build.log" 2>&1; then
   # NCCL comes from $NCCL_HOME, the toolkit, the system or python3's
   # nvidia-nccl wheel (CMakeLists.txt); without it the collectives
   # are not built, so their suites would be missing rather than failed.
   # The other suites still run, for what they show; the verdict fails.
   nccl=$(grep -o 'trainyard: NCCL .*' "$out/build.log" | tail -1)
-  no_nccl=0
-  grep -q 'NCCL not found' <<<"$nccl" && no_nccl=1
-  stage build "$([ $no_nccl = 0 ] && echo ok || echo FAIL)" "$build; ${nccl#trainyard: }"
+  build_bad=0
+  grep -q 'NCCL not found' <<<"$nccl" && build_bad=1
+  # A library the loader cannot find here (one the .debs lack, say) would
+  # fail every suite that starts a worker with exit status 127: named here.
+  missing=$(ldd "$build/worker/trainyard-worker" "$build/cli/trainyard" 2>&1 | awk '/not found/ {print $1}' | sort -u | tr '\n' ' ')
+  if [ -n "$missing" ]; then
+    build_bad=1
+    echo "the loader cannot find: $missing" >>"$out/build.log"
+  fi
+  stage build "$([ $build_bad = 0 ] && echo ok || echo FAIL)" "$build; ${nccl#trainyard: }${missing:+; libraries not found: $missing}"
 else
   stage build FAIL "see build.log"
   tail -30 "$out/build.log"
@@ -106,7 +115,7 @@ fi
 # 4. The GPU suites (and the CLI's device path).
 cd "$build" || exit 1
 sel=${TY_GPU_TESTS:-.}
-ctest -L gpu -R "$sel" -V --timeout 300 >"$out/tests.log" 2>&1
+ctest -L gpu -R "$sel" -V --timeout "${TY_GPU_TEST_TIMEOUT:-300}" >"$out/tests.log" 2>&1
 rc=$?
 if [[ integration/load_cuda =~ $sel ]]; then
   ctest -R integration/load_cuda --output-on-failure --timeout 120 >>"$out/tests.log" 2>&1 || rc=1
@@ -114,7 +123,7 @@ fi
 if grep -q "Skipped\|Not Run" "$out/tests.log"; then rc=1; fi
 # No test at all is no pass.
 grep -q "% tests passed" "$out/tests.log" || { rc=1; echo "no GPU test ran" >>"$out/tests.log"; }
-[ "$no_nccl" = 0 ] || rc=1
+[ "$build_bad" = 0 ] || rc=1
 stage tests "$([ $rc -eq 0 ] && echo ok || echo FAIL)" "$(grep '% tests passed\|no GPU test ran' "$out/tests.log" | tr '\n' ' ')"
 
 # 5. The bench (figures for the README).
@@ -150,7 +159,13 @@ elif command -v compute-sanitizer >/dev/null; then
     [ "$per" -le "$cap" ] || per=$cap
     res=$(timeout "$per" compute-sanitizer --tool "$1" --error-exitcode 3 "$build/tests/$2" 2>&1)
     r=$?
-    { echo "== compute-sanitizer --tool $1 $2: exit $r"; tail -40 <<<"$res"; } >>"$out/tests.log"
+    # The tool's own lines (each hazard or error with its kernel and line),
+    # then the end of the program's output.
+    {
+      echo "== compute-sanitizer --tool $1 $2: exit $r"
+      grep '^=========' <<<"$res" | head -150
+      grep -v '^=========' <<<"$res" | tail -5
+    } >>"$out/tests.log"
     if [ $r -eq 0 ]; then
       what+="$1 $2 ok; "
     elif [ $r -eq 124 ]; then
