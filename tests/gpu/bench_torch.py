@@ -20,6 +20,8 @@ def main():
     ck = sys.argv[1]
     B, T, R, steps = (int(a) for a in sys.argv[2:6])
     dev = torch.device("cuda", 0)
+    # The allocator's statistics exist only once CUDA is initialised.
+    torch.cuda.init()
     torch.cuda.reset_peak_memory_stats(dev)
     t0 = time.time()
     try:
