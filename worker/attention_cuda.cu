@@ -70,10 +70,11 @@ __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *
   for (int d = threadIdx.x; d < HS; d += nt) ot[d] = 0.0f;
   for (int j0 = 0; j0 <= t; j0 += nt) {
     int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
-    sp[threadIdx.x] = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
+    const float p = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
+    __syncthreads(); /* every thread's reads of sq and of the last tile's sp done */
+    sp[threadIdx.x] = p;
     __syncthreads();
     row_accum(ot, sp, vb + (size_t)j0 * KVD, KVD, n, HS);
-    __syncthreads();
   }
 }
 
@@ -102,10 +103,10 @@ __global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const fl
       float p = expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l);
       ds = p * (dot_hs(sd, vb + (size_t)j * KVD, HS) - D);
     }
+    __syncthreads(); /* every thread's reads of sq, sd and of the last tile's sds done */
     sds[threadIdx.x] = ds;
     __syncthreads();
     row_accum(dqt, sds, kb + (size_t)j0 * KVD, KVD, n, HS);
-    __syncthreads();
   }
   for (int d = threadIdx.x; d < HS; d += nt) dqt[d] *= scale;
 }
@@ -144,6 +145,7 @@ __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dout, const flo
       p = expf(dot_hs(q + qi, skj, HS) * scale - lse[ri]);
       ds = p * (dot_hs(dout + qi, svj, HS) - dsum[ri]);
     }
+    __syncthreads(); /* every thread's reads of skj, svj and of the last tile done */
     sp[threadIdx.x] = p, sds[threadIdx.x] = ds;
     __syncthreads();
     for (int d = threadIdx.x; d < HS; d += nt) {
@@ -154,7 +156,6 @@ __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dout, const flo
       }
       dk[ko + d] += ak, dv[ko + d] += av;
     }
-    __syncthreads();
   }
 #undef PAIR_Q
   for (int d = threadIdx.x; d < HS; d += nt) dk[ko + d] *= scale;
