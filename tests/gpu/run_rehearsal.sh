@@ -65,3 +65,22 @@ fi
 line "$out" tests | grep -Eq "^tests +FAIL " || fail "tests line: '$(line "$out" tests)'"
 grep -q "gpu/kernels .*Failed" "$out/tests.log" || fail "tests.log does not show gpu/kernels failing"
 echo "ok: a failing GPU suite fails the run"
+
+# 4. A library the loader cannot find (seen on a GPU host whose .debs
+# lacked one: every worker exited 127) fails the build stage by name. The
+# loader's report comes from a stand-in ldd that adds one missing library.
+mkdir -p "$tmp/fakebin"
+cat >"$tmp/fakebin/ldd" <<'SH'
+#!/bin/sh
+echo "	libty-missing.so.7 => not found"
+exec /usr/bin/ldd "$@"
+SH
+chmod +x "$tmp/fakebin/ldd"
+out=$tmp/nolib
+if rehearse "$out" "PATH=$tmp/fakebin:$PATH" "TY_GPU_TESTS=^gpu/mem$" TY_GPU_BENCH=0; then
+  fail "run.sh passed although a library was not found"
+fi
+line "$out" build | grep -Eq "^build +FAIL .*libraries not found: libty-missing.so.7" ||
+  fail "build line: '$(line "$out" build)'"
+line "$out" total | grep -Eq "^total +FAIL" || fail "total line: '$(line "$out" total)'"
+echo "ok: a library the loader cannot find fails the build stage, named"
