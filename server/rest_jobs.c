@@ -85,7 +85,8 @@ enum MHD_Result rest_h_validate(rest_t *r, struct MHD_Connection *c, rest_req_t 
 enum MHD_Result rest_h_list(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int64_t page_size = 0;
-  rest_query_int(c, "page_size", 1, r->cfg->page_max, &page_size, &errs);
+  /* 0, as unset, asks for the default page: as gRPC's page_size does. */
+  rest_query_int(c, "page_size", 0, r->cfg->page_max, &page_size, &errs);
   const char *states = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "state");
   const char *token = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "page_token");
   db_job_t **jobs = NULL;

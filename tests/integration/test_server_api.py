@@ -178,7 +178,9 @@ class Api(unittest.TestCase):
         self.assertEqual(r.status_code, 400)
         self.assertEqual(r.json()["error"]["details"][0]["field"], "state")
         self.assertEqual(self.srv.get("/v1/jobs?page_token=zz").status_code, 400)
-        self.assertEqual(self.srv.get("/v1/jobs?page_size=0").status_code, 400)
+        self.assertEqual(self.srv.get("/v1/jobs?page_size=-1").status_code, 400)
+        # 0 is the default page, as over gRPC.
+        self.assertEqual(self.srv.get("/v1/jobs?page_size=0").json(), self.srv.get("/v1/jobs").json())
         self.assertEqual(self.srv.get("/v1/jobs?page_size=100000").status_code, 400)
 
     def test_concurrent_submissions_stored_once(self):

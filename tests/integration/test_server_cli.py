@@ -217,13 +217,18 @@ class ListPages(unittest.TestCase):
         p = self.ty("--state", "bogus", expect=1)
         self.assertIn("unknown state 'bogus'", p.stderr)
         self.assertEqual(p.stdout, "")
-        # The REST page size: one range whatever is wrong with it.
-        for q in ("x", "3", "0"):
+        # The REST page size: one range whatever is wrong with it, 0 (as
+        # over gRPC) the default page, here page_max's 2 jobs.
+        for q in ("x", "3", "-1"):
             r = self.srv.get("/v1/jobs?page_size=" + q)
             self.assertEqual(r.status_code, 400, q)
             d = r.json()["error"]["details"][0]
             self.assertEqual(d["field"], "page_size")
-            self.assertIn("between 1 and 2", d["message"])
+            self.assertIn("between 0 and 2", d["message"])
+        r = self.srv.get("/v1/jobs?page_size=0")
+        self.assertEqual(r.status_code, 200, r.text)
+        self.assertEqual(r.json(), self.srv.get("/v1/jobs").json())
+        self.assertEqual(len(r.json()["jobs"]), 2)
 
 
 if __name__ == "__main__":
