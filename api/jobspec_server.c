@@ -1,8 +1,8 @@
 /* jobspec_server.c - the rules that need the server's configuration or
  * host: paths inside the configured roots, one GPU per rank for device
- * cuda, CPU ranks that fit the host's memory. They are rows
- * "paths-in-roots", "cuda-gpus" and "host-memory" of the rule table; see
- * jobspec.h. */
+ * cuda, CPU ranks that fit the host's memory, GPU ranks that fit their
+ * device cap. They are rows "paths-in-roots", "cuda-gpus", "host-memory"
+ * and "device-memory" of the rule table; see jobspec.h. */
 #include "api/jobspec.h"
 
 #include <limits.h>
@@ -249,6 +249,68 @@ int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_b
                    full ? "weights, gradients and AdamW moments" : "weights", ty_dtype_name(dtype),
                    s->world_size, s->world_size == 1 ? "" : "s", host / gib, host_what,
                    full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "");
+  }
+  return TY_EINVAL;
+}
+
+/* Bytes one GPU rank of s holds at least: its shard in the job's dtype,
+ * beside the whole model while the standard path loads (a full-training
+ * rank of several loads on the host and copies only its shard up; from
+ * scratch a rank initialises only its shard); training every weight, its
+ * gradients and AdamW's two moments too. */
+static double rank_device_bytes(const jobspec_t *s, int64_t params, bool standard) {
+  const bool full = !s->use_lora, span = full && s->world_size > 1;
+  const double elem = (double)ty_dtype_size(s->dtype);
+  const double whole = (double)params * elem;
+  const double shard = (double)((params + s->world_size - 1) / s->world_size) * elem;
+  const double load = standard && !s->init_from_scratch && !span ? whole + shard : shard;
+  const double train = full ? 4.0 * shard : shard;
+  return load > train ? load : train;
+}
+
+/* bytes as "%.1f MiB" under a GiB, else "%.2f GiB": device caps are given
+ * in MiB, and a small model's sizes read as nothing in GiB. */
+static const char *mem_str(double bytes, char buf[32]) {
+  const double mib = 1024.0 * 1024.0;
+  if (bytes < 1024.0 * mib)
+    snprintf(buf, 32, "%.1f MiB", bytes / mib);
+  else
+    snprintf(buf, 32, "%.2f GiB", bytes / (1024.0 * mib));
+  return buf;
+}
+
+int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
+                                ty_errlist_t *errs) {
+  const int64_t params = model_params(s);
+  if (!device_bytes || params <= 0) return 0;
+  const double cap = (double)device_bytes;
+  const bool standard = !s->fsdp.memory_efficient_load;
+  const double need = rank_device_bytes(s, params, standard);
+  if (need <= cap) return 0;
+  const double efficient = rank_device_bytes(s, params, false);
+  const bool full = !s->use_lora;
+  char a[32], b[32], c[32], d[32]; /* one buffer for each size in a message */
+  if (standard && efficient <= cap) {
+    ty_errlist_add(errs, "fsdp.memory_efficient_load",
+                   "is false: on the standard path each GPU rank places the whole model "
+                   "(%lld parameters, %s in %s) on its device beside its shard, at least %s, more "
+                   "than the %s that %s allows each GPU rank; set it true: each rank then places "
+                   "only its shard, at least %s",
+                   (long long)params, mem_str((double)params * ty_dtype_size(s->dtype), a),
+                   ty_dtype_name(s->dtype), mem_str(need, b), mem_str(cap, c), device_what,
+                   mem_str(efficient, d));
+  } else {
+    const bool halve = !full && s->dtype == TY_DTYPE_F32;
+    ty_errlist_add(errs, s->init_from_scratch ? "model" : "model_path",
+                   "the model (%lld parameters) needs at least %s on each GPU for its %s in %s "
+                   "over %d rank%s, more than the %s that %s allows each GPU rank: %s%suse more "
+                   "ranks (world_size, one GPU each), or allow more",
+                   (long long)params, mem_str(efficient < need ? efficient : need, a),
+                   full ? "weights, gradients and AdamW moments" : "weights",
+                   ty_dtype_name(s->dtype), s->world_size, s->world_size == 1 ? "" : "s",
+                   mem_str(cap, b), device_what,
+                   full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "",
+                   halve ? "load the base in bfloat16 (dtype), " : "");
   }
   return TY_EINVAL;
 }

@@ -189,6 +189,11 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
       jobspec_check_host_memory(spec, true,
                                 set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
                                 set ? "--host_mem_mib" : "MemTotal", errs);
+    } else if (s->cfg->gpu_mem_limit_mib > 0) {
+      /* GPU ranks: their cap, where one is set (a GPU's own size is not
+       * known here: a job over it fails at load, naming the fix). */
+      jobspec_check_device_memory(spec, (uint64_t)s->cfg->gpu_mem_limit_mib << 20,
+                                  "--gpu_mem_limit_mib", errs);
     }
     char why[256];
     if (sched_fits(s->cfg, device, spec->world_size, why, sizeof why))

@@ -8,11 +8,13 @@ gpu/train); with gradient_checkpointing the LoRA job's losses stay (1e-6)
 and its device peak falls; the GPU ranks report device peaks; the
 adapter and the model land in output_dir. A GPU that holds a rank's
 shard and its training buffers but not the standard load's whole model
-beside the shard trains the job with fsdp.memory_efficient_load and fails
-it without, with a reason that names fsdp.memory_efficient_load; the job
-stored before it is kept. The GPU is made that small by trainyardd's
---gpu-mem-limit-mib (every GPU; the reason then names the cap) and, on
-the simulated device, by the device's own size (TY_SIM_MEM_MIB).
+beside the shard trains the job with fsdp.memory_efficient_load; without
+it, the job is refused at submit where trainyardd's --gpu-mem-limit-mib
+makes the GPU that small (rule device-memory: nothing stored, the message
+names fsdp.memory_efficient_load and the cap), and fails at load where the
+device itself is that small (the simulated device's TY_SIM_MEM_MIB: the
+server cannot know a GPU's size), with a reason that names
+fsdp.memory_efficient_load. The job stored before it is kept.
 
 Exits 77 (a ctest skip), saying why, where no GPU is visible."""
 import os
@@ -138,32 +140,44 @@ class CudaJobs(unittest.TestCase):
     # the shard does not. (WORLD is 0 where the suite skips.)
     MIB = {2: 6}.get(WORLD, 8)
 
-    def too_small(self, srv, note):
+    def too_small(self, srv, capped):
         try:
             small = {"seq_len": 16, "micro": 1}
             ok = srv.post("/v1/jobs", spec("efficient", "cuda", True, **small)).json()
             job = srv.wait_state(ok["id"], ["succeeded", "failed"], timeout=600)
             self.assertEqual(job["state"], "succeeded", job["reason"])
+            before = srv.get("/v1/jobs").json()["jobs"]
             r = srv.post("/v1/jobs", spec("standard", "cuda", True, efficient=False, **small))
-            self.assertEqual(r.status_code, 201, r.text)
-            job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=600)
-            print("# %d MiB GPU, standard load: %s" % (self.MIB, job["reason"]))
-            self.assertEqual(job["state"], "failed")
-            self.assertIn("fsdp.memory_efficient_load", job["reason"])
-            self.assertRegex(job["reason"], r"^rank \d failed: cannot allocate its")
-            if note:
-                self.assertIn(note, job["reason"])
+            if capped:
+                # The cap is known at submit: the job is refused there
+                # (rule device-memory), with the fix, and nothing stored.
+                self.assertEqual(r.status_code, 400, r.text)
+                d = r.json()["error"]["details"][0]
+                print("# %d MiB cap, standard load: refused at submit: %s" % (self.MIB, d["message"]))
+                self.assertEqual(d["field"], "fsdp.memory_efficient_load")
+                self.assertIn("that --gpu_mem_limit_mib allows each GPU rank", d["message"])
+                self.assertIn("set it true", d["message"])
+                self.assertEqual(srv.get("/v1/jobs").json()["jobs"], before)
+            else:
+                # The device's own size is not known to the server: the
+                # rank fails at load, naming the fix.
+                self.assertEqual(r.status_code, 201, r.text)
+                job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=600)
+                print("# %d MiB GPU, standard load: %s" % (self.MIB, job["reason"]))
+                self.assertEqual(job["state"], "failed")
+                self.assertIn("fsdp.memory_efficient_load", job["reason"])
+                self.assertRegex(job["reason"], r"^rank \d failed: cannot allocate its")
             self.assertEqual(srv.get("/v1/jobs/" + ok["id"]).json()["state"], "succeeded")
         finally:
             srv.cleanup()
 
-    def test_a_capped_device_fails_the_job_with_the_fix(self):
+    def test_a_capped_device_refuses_the_job_with_the_fix(self):
         srv = start(hidden=128, layers=8, extra=["--gpu-mem-limit-mib", str(self.MIB)])
-        self.too_small(srv, "capped at %d.0 MiB by TRAINYARD_CUDA_MEM_LIMIT_MIB" % self.MIB)
+        self.too_small(srv, True)
 
     @unittest.skipUnless(SIM, "sets the device's memory, which only the simulated device can")
     def test_a_device_too_small_fails_the_job_with_the_fix(self):
-        self.too_small(start({"TY_SIM_MEM_MIB": str(self.MIB)}, hidden=128, layers=8), None)
+        self.too_small(start({"TY_SIM_MEM_MIB": str(self.MIB)}, hidden=128, layers=8), False)
 
     @staticmethod
     def losses(srv, jid):

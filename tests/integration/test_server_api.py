@@ -419,6 +419,60 @@ class HostMemory(unittest.TestCase):
             srv.cleanup()
 
 
+class DeviceMemory(unittest.TestCase):
+    def test_gpu_ranks_must_fit_their_cap(self):
+        # The same 199.8M-parameter model in bfloat16 (381.0 MiB) on GPUs
+        # capped at 512 MiB each (--gpu_mem_limit_mib; --gpus needs no GPU
+        # to validate against): a standard-path rank places it whole beside
+        # its shard (571.5 MiB), a memory-efficient one its shard (190.5).
+        # device auto is cuda on a server with GPUs, and checked as such.
+        srv = Server(extra=["--gpus", "2", "--gpu-mem-limit-mib", "512"]).start()
+        try:
+            big = os.path.join(srv.dir, "models", "big")
+            os.makedirs(big)
+            with open(os.path.join(big, "config.json"), "w") as f:
+                json.dump({"hidden_size": 1024, "intermediate_size": 4096,
+                           "num_hidden_layers": 8, "num_attention_heads": 16,
+                           "vocab_size": 32000}, f)
+            spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",
+                    "dtype": "bfloat16"}
+            for device in ("cuda", "auto"):
+                for path in ("/v1/jobs:validate", "/v1/jobs"):
+                    r = srv.post(path, {**spec, "device": device})
+                    self.assertEqual(r.status_code, 400, r.text)
+                    detail = r.json()["error"]["details"]
+                    self.assertEqual([d["field"] for d in detail], ["fsdp.memory_efficient_load"])
+                    self.assertIn("each GPU rank places the whole model (199771136 parameters, "
+                                  "381.0 MiB in bfloat16) on its device beside its shard, at "
+                                  "least 571.5 MiB, more than the 512.0 MiB that "
+                                  "--gpu_mem_limit_mib allows each GPU rank; set it true",
+                                  detail[0]["message"])
+            self.assertEqual(srv.get("/v1/jobs").json()["jobs"], [])
+            # CPU ranks are not held to a GPU's cap (their 2 shards, 762.1
+            # MiB in float32, are over it).
+            r = srv.post("/v1/jobs:validate", {**spec, "device": "cpu",
+                                               "fsdp": {"memory_efficient_load": True}})
+            self.assertEqual(r.status_code, 200, r.text)
+            r = srv.post("/v1/jobs:validate", {**spec, "device": "cuda",
+                                               "fsdp": {"memory_efficient_load": True}})
+            self.assertEqual(r.status_code, 200, r.text)
+            # In float32 even the shards are over: the message names what
+            # would fit (bfloat16 is half the bytes, more ranks smaller
+            # shards).
+            r = srv.post("/v1/jobs:validate", {**spec, "device": "cuda", "world_size": 1,
+                                               "dtype": "float32",
+                                               "fsdp": {"memory_efficient_load": True}})
+            self.assertEqual(r.status_code, 400, r.text)
+            detail = r.json()["error"]["details"]
+            self.assertEqual([d["field"] for d in detail], ["model_path"])
+            self.assertIn("needs at least 762.1 MiB on each GPU for its weights in float32 over "
+                          "1 rank, more than the 512.0 MiB that --gpu_mem_limit_mib allows each "
+                          "GPU rank: load the base in bfloat16 (dtype), use more ranks",
+                          detail[0]["message"])
+        finally:
+            srv.cleanup()
+
+
 class ConnectionLimit(unittest.TestCase):
     def test_429_past_max_connections(self):
         import socket

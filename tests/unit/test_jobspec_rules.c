@@ -678,6 +678,109 @@ static void test_host_memory(void **state) {
   assert_true(jobspec_host_memory() > (64u << 20));
 }
 
+/* device_memory's verdict on a cuda spec of models/gpu (LoRA or every
+ * weight, dtype, world ranks, memory-efficient or not) whose ranks may each
+ * take gib GiB of their GPU: 0, or the error in e. */
+static int device_memory(bool lora, const char *dtype, int world, bool efficient, double gib,
+                         ty_errlist_t *e) {
+  jobspec_t s;
+  char text[1024];
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/gpu\", \"device\": \"cuda\", \"use_lora\": %s, "
+           "\"dtype\": \"%s\", \"world_size\": %d, \"fsdp\": {\"memory_efficient_load\": %s}}",
+           g_tmp, lora ? "true" : "false", dtype, world, efficient ? "true" : "false");
+  assert_int_equal(tu_parse(&s, text, e), 0);
+  assert_int_equal(jobspec_validate(&s, false, e), 0);
+  return jobspec_check_device_memory(&s, (uint64_t)(gib * 1073741824.0), "--gpu_mem_limit_mib", e);
+}
+
+/* GPU ranks must fit their cap: each its shard in the job's dtype, beside
+ * the whole model on the standard path, and for full training the float32
+ * shard's gradients and moments. models/gpu has 199.8M parameters, 381.0
+ * MiB in bfloat16, 762.1 MiB in float32; sizes under a GiB are said in
+ * MiB. */
+static void test_device_memory(void **state) {
+  (void)state;
+  char dir[600], path[700];
+  snprintf(dir, sizeof dir, "%s/models/gpu", g_tmp);
+  mkdir(dir, 0755);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(
+      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
+      "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
+      "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
+      f);
+  fclose(f);
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  /* LoRA in bfloat16 over 2 GPUs: the standard path holds the whole model
+   * and the shard, 571.5 MiB a rank; the memory-efficient one the shard,
+   * 190.5 MiB. */
+  assert_int_equal(device_memory(true, "bfloat16", 2, false, 0.6, &e), 0);
+  assert_int_equal(device_memory(true, "bfloat16", 2, false, 0.5, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load",
+                     "is false: on the standard path each GPU rank places the whole model "
+                     "(199771136 parameters, 381.0 MiB in bfloat16) on its device beside its "
+                     "shard, at least 571.5 MiB, more than the 512.0 MiB that "
+                     "--gpu_mem_limit_mib allows each GPU rank; set it true: each rank then "
+                     "places only its shard, at least 190.5 MiB"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  assert_int_equal(device_memory(true, "bfloat16", 2, true, 0.5, &e), 0);
+  /* One rank places the whole model twice on the standard path (the H200
+   * measured 2 x 2858 MiB for a 2858 MiB model). */
+  assert_int_equal(device_memory(true, "bfloat16", 1, false, 0.7, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load", "at least 762.1 MiB"));
+  ty_errlist_clear(&e);
+  assert_int_equal(device_memory(true, "bfloat16", 1, true, 0.7, &e), 0);
+  /* Too little for the float32 base once: bfloat16 and more ranks are
+   * named. */
+  assert_int_equal(device_memory(true, "float32", 1, true, 0.5, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path",
+                     "needs at least 762.1 MiB on each GPU for its weights in float32 over 1 "
+                     "rank, more than the 512.0 MiB that --gpu_mem_limit_mib allows each GPU rank: "
+                     "load the base in bfloat16 (dtype), use more ranks (world_size, one GPU "
+                     "each), or allow more"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  /* Every weight over 4 GPUs: each loads its shard on the host and copies
+   * it up, whichever the path, then holds 4 x 190.5 MiB of weights,
+   * gradients and moments. LoRA is named as the way out. */
+  assert_int_equal(device_memory(false, "float32", 4, false, 0.8, &e), 0);
+  assert_int_equal(device_memory(false, "float32", 4, true, 0.8, &e), 0);
+  assert_int_equal(device_memory(false, "float32", 4, false, 0.5, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path",
+                     "needs at least 762.1 MiB on each GPU for its weights, gradients and AdamW "
+                     "moments in float32 over 4 ranks"));
+  assert_true(tu_has(&e, "model_path", "train LoRA adapters (use_lora), use more ranks"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  /* Every weight on one GPU: the training state outweighs the standard
+   * load, so the memory-efficient load is no way out. */
+  assert_int_equal(device_memory(false, "float32", 1, false, 2.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path", "needs at least 2.98 GiB on each GPU"));
+  assert_false(tu_has(&e, "fsdp.memory_efficient_load", ""));
+  ty_errlist_clear(&e);
+  /* No cap, or a config.json that cannot be read: nothing to compare. */
+  assert_int_equal(device_memory(true, "float32", 1, false, 0.0, &e), 0);
+  unlink(path);
+  assert_int_equal(device_memory(true, "float32", 1, false, 0.1, &e), 0);
+  assert_int_equal(e.len, 0);
+  /* From scratch: the inline model, each rank initialising its shard. */
+  jobspec_t s;
+  assert_int_equal(tu_check(&s,
+                            "{\"init_from_scratch\": true, \"device\": \"cuda\", \"world_size\": "
+                            "2, " SCRATCH_MODEL "}",
+                            &e),
+                   0);
+  assert_int_equal(jobspec_check_device_memory(&s, 1 << 30, "--gpu_mem_limit_mib", &e), 0);
+  assert_int_equal(jobspec_check_device_memory(&s, 1 << 10, "--gpu_mem_limit_mib", &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model", "weights, gradients and AdamW moments in float32 over 2 ranks"));
+  assert_false(tu_has(&e, "model", "use_lora"));
+  ty_errlist_clear(&e);
+}
+
 static void test_cuda_gpus(void **state) {
   (void)state;
   jobspec_t s;
@@ -715,10 +818,11 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 20);
+  assert_int_equal(n, 21);
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
   assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
+  assert_string_equal(jobspec_rule_stage("device-memory"), "submit");
   assert_string_equal(jobspec_rule_stage("output-dir-free"), "submit");
 }
 
@@ -758,6 +862,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_seq_len_within_checkpoint, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_data_holds_a_batch, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_host_memory, make_tmp, remove_tmp),
+      cmocka_unit_test_setup_teardown(test_device_memory, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_output_not_model, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
