@@ -207,17 +207,20 @@ uint64_t jobspec_host_memory(void);
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs);
 
-/* A job of GPU ranks (device cuda, as the caller resolved it), each allowed device_bytes of its GPU
- * (named by device_what, e.g. "--gpu_mem_limit_mib"), must fit them. Each
- * rank holds its shard in the job's dtype; on the standard load path it
- * places the whole model on the device beside the shard first (on an H200
- * both load paths' device peaks were exactly these); training every weight
- * holds the float32 shard's gradients and AdamW moments beside it. A lower
+/* A job of GPU ranks (device cuda, as the caller resolved it), each
+ * allowed device_bytes of its GPU, must fit them. device_what says whence
+ * that figure, after "more than the <size>" (e.g. "that
+ * --gpu_mem_limit_mib allows each GPU rank"); more is the last way out the
+ * message names (e.g. "or a larger --gpu_mem_limit_mib"). Each rank holds
+ * its shard in the job's dtype; on the standard load path it places the
+ * whole model on the device beside the shard first (on an H200 both load
+ * paths' device peaks were exactly these); training every weight holds
+ * the float32 shard's gradients and AdamW moments beside it. A lower
  * bound, as for the host (activations and unit slots are not counted): a
  * job over it can never start, and is refused with the fix. Returns 0 or
  * TY_EINVAL. */
 int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
-                                ty_errlist_t *errs);
+                                const char *more, ty_errlist_t *errs);
 
 /* The table of validation rules, for docs and the validate --rules output:
  * calls fn once per rule with its id, the fields it concerns and why. */

@@ -472,10 +472,10 @@ static const rule_t g_rules[] = {
      NULL},
     {"device-memory",
      "model_path, model, fsdp.memory_efficient_load, world_size, use_lora, dtype, device", "submit",
-     "GPU ranks must fit the device memory trainyardd's --gpu_mem_limit_mib allows each, where "
-     "it is set: the rank's shard in the job's dtype, placed beside the whole model on the "
-     "standard load path, and for full training the float32 shard's gradients and AdamW "
-     "moments; a job over that can never start, and the message says when "
+     "GPU ranks must fit their GPU (trainyardd: the largest GPU NVML reports, or "
+     "--gpu_mem_limit_mib where smaller): the rank's shard in the job's dtype, placed beside the "
+     "whole model on the standard load path, and for full training the float32 shard's "
+     "gradients and AdamW moments; a job over that can never start, and the message says when "
      "fsdp.memory_efficient_load would fit",
      NULL},
     {"cuda-gpus", "device, world_size", "submit",

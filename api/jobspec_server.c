@@ -280,7 +280,7 @@ static const char *mem_str(double bytes, char buf[32]) {
 }
 
 int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
-                                ty_errlist_t *errs) {
+                                const char *more, ty_errlist_t *errs) {
   const int64_t params = model_params(s);
   if (!device_bytes || params <= 0) return 0;
   const double cap = (double)device_bytes;
@@ -294,8 +294,7 @@ int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const
     ty_errlist_add(errs, "fsdp.memory_efficient_load",
                    "is false: on the standard path each GPU rank places the whole model "
                    "(%lld parameters, %s in %s) on its device beside its shard, at least %s, more "
-                   "than the %s that %s allows each GPU rank; set it true: each rank then places "
-                   "only its shard, at least %s",
+                   "than the %s %s; set it true: each rank then places only its shard, at least %s",
                    (long long)params, mem_str((double)params * ty_dtype_size(s->dtype), a),
                    ty_dtype_name(s->dtype), mem_str(need, b), mem_str(cap, c), device_what,
                    mem_str(efficient, d));
@@ -303,14 +302,14 @@ int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const
     const bool halve = !full && s->dtype == TY_DTYPE_F32;
     ty_errlist_add(errs, s->init_from_scratch ? "model" : "model_path",
                    "the model (%lld parameters) needs at least %s on each GPU for its %s in %s "
-                   "over %d rank%s, more than the %s that %s allows each GPU rank: %s%suse more "
-                   "ranks (world_size, one GPU each), or allow more",
+                   "over %d rank%s, more than the %s %s: %s%suse more ranks (world_size, one GPU "
+                   "each), %s",
                    (long long)params, mem_str(efficient < need ? efficient : need, a),
                    full ? "weights, gradients and AdamW moments" : "weights",
                    ty_dtype_name(s->dtype), s->world_size, s->world_size == 1 ? "" : "s",
                    mem_str(cap, b), device_what,
                    full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "",
-                   halve ? "load the base in bfloat16 (dtype), " : "");
+                   halve ? "load the base in bfloat16 (dtype), " : "", more);
   }
   return TY_EINVAL;
 }

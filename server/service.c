@@ -19,6 +19,7 @@
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/xalloc.h"
+#include "server/gpu_info.h"
 #include "server/scheduler.h"
 
 #define PAGE_DEFAULT 50
@@ -49,6 +50,7 @@ struct svc {
   pthread_mutex_t cache_lock;
   job_cache_t cache[JOB_CACHE];
   uint64_t host_mem_total; /* MemTotal, read once: what CPU jobs must fit */
+  uint64_t gpu_mem_total;  /* the largest GPU's memory (NVML), or 0: what GPU ranks must fit */
 };
 
 /* Splits a colon-separated list in place into list (NULL-terminated, at
@@ -60,6 +62,28 @@ static size_t split_roots(char *buf, const char **list, size_t max) {
     list[n++] = tok;
   list[n] = NULL;
   return n;
+}
+
+/* The largest GPU's memory, from NVML, into s->gpu_mem_total (0 where NVML
+ * cannot tell), saying what cuda jobs are then held to. */
+static void gpu_memory(svc_t *s, const srv_config_t *cfg) {
+  gpu_info_t gi;
+  char why[160];
+  if (gpu_info_query(&gi, why, sizeof why)) {
+    ty_warn(
+        "%s: cuda jobs are held to a GPU's memory only where --gpu_mem_limit_mib is set; "
+        "a job over a GPU fails at load",
+        why);
+    return;
+  }
+  s->gpu_mem_total = gi.max_total;
+  ty_info(
+      "NVML: %d GPU%s, the largest with %.1f MiB: each GPU rank of a cuda job must fit it "
+      "(rule device-memory)",
+      gi.count, gi.count == 1 ? "" : "s", (double)gi.max_total / 1048576.0);
+  if (gi.count < cfg->gpus)
+    ty_warn("--gpus %lld, but NVML reports %d GPU%s", (long long)cfg->gpus, gi.count,
+            gi.count == 1 ? "" : "s");
 }
 
 int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
@@ -80,6 +104,7 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   for (size_t i = 0; i < nw; i++) s->read_roots[nr + i] = s->write_roots[i];
   s->read_roots[nr + nw] = NULL;
   s->host_mem_total = jobspec_host_memory();
+  if (cfg->gpus > 0) gpu_memory(s, cfg);
   /* A root that does not exist holds nothing until it does: say so now,
    * not only in the errors of the jobs it refuses. */
   for (size_t i = 0; i < nr + nw; i++) {
@@ -189,11 +214,17 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
       jobspec_check_host_memory(spec, true,
                                 set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
                                 set ? "--host_mem_mib" : "MemTotal", errs);
-    } else if (s->cfg->gpu_mem_limit_mib > 0) {
-      /* GPU ranks: their cap, where one is set (a GPU's own size is not
-       * known here: a job over it fails at load, naming the fix). */
-      jobspec_check_device_memory(spec, (uint64_t)s->cfg->gpu_mem_limit_mib << 20,
-                                  "--gpu_mem_limit_mib", errs);
+    } else {
+      /* GPU ranks: their cap, or the largest GPU where NVML told its size
+       * and no smaller cap is set (where neither is known, a job over a
+       * GPU fails at load, naming the fix). */
+      const uint64_t cap = (uint64_t)s->cfg->gpu_mem_limit_mib << 20;
+      if (cap && (!s->gpu_mem_total || cap <= s->gpu_mem_total))
+        jobspec_check_device_memory(spec, cap, "that --gpu_mem_limit_mib allows each GPU rank",
+                                    "or a larger --gpu_mem_limit_mib", errs);
+      else if (s->gpu_mem_total)
+        jobspec_check_device_memory(spec, s->gpu_mem_total, "of this host's largest GPU (NVML)",
+                                    "or GPUs with more memory", errs);
     }
     char why[256];
     if (sched_fits(s->cfg, device, spec->world_size, why, sizeof why))

@@ -5,6 +5,11 @@ if(TRAINYARD_WORKER_ONLY OR NOT TARGET trainyardd)
 endif()
 add_executable(ty_test_worker ${CMAKE_CURRENT_SOURCE_DIR}/worker/ty_test_worker.c)
 target_link_libraries(ty_test_worker PRIVATE ty_worker)
+# A libnvidia-ml.so.1 whose GPUs the environment sizes, for the GPU memory
+# rule's tests on hosts without a driver (integration/server_api).
+add_library(ty_fake_nvml SHARED ${CMAKE_CURRENT_SOURCE_DIR}/nvml/fake_nvml.c)
+set_target_properties(ty_fake_nvml PROPERTIES OUTPUT_NAME nvidia-ml PREFIX lib SUFFIX .so.1
+                      LIBRARY_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/tests/nvml)
 
 find_package(Python3 COMPONENTS Interpreter)
 if(Python3_FOUND)

@@ -12,8 +12,8 @@ beside the shard trains the job with fsdp.memory_efficient_load; without
 it, the job is refused at submit where trainyardd's --gpu-mem-limit-mib
 makes the GPU that small (rule device-memory: nothing stored, the message
 names fsdp.memory_efficient_load and the cap), and fails at load where the
-device itself is that small (the simulated device's TY_SIM_MEM_MIB: the
-server cannot know a GPU's size), with a reason that names
+device itself is that small (the simulated device's TY_SIM_MEM_MIB,
+which no NVML reports to the server), with a reason that names
 fsdp.memory_efficient_load. The job stored before it is kept.
 
 Exits 77 (a ctest skip), saying why, where no GPU is visible."""

@@ -11,7 +11,7 @@ import unittest
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import Server  # noqa: E402
+from tyserver import BIN, Server  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -469,6 +469,75 @@ class DeviceMemory(unittest.TestCase):
                           "1 rank, more than the 512.0 MiB that --gpu_mem_limit_mib allows each "
                           "GPU rank: load the base in bfloat16 (dtype), use more ranks",
                           detail[0]["message"])
+        finally:
+            srv.cleanup()
+
+
+class DeviceMemoryFromNvml(unittest.TestCase):
+    """Without --gpu_mem_limit_mib, GPU ranks are held to the largest GPU
+    NVML reports (here a libnvidia-ml.so.1 whose GPUs TY_FAKE_NVML_MIB
+    sizes); a smaller cap wins; where NVML cannot tell, the server says so
+    and holds cuda jobs to nothing."""
+    NVML = os.path.join(BIN, "tests", "nvml")
+
+    def server(self, mib, cap=None):
+        env = {"LD_LIBRARY_PATH": self.NVML}
+        if mib:
+            env["TY_FAKE_NVML_MIB"] = mib
+        extra = ["--gpus", "2"] + (["--gpu-mem-limit-mib", str(cap)] if cap else [])
+        srv = Server(extra=extra, env=env).start()
+        big = os.path.join(srv.dir, "models", "big")
+        os.makedirs(big)
+        with open(os.path.join(big, "config.json"), "w") as f:
+            json.dump({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
+                       "num_attention_heads": 16, "vocab_size": 32000}, f)
+        # 381.0 MiB in bfloat16: 571.5 MiB a standard-path rank, 190.5 a
+        # memory-efficient one.
+        spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",
+                "dtype": "bfloat16", "device": "cuda"}
+        return srv, spec
+
+    def refused(self, srv, spec):
+        r = srv.post("/v1/jobs:validate", spec)
+        self.assertEqual(r.status_code, 400, r.text)
+        detail = r.json()["error"]["details"]
+        self.assertEqual([d["field"] for d in detail], ["fsdp.memory_efficient_load"])
+        return detail[0]["message"]
+
+    def test_the_largest_gpu_nvml_reports(self):
+        srv, spec = self.server("256,512")
+        try:
+            self.assertIn("NVML: 2 GPUs, the largest with 512.0 MiB", srv.read_log())
+            self.assertIn("at least 571.5 MiB, more than the 512.0 MiB of this host's largest "
+                          "GPU (NVML); set it true", self.refused(srv, spec))
+            r = srv.post("/v1/jobs:validate", {**spec, "fsdp": {"memory_efficient_load": True}})
+            self.assertEqual(r.status_code, 200, r.text)
+        finally:
+            srv.cleanup()
+        # A cap over the GPU's size is no larger GPU.
+        srv, spec = self.server("512", cap=4096)
+        try:
+            self.assertIn("--gpus 2, but NVML reports 1 GPU", srv.read_log())
+            self.assertIn("more than the 512.0 MiB of this host's largest GPU (NVML)",
+                          self.refused(srv, spec))
+        finally:
+            srv.cleanup()
+        # A smaller cap is what a rank may hold.
+        srv, spec = self.server("4096", cap=512)
+        try:
+            self.assertIn("more than the 512.0 MiB that --gpu_mem_limit_mib allows each GPU rank",
+                          self.refused(srv, spec))
+        finally:
+            srv.cleanup()
+
+    def test_no_driver_no_check(self):
+        srv, spec = self.server(None)
+        try:
+            self.assertIn("NVML did not start (nvmlInit_v2 returned 9: no driver or no GPU): cuda "
+                          "jobs are held to a GPU's memory only where --gpu_mem_limit_mib is set",
+                          srv.read_log())
+            r = srv.post("/v1/jobs:validate", spec)
+            self.assertEqual(r.status_code, 200, r.text)
         finally:
             srv.cleanup()
 

@@ -678,6 +678,9 @@ static void test_host_memory(void **state) {
   assert_true(jobspec_host_memory() > (64u << 20));
 }
 
+#define CAP_WHAT "that --gpu_mem_limit_mib allows each GPU rank"
+#define CAP_MORE "or a larger --gpu_mem_limit_mib"
+
 /* device_memory's verdict on a cuda spec of models/gpu (LoRA or every
  * weight, dtype, world ranks, memory-efficient or not) whose ranks may each
  * take gib GiB of their GPU: 0, or the error in e. */
@@ -691,7 +694,7 @@ static int device_memory(bool lora, const char *dtype, int world, bool efficient
            g_tmp, lora ? "true" : "false", dtype, world, efficient ? "true" : "false");
   assert_int_equal(tu_parse(&s, text, e), 0);
   assert_int_equal(jobspec_validate(&s, false, e), 0);
-  return jobspec_check_device_memory(&s, (uint64_t)(gib * 1073741824.0), "--gpu_mem_limit_mib", e);
+  return jobspec_check_device_memory(&s, (uint64_t)(gib * 1073741824.0), CAP_WHAT, CAP_MORE, e);
 }
 
 /* GPU ranks must fit their cap: each its shard in the job's dtype, beside
@@ -741,7 +744,7 @@ static void test_device_memory(void **state) {
                      "needs at least 762.1 MiB on each GPU for its weights in float32 over 1 "
                      "rank, more than the 512.0 MiB that --gpu_mem_limit_mib allows each GPU rank: "
                      "load the base in bfloat16 (dtype), use more ranks (world_size, one GPU "
-                     "each), or allow more"));
+                     "each), or a larger --gpu_mem_limit_mib"));
   assert_int_equal(e.len, 1);
   ty_errlist_clear(&e);
   /* Every weight over 4 GPUs: each loads its shard on the host and copies
@@ -774,8 +777,13 @@ static void test_device_memory(void **state) {
                             "2, " SCRATCH_MODEL "}",
                             &e),
                    0);
-  assert_int_equal(jobspec_check_device_memory(&s, 1 << 30, "--gpu_mem_limit_mib", &e), 0);
-  assert_int_equal(jobspec_check_device_memory(&s, 1 << 10, "--gpu_mem_limit_mib", &e), TY_EINVAL);
+  assert_int_equal(jobspec_check_device_memory(&s, 1 << 30, CAP_WHAT, CAP_MORE, &e), 0);
+  assert_int_equal(jobspec_check_device_memory(&s, 1 << 10, "of this host's largest GPU (NVML)",
+                                               "or GPUs with more memory", &e),
+                   TY_EINVAL);
+  assert_true(tu_has(&e, "model", "more than the 0.0 MiB of this host's largest GPU (NVML)"));
+  assert_true(
+      tu_has(&e, "model", "use more ranks (world_size, one GPU each), or GPUs with more memory"));
   assert_true(tu_has(&e, "model", "weights, gradients and AdamW moments in float32 over 2 ranks"));
   assert_false(tu_has(&e, "model", "use_lora"));
   ty_errlist_clear(&e);
