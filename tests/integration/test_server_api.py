@@ -387,6 +387,16 @@ class MissingRoot(unittest.TestCase):
             srv.cleanup()
 
 
+def big_model(srv):
+    """models/big in srv's folder: only the config.json of a 199.8M-parameter
+    model (0.74 GiB in float32), which is what the memory rules read."""
+    big = os.path.join(srv.dir, "models", "big")
+    os.makedirs(big)
+    with open(os.path.join(big, "config.json"), "w") as f:
+        json.dump({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
+                   "num_attention_heads": 16, "vocab_size": 32000}, f)
+
+
 class HostMemory(unittest.TestCase):
     def test_cpu_ranks_must_fit_the_host(self):
         # A 199.8M-parameter model (0.74 GiB in float32) on a host of 1 GiB
@@ -394,12 +404,7 @@ class HostMemory(unittest.TestCase):
         # (2.23 GiB), two memory-efficient ones hold a shard each (0.74).
         srv = Server(extra=["--host-mem-mib", "1024"]).start()
         try:
-            big = os.path.join(srv.dir, "models", "big")
-            os.makedirs(big)
-            with open(os.path.join(big, "config.json"), "w") as f:
-                json.dump({"hidden_size": 1024, "intermediate_size": 4096,
-                           "num_hidden_layers": 8, "num_attention_heads": 16,
-                           "vocab_size": 32000}, f)
+            big_model(srv)
             spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big"}
             for path in ("/v1/jobs:validate", "/v1/jobs"):
                 r = srv.post(path, spec)
@@ -428,12 +433,7 @@ class DeviceMemory(unittest.TestCase):
         # device auto is cuda on a server with GPUs, and checked as such.
         srv = Server(extra=["--gpus", "2", "--gpu-mem-limit-mib", "512"]).start()
         try:
-            big = os.path.join(srv.dir, "models", "big")
-            os.makedirs(big)
-            with open(os.path.join(big, "config.json"), "w") as f:
-                json.dump({"hidden_size": 1024, "intermediate_size": 4096,
-                           "num_hidden_layers": 8, "num_attention_heads": 16,
-                           "vocab_size": 32000}, f)
+            big_model(srv)
             spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",
                     "dtype": "bfloat16"}
             for device in ("cuda", "auto"):
@@ -486,11 +486,7 @@ class DeviceMemoryFromNvml(unittest.TestCase):
             env["TY_FAKE_NVML_MIB"] = mib
         extra = ["--gpus", "2"] + (["--gpu-mem-limit-mib", str(cap)] if cap else [])
         srv = Server(extra=extra, env=env).start()
-        big = os.path.join(srv.dir, "models", "big")
-        os.makedirs(big)
-        with open(os.path.join(big, "config.json"), "w") as f:
-            json.dump({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
-                       "num_attention_heads": 16, "vocab_size": 32000}, f)
+        big_model(srv)
         # 381.0 MiB in bfloat16: 571.5 MiB a standard-path rank, 190.5 a
         # memory-efficient one.
         spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",

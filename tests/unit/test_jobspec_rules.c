@@ -582,6 +582,23 @@ static void test_resolve_path(void **state) {
   assert_int_equal(jobspec_resolve_path("runs/new/../x", g_tmp, got), -1);
 }
 
+/* A checkpoint folder g_tmp/models/<name> (dir) holding only the
+ * config.json (path) of a 199.8M-parameter model: what the memory rules
+ * read. */
+static void make_big_model(const char *name, char dir[600], char path[700]) {
+  snprintf(dir, 600, "%s/models/%s", g_tmp, name);
+  mkdir(dir, 0755);
+  snprintf(path, 700, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs(
+      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
+      "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
+      "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
+      f);
+  fclose(f);
+}
+
 /* host_memory's verdict on a spec of models/big (LoRA or every weight,
  * world ranks, memory-efficient or not) and a host of gib GiB: 0, or the
  * error's field and message in e. */
@@ -604,17 +621,7 @@ static int host_memory(bool lora, int world, bool efficient, double gib, ty_errl
 static void test_host_memory(void **state) {
   (void)state;
   char dir[600], path[700];
-  snprintf(dir, sizeof dir, "%s/models/big", g_tmp);
-  mkdir(dir, 0755);
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(
-      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
-      "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
-      "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
-      f);
-  fclose(f);
+  make_big_model("big", dir, path);
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* LoRA over 4 ranks: the standard path holds 4 x (whole + shard) = 3.72
    * GiB, the memory-efficient one 4 shards = 0.74 GiB. */
@@ -705,17 +712,7 @@ static int device_memory(bool lora, const char *dtype, int world, bool efficient
 static void test_device_memory(void **state) {
   (void)state;
   char dir[600], path[700];
-  snprintf(dir, sizeof dir, "%s/models/gpu", g_tmp);
-  mkdir(dir, 0755);
-  snprintf(path, sizeof path, "%s/config.json", dir);
-  FILE *f = fopen(path, "w");
-  assert_non_null(f);
-  fputs(
-      "{\"architectures\": [\"LlamaForCausalLM\"], \"hidden_size\": 1024, "
-      "\"intermediate_size\": 4096, \"num_hidden_layers\": 8, \"num_attention_heads\": 16, "
-      "\"vocab_size\": 32000, \"hidden_act\": \"silu\", \"rope_scaling\": null}",
-      f);
-  fclose(f);
+  make_big_model("gpu", dir, path);
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* LoRA in bfloat16 over 2 GPUs: the standard path holds the whole model
    * and the shard, 571.5 MiB a rank; the memory-efficient one the shard,
