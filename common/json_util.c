@@ -1,6 +1,7 @@
 /* json_util.c - small jansson helpers; see json_util.h. */
 #include "common/json_util.h"
 
+#include "common/partial.h"
 #include "common/xalloc.h"
 
 #include <ctype.h>
@@ -131,13 +132,18 @@ int ty_json_dump_file(const json_t *j, const char *path, size_t flags) {
     errno = ENAMETOOLONG;
     return -1;
   }
+  const int slot = ty_partial_track(partial);
   FILE *f = fopen(partial, "w");
   if (f) {
     int wrote = ty_json_dumpf(j, f, flags);
-    if (fclose(f) == 0 && wrote == 0 && rename(partial, path) == 0) return 0;
+    if (fclose(f) == 0 && wrote == 0 && rename(partial, path) == 0) {
+      ty_partial_untrack(slot);
+      return 0;
+    }
   }
   int e = errno;
   unlink(partial);
+  ty_partial_untrack(slot);
   errno = e;
   return -1;
 }

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/partial.h"
 #include "worker/worker_load.h"
 #include "worker/worker_train.h"
 
@@ -14,6 +15,9 @@ int main(int argc, char **argv) {
            "'trainyard train')\n");
     return 0;
   }
+  /* Stopped mid-save (a cancel, a failed peer), a rank removes the part of
+   * the checkpoint or output it was writing. */
+  ty_partial_cleanup_on_signals();
   const char *mode = getenv("TRAINYARD_MODE");
   if (mode && !strcmp(mode, "load")) return wload_main();
   const char *spec = getenv("TRAINYARD_SPEC");

@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/partial.h"
 #include "common/xalloc.h"
 #include "worker/safetensors.h"
 
@@ -22,6 +23,7 @@ struct st_writer {
   FILE *f;
   char *path;
   char *partial;    /* path + ".partial", where the bytes go */
+  int slot;         /* partial's ty_partial_track slot (a signal removes it) */
   uint64_t total;   /* data bytes declared by the header */
   uint64_t written; /* data bytes written so far */
   char *buf;        /* stdio buffer */
@@ -31,6 +33,7 @@ static void writer_free(st_writer_t *w, bool remove_partial) {
   if (!w) return;
   if (w->f) fclose(w->f);
   if (remove_partial) unlink(w->partial);
+  ty_partial_untrack(w->slot);
   free(w->path);
   free(w->partial);
   free(w->buf);
@@ -86,6 +89,7 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
   memcpy(w->partial, path, pl);
   memcpy(w->partial + pl, ".partial", sizeof ".partial");
   w->total = off;
+  w->slot = ty_partial_track(w->partial);
   w->f = fopen(w->partial, "wb");
   if (!w->f) {
     int e = errno;

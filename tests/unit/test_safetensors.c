@@ -2,17 +2,21 @@
  * byte-range reads, sharded checkpoints, and every malformed-file case
  * (each must fail with a clear message and never crash). */
 #include <setjmp.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cmocka.h>
 
 #include "api/errors.h"
+#include "common/partial.h"
 #include "worker/safetensors.h"
 
 #include "tmpdir_testutil.h"
@@ -307,12 +311,75 @@ static void test_sharded(void **state) {
   unlink(p);
 }
 
+/* A child that writes name's first 8 of 16 bytes, with the handlers of
+ * ty_partial_cleanup_on_signals or without, then is stopped by SIGTERM
+ * (closing the file whole first, with close_first). Returns after checking
+ * that it died of the signal. */
+static void write_then_stop(const char *name, bool handlers, bool close_first) {
+  char p[512];
+  path_of(p, sizeof p, name);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    if (handlers) ty_partial_cleanup_on_signals();
+    st_desc_t d[1] = {{"w", TY_DTYPE_F32, 1, {4}}};
+    const float x[4] = {1, 2, 3, 4};
+    st_writer_t *w;
+    char err[256];
+    if (st_writer_open(p, d, 1, NULL, &w, err, sizeof err) ||
+        st_writer_write(w, x, 8, err, sizeof err))
+      _exit(3);
+    if (close_first &&
+        (st_writer_write(w, x + 2, 8, err, sizeof err) || st_writer_close(w, err, sizeof err)))
+      _exit(4);
+    raise(SIGTERM);
+    _exit(5);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+  assert_int_equal(WTERMSIG(status), SIGTERM);
+}
+
+/* A rank stopped while it saves (a cancelled job) leaves no part of the
+ * file beside the outputs, and still dies of the signal; a file it had
+ * finished stays. Without the handlers the part would stay, as the first
+ * case shows. */
+static void test_stopped_mid_write(void **state) {
+  (void)state;
+  char p[512], part[600];
+  path_of(p, sizeof p, "stopped.safetensors");
+  snprintf(part, sizeof part, "%s.partial", p);
+  write_then_stop("stopped.safetensors", false, false);
+  assert_int_equal(access(part, F_OK), 0);
+  unlink(part);
+  write_then_stop("stopped.safetensors", true, false);
+  assert_int_equal(access(part, F_OK), -1);
+  assert_int_equal(access(p, F_OK), -1);
+  write_then_stop("stopped.safetensors", true, true);
+  assert_int_equal(access(part, F_OK), -1);
+  st_ckpt_t *c;
+  char err[256];
+  assert_int_equal(st_open(p, &c, err, sizeof err), 0);
+  assert_non_null(st_find(c, "w"));
+  st_close(c);
+  unlink(p);
+  /* Every slot taken: a file past them is written untracked, as before. */
+  int slots[16], n = 0;
+  while (n < 16 && (slots[n] = ty_partial_track("/nonexistent/x.partial")) >= 0) n++;
+  assert_true(n > 0 && n < 16);
+  for (int i = 0; i < n; i++) ty_partial_untrack(slots[i]);
+  assert_int_equal(ty_partial_track("/nonexistent/x.partial"), slots[0]);
+  ty_partial_untrack(slots[0]);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_roundtrip),
       cmocka_unit_test(test_malformed_headers),
       cmocka_unit_test(test_lying_lengths_and_truncation),
       cmocka_unit_test(test_sharded),
+      cmocka_unit_test(test_stopped_mid_write),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
