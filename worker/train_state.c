@@ -74,11 +74,14 @@ static int agree(comm_t *comm, int rc, const char *what, char *err, size_t errle
 }
 
 /* The step of a "step-NNNNNNNN" name, or -1 for any other name. */
-static int64_t parse_step_name(const char *name) {
+/* The step of a checkpoint directory's name "step-N", or with tmp of one a
+ * save left unfinished, "step-N.tmp"; -1 for any other name. */
+static int64_t parse_step_name(const char *name, bool tmp) {
   if (strncmp(name, "step-", 5) != 0) return -1;
   char *end;
   long long v = strtoll(name + 5, &end, 10);
-  return *end || end == name + 5 || v < 0 ? -1 : (int64_t)v;
+  if (end == name + 5 || v < 0) return -1;
+  return strcmp(end, tmp ? ".tmp" : "") ? -1 : (int64_t)v;
 }
 
 static int write_json(const char *path, json_t *obj, char *err, size_t errlen) {
@@ -156,12 +159,13 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
     if (rc) {
       remove_ckpt_dir(tmp);
     } else {
-      /* Only the newest complete checkpoint is needed to resume. */
+      /* Only the newest complete checkpoint is needed to resume; a save
+       * that a killed run left unfinished (step-N.tmp) is never needed. */
       DIR *dh = opendir(root);
       struct dirent *e;
       while (dh && (e = readdir(dh))) {
-        int64_t s = parse_step_name(e->d_name);
-        if (s >= 0 && s != step) {
+        int64_t s = parse_step_name(e->d_name, false);
+        if ((s >= 0 && s != step) || parse_step_name(e->d_name, true) >= 0) {
           char old[PATH_MAX];
           pathf(old, "%s/%s", root, e->d_name);
           remove_ckpt_dir(old);
@@ -217,7 +221,7 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
   int64_t best = -1;
   struct dirent *e;
   while ((e = readdir(dh))) {
-    int64_t s = parse_step_name(e->d_name);
+    int64_t s = parse_step_name(e->d_name, false);
     if (s > best) best = s;
   }
   closedir(dh);

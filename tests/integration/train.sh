@@ -89,9 +89,16 @@ grep -q "trained its adapters over another base checkpoint ($tmp/base, fingerpri
   "$tmp/other.log" || fail "the refused resume does not say why: $(cat "$tmp/other.log")"
 [ "$(cat "$tmp/out-lora/checkpoints/step-00000020"/* | md5sum)" = "$sum" ] ||
   fail "the refused resume changed the checkpoint"
+# A save that a killed run left unfinished (step-N.tmp, here with a state
+# file in it) is not resumed from, and goes with the next checkpoint.
+mkdir "$tmp/out-lora/checkpoints/step-00000025.tmp"
+head -c 4096 /dev/urandom >"$tmp/out-lora/checkpoints/step-00000025.tmp/state.safetensors"
 "${longer[@]}" --model_path "$tmp/base-copy" >/dev/null 2>"$tmp/copy.log" ||
   fail "the resume over a copy of the base failed: $(cat "$tmp/copy.log")"
 grep -q "resumed from the checkpoint of step 20" "$tmp/copy.log" || fail "no resume over the copy"
+# (The last step writes the outputs, not a checkpoint: step 30 is newest.)
+[ "$(ls "$tmp/out-lora/checkpoints")" = "step-00000030" ] ||
+  fail "checkpoints left beside the newest: $(ls "$tmp/out-lora/checkpoints")"
 
 ev=("$ty" eval --model_path "$tmp/base" --data "$data" --seq_len 64 --batches 8)
 base=$("${ev[@]}")
