@@ -1,8 +1,8 @@
 /* jobspec_server.c - the rules that need the server's configuration or
  * host: paths inside the configured roots, one GPU per rank for device
- * cuda, CPU ranks that fit the host's memory, GPU ranks that fit their
- * device cap. They are rows "paths-in-roots", "cuda-gpus", "host-memory"
- * and "device-memory" of the rule table; see jobspec.h. */
+ * cuda, CPU ranks that fit the host's memory, GPU ranks that fit their GPU
+ * (its size, or a cap). They are rows "paths-in-roots", "cuda-gpus",
+ * "host-memory" and "device-memory" of the rule table; see jobspec.h. */
 #include "api/jobspec.h"
 
 #include <limits.h>
