@@ -48,7 +48,6 @@ int gpu_info_query(gpu_info_t *out, char *why, size_t whylen) {
           break;
         }
         if (m.total > out->max_total) out->max_total = m.total;
-        if (!out->min_total || m.total < out->min_total) out->min_total = m.total;
       }
       out->count = rc ? 0 : (int)n;
     }

@@ -11,7 +11,6 @@
 typedef struct {
   int count;          /* GPUs NVML reports */
   uint64_t max_total; /* the largest one's memory, bytes */
-  uint64_t min_total; /* the smallest one's */
 } gpu_info_t;
 
 /* Asks NVML (libnvidia-ml.so.1). Returns 0 and fills out, or -1 with why
