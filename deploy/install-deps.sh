@@ -15,7 +15,10 @@ worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-o
 build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
             libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)
 test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
-           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium)
+           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium
+           slurmctld slurmd slurm-client munge)
+# slurmctld, slurmd, slurm-client, munge: deploy/slurm-cluster.sh's two-node
+# test cluster (integration/slurm_cluster).
 # wrk + nginx: tests/bench/api.py measures trainyardd beside nginx.
 bench_pkgs=("${test_pkgs[@]}" wrk nginx-light)
 
