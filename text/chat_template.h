@@ -48,7 +48,7 @@ const char *tmpl_builtin(const char *name);
 
 /* Limits against hostile templates. */
 #define TMPL_MAX_SOURCE (1u << 20)  /* bytes of template text */
-#define TMPL_MAX_DEPTH 200          /* nesting of expressions and blocks */
+#define TMPL_MAX_DEPTH 500          /* nesting of expressions and blocks */
 #define TMPL_MAX_ITERATIONS 1000000 /* loop iterations in one render */
 #define TMPL_MAX_OUTPUT (64u << 20) /* bytes of rendered text */
 #define TMPL_MAX_MADE (256u << 20)  /* bytes of strings and lists made in one render */

@@ -13,6 +13,7 @@ typedef struct {
   const tk_list_t *tk;
   size_t pos;
   int depth;
+  int loops; /* {% for %} bodies the parser is inside */
   char *err;
   size_t errlen;
   int failed;
@@ -294,9 +295,10 @@ bad:
   return NULL;
 }
 
-static node_t *parse_postfix(parser_t *p) {
+static node_t *parse_postfix_chain(parser_t *p) {
   node_t *n = parse_primary(p);
   while (n) {
+    if (n && enter(p)) return tmpl_node_free(n), NULL; /* a long chain nests as deep */
     const tk_t *t = peek(p);
     if (is_op(t, ".")) {
       next(p);
@@ -353,6 +355,13 @@ static node_t *parse_postfix(parser_t *p) {
   return n;
 }
 
+static node_t *parse_postfix(parser_t *p) {
+  int depth = p->depth;
+  node_t *n = parse_postfix_chain(p);
+  p->depth = depth;
+  return n;
+}
+
 /* Can t start the single unparenthesised argument of a test (`is sameas
  * false`, `is divisibleby 3`)? */
 static int starts_test_arg(const tk_t *t) {
@@ -364,9 +373,26 @@ static int starts_test_arg(const tk_t *t) {
   return 1;
 }
 
-static node_t *parse_filtered(parser_t *p) {
-  node_t *n = parse_postfix(p);
+/* Unary minus and plus bind tighter than filters and tests, as in Jinja:
+ * -3|abs is (-3)|abs. */
+static node_t *parse_prefix(parser_t *p) {
+  const tk_t *t = peek(p);
+  if (!is_op(t, "-") && !is_op(t, "+")) return parse_postfix(p);
+  next(p);
+  if (enter(p)) return NULL;
+  node_t *a = parse_prefix(p);
+  p->depth--;
+  if (!a) return NULL;
+  node_t *n = mk(N_UNARY, t->line);
+  n->op = t->str[0];
+  n->a = a;
+  return n;
+}
+
+static node_t *parse_filtered_chain(parser_t *p) {
+  node_t *n = parse_prefix(p);
   while (n) {
+    if (n && enter(p)) return tmpl_node_free(n), NULL; /* a long chain nests as deep */
     const tk_t *t = peek(p);
     if (is_op(t, "|")) {
       next(p);
@@ -432,6 +458,13 @@ static node_t *parse_filtered(parser_t *p) {
   return n;
 }
 
+static node_t *parse_filtered(parser_t *p) {
+  int depth = p->depth;
+  node_t *n = parse_filtered_chain(p);
+  p->depth = depth;
+  return n;
+}
+
 static node_t *binary(int op, int line, node_t *a, node_t *b) {
   node_t *n = mk(N_BINARY, line);
   n->op = op;
@@ -440,36 +473,23 @@ static node_t *binary(int op, int line, node_t *a, node_t *b) {
   return n;
 }
 
-static node_t *parse_pow(parser_t *p) {
+static node_t *parse_unary(parser_t *p) {
   node_t *n = parse_filtered(p);
   if (n && is_op(peek(p), "**")) {
     int line = next(p)->line;
+    if (enter(p)) return tmpl_node_free(n), NULL;
     node_t *r = parse_unary(p);
+    p->depth--;
     if (!r) return tmpl_node_free(n), NULL;
     n = binary(OP_POW, line, n, r);
   }
   return n;
 }
 
-static node_t *parse_unary(parser_t *p) {
-  const tk_t *t = peek(p);
-  if (is_op(t, "-") || is_op(t, "+")) {
-    next(p);
-    if (enter(p)) return NULL;
-    node_t *a = parse_unary(p);
-    p->depth--;
-    if (!a) return NULL;
-    node_t *n = mk(N_UNARY, t->line);
-    n->op = t->str[0];
-    n->a = a;
-    return n;
-  }
-  return parse_pow(p);
-}
-
-static node_t *parse_mul(parser_t *p) {
+static node_t *parse_mul_chain(parser_t *p) {
   node_t *n = parse_unary(p);
   for (;;) {
+    if (n && enter(p)) return tmpl_node_free(n), NULL; /* a long chain nests as deep */
     const tk_t *t = peek(p);
     int op = is_op(t, "*")    ? OP_MUL
              : is_op(t, "/")  ? OP_DIV
@@ -484,9 +504,17 @@ static node_t *parse_mul(parser_t *p) {
   }
 }
 
-static node_t *parse_add(parser_t *p) {
+static node_t *parse_mul(parser_t *p) {
+  int depth = p->depth;
+  node_t *n = parse_mul_chain(p);
+  p->depth = depth;
+  return n;
+}
+
+static node_t *parse_add_chain(parser_t *p) {
   node_t *n = parse_mul(p);
   for (;;) {
+    if (n && enter(p)) return tmpl_node_free(n), NULL; /* a long chain nests as deep */
     const tk_t *t = peek(p);
     int op = is_op(t, "+") ? OP_ADD : is_op(t, "-") ? OP_SUB : is_op(t, "~") ? OP_CONCAT : 0;
     if (!n || !op) return n;
@@ -497,9 +525,17 @@ static node_t *parse_add(parser_t *p) {
   }
 }
 
-static node_t *parse_compare(parser_t *p) {
+static node_t *parse_add(parser_t *p) {
+  int depth = p->depth;
+  node_t *n = parse_add_chain(p);
+  p->depth = depth;
+  return n;
+}
+
+static node_t *parse_compare_chain(parser_t *p) {
   node_t *n = parse_add(p);
   for (;;) {
+    if (n && enter(p)) return tmpl_node_free(n), NULL; /* a long chain nests as deep */
     const tk_t *t = peek(p);
     int op = is_op(t, "==")                                 ? OP_EQ
              : is_op(t, "!=")                               ? OP_NE
@@ -519,6 +555,13 @@ static node_t *parse_compare(parser_t *p) {
   }
 }
 
+static node_t *parse_compare(parser_t *p) {
+  int depth = p->depth;
+  node_t *n = parse_compare_chain(p);
+  p->depth = depth;
+  return n;
+}
+
 static node_t *parse_not(parser_t *p) {
   const tk_t *t = peek(p);
   if (is_name(t, "not")) {
@@ -535,9 +578,10 @@ static node_t *parse_not(parser_t *p) {
   return parse_compare(p);
 }
 
-static node_t *parse_and(parser_t *p) {
+static node_t *parse_and_chain(parser_t *p) {
   node_t *n = parse_not(p);
   while (n && is_name(peek(p), "and")) {
+    if (n && enter(p)) return tmpl_node_free(n), NULL; /* a long chain nests as deep */
     int line = next(p)->line;
     node_t *r = parse_not(p);
     if (!r) return tmpl_node_free(n), NULL;
@@ -546,10 +590,23 @@ static node_t *parse_and(parser_t *p) {
   return n;
 }
 
+static node_t *parse_and(parser_t *p) {
+  int depth = p->depth;
+  node_t *n = parse_and_chain(p);
+  p->depth = depth;
+  return n;
+}
+
 static node_t *parse_or(parser_t *p) {
+  int depth = p->depth;
   if (enter(p)) return NULL;
   node_t *n = parse_and(p);
   while (n && is_name(peek(p), "or")) {
+    if (enter(p)) {
+      tmpl_node_free(n);
+      n = NULL;
+      break;
+    }
     int line = next(p)->line;
     node_t *r = parse_and(p);
     if (!r) {
@@ -559,7 +616,7 @@ static node_t *parse_or(parser_t *p) {
     }
     n = binary(OP_OR, line, n, r);
   }
-  p->depth--;
+  p->depth = depth;
   return n;
 }
 
@@ -615,8 +672,10 @@ static node_t *parse_if_rest(parser_t *p, int line) {
            NULL;
   int at = next(p)->line;
   if (!strcmp(found, "elif")) {
+    if (enter(p)) return tmpl_node_free(n), NULL;
     node_t *blk = mk(N_BLOCK, at);
     node_t *sub = parse_if_rest(p, at);
+    p->depth--;
     if (!sub) return tmpl_node_free(blk), tmpl_node_free(n), NULL;
     add_kid(blk, sub, NULL);
     n->c = blk;
@@ -664,7 +723,10 @@ static node_t *parse_for(parser_t *p, int line) {
     return tmpl_node_free(n), NULL;
   }
   if (close_stmt(p)) return tmpl_node_free(n), NULL;
-  if (!(n->b = parse_body(p, ends, &found))) return tmpl_node_free(n), NULL;
+  p->loops++;
+  n->b = parse_body(p, ends, &found);
+  p->loops--;
+  if (!n->b) return tmpl_node_free(n), NULL;
   if (found && !strcmp(found, "else")) {
     next(p);
     if (close_stmt(p) || !(n->c = parse_body(p, endfor, &found))) return tmpl_node_free(n), NULL;
@@ -728,7 +790,12 @@ static node_t *parse_statement(parser_t *p) {
     n = parse_set(p, t->line);
   } else if (!strcmp(t->str, "break") || !strcmp(t->str, "continue")) {
     n = mk(t->str[0] == 'b' ? N_BREAK : N_CONTINUE, t->line);
-    if (close_stmt(p)) tmpl_node_free(n), n = NULL;
+    if (!p->loops) {
+      fail(p, t->line, "{%% %s %%} outside a loop", t->str);
+      tmpl_node_free(n), n = NULL;
+    } else if (close_stmt(p)) {
+      tmpl_node_free(n), n = NULL;
+    }
   } else if (!strcmp(t->str, "elif") || !strcmp(t->str, "else") || !strncmp(t->str, "end", 3)) {
     fail(p, t->line, "{%% %s %%} without its opening statement", t->str);
   } else {
