@@ -133,15 +133,14 @@ static int index_value(tmpl_render_t *r, const node_t *n, json_t *obj, json_t *k
   *out = NULL;
   if (json_is_object(obj)) {
     if (!json_is_string(key))
-      return tmpl_fail(r, n, TY_EINVAL, "a dict is indexed by strings, not by a %s",
-                       tmpl_kind(key));
+      return tmpl_fail(r, n, TY_EINVAL, "a dict is indexed by strings, not by %s", tmpl_kind(key));
     *out = json_incref(json_object_get(obj, json_string_value(key)));
     return 0;
   }
   if (json_is_array(obj) || json_is_string(obj)) {
     if (!json_is_integer(key)) {
       if (json_is_string(key)) return 0; /* a method name without a call: undefined */
-      return tmpl_fail(r, n, TY_EINVAL, "a %s is indexed by integers, not by a %s", tmpl_kind(obj),
+      return tmpl_fail(r, n, TY_EINVAL, "%s is indexed by integers, not by %s", tmpl_kind(obj),
                        tmpl_kind(key));
     }
     long long i = json_integer_value(key);
@@ -174,8 +173,7 @@ static int slice_bounds(tmpl_render_t *r, const node_t *n, json_t *vs[3], long l
                         long long *start, long long *stop, long long *step) {
   for (int i = 0; i < 3; i++) {
     if (vs[i] && !json_is_null(vs[i]) && !json_is_integer(vs[i]))
-      return tmpl_fail(r, n, TY_EINVAL, "slice bounds must be integers, not a %s",
-                       tmpl_kind(vs[i]));
+      return tmpl_fail(r, n, TY_EINVAL, "slice bounds must be integers, not %s", tmpl_kind(vs[i]));
   }
   *step = vs[2] && json_is_integer(vs[2]) ? json_integer_value(vs[2]) : 1;
   if (*step == 0) return tmpl_fail(r, n, TY_EINVAL, "slice step cannot be zero");
@@ -205,7 +203,7 @@ static int eval_slice(tmpl_render_t *r, const node_t *n, json_t *obj, json_t **o
     if (parts[i]) rc = eval(r, parts[i], &vs[i]);
   if (rc) goto done;
   if (!json_is_array(obj) && !json_is_string(obj)) {
-    rc = tmpl_fail(r, n, TY_EINVAL, "cannot slice a %s", tmpl_kind(obj));
+    rc = tmpl_fail(r, n, TY_EINVAL, "cannot slice %s", tmpl_kind(obj));
     goto done;
   }
   /* strings slice by code point: index their starts */
@@ -329,7 +327,7 @@ static int compare(tmpl_render_t *r, const node_t *n, int op, json_t *a, json_t 
   } else {
     static const char *const names[] = {
         [OP_LT] = "<", [OP_GT] = ">", [OP_LE] = "<=", [OP_GE] = ">="};
-    return tmpl_fail(r, n, TY_EINVAL, "cannot compare a %s %s a %s", tmpl_kind(a), names[op],
+    return tmpl_fail(r, n, TY_EINVAL, "cannot compare %s %s %s", tmpl_kind(a), names[op],
                      tmpl_kind(b));
   }
   *res = op == OP_LT ? c < 0 : op == OP_GT ? c > 0 : op == OP_LE ? c <= 0 : c >= 0;
@@ -356,7 +354,7 @@ static int contains(tmpl_render_t *r, const node_t *n, json_t *item, json_t *seq
     *res = json_object_get(seq, json_string_value(item)) != NULL;
     return 0;
   }
-  return tmpl_fail(r, n, TY_EINVAL, "cannot test whether a %s is in a %s", tmpl_kind(item),
+  return tmpl_fail(r, n, TY_EINVAL, "cannot test whether %s is in %s", tmpl_kind(item),
                    tmpl_kind(seq));
 }
 
@@ -465,7 +463,7 @@ static int eval_binary(tmpl_render_t *r, const node_t *n, json_t **out) {
     }
     goto done;
   }
-  rc = tmpl_fail(r, n, TY_EINVAL, "cannot apply %s to a %s and a %s", op_name(n->op), tmpl_kind(a),
+  rc = tmpl_fail(r, n, TY_EINVAL, "cannot apply %s to %s and %s", op_name(n->op), tmpl_kind(a),
                  tmpl_kind(b));
 done:
   json_decref(a);
@@ -523,7 +521,7 @@ static int eval_inner(tmpl_render_t *r, const node_t *n, json_t **out) {
         json_t *k = NULL;
         if ((rc = eval(r, n->kids[i], &k))) break;
         if (!json_is_string(k)) {
-          rc = tmpl_fail(r, n->kids[i], TY_EINVAL, "dict keys must be strings, not a %s",
+          rc = tmpl_fail(r, n->kids[i], TY_EINVAL, "dict keys must be strings, not %s",
                          tmpl_kind(k));
           json_decref(k);
           break;
@@ -606,7 +604,7 @@ static int eval_inner(tmpl_render_t *r, const node_t *n, json_t **out) {
       } else if (json_is_real(v)) {
         *out = json_real(n->op == '-' ? -json_real_value(v) : json_real_value(v));
       } else {
-        rc = tmpl_fail(r, n, TY_EINVAL, "unary %c needs a number, not a %s", n->op, tmpl_kind(v));
+        rc = tmpl_fail(r, n, TY_EINVAL, "unary %c needs a number, not %s", n->op, tmpl_kind(v));
       }
       break;
     case N_BINARY:
@@ -677,23 +675,23 @@ static int exec_for(tmpl_render_t *r, const node_t *n) {
     json_decref(one);
   } else {
     json_decref(seq);
-    return tmpl_fail(r, n->a, TY_EINVAL, "cannot loop over %s%s", seq ? "a " : "", tmpl_kind(seq));
+    return tmpl_fail(r, n->a, TY_EINVAL, "cannot loop over %s", tmpl_kind(seq));
   }
   json_decref(seq);
   frame_push(r);
   /* bind the loop variables of one item */
-#define BIND(item)                                                                              \
-  do {                                                                                          \
-    json_t *it_ = (item);                                                                       \
-    if (n->nkids == 1) {                                                                        \
-      var_set(r, n->kids[0]->str, json_incref(it_));                                            \
-    } else if (!json_is_array(it_) || json_array_size(it_) != n->nkids) {                       \
-      rc = tmpl_fail(r, n, TY_EINVAL, "cannot unpack a %s into %zu loop variables",             \
-                     json_is_array(it_) ? "list of another length" : tmpl_kind(it_), n->nkids); \
-    } else {                                                                                    \
-      for (size_t k_ = 0; k_ < n->nkids; k_++)                                                  \
-        var_set(r, n->kids[k_]->str, json_incref(json_array_get(it_, k_)));                     \
-    }                                                                                           \
+#define BIND(item)                                                                                \
+  do {                                                                                            \
+    json_t *it_ = (item);                                                                         \
+    if (n->nkids == 1) {                                                                          \
+      var_set(r, n->kids[0]->str, json_incref(it_));                                              \
+    } else if (!json_is_array(it_) || json_array_size(it_) != n->nkids) {                         \
+      rc = tmpl_fail(r, n, TY_EINVAL, "cannot unpack %s into %zu loop variables",                 \
+                     json_is_array(it_) ? "a list of another length" : tmpl_kind(it_), n->nkids); \
+    } else {                                                                                      \
+      for (size_t k_ = 0; k_ < n->nkids; k_++)                                                    \
+        var_set(r, n->kids[k_]->str, json_incref(json_array_get(it_, k_)));                       \
+    }                                                                                             \
   } while (0)
   if (n->d) { /* for x in xs if cond: keep the items that pass */
     json_t *kept = json_array();

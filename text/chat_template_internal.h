@@ -196,7 +196,7 @@ json_t *tmpl_string_take(tmpl_buf_t *b);
 /* Jinja ==: numbers by value (1 == 1.0), strings by bytes, lists and dicts
  * item by item. */
 int tmpl_equal(const json_t *a, const json_t *b);
-/* "undefined", "none", "string", ... for messages. */
+/* "undefined", "none", "a string", "an integer", ... for messages. */
 const char *tmpl_kind(const json_t *v);
 /* Code points of a UTF-8 string. */
 size_t tmpl_utf8_len(const char *s, size_t n);

@@ -42,8 +42,7 @@ static int check_kw(tmpl_render_t *r, const node_t *at, const char *what, char *
 static int need(tmpl_render_t *r, const node_t *at, const char *what, json_t *v, int ok,
                 const char *kind) {
   if (ok) return 0;
-  return tmpl_fail(r, at, TY_EINVAL, "%s needs %s, not %s%s", what, kind, v ? "a " : "",
-                   tmpl_kind(v));
+  return tmpl_fail(r, at, TY_EINVAL, "%s needs %s, not %s", what, kind, tmpl_kind(v));
 }
 
 static json_t *str_of(const char *s, size_t n) {
@@ -168,10 +167,8 @@ static int split(tmpl_render_t *r, const node_t *at, json_t *v, json_t *sep, jso
       while (i < n && (w = tmpl_ws_at(s + i, n - i))) i += w;
       if (i >= n) break;
       size_t b = i;
-      if (left == 0) {
-        size_t e = n;
-        while (e > b && (w = tmpl_ws_before(s + b, e - b))) e -= w;
-        json_array_append_new(list, str_of(s + b, e - b));
+      if (left == 0) { /* the rest, trailing whitespace and all, as Python */
+        json_array_append_new(list, str_of(s + b, n - b));
         break;
       }
       while (i < n && !tmpl_ws_at(s + i, n - i)) i++;

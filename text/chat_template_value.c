@@ -61,17 +61,17 @@ const char *tmpl_kind(const json_t *v) {
       return "none";
     case JSON_TRUE:
     case JSON_FALSE:
-      return "boolean";
+      return "a boolean";
     case JSON_INTEGER:
-      return "integer";
+      return "an integer";
     case JSON_REAL:
-      return "float";
+      return "a float";
     case JSON_STRING:
-      return "string";
+      return "a string";
     case JSON_ARRAY:
-      return "list";
+      return "a list";
     case JSON_OBJECT:
-      return "dict";
+      return "a dict";
   }
   return "value";
 }
