@@ -55,25 +55,65 @@ int tmpl_fail(tmpl_render_t *r, const node_t *at, int code, const char *fmt, ...
   return code;
 }
 
-void tmpl_namespace_add(tmpl_render_t *r, json_t *obj) {
+int tmpl_namespace_add(tmpl_render_t *r, const node_t *at, json_t *obj) {
+  if (r->nns >= TMPL_MAX_NAMESPACES)
+    return tmpl_fail(r, at, TY_EEXHAUSTED, "more than %d namespace() objects in one render",
+                     TMPL_MAX_NAMESPACES);
   if (r->nns == r->capns) {
     r->capns = r->capns ? 2 * r->capns : 8;
     r->ns = xrealloc(r->ns, r->capns * sizeof *r->ns);
   }
   r->ns[r->nns++] = json_incref(obj);
+  return 0;
 }
 
 static int is_namespace(const tmpl_render_t *r, const json_t *v) {
-  for (size_t i = 0; i < r->nns; i++)
+  for (size_t i = r->nns; i-- > 0;) /* the newest first: usually the one set */
     if (r->ns[i] == v) return 1;
   return 0;
+}
+
+/* Item by item, 16 units a comparison; stops early once past the limit
+ * (tmpl_charge then reports it). */
+static int equal_rec(tmpl_render_t *r, const json_t *a, const json_t *b) {
+  r->made += 16;
+  if (r->made > TMPL_MAX_MADE) return 0;
+  if (!a || !b) return !a && !b;
+  if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
+  if (json_typeof(a) != json_typeof(b)) return 0;
+  if (json_is_string(a))
+    return json_string_length(a) == json_string_length(b) &&
+           !memcmp(json_string_value(a), json_string_value(b), json_string_length(a));
+  if (json_is_array(a)) {
+    if (json_array_size(a) != json_array_size(b)) return 0;
+    for (size_t i = 0; i < json_array_size(a); i++)
+      if (!equal_rec(r, json_array_get(a, i), json_array_get(b, i))) return 0;
+    return 1;
+  }
+  if (json_is_object(a)) {
+    const char *key;
+    json_t *val;
+    if (json_object_size(a) != json_object_size(b)) return 0;
+    json_object_foreach((json_t *)a, key, val) {
+      if (!equal_rec(r, val, json_object_get(b, key))) return 0;
+    }
+    return 1;
+  }
+  return 1; /* null, true, false: the same type */
+}
+
+int tmpl_equal(tmpl_render_t *r, const node_t *at, const json_t *a, const json_t *b) {
+  int eq = equal_rec(r, a, b);
+  int rc = tmpl_charge(r, at, 0);
+  return rc ? rc : eq;
 }
 
 int tmpl_charge(tmpl_render_t *r, const node_t *at, size_t bytes) {
   r->made += bytes;
   if (r->made > TMPL_MAX_MADE)
     return tmpl_fail(r, at, TY_EEXHAUSTED,
-                     "the template made more than %u MiB of strings and lists in one render",
+                     "the template made or scanned more than %u MiB of strings and lists in "
+                     "one render",
                      TMPL_MAX_MADE >> 20);
   return 0;
 }
@@ -152,6 +192,7 @@ static int index_value(tmpl_render_t *r, const node_t *n, json_t *obj, json_t *k
     }
     const char *s = json_string_value(obj);
     size_t bytes = json_string_length(obj);
+    if (tmpl_charge(r, n, bytes)) return TY_EEXHAUSTED;
     long long len = (long long)tmpl_utf8_len(s, bytes);
     if (i < 0) i += len;
     if (i < 0 || i >= len) return 0;
@@ -223,7 +264,8 @@ static int eval_slice(tmpl_render_t *r, const node_t *n, json_t *obj, json_t **o
     len = (long long)ncp;
   }
   long long start, stop, step;
-  if ((rc = slice_bounds(r, n, vs, len, &start, &stop, &step))) {
+  if ((rc = tmpl_charge(r, n, json_is_array(obj) ? (size_t)len * TMPL_ITEM_COST : bytes)) ||
+      (rc = slice_bounds(r, n, vs, len, &start, &stop, &step))) {
     free(cp);
     goto done;
   }
@@ -341,11 +383,14 @@ static int contains(tmpl_render_t *r, const node_t *n, json_t *item, json_t *seq
   }
   if (json_is_array(seq)) {
     *res = 0;
-    for (size_t i = 0; i < json_array_size(seq) && !*res; i++)
-      *res = tmpl_equal(item, json_array_get(seq, i));
+    for (size_t i = 0; i < json_array_size(seq) && !*res; i++) {
+      *res = tmpl_equal(r, n, item, json_array_get(seq, i));
+      if (*res < 0) return *res;
+    }
     return 0;
   }
   if (json_is_string(seq) && json_is_string(item)) {
+    if (tmpl_charge(r, n, json_string_length(seq))) return TY_EEXHAUSTED;
     *res = memmem(json_string_value(seq), json_string_length(seq), json_string_value(item),
                   json_string_length(item)) != NULL;
     return 0;
@@ -384,7 +429,11 @@ static int eval_binary(tmpl_render_t *r, const node_t *n, json_t **out) {
   switch (n->op) {
     case OP_EQ:
     case OP_NE:
-      *out = json_boolean(tmpl_equal(a, b) == (n->op == OP_EQ));
+      res = tmpl_equal(r, n, a, b);
+      if (res < 0)
+        rc = res;
+      else
+        *out = json_boolean(res == (n->op == OP_EQ));
       goto done;
     case OP_IN:
     case OP_NOTIN:
@@ -423,7 +472,7 @@ static int eval_binary(tmpl_render_t *r, const node_t *n, json_t **out) {
     goto done;
   }
   if (n->op == OP_ADD && json_is_array(a) && json_is_array(b)) {
-    if ((rc = tmpl_charge(r, n, (json_array_size(a) + json_array_size(b)) * sizeof(void *))))
+    if ((rc = tmpl_charge(r, n, (json_array_size(a) + json_array_size(b)) * TMPL_ITEM_COST)))
       goto done;
     json_t *list = json_copy(a);
     json_array_extend(list, b);
@@ -445,7 +494,7 @@ static int eval_binary(tmpl_render_t *r, const node_t *n, json_t **out) {
   if (n->op == OP_MUL && (json_is_string(a) || json_is_array(a)) && json_is_integer(b)) {
     long long k = json_integer_value(b);
     if (k < 0) k = 0;
-    size_t unit = json_is_string(a) ? json_string_length(a) : json_array_size(a) * sizeof(void *);
+    size_t unit = json_is_string(a) ? json_string_length(a) : json_array_size(a) * TMPL_ITEM_COST;
     if (unit && (unsigned long long)k > TMPL_MAX_MADE / unit) {
       rc = tmpl_charge(r, n, TMPL_MAX_MADE + 1ull);
       goto done;
@@ -658,21 +707,20 @@ static int exec_for(tmpl_render_t *r, const node_t *n) {
   if (json_is_array(seq)) {
     items = json_incref(seq);
   } else if (json_is_object(seq)) {
+    if ((rc = tmpl_charge(r, n, json_object_size(seq) * TMPL_ITEM_COST))) {
+      json_decref(seq);
+      return rc;
+    }
     const char *key;
     json_t *val;
     items = json_array();
     json_object_foreach(seq, key, val) json_array_append_new(items, json_string(key));
   } else if (json_is_string(seq)) {
-    json_t *one = json_integer(0);
-    items = json_array();
-    size_t len = tmpl_utf8_len(json_string_value(seq), json_string_length(seq));
-    for (size_t i = 0; i < len; i++) {
-      json_t *c;
-      json_integer_set(one, (json_int_t)i);
-      index_value(r, n, seq, one, &c);
-      json_array_append_new(items, c);
+    if ((rc = tmpl_charge(r, n, json_string_length(seq) * TMPL_ITEM_COST))) {
+      json_decref(seq);
+      return rc;
     }
-    json_decref(one);
+    items = tmpl_chars(seq);
   } else {
     json_decref(seq);
     return tmpl_fail(r, n->a, TY_EINVAL, "cannot loop over %s", tmpl_kind(seq));
@@ -697,6 +745,11 @@ static int exec_for(tmpl_render_t *r, const node_t *n) {
     json_t *kept = json_array();
     for (size_t i = 0; i < json_array_size(items) && !rc; i++) {
       json_t *c = NULL;
+      if (++r->iterations > TMPL_MAX_ITERATIONS) {
+        rc = tmpl_fail(r, n, TY_EEXHAUSTED, "more than %d loop iterations in one render",
+                       TMPL_MAX_ITERATIONS);
+        break;
+      }
       BIND(json_array_get(items, i));
       if (!rc && !(rc = eval(r, n->d, &c)) && tmpl_truthy(c))
         json_array_append(kept, json_array_get(items, i));
@@ -764,11 +817,9 @@ static int exec_set(tmpl_render_t *r, const node_t *n) {
                    n->a->str, tmpl_kind(obj), n->a->a->str);
     json_decref(v);
   } else {
-    /* a copy, so that no value can come to hold the namespace itself (a
-     * reference cycle that would never be freed) */
-    json_t *copy = json_is_array(v) || json_is_object(v) ? json_deep_copy(v) : json_incref(v);
-    json_decref(v);
-    json_object_set_new(obj, n->a->str, copy ? copy : json_null());
+    /* a namespace may come to hold itself (ns.me = [ns]): tmpl_render
+     * empties every namespace at the end, which breaks such cycles */
+    json_object_set_new(obj, n->a->str, v ? v : json_null());
   }
   json_decref(obj);
   return rc;
@@ -833,7 +884,10 @@ int tmpl_render(const tmpl_t *t, const json_t *context, char **out, char *err, s
   if (rc > 0) rc = tmpl_fail(&r, NULL, TY_EINVAL, "break or continue outside a loop");
   while (r.nframes) frame_pop(&r);
   free(r.frames);
-  for (size_t i = 0; i < r.nns; i++) json_decref(r.ns[i]);
+  for (size_t i = 0; i < r.nns; i++) {
+    json_object_clear(r.ns[i]);
+    json_decref(r.ns[i]);
+  }
   free(r.ns);
   if (rc) {
     free(result.p);

@@ -167,10 +167,18 @@ const tmpl_func_t *tmpl_find_func(const char *name);
 int tmpl_fail(tmpl_render_t *r, const node_t *at, int code, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 /* Marks obj (a JSON object made by namespace()) as one whose attributes
- * {% set ns.x = ... %} may assign. */
-void tmpl_namespace_add(tmpl_render_t *r, json_t *obj);
+ * {% set ns.x = ... %} may assign; 0, or TY_EEXHAUSTED past
+ * TMPL_MAX_NAMESPACES. */
+int tmpl_namespace_add(tmpl_render_t *r, const node_t *at, json_t *obj);
+#define TMPL_MAX_NAMESPACES 1000
 /* Counts bytes against the render's value limit; 0 or TY_EEXHAUSTED. */
 int tmpl_charge(tmpl_render_t *r, const node_t *at, size_t bytes);
+/* What a list item costs against that limit: about a jansson value's size. */
+#define TMPL_ITEM_COST 64
+/* Jinja ==: numbers by value (1 == 1.0), strings by bytes, lists and dicts
+ * item by item, each item compared charged. 1 equal, 0 not, or a negative
+ * code when the limit is passed. */
+int tmpl_equal(tmpl_render_t *r, const node_t *at, const json_t *a, const json_t *b);
 
 /* ---- values (chat_template_value.c) ---- */
 
@@ -193,11 +201,10 @@ void tmpl_value_json(tmpl_buf_t *b, const json_t *v, int indent, int depth);
 void tmpl_number_js(tmpl_buf_t *b, double d);
 /* A JSON string of b's bytes. */
 json_t *tmpl_string_take(tmpl_buf_t *b);
-/* Jinja ==: numbers by value (1 == 1.0), strings by bytes, lists and dicts
- * item by item. */
-int tmpl_equal(const json_t *a, const json_t *b);
 /* "undefined", "none", "a string", "an integer", ... for messages. */
 const char *tmpl_kind(const json_t *v);
+/* A new list of the characters (code points) of the string s. */
+json_t *tmpl_chars(const json_t *s);
 /* Code points of a UTF-8 string. */
 size_t tmpl_utf8_len(const char *s, size_t n);
 

@@ -189,7 +189,7 @@ static int split(tmpl_render_t *r, const node_t *at, json_t *v, json_t *sep, jso
       if (left > 0) left--;
     }
   }
-  int rc = tmpl_charge(r, at, n + json_array_size(list) * sizeof(void *));
+  int rc = tmpl_charge(r, at, n + json_array_size(list) * TMPL_ITEM_COST);
   if (rc) {
     json_decref(list);
     return rc;
@@ -223,12 +223,14 @@ static int f_trim(FILTER_ARGS) {
   if (need(r, at, "filter 'trim'", v, json_is_string(v), "a string")) return TY_EINVAL;
   json_t *c = arg(args, names, nargs, 0, "chars");
   if (c && !json_is_string(c)) return tmpl_fail(r, at, TY_EINVAL, "trim's chars must be a string");
+  if (tmpl_charge(r, at, json_string_length(v))) return TY_EEXHAUSTED;
   *out = strip(v, c, 1, 1);
   return 0;
 }
 
 static int f_case(FILTER_ARGS, int mode, const char *what) {
   if (need(r, at, what, v, json_is_string(v), "a string")) return TY_EINVAL;
+  if (tmpl_charge(r, at, json_string_length(v))) return TY_EEXHAUSTED;
   *out = recase(v, mode);
   return 0;
 }
@@ -247,6 +249,7 @@ static int f_title(FILTER_ARGS) {
 
 static int f_length(FILTER_ARGS) {
   if (json_is_string(v)) {
+    if (tmpl_charge(r, at, json_string_length(v))) return TY_EEXHAUSTED;
     *out = json_integer((json_int_t)tmpl_utf8_len(json_string_value(v), json_string_length(v)));
   } else if (json_is_array(v)) {
     *out = json_integer((json_int_t)json_array_size(v));
@@ -281,6 +284,11 @@ static int f_tojson(FILTER_ARGS) {
 static int f_string(FILTER_ARGS) {
   tmpl_buf_t b = {0};
   tmpl_value_str(&b, v);
+  int rc = tmpl_charge(r, at, b.len);
+  if (rc) {
+    free(b.p);
+    return rc;
+  }
   *out = tmpl_string_take(&b);
   return 0;
 }
@@ -387,7 +395,7 @@ static int f_items(FILTER_ARGS) {
     return 0;
   }
   if (need(r, at, "filter 'items'", v, json_is_object(v), "a dict")) return TY_EINVAL;
-  if (tmpl_charge(r, at, json_object_size(v) * 3 * sizeof(void *))) return TY_EEXHAUSTED;
+  if (tmpl_charge(r, at, json_object_size(v) * 3 * TMPL_ITEM_COST)) return TY_EEXHAUSTED;
   *out = items_of(v);
   return 0;
 }
@@ -401,19 +409,11 @@ static int f_list(FILTER_ARGS) {
     *out = json_array();
     json_object_foreach(v, key, val) json_array_append_new(*out, json_string(key));
   } else if (json_is_string(v)) {
-    const char *s = json_string_value(v);
-    size_t n = json_string_length(v);
-    *out = json_array();
-    for (size_t i = 0; i < n;) {
-      size_t l = 1;
-      while (i + l < n && ((unsigned char)s[i + l] & 0xC0) == 0x80) l++;
-      json_array_append_new(*out, str_of(s + i, l));
-      i += l;
-    }
+    *out = tmpl_chars(v);
   } else {
     return need(r, at, "filter 'list'", v, 0, "a list, dict or string");
   }
-  return tmpl_charge(r, at, json_array_size(*out) * sizeof(void *));
+  return tmpl_charge(r, at, json_array_size(*out) * TMPL_ITEM_COST);
 }
 
 static int f_int(FILTER_ARGS) {
@@ -472,7 +472,7 @@ static int f_reverse(FILTER_ARGS) {
     size_t n = json_array_size(v);
     *out = json_array();
     for (size_t i = n; i-- > 0;) json_array_append(*out, json_array_get(v, i));
-    return tmpl_charge(r, at, n * sizeof(void *));
+    return tmpl_charge(r, at, n * TMPL_ITEM_COST);
   }
   if (json_is_string(v)) {
     const char *s = json_string_value(v);
@@ -516,6 +516,7 @@ static int filter_items(FILTER_ARGS, int keep, int by_attr, const char *what) {
       return tmpl_fail(r, at, TY_EINVAL, "test '%s' takes %zu to %zu arguments, given %zu", tn,
                        t->min_args, t->max_args, given);
   }
+  if (tmpl_charge(r, at, json_array_size(v) * TMPL_ITEM_COST)) return TY_EEXHAUSTED;
   json_t *list = json_array();
   for (size_t i = 0; i < json_array_size(v); i++) {
     json_t *item = json_array_get(v, i), *x = item;
@@ -528,7 +529,7 @@ static int filter_items(FILTER_ARGS, int keep, int by_attr, const char *what) {
     if (!!res == keep) json_array_append(list, item);
   }
   *out = list;
-  return tmpl_charge(r, at, json_array_size(list) * sizeof(void *));
+  return tmpl_charge(r, at, json_array_size(list) * TMPL_ITEM_COST);
 }
 static int f_select(FILTER_ARGS) {
   return filter_items(r, at, v, args, names, nargs, out, 1, 0, "filter 'select'");
@@ -562,6 +563,7 @@ static int f_map(FILTER_ARGS) {
   } else if (!json_is_string(attr)) {
     return tmpl_fail(r, at, TY_EINVAL, "map's attribute must be a string");
   }
+  if (tmpl_charge(r, at, json_array_size(v) * TMPL_ITEM_COST)) return TY_EEXHAUSTED;
   json_t *list = json_array();
   for (size_t i = 0; i < json_array_size(v); i++) {
     json_t *item = json_array_get(v, i), *x = NULL;
@@ -578,7 +580,7 @@ static int f_map(FILTER_ARGS) {
     json_array_append_new(list, x ? x : json_null());
   }
   *out = list;
-  return tmpl_charge(r, at, json_array_size(list) * sizeof(void *));
+  return tmpl_charge(r, at, json_array_size(list) * TMPL_ITEM_COST);
 }
 
 static const tmpl_filter_t kFilters[] = {
@@ -664,10 +666,11 @@ static int t_even(TEST_ARGS) {
   return t_odd_even(r, at, v, 0);
 }
 static int t_eq(TEST_ARGS) {
-  return tmpl_equal(v, args[0]);
+  return tmpl_equal(r, at, v, args[0]);
 }
 static int t_ne(TEST_ARGS) {
-  return !tmpl_equal(v, args[0]);
+  int eq = tmpl_equal(r, at, v, args[0]);
+  return eq < 0 ? eq : !eq;
 }
 static int t_divisibleby(TEST_ARGS) {
   if (!json_is_integer(v) || !json_is_integer(args[0]) || json_integer_value(args[0]) == 0)
@@ -690,9 +693,10 @@ static int t_upper(TEST_ARGS) {
 }
 static int t_in(TEST_ARGS) {
   json_t *seq = args[0];
+  int eq;
   if (json_is_array(seq)) {
     for (size_t i = 0; i < json_array_size(seq); i++)
-      if (tmpl_equal(v, json_array_get(seq, i))) return 1;
+      if ((eq = tmpl_equal(r, at, v, json_array_get(seq, i)))) return eq;
     return 0;
   }
   if (json_is_object(seq) && json_is_string(v))
@@ -743,6 +747,7 @@ static int m_strip_any(FILTER_ARGS, int left, int right) {
   json_t *c = nargs ? args[0] : NULL;
   if (c && !json_is_null(c) && !json_is_string(c))
     return tmpl_fail(r, at, TY_EINVAL, "%s's characters must be a string", at->a->str);
+  if (tmpl_charge(r, at, json_string_length(v))) return TY_EEXHAUSTED;
   *out = strip(v, json_is_string(c) ? c : NULL, left, right);
   return 0;
 }
@@ -778,6 +783,7 @@ static int m_split(FILTER_ARGS) {
 
 static int m_case(FILTER_ARGS, int mode) {
   if (recv_string(r, at, v)) return TY_EINVAL;
+  if (tmpl_charge(r, at, json_string_length(v))) return TY_EEXHAUSTED;
   *out = recase(v, mode);
   return 0;
 }
@@ -801,7 +807,7 @@ static int m_replace(FILTER_ARGS) {
 
 static int m_items(FILTER_ARGS) {
   if (recv_dict(r, at, v)) return TY_EINVAL;
-  if (tmpl_charge(r, at, json_object_size(v) * 3 * sizeof(void *))) return TY_EEXHAUSTED;
+  if (tmpl_charge(r, at, json_object_size(v) * 3 * TMPL_ITEM_COST)) return TY_EEXHAUSTED;
   *out = items_of(v);
   return 0;
 }
@@ -814,7 +820,7 @@ static int m_keys_values(FILTER_ARGS, int values) {
   json_object_foreach(v, key, val) {
     json_array_append_new(*out, values ? json_incref(val) : json_string(key));
   }
-  return tmpl_charge(r, at, json_object_size(v) * sizeof(void *));
+  return tmpl_charge(r, at, json_object_size(v) * TMPL_ITEM_COST);
 }
 static int m_keys(FILTER_ARGS) {
   return m_keys_values(r, at, v, args, names, nargs, out, 0);
@@ -885,7 +891,7 @@ static int fn_range(FILTER_ARGS) {
   if (count > TMPL_MAX_ITERATIONS)
     return tmpl_fail(r, at, TY_EEXHAUSTED, "range of %llu numbers, more than the %d allowed", count,
                      TMPL_MAX_ITERATIONS);
-  int rc = tmpl_charge(r, at, count * sizeof(void *));
+  int rc = tmpl_charge(r, at, count * TMPL_ITEM_COST);
   if (rc) return rc;
   *out = json_array();
   long long x = a[0];
@@ -907,7 +913,11 @@ static int fn_namespace(FILTER_ARGS) {
     }
     json_object_set(ns, names[i], args[i] ? args[i] : json_null());
   }
-  tmpl_namespace_add(r, ns);
+  int rc = tmpl_namespace_add(r, at, ns);
+  if (rc) {
+    json_decref(ns);
+    return rc;
+  }
   *out = ns;
   return 0;
 }

@@ -259,9 +259,15 @@ void tmpl_value_json(tmpl_buf_t *b, const json_t *v, int indent, int depth) {
   }
 }
 
-int tmpl_equal(const json_t *a, const json_t *b) {
-  if (!a || !b) return !a && !b;
-  if (json_is_number(a) && json_is_number(b)) return json_number_value(a) == json_number_value(b);
-  if (json_is_boolean(a) && json_is_boolean(b)) return json_typeof(a) == json_typeof(b);
-  return json_equal((json_t *)a, (json_t *)b);
+json_t *tmpl_chars(const json_t *v) {
+  const char *s = json_string_value(v);
+  size_t n = json_string_length(v);
+  json_t *list = json_array();
+  for (size_t i = 0; i < n;) {
+    size_t l = 1;
+    while (i + l < n && ((unsigned char)s[i + l] & 0xC0) == 0x80) l++;
+    json_array_append_new(list, json_stringn_nocheck(s + i, l));
+    i += l;
+  }
+  return list;
 }

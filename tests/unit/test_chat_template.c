@@ -416,6 +416,21 @@ static void test_limits(void **state) {
   failure("{% set s = 'xx' %}{% for i in range(64) %}{% set s = s ~ s %}{% endfor %}",
           TY_EEXHAUSTED);
   failure("{{ 'x' * 9223372036854775807 }}", TY_EEXHAUSTED);
+  /* work that makes nothing is counted too: comparisons, scans */
+  failure(
+      "{% set l = range(100000) %}{% for i in range(1000) %}{% if l == l %}{% endif %}{% endfor %}",
+      TY_EEXHAUSTED);
+  failure(
+      "{% set l = range(100000) %}{% for i in range(100000) %}{% if -1 in l %}{% endif %}{% endfor "
+      "%}",
+      TY_EEXHAUSTED);
+  failure("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s|length }}{% endfor %}",
+          TY_EEXHAUSTED);
+  assert_fails("{% for i in range(2000) %}{% set ns = namespace(i=i) %}{% endfor %}", TY_EEXHAUSTED,
+               "chat template line 1: more than 1000 namespace() objects in one render");
+  /* a namespace that holds itself is freed (the sanitizer build checks) */
+  assert_render("{% set ns = namespace(a=1) %}{% set ns.me = [ns, {'n': ns}] %}{{ ns.me|length }}",
+                "2");
   /* nesting: brackets, a long chain of operators, of filters, of ifs */
   char *deep = malloc(200000);
   size_t n = 0;
