@@ -9,7 +9,8 @@
  * lstrip_blocks on, one trailing newline dropped, the {% generation %} tag
  * ignored); expressions with literals, lists, dicts, attributes, subscripts,
  * slices, arithmetic, ~, comparisons, and/or/not, in, tests, the ternary,
- * the filters, methods and functions of the tables in chat_template_lib.c.
+ * the filters, tests, methods and functions of the tables in
+ * chat_template_filters.c and chat_template_lib.c.
  * Anything else is refused when parsed, naming the construct and the line:
  * "chat template line 3: filter 'wordcount' is not supported".
  *
