@@ -245,7 +245,11 @@ static int add_roots(const char *list, bool write, bool missing_ok, char *err, s
     struct stat st;
     g_on = true;
     const bool found = realpath(tok, real) && stat(real, &st) == 0;
-    if (!found && missing_ok) continue; /* it holds nothing */
+    if (!found && missing_ok) { /* it holds nothing, and is named as given */
+      if (used + strlen(tok) + 2 < cap)
+        used += (size_t)sprintf(g_list[write] + used, "%s%s", used ? ":" : "", tok);
+      continue;
+    }
     if (!found || !S_ISDIR(st.st_mode)) {
       rc = errf(err, errlen, TY_EINVAL, "root %s %s; give existing directories", tok,
                 found ? "is not a directory" : "does not exist");
@@ -294,6 +298,10 @@ int ty_beneath_roots_from_env(char *err, size_t errlen) {
 
 void ty_beneath_force_walk(bool walk) {
   g_walk = walk;
+}
+
+bool ty_beneath_walks(void) {
+  return g_walk;
 }
 
 bool ty_beneath_confined(void) {
@@ -399,7 +407,7 @@ int ty_beneath_open(const char *path, int flags, mode_t mode, char *err, size_t 
 
 FILE *ty_beneath_fopen(const char *path, const char *mode, char *err, size_t errlen) {
   int flags = mode[0] == 'w' ? O_WRONLY | O_CREAT | O_TRUNC : O_RDONLY;
-  int fd = ty_beneath_open(path, flags, 0644, err, errlen);
+  int fd = ty_beneath_open(path, flags, 0666, err, errlen); /* as fopen: the umask applies */
   if (fd < 0) return NULL;
   FILE *f = fdopen(fd, mode);
   if (!f) {
@@ -494,7 +502,10 @@ int ty_beneath_mkdirs(const char *dir, char *err, size_t errlen) {
       int made = mkdirat(pfd, name, 0755);
       int e = errno;
       close(pfd);
-      if (made != 0 && e != EEXIST) return fail(err, errlen, path, NULL, true, e);
+      if (made != 0 && e != EEXIST) {
+        errno = e;
+        return errf(err, errlen, TY_EPERM, "cannot create directory %s: %s", path, strerror(e));
+      }
     }
     if (fd < 0) fd = open_in(path, true, O_PATH | O_DIRECTORY, 0, err, errlen);
     if (fd < 0) {

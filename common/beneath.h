@@ -63,15 +63,17 @@ int ty_beneath_set_roots(const char *read, const char *write, bool missing_ok, c
  * TRAINYARD_BENEATH_WALK (0 or 1, default 0) forces the O_NOFOLLOW walk. */
 int ty_beneath_roots_from_env(char *err, size_t errlen);
 
-/* Forces (true) or releases the O_NOFOLLOW walk for the process's roots. */
+/* Forces (true) or releases the O_NOFOLLOW walk for the process's roots;
+ * ty_beneath_walks says which is in force. */
 void ty_beneath_force_walk(bool walk);
+bool ty_beneath_walks(void);
 
 /* Whether the process has roots. */
 bool ty_beneath_confined(void);
 
 /* The resolved roots, colon-separated, of the write roots (write) or of
- * the read roots alone; "" when there are none. Borrowed until the next
- * ty_beneath_set_roots. */
+ * the read roots alone (one left out by missing_ok as it was given); ""
+ * when there are none. Borrowed until the next ty_beneath_set_roots. */
 const char *ty_beneath_roots(bool write);
 
 /* open(2) of path inside the roots: flags that write (O_WRONLY, O_RDWR,
