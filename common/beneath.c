@@ -344,6 +344,33 @@ static const char *below(const root_t *r, const char *abs) {
   return *rel ? rel : ".";
 }
 
+/* Why path leads out of root r, for a message: the first symbolic link
+ * on its way and where it points, as the file system has them now. */
+static void first_link(const root_t *r, const char *path, char *out, size_t n) {
+  char abs[PATH_MAX], target[PATH_MAX];
+  snprintf(out, n, "a symbolic link on its way is absolute or climbs above the root with '..'");
+  if (absolute(path, abs) || !below(r, abs)) return;
+  for (char *p = abs + r->len + 1;; p++) {
+    if (*p != '/' && *p != '\0') continue;
+    const char c = *p;
+    *p = '\0';
+    struct stat st;
+    ssize_t k;
+    if (lstat(abs, &st) != 0) return;
+    if (S_ISLNK(st.st_mode) && (k = readlink(abs, target, sizeof target - 1)) > 0) {
+      target[k] = '\0';
+      snprintf(out, n, "%s is a symbolic link to %s", abs, target);
+      return;
+    }
+    if (!strcmp(strrchr(abs, '/') + 1, "..")) {
+      snprintf(out, n, "'..' climbs above the root");
+      return;
+    }
+    *p = c;
+    if (!c) return;
+  }
+}
+
 /* The message for errno e at path inside root (NULL: under no root). */
 static int fail(char *err, size_t errlen, const char *path, const root_t *root, bool write, int e) {
   int code = e == ENOENT ? TY_ENOTFOUND : TY_EPERM;
@@ -354,13 +381,14 @@ static int fail(char *err, size_t errlen, const char *path, const root_t *root, 
     for (char *c = list; (c = strchr(c, ':'));) *c = ','; /* "a:b" reads "a,b" */
     errf(err, errlen, code, "%s lies outside the %sroots (%s); give a path inside one of them",
          path, write ? "output " : "", *list ? list : "none exists");
-  } else if (e == EXDEV)
+  } else if (e == EXDEV) {
+    char why[2 * PATH_MAX + 64];
+    first_link(root, path, why, sizeof why);
     errf(err, errlen, code,
-         "%s leads outside the root %s: a symbolic link on its way is absolute or climbs "
-         "above the root with '..'; replace the link with the file or folder itself, or "
-         "with a relative link that stays inside %s",
-         path, root->path, root->path);
-  else if (e == ELOOP)
+         "%s leads outside the root %s (%s); replace the link with the file or folder itself, "
+         "or with a relative link that stays inside the root",
+         path, root->path, why);
+  } else if (e == ELOOP)
     errf(err, errlen, code,
          "%s: a /proc magic link, or more than %d symbolic links, on its way inside the root "
          "%s; replace the link with the file or folder itself",

@@ -109,7 +109,7 @@ int ty_dir_lock(const char *dir, char *err, size_t errlen) {
   char why[1024];
   int fd = ty_beneath_open(dir, O_RDONLY | O_DIRECTORY, 0, why, sizeof why);
   if (fd < 0) {
-    if (err) snprintf(err, errlen, "cannot open directory %s", why);
+    if (err) snprintf(err, errlen, "cannot open the directory: %s", why);
     return TY_EPERM;
   }
   rc = ty_flock_try(fd);

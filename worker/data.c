@@ -118,7 +118,7 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
                          : ty_beneath_open(cfg->path, O_RDONLY, 0, why, sizeof why);
   if (fd < 0 && cfg != cfg_in) return TY_EUNAVAILABLE;
   if (fd < 0) {
-    snprintf(msg, msglen, "cannot open data file %s", why);
+    snprintf(msg, msglen, "cannot open the data file: %s", why);
     return fd == TY_ENOTFOUND ? TY_ENOTFOUND : TY_EPERM;
   }
   struct stat st;

@@ -227,7 +227,7 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
   if (f->fd < 0) {
     const int rc = f->fd;
     f->fd = -1;
-    return ty_errf(err, errlen, rc, "cannot open %s", why);
+    return ty_errf(err, errlen, rc, "cannot open: %s", why);
   }
   struct stat sb;
   if (fstat(f->fd, &sb) || !S_ISREG(sb.st_mode))

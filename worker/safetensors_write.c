@@ -97,7 +97,7 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
     int e = errno;
     free(hdr);
     writer_free(w, false);
-    return ty_errf(err, errlen, e == ENOENT ? TY_ENOTFOUND : TY_EPERM, "cannot create %s", why);
+    return ty_errf(err, errlen, e == ENOENT ? TY_ENOTFOUND : TY_EPERM, "cannot create: %s", why);
   }
   w->buf = xmalloc(1u << 20);
   setvbuf(w->f, w->buf, _IOFBF, 1u << 20);

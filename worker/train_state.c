@@ -87,7 +87,7 @@ static int64_t parse_step_name(const char *name, bool tmp) {
 static int write_json(const char *path, json_t *obj, char *err, size_t errlen) {
   char why[1024];
   int rc = ty_json_write_file(obj, path, JSON_INDENT(2) | JSON_SORT_KEYS, why, sizeof why);
-  if (rc) snprintf(err, errlen, "cannot write %s", why);
+  if (rc) snprintf(err, errlen, "cannot write: %s", why);
   return rc ? TY_EPERM : 0;
 }
 

@@ -143,6 +143,8 @@ class Swaps(unittest.TestCase):
             self.assertEqual(j["state"], "failed", "%s: %s" % (name, j["reason"]))
             self.assertIn(os.path.join(self.root, where[name]), j["reason"], name)
             self.assertIn("leads outside the root %s" % self.root, j["reason"], name)
+            link = os.path.join(self.root, where[name])
+            self.assertIn("%s is a symbolic link to %s" % (link, os.readlink(link)), j["reason"])
         self.assertEqual(snapshot(out), before)
         self.assertFalse(os.path.exists(os.path.join(out, "out-d", "adapter_config.json")))
 
