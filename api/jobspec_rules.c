@@ -486,7 +486,9 @@ static const rule_t g_rules[] = {
      check_output_not_model},
     {"paths-in-roots", "model_path, data.path, output_dir", "submit",
      "no reading or writing outside the server's configured roots (symbolic links and .. "
-     "followed)",
+     "followed; the paths are stored resolved); a file of the model folder, or an entry of the "
+     "output folder down to checkpoints/step-N's files, that is a link leading out of its root "
+     "is refused too, as its ranks, which open every file beneath the roots, would fail",
      NULL},
     {"output-dir-free", "output_dir", "submit",
      "no two unfinished jobs write one output folder: they would overwrite each other's "

@@ -245,11 +245,7 @@ static int add_roots(const char *list, bool write, bool missing_ok, char *err, s
     struct stat st;
     g_on = true;
     const bool found = realpath(tok, real) && stat(real, &st) == 0;
-    if (!found && missing_ok) { /* it holds nothing, and is named as given */
-      if (used + strlen(tok) + 2 < cap)
-        used += (size_t)sprintf(g_list[write] + used, "%s%s", used ? ":" : "", tok);
-      continue;
-    }
+    if (!found && missing_ok) continue; /* it holds nothing */
     if (!found || !S_ISDIR(st.st_mode)) {
       rc = errf(err, errlen, TY_EINVAL, "root %s %s; give existing directories", tok,
                 found ? "is not a directory" : "does not exist");
@@ -292,8 +288,11 @@ int ty_beneath_roots_from_env(char *err, size_t errlen) {
                        &walk, err, errlen);
   if (rc) return rc;
   g_walk = walk == 1;
-  return ty_beneath_set_roots(getenv("TRAINYARD_READ_ROOTS"), getenv("TRAINYARD_WRITE_ROOTS"),
-                              false, err, errlen);
+  const char *read = getenv("TRAINYARD_READ_ROOTS"), *write = getenv("TRAINYARD_WRITE_ROOTS");
+  rc = ty_beneath_set_roots(read, write, false, err, errlen);
+  /* Set but empty (a server none of whose roots exists): confined to nothing. */
+  if (!rc && (read || write)) g_on = true;
+  return rc;
 }
 
 void ty_beneath_force_walk(bool walk) {

@@ -59,8 +59,10 @@ int ty_beneath_openat(int dirfd, const char *rel, int flags, mode_t mode, ty_ben
 int ty_beneath_set_roots(const char *read, const char *write, bool missing_ok, char *err,
                          size_t errlen);
 
-/* ty_beneath_set_roots from TRAINYARD_READ_ROOTS and TRAINYARD_WRITE_ROOTS;
- * TRAINYARD_BENEATH_WALK (0 or 1, default 0) forces the O_NOFOLLOW walk. */
+/* ty_beneath_set_roots from TRAINYARD_READ_ROOTS and TRAINYARD_WRITE_ROOTS
+ * (a root that does not exist is an error); either set, even empty, makes
+ * the process confined (both empty: to nothing). TRAINYARD_BENEATH_WALK
+ * (0 or 1, default 0) forces the O_NOFOLLOW walk. */
 int ty_beneath_roots_from_env(char *err, size_t errlen);
 
 /* Forces (true) or releases the O_NOFOLLOW walk for the process's roots;
@@ -72,8 +74,8 @@ bool ty_beneath_walks(void);
 bool ty_beneath_confined(void);
 
 /* The resolved roots, colon-separated, of the write roots (write) or of
- * the read roots alone (one left out by missing_ok as it was given); ""
- * when there are none. Borrowed until the next ty_beneath_set_roots. */
+ * the read roots alone; "" when there are none. Borrowed until the next
+ * ty_beneath_set_roots. */
 const char *ty_beneath_roots(bool write);
 
 /* open(2) of path inside the roots: flags that write (O_WRONLY, O_RDWR,

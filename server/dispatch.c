@@ -138,7 +138,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   for (int i = 0; i < n_own; i++) envp[k++] = env_buf[i];
   /* The roots, as long as they are (up to 32 of PATH_MAX each). */
   char *roots[3] = {NULL, NULL, NULL};
-  if (ty_beneath_confined()) { /* this server's roots (svc_open) are the rank's */
+  if (ty_beneath_confined()) { /* this server's roots (svc_open) are the rank's, even none */
     roots[0] = env_kv("TRAINYARD_READ_ROOTS", ty_beneath_roots(false));
     roots[1] = env_kv("TRAINYARD_WRITE_ROOTS", ty_beneath_roots(true));
   }

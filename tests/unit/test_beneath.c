@@ -279,6 +279,13 @@ static void test_unconfined_and_bad_roots(void **state) {
   assert_int_equal(ty_beneath_open(p, O_RDONLY, 0, err, sizeof err), TY_EPERM);
   snprintf(p, sizeof p, "%s/secret.txt", g_out);
   read_text(ty_beneath_open(p, O_RDONLY, 0, err, sizeof err), "outside");
+  /* Set but empty: confined to nothing (a server none of whose roots exists). */
+  setenv("TRAINYARD_READ_ROOTS", "", 1);
+  setenv("TRAINYARD_WRITE_ROOTS", "", 1);
+  assert_int_equal(ty_beneath_roots_from_env(err, sizeof err), 0);
+  assert_true(ty_beneath_confined());
+  assert_int_equal(ty_beneath_open(p, O_RDONLY, 0, err, sizeof err), TY_EPERM);
+  assert_non_null(strstr(err, "none exists"));
   unsetenv("TRAINYARD_BENEATH_WALK");
   unsetenv("TRAINYARD_READ_ROOTS");
   unsetenv("TRAINYARD_WRITE_ROOTS");
