@@ -108,6 +108,11 @@ static int walk_last(walk_t *w, const char *name, char *after, char **rest, int 
     }
     return fd;
   }
+  if (flags & O_NOFOLLOW) { /* the caller's own: the link itself, as openat2 gives it */
+    if (flags & O_PATH) return fd;
+    close(fd);
+    return -ELOOP;
+  }
   int rc = walk_expand(w, fd, after, rest);
   close(fd);
   *expanded = rc == 0;

@@ -113,6 +113,11 @@ static void check_openat(ty_beneath_how_t how) {
   assert_true(p >= 0);
   close(p);
   assert_int_equal(ty_beneath_openat(root, "outdir", O_PATH, 0, how), -EXDEV);
+  /* The caller's O_NOFOLLOW: the last link itself, never what it names. */
+  assert_int_equal(ty_beneath_openat(root, "sub/up", O_RDONLY | O_NOFOLLOW, 0, how), -ELOOP);
+  p = ty_beneath_openat(root, "esc", O_PATH | O_NOFOLLOW, 0, how);
+  assert_true(p >= 0);
+  close(p);
   /* Creating through a link that leads out makes nothing there. */
   assert_int_equal(ty_beneath_openat(root, "dangling", O_WRONLY | O_CREAT, 0644, how), -EXDEV);
   assert_int_equal(ty_beneath_openat(root, "outdir/made.txt", O_WRONLY | O_CREAT, 0644, how),
