@@ -421,7 +421,13 @@ static int open_in(const char *path, bool write, int flags, mode_t mode, char *e
     const root_t *r = &g_roots[i];
     const char *rel = write && !r->write ? NULL : below(r, abs);
     if (!rel) continue;
-    int fd = ty_beneath_openat(r->fd, rel, flags, mode, g_walk ? TY_BENEATH_WALK : TY_BENEATH_AUTO);
+    int fd;
+    if (r->len == 0) { /* the root "/" holds everything: nothing to refuse */
+      fd = openat(r->fd, rel, flags | O_CLOEXEC, mode);
+      if (fd < 0) fd = -errno;
+    } else {
+      fd = ty_beneath_openat(r->fd, rel, flags, mode, g_walk ? TY_BENEATH_WALK : TY_BENEATH_AUTO);
+    }
     if (fd >= 0) return fd;
     /* Report a plain failure (a missing file) before a way out. */
     if (!first || (first_e == EXDEV || first_e == ELOOP)) first = r, first_e = -fd;

@@ -20,7 +20,7 @@
  * holds a path is found by its spelling (the roots are kept resolved), so
  * a caller gives the resolved form that trainyardd stores at submit.
  * Reading may use any root; creating, writing, renaming and removing only
- * the write roots. Functions that fail return a negative TY_E* code (or
+ * the write roots. A root of "/" holds everything, and is opened plainly. Functions that fail return a negative TY_E* code (or
  * NULL) with a message in err (may be NULL) that names the path and, for
  * a path that leads out, the root and how to fix it; errno then holds the
  * system's reason: EXDEV for a path that leads outside its root (or lies
