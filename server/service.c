@@ -15,9 +15,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/beneath.h"
 #include "common/fsutil.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 #include "server/gpu_info.h"
 #include "server/scheduler.h"
@@ -103,6 +105,18 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   size_t nw = split_roots(s->out_roots_buf, s->write_roots, ROOTS_MAX);
   for (size_t i = 0; i < nw; i++) s->read_roots[nr + i] = s->write_roots[i];
   s->read_roots[nr + nw] = NULL;
+  /* Jobs' files are reached only from handles on these roots, here and in
+   * the ranks (common/beneath.h); a root made later counts after a restart. */
+  long walk = 0;
+  int brc = ty_env_long("TRAINYARD_BENEATH_WALK", 0, 1,
+                        "1 opens files inside the roots by the O_NOFOLLOW walk, not openat2", &walk,
+                        msg, msgsz);
+  if (!brc) brc = ty_beneath_set_roots(cfg->roots, cfg->output_roots, true, msg, msgsz);
+  if (brc) {
+    svc_close(s);
+    return brc;
+  }
+  ty_beneath_force_walk(walk == 1);
   s->host_mem_total = jobspec_host_memory();
   if (cfg->gpus > 0) gpu_memory(s, cfg);
   /* A root that does not exist holds nothing until it does: say so now,
@@ -110,8 +124,10 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   for (size_t i = 0; i < nr + nw; i++) {
     char real[PATH_MAX];
     if (!realpath(s->read_roots[i], real))
-      ty_warn("root %s does not exist (%s): no job path lies inside it until it does",
-              s->read_roots[i], strerror(errno));
+      ty_warn(
+          "root %s does not exist (%s): no job path lies inside it until it does and "
+          "trainyardd is restarted",
+          s->read_roots[i], strerror(errno));
   }
   int rc = db_open(cfg->db, &s->db, msg, msgsz);
   if (rc) {
@@ -187,6 +203,16 @@ static void absolutize(char *path, size_t size) {
   if (strlen(joined) < size) memcpy(path, joined, strlen(joined) + 1);
 }
 
+/* Replaces path with its resolved form (jobspec_resolve_path: links and
+ * '..' followed): with partly true, also one whose end does not exist yet
+ * (an output folder to be made); else only one that exists whole. */
+static void resolve(char *path, size_t size, bool partly) {
+  char res[PATH_MAX];
+  if (!*path) return;
+  if (partly ? jobspec_resolve_path(path, NULL, res) != 0 : !realpath(path, res)) return;
+  if (strlen(res) < size) memcpy(path, res, strlen(res) + 1);
+}
+
 /* "cpu" or "cuda": what device auto means on this host. */
 static const char *resolve_device(const svc_t *s, const jobspec_t *spec) {
   if (spec->device == JOBSPEC_DEVICE_CUDA) return "cuda";
@@ -200,13 +226,25 @@ static const char *resolve_device(const svc_t *s, const jobspec_t *spec) {
  * which a job's folder is stored, even when other fields are invalid, so
  * that validate names every problem at once. */
 static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_dir) {
+  /* The rules read the files the ranks will read, as they will: resolved. */
+  resolve(spec->model_path, sizeof spec->model_path, false);
+  resolve(spec->data.path, sizeof spec->data.path, false);
   if (jobspec_validate(spec, true, errs) == 0) {
     /* Paths are checked and stored absolute: ranks may run elsewhere. */
     absolutize(spec->model_path, sizeof spec->model_path);
     absolutize(spec->data.path, sizeof spec->data.path);
     absolutize(spec->output_dir, sizeof spec->output_dir);
+    size_t before = errs->len;
     jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL, out_dir};
     jobspec_check_roots(spec, &roots, errs);
+    /* ...and stored resolved: a link made or swapped after this submit
+     * is met by the ranks, which open these paths beneath the roots and
+     * follow no link out of them. */
+    if (errs->len == before) {
+      resolve(spec->model_path, sizeof spec->model_path, true);
+      resolve(spec->data.path, sizeof spec->data.path, true);
+      resolve(spec->output_dir, sizeof spec->output_dir, true);
+    }
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     const char *device = resolve_device(s, spec);
     if (!strcmp(device, "cpu")) {
