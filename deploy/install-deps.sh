@@ -10,12 +10,13 @@ set -euo pipefail
 
 group=${1:-build}
 
-worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev)
+worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev
+             libprotobuf-c-dev protobuf-c-compiler)
 # nodejs + npm: the build installs the web page's chart library with npm ci.
-build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+build_pkgs=("${worker_pkgs[@]}" libgrpc-dev
             libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)
 test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
-           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium)
+           python3-protobuf protobuf-compiler python3-prometheus-client python3-requests python3-yaml curl procps chromium)
 # wrk + nginx: tests/bench/api.py measures trainyardd beside nginx.
 bench_pkgs=("${test_pkgs[@]}" wrk nginx-light)
 
