@@ -50,7 +50,7 @@ enum MHD_Result rest_h_submit(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   } else {
     char location[128];
     snprintf(location, sizeof location, "/v1/jobs/%s", job->id);
-    json_t *body = svc_job_json(job);
+    json_t *body = svc_job_view(r->svc, job);
     char *text = ty_json_dumps(body, JSON_COMPACT);
     json_decref(body);
     struct MHD_Response *resp =
@@ -101,7 +101,7 @@ enum MHD_Result rest_h_list(rest_t *r, struct MHD_Connection *c, rest_req_t *q) 
     ret = send_rc(c, q, rc, *msg ? msg : "invalid list request (see details)", &errs);
   } else {
     json_t *arr = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(arr, svc_job_json(jobs[i]));
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, svc_job_view(r->svc, jobs[i]));
     json_t *body = json_pack("{s:o}", "jobs", arr);
     json_object_set_new(body, "next_page_token", next ? json_string(next) : json_null());
     ret = rest_send_json(c, q, 200, body);
@@ -152,7 +152,7 @@ enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q
     rc = svc_cancel(r->svc, q->params[0], reason, &job, &errs, msg, sizeof msg);
   json_decref(o);
   enum MHD_Result ret =
-      rc ? send_rc(c, q, rc, msg, &errs) : rest_send_json(c, q, 200, svc_job_json(job));
+      rc ? send_rc(c, q, rc, msg, &errs) : rest_send_json(c, q, 200, svc_job_view(r->svc, job));
   ty_errlist_clear(&errs);
   db_job_free(job);
   return ret;
@@ -164,7 +164,7 @@ enum MHD_Result rest_h_delete(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   char msg[MSG_MAX] = "";
   int rc = svc_delete(r->svc, q->params[0], &job, msg, sizeof msg);
   enum MHD_Result ret =
-      rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, svc_job_json(job));
+      rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, svc_job_view(r->svc, job));
   db_job_free(job);
   return ret;
 }

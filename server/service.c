@@ -381,7 +381,7 @@ int svc_get_text(svc_t *s, const char *id, char **text, size_t *len, char *msg, 
   db_job_t *j;
   int rc = svc_get(s, id, &j, msg, msgsz);
   if (rc) return rc;
-  json_t *o = svc_job_json(j);
+  json_t *o = svc_job_view(s, j);
   db_job_free(j);
   char *body = ty_json_dumps(o, JSON_COMPACT);
   json_decref(o);
@@ -631,6 +631,7 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     goto out;
   }
   bool progressed = false;
+  svc_report_progress(s, id, j->state, &r);
   rc = db_report_ingest(s->db, id, &r, &progressed);
   if (rc == TY_ENOTFOUND) {
     ty_errlist_add(errs, "rank", "job %s has ranks 0..%d", id, j->world_size - 1);
@@ -646,7 +647,10 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
     svc_transition(s, id, DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING, why, NULL, NULL);
   }
-  if (progressed) notify(s);
+  if (progressed) {
+    cache_invalidate(s, id); /* the job's view shows its progress */
+    notify(s);
+  }
 out:
   atomic_fetch_add(rc ? &s->reports_bad : &s->reports_ok, 1);
   return rc;

@@ -115,6 +115,14 @@ int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, ch
  * the normalized spec. */
 json_t *svc_job_json(const db_job_t *j);
 
+/* svc_job_json with the job's progress, progress_phase, eta_seconds and
+ * tokens_per_s (server/progress.h) from its ranks' last reports: the view
+ * every API answer gives of a job. */
+json_t *svc_job_view(svc_t *s, const db_job_t *j);
+/* Fills r's job_* figures: the progress of job id (in state) once report
+ * r is taken in, which its "progress" event carries. */
+void svc_report_progress(svc_t *s, const char *id, int state, db_report_t *r);
+
 /* Figures for /metrics. */
 typedef struct {
   int64_t jobs[DB_JOB_STATE_COUNT];
