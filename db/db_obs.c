@@ -88,3 +88,47 @@ int db_recent_steps(db_t *db, const char *id, int attempt, int rank, int max, in
   }
   return rc;
 }
+
+int db_metric_points(db_t *db, const char *id, int attempt, int64_t from_step, int64_t to_step,
+                     int *attempt_out, db_metric_point_t **out, size_t *n) {
+  *out = NULL;
+  *n = 0;
+  pthread_mutex_lock(&db->lock);
+  sqlite3_stmt *st;
+  int rc = 0;
+  if (attempt <= 0) {
+    if (!(rc = dbi_prepare(db, "SELECT attempt FROM jobs WHERE id = ?", &st))) {
+      sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+      if (sqlite3_step(st) == SQLITE_ROW)
+        attempt = sqlite3_column_int(st, 0);
+      else
+        rc = TY_ENOTFOUND;
+      dbi_finish(db, st);
+    }
+  }
+  *attempt_out = attempt;
+  if (!rc)
+    rc = dbi_prepare(db,
+                     "SELECT rank, step, loss, tokens_per_s, t FROM metrics WHERE job_id = ?"
+                     " AND attempt = ? AND step BETWEEN ? AND ? ORDER BY rank, step",
+                     &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, attempt);
+    sqlite3_bind_int64(st, 3, from_step);
+    sqlite3_bind_int64(st, 4, to_step);
+    size_t cap = 0;
+    while (sqlite3_step(st) == SQLITE_ROW) {
+      if (*n == cap) *out = xrealloc(*out, (cap = cap ? cap * 2 : 256) * sizeof **out);
+      db_metric_point_t *p = &(*out)[(*n)++];
+      p->rank = sqlite3_column_int(st, 0);
+      p->step = sqlite3_column_int64(st, 1);
+      p->loss = sqlite3_column_type(st, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 2);
+      p->tokens_per_s = sqlite3_column_double(st, 3);
+      p->t = sqlite3_column_double(st, 4);
+    }
+    dbi_finish(db, st);
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}

@@ -37,4 +37,19 @@ int db_rank_figures(db_t *db, const char *id, db_rank_figures_t **out, size_t *n
 int db_recent_steps(db_t *db, const char *id, int attempt, int rank, int max, int64_t *steps,
                     double *t, int *n);
 
+/* One metrics point of a rank (a training step). */
+typedef struct {
+  int rank;
+  int64_t step;
+  double loss; /* NaN when the report had none */
+  double tokens_per_s;
+  double t; /* unix seconds */
+} db_metric_point_t;
+
+/* The metric points of attempt (the newest when <= 0; *attempt_out says
+ * which) of job id whose step is in [from_step, to_step], ordered by rank
+ * and step. *out is the caller's (free()). TY_ENOTFOUND for no such job. */
+int db_metric_points(db_t *db, const char *id, int attempt, int64_t from_step, int64_t to_step,
+                     int *attempt_out, db_metric_point_t **out, size_t *n);
+
 #endif

@@ -691,12 +691,6 @@ int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, si
   return rc ? rc : db_ranks_json(s->db, id, attempt, out);
 }
 
-int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
-  db_job_brief_t b;
-  int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
-  return rc ? rc : db_metrics_json(s->db, id, attempt, out);
-}
-
 int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
                  size_t msgsz) {
   db_job_brief_t b;
