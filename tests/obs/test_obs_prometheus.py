@@ -5,6 +5,7 @@ tokens_per_s in GET /v1/jobs/{id}, the list and the SSE "progress"
 events, moving as the job trains. Ranks are played by ty_test_worker."""
 import json
 import os
+import subprocess
 import sys
 import time
 import unittest
@@ -13,7 +14,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from tyserver import Server  # noqa: E402
+from tyserver import BIN, Server  # noqa: E402
 
 FAMILIES = ["trainyard_job_rank_step", "trainyard_job_rank_total_steps",
             "trainyard_job_rank_loss", "trainyard_job_rank_tokens_per_second",
@@ -114,6 +115,24 @@ class Prometheus(unittest.TestCase):
         train = [d["job_progress"] for d in seen if d["job_progress_phase"] == "training"]
         self.assertEqual(train, sorted(train))
         self.assertGreater(train[-1], 0.9)
+
+        # The CLI shows the same figures: list's PROGRESS column, watch's
+        # job lines (no terminal: one per change), get's JSON.
+        def ty(*args):
+            p = subprocess.run([os.path.join(BIN, "cli", "trainyard")] + list(args) +
+                               ["--server", srv.url], capture_output=True, text=True, timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            return p.stdout
+        rows = [line for line in ty("list").splitlines() if line.startswith(job_id)]
+        self.assertEqual(len(rows), 1)
+        self.assertIn("done 100%", rows[0])
+        self.assertIn("PROGRESS", ty("list").splitlines()[0])
+        watched = [line for line in ty("watch", job_id).splitlines() if line.startswith("job ")]
+        self.assertTrue(any(line.startswith("job loading ") for line in watched), watched)
+        self.assertTrue(any(" tok/s" in line and line.startswith("job training ")
+                            for line in watched), watched)
+        got = json.loads(ty("get", job_id))
+        self.assertEqual((got["progress"], got["progress_phase"]), (1, "done"))
 
 
 if __name__ == "__main__":
