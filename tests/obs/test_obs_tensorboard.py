@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
@@ -73,6 +74,54 @@ class TensorBoard(unittest.TestCase):
             self.assertTrue(math.isclose(tb["train/tokens_per_s"][steps], x["tokens_per_s"],
                                          rel_tol=1e-6))
             self.assertIsInstance(x["host_peak_bytes"], int)
+        finally:
+            srv.cleanup()
+
+    def test_cancel_leaves_whole_records(self):
+        """A job cancelled mid-training (its ranks get SIGTERM) leaves event
+        files and metrics.jsonl that read back whole: every CRC right, no
+        torn record or line, the steps 1..N in order."""
+        srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
+                                         "--progress-timeout", "120"]).start()
+        try:
+            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
+                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
+                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
+                            "--vocab-size", "256"], cwd=srv.dir, check=True,
+                           capture_output=True)
+            spec = srv.spec(name="tb-cancel", model_path="models/small", lora_rank=4,
+                            data={"path": "train.txt", "seq_len": 16},
+                            train={"steps": 1000000, "micro_batch_size": 2})
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            job_id = r.json()["id"]
+            out = os.path.join(srv.dir, "runs", "tb-cancel")
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                try:
+                    with open(os.path.join(out, "metrics.jsonl")) as f:
+                        if sum(1 for _ in f) >= 20:
+                            break
+                except FileNotFoundError:
+                    pass
+                time.sleep(0.05)
+            else:
+                self.fail("no 20 steps in metrics.jsonl within 60 s")
+            self.assertEqual(srv.post("/v1/jobs/%s:cancel" % job_id).status_code, 200)
+            srv.wait_state(job_id, ["cancelled"], timeout=30)
+            deadline = time.time() + 30
+            while srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"][0]["finished_at"] is None:
+                self.assertLess(time.time(), deadline, "rank 0 did not stop")
+                time.sleep(0.05)
+            tb = tfevents.scalars(os.path.join(out, "tensorboard"))
+            steps = sorted(tb["train/loss"])
+            self.assertGreaterEqual(len(steps), 20)
+            self.assertEqual(steps, list(range(1, len(steps) + 1)))
+            with open(os.path.join(out, "metrics.jsonl")) as f:
+                text = f.read()
+            self.assertTrue(text.endswith("\n"))
+            lines = [json.loads(x) for x in text.splitlines()]
+            self.assertEqual([x["step"] for x in lines if "loss" in x], steps)
         finally:
             srv.cleanup()
 
