@@ -154,6 +154,13 @@ typedef struct {
   int64_t bytes_loaded, bytes_total, host_peak_bytes, device_peak_bytes;
   double load_seconds;
   char message[512];
+  /* The job's figures once this report is in (server/progress.h), which
+   * its "progress" event carries as job_progress, job_progress_phase,
+   * job_eta_seconds (null when NaN) and job_tokens_per_s; only when
+   * has_job_progress. */
+  bool has_job_progress;
+  double job_progress, job_eta_seconds, job_tokens_per_s;
+  char job_progress_phase[16];
 } db_report_t;
 
 /* Writes a report into the rank's row; appends a metrics point when the

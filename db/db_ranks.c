@@ -74,15 +74,22 @@ out:
 }
 
 static json_t *report_json(const db_report_t *r) {
-  return json_pack("{s:i, s:i, s:i, s:s, s:I, s:I, s:o, s:f, s:I, s:I, s:I, s:I, s:f, s:s}",
-                   "attempt", r->attempt, "rank", r->rank, "world_size", r->world_size, "phase",
-                   r->phase, "step", (json_int_t)r->step, "total_steps",
-                   (json_int_t)r->total_steps, "loss",
-                   isfinite(r->loss) ? json_real(r->loss) : json_null(), "tokens_per_s",
-                   r->tokens_per_s, "bytes_loaded", (json_int_t)r->bytes_loaded, "bytes_total",
-                   (json_int_t)r->bytes_total, "host_peak_bytes", (json_int_t)r->host_peak_bytes,
-                   "device_peak_bytes", (json_int_t)r->device_peak_bytes, "load_seconds",
-                   r->load_seconds, "message", r->message);
+  json_t *o = json_pack(
+      "{s:i, s:i, s:i, s:s, s:I, s:I, s:o, s:f, s:I, s:I, s:I, s:I, s:f, s:s}", "attempt",
+      r->attempt, "rank", r->rank, "world_size", r->world_size, "phase", r->phase, "step",
+      (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps, "loss",
+      isfinite(r->loss) ? json_real(r->loss) : json_null(), "tokens_per_s", r->tokens_per_s,
+      "bytes_loaded", (json_int_t)r->bytes_loaded, "bytes_total", (json_int_t)r->bytes_total,
+      "host_peak_bytes", (json_int_t)r->host_peak_bytes, "device_peak_bytes",
+      (json_int_t)r->device_peak_bytes, "load_seconds", r->load_seconds, "message", r->message);
+  if (o && r->has_job_progress) {
+    json_object_set_new(o, "job_progress", json_real(r->job_progress));
+    json_object_set_new(o, "job_progress_phase", json_string(r->job_progress_phase));
+    json_object_set_new(o, "job_eta_seconds",
+                        isfinite(r->job_eta_seconds) ? json_real(r->job_eta_seconds) : json_null());
+    json_object_set_new(o, "job_tokens_per_s", json_real(r->job_tokens_per_s));
+  }
+  return o;
 }
 
 /* ev_text: the report's "progress" event, rendered before the lock. */

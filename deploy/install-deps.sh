@@ -10,15 +10,16 @@ set -euo pipefail
 
 group=${1:-build}
 
-worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev)
+worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev
+             libprotobuf-c-dev protobuf-c-compiler)
 # nodejs + npm: the build installs the web page's chart library with npm ci.
 # g++ + libgloo-dev: the Gloo comm for CPU ranks on several hosts (optional in
 # the build; installed so that it is built and tested).
-build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
+build_pkgs=("${worker_pkgs[@]}" libgrpc-dev
             libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm g++ libgloo-dev)
 test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
-           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium
-           slurmctld slurmd slurm-client munge)
+           python3-protobuf protobuf-compiler python3-prometheus-client python3-requests python3-yaml
+           curl procps chromium slurmctld slurmd slurm-client munge)
 # slurmctld, slurmd, slurm-client, munge: deploy/slurm-cluster.sh's two-node
 # test cluster (integration/slurm_cluster).
 # wrk + nginx: tests/bench/api.py measures trainyardd beside nginx.

@@ -16,6 +16,8 @@
 #include "common/log.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
+#include "db/db_obs.h"
+#include "server/prom_jobs.h"
 #include "server/service.h"
 
 /* How long shutdown waits for open event streams to end cleanly. */
@@ -382,6 +384,14 @@ static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_re
              i < N_ROUTES ? g_routes[i].method : "", i < N_ROUTES ? g_routes[i].pattern : "other",
              status, (long long)atomic_load_explicit(&g_counts[i][k].count, memory_order_relaxed));
     }
+  db_rank_figures_t *ranks = NULL;
+  size_t nranks = 0;
+  if (db_rank_figures(svc_db(r->svc), NULL, &ranks, &nranks) == 0) {
+    char *jobs = prom_jobs_text(ranks, nranks, db_now());
+    append(&b, &len, &cap, "%s", jobs);
+    free(jobs);
+  }
+  free(ranks);
   return rest_send_text(c, q, 200, "text/plain; version=0.0.4", b);
 }
 

@@ -419,7 +419,7 @@ int svc_get_text(svc_t *s, const char *id, char **text, size_t *len, char *msg, 
   db_job_t *j;
   int rc = svc_get(s, id, &j, msg, msgsz);
   if (rc) return rc;
-  json_t *o = svc_job_json(j);
+  json_t *o = svc_job_view(s, j);
   db_job_free(j);
   char *body = ty_json_dumps(o, JSON_COMPACT);
   json_decref(o);
@@ -669,6 +669,7 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     goto out;
   }
   bool progressed = false;
+  svc_report_progress(s, id, j->state, &r);
   rc = db_report_ingest(s->db, id, &r, &progressed);
   if (rc == TY_ENOTFOUND) {
     ty_errlist_add(errs, "rank", "job %s has ranks 0..%d", id, j->world_size - 1);
@@ -684,7 +685,10 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
     svc_transition(s, id, DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING, why, NULL, NULL);
   }
-  if (progressed) notify(s);
+  if (progressed) {
+    cache_invalidate(s, id); /* the job's view shows its progress */
+    notify(s);
+  }
 out:
   atomic_fetch_add(rc ? &s->reports_bad : &s->reports_ok, 1);
   return rc;
@@ -723,12 +727,6 @@ int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, si
   db_job_brief_t b;
   int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
   return rc ? rc : db_ranks_json(s->db, id, attempt, out);
-}
-
-int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
-  db_job_brief_t b;
-  int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
-  return rc ? rc : db_metrics_json(s->db, id, attempt, out);
 }
 
 int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,

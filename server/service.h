@@ -105,7 +105,14 @@ uint64_t svc_event_generation(svc_t *s);
 uint64_t svc_wait_events(svc_t *s, uint64_t seen, double timeout_s);
 
 int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz);
-int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz);
+/* The curves of an attempt (the newest when attempt <= 0) over steps
+ * [from_step, to_step] (INT64_MAX: to the end), per rank, each thinned to
+ * at most max_points (server/thin.h; 0: every point): {"job_id",
+ * "attempt", "from_step", "to_step" (null: open), "max_points" (null),
+ * "ranks":[{"rank", "points" (in the range, before thinning), "steps",
+ * "loss", "tokens_per_s", "t"}]}. The caller checks the range. */
+int svc_metrics_range(svc_t *s, const char *id, int attempt, int64_t from_step, int64_t to_step,
+                      int64_t max_points, json_t **out, char *msg, size_t msgsz);
 /* The path of a rank's log file (a new string). */
 int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
                  size_t msgsz);
@@ -114,6 +121,14 @@ int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, ch
  * world_size, device, max_restarts, times (RFC 3339, null when unset) and
  * the normalized spec. */
 json_t *svc_job_json(const db_job_t *j);
+
+/* svc_job_json with the job's progress, progress_phase, eta_seconds and
+ * tokens_per_s (server/progress.h) from its ranks' last reports: the view
+ * every API answer gives of a job. */
+json_t *svc_job_view(svc_t *s, const db_job_t *j);
+/* Fills r's job_* figures: the progress of job id (in state) once report
+ * r is taken in, which its "progress" event carries. */
+void svc_report_progress(svc_t *s, const char *id, int state, db_report_t *r);
 
 /* Figures for /metrics. */
 typedef struct {
