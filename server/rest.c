@@ -232,6 +232,33 @@ static enum MHD_Result no_route(struct MHD_Connection *c, rest_req_t *q, const c
                          NULL);
 }
 
+typedef struct {
+  char *name; /* the first argument found with a NUL byte */
+  size_t size;
+  bool found;
+} nul_find_t;
+
+static enum MHD_Result nul_arg(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                               const char *value, size_t value_size) {
+  (void)kind;
+  nul_find_t *f = cls;
+  if ((key && strlen(key) != key_size) || (value && strlen(value) != value_size)) {
+    snprintf(f->name, f->size, "%.*s", (int)strnlen(key ? key : "", 48), key ? key : "");
+    f->found = true;
+    return MHD_NO;
+  }
+  return MHD_YES;
+}
+
+/* Whether a query argument's name or value, once decoded, holds a NUL byte
+ * ("state=%00" would read as no filter at all); name receives it. */
+static bool query_has_nul(struct MHD_Connection *c, char *name, size_t size) {
+  name[0] = '\0';
+  nul_find_t f = {name, size, false};
+  MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, nul_arg, &f);
+  return f.found;
+}
+
 /* The first call of a request: route, auth and Content-Length checks. An
  * error is queued at once (MHD then skips the body). */
 static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
@@ -247,6 +274,14 @@ static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_
                              tok ? "the bearer token is not valid for this server"
                                  : "this server needs 'Authorization: Bearer <token>'",
                              "WWW-Authenticate", "Bearer realm=\"trainyard\"", NULL);
+  }
+  char bad[64];
+  if (query_has_nul(c, bad, sizeof bad)) {
+    ty_errlist_t errs = TY_ERRLIST_INIT;
+    ty_errlist_add(&errs, bad, "holds a NUL byte (%%00); no value of this API may hold one");
+    enum MHD_Result ret = rest_send_error(c, q, TY_EINVAL, "invalid query string", &errs);
+    ty_errlist_clear(&errs);
+    return ret;
   }
   int64_t limit = q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit;
   const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");

@@ -2,6 +2,7 @@
  * state change passes through svc_transition (db_job_transition). */
 #include "server/service.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -289,8 +290,9 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
   check_spec(s, spec, errs, out_dir);
   int rc = invalid(errs, before, msg, msgsz);
   if (rc) return rc;
-  if (idempotency_key && strlen(idempotency_key) > 255) {
-    ty_errlist_add(errs, "Idempotency-Key", "at most 255 characters");
+  if (idempotency_key && strlen(idempotency_key) > SVC_IDEMPOTENCY_KEY_MAX) {
+    ty_errlist_add(errs, "Idempotency-Key", "at most %d characters, got %zu",
+                   SVC_IDEMPOTENCY_KEY_MAX, strlen(idempotency_key));
     set_msg(msg, msgsz, "the Idempotency-Key header is too long");
     return TY_EINVAL;
   }
@@ -434,9 +436,13 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
                    (long long)page_size);
   int64_t before = 0;
   if (page_token && *page_token) {
-    char *end;
-    long long v = page_token[0] == 'p' ? strtoll(page_token + 1, &end, 16) : -1;
-    if (v <= 0 || *end)
+    char *end = NULL;
+    errno = 0;
+    /* "p" and at most 16 hex digits: a longer one would overflow. */
+    long long v = page_token[0] == 'p' && strlen(page_token) <= 17 && isxdigit(page_token[1])
+                      ? strtoll(page_token + 1, &end, 16)
+                      : -1;
+    if (v <= 0 || errno == ERANGE || !end || *end)
       ty_errlist_add(errs, "page_token",
                      "not a page token of this server (pass next_page_token unchanged)");
     before = v;

@@ -46,6 +46,7 @@ int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_
  * spec TY_EEXISTS. The output folder check is made as the job is stored,
  * so of two submits racing for one folder only one is stored (TY_EINVAL,
  * field output_dir, for the other). */
+#define SVC_IDEMPOTENCY_KEY_MAX 128 /* as api/openapi.yaml says */
 int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t **out,
                bool *created, ty_errlist_t *errs, char *msg, size_t msgsz);
 
