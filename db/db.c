@@ -111,14 +111,20 @@ int dbi_err(db_t *db, int rc, const char *what) {
   /* Said once while it lasts: a write retried every few seconds against a
    * full disk must not fill the log with the same line. */
   char text[sizeof db->last_err];
-  snprintf(text, sizeof text, "%s: %s (%d)", what, sqlite3_errmsg(db->conn), rc);
-  if (strcmp(text, db->last_err)) {
-    ty_error("sqlite: %s", text);
-    snprintf(db->last_err, sizeof db->last_err, "%s", text);
+  snprintf(text, sizeof text, "%s (%d)", sqlite3_errmsg(db->conn), rc);
+  if (strcmp(text, db->last_err)) ty_error("sqlite: %s: %s", what, text);
+  snprintf(db->last_err, sizeof db->last_err, "%s", text);
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+      return TY_EUNAVAILABLE; /* the disk or the file, not the request */
+    case SQLITE_CORRUPT:
+      return TY_EDATALOSS;
   }
-  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) return TY_EUNAVAILABLE;
-  if (rc == SQLITE_FULL || rc == SQLITE_IOERR) return TY_EUNAVAILABLE;
-  if (rc == SQLITE_CORRUPT) return TY_EDATALOSS;
   return TY_EINTERNAL;
 }
 
@@ -197,6 +203,8 @@ int dbi_exec(db_t *db, const char *sql) {
 }
 
 int dbi_run(db_t *db, const char *sql) {
+  /* A failed COMMIT (disk full, I/O error) has already rolled back. */
+  if (!strcmp(sql, "ROLLBACK") && sqlite3_get_autocommit(db->conn)) return 0;
   sqlite3_stmt *st;
   int rc = dbi_prepare(db, sql, &st);
   if (rc) return rc;

@@ -81,8 +81,8 @@ void db_close(db_t *db);
  * when the file was deleted or another file put in its place, so that what
  * is written no longer lands where a restart would look. */
 int db_file_check(db_t *db, char *msg, size_t msgsz);
-/* The last SQLite error of a statement ("" once a later write committed),
- * as "what: message (code)", or "no error recorded". */
+/* The last SQLite error ("message (code)"; cleared once a later write
+ * commits), or "no error recorded". */
 void db_last_error(db_t *db, char *buf, size_t size);
 /* The schema version this build applies (the last migration). */
 int db_schema_version(void);

@@ -67,7 +67,8 @@ int db_rank_finished(db_t *db, const char *id, int attempt, int rank, const char
     json_decref(ev);
     if (seq < 0) rc = (int)seq;
   }
-  dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
+  int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
+  if (!rc) rc = end; /* a COMMIT that failed wrote nothing */
 out:
   pthread_mutex_unlock(&db->lock);
   return rc;

@@ -360,6 +360,9 @@ static enum MHD_Result h_healthz(rest_t *r, struct MHD_Connection *c, rest_req_t
   svc_stats_t st;
   if (svc_stats(r->svc, &st))
     return rest_send_error(c, q, TY_EUNAVAILABLE, "the database cannot be read", NULL);
+  char why[1024];
+  if (!svc_health(r->svc, why, sizeof why))
+    return rest_send_error(c, q, TY_EUNAVAILABLE, why, NULL);
   return rest_send_json(c, q, 200, json_pack("{s:s, s:i}", "status", "ok", "schema_version",
                                              db_schema_version()));
 }
