@@ -2,9 +2,12 @@
 restart: no acknowledged job is lost, none stays in a non-final state it
 cannot leave, surviving ranks are stopped, each change an event with its
 reason. Also a clean shutdown (SIGTERM) with a running job, and a second
-trainyardd on the same database, which is refused rather than taking the
-first one's ranks for leftovers of a crash."""
+trainyardd on the same database (by any name of the file), which is refused
+rather than taking the first one's ranks for leftovers of a crash; a
+database file replaced under a running server, and a damaged one at
+start."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -80,6 +83,82 @@ class Recovery(unittest.TestCase):
             self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "cancelled")
         finally:
             srv.cleanup()
+
+    def test_second_server_by_another_name_is_refused(self):
+        """The lock is the file's: a symlink or a hard link to the database
+        reaches the same lock, and the first server's ranks run on."""
+        srv = Server()
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="slow-linked", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            db = os.path.join(srv.dir, "var", "ty.db")
+            os.symlink(db, os.path.join(srv.dir, "sym.db"))
+            os.link(db, os.path.join(srv.dir, "hard.db"))
+            for name in ("sym.db", "hard.db", "./var/../var/ty.db"):
+                args = srv.args()
+                args[args.index("--listen") + 1] = "127.0.0.1:%d" % free_port()
+                args[args.index("--db") + 1] = name
+                p = subprocess.run(args, cwd=srv.dir, capture_output=True, text=True, timeout=30)
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn("in use by another trainyardd (pid %d, " % srv.proc.pid, p.stderr)
+            self.assertTrue(all(group_alive(pid) for pid in pids))
+            self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "running")
+            srv.post("/v1/jobs/%s:cancel" % job["id"])
+        finally:
+            srv.cleanup()
+
+    def test_database_replaced_under_the_server(self):
+        srv = Server()
+        try:
+            srv.start()
+            db = os.path.join(srv.dir, "var", "ty.db")
+            os.rename(db, db + ".moved")
+            deadline = time.time() + 10
+            r = None
+            while time.time() < deadline:
+                r = srv.get("/healthz")
+                if r.status_code == 503:
+                    break
+                time.sleep(0.1)
+            self.assertEqual(r.status_code, 503, r.text)
+            self.assertIn("was deleted while this server ran", r.json()["error"]["message"])
+            r = srv.post("/v1/jobs", srv.spec(name="refused"))
+            self.assertEqual(r.status_code, 503, r.text)
+            self.assertIn("deleted", r.json()["error"]["message"])
+            # Put back, the server is healthy again.
+            os.rename(db + ".moved", db)
+            deadline = time.time() + 10
+            while time.time() < deadline and srv.get("/healthz").status_code != 200:
+                time.sleep(0.1)
+            self.assertEqual(srv.get("/healthz").status_code, 200)
+            self.assertEqual(srv.post("/v1/jobs", srv.spec(name="taken", steps=2)).status_code,
+                             201)
+        finally:
+            srv.cleanup()
+
+    def test_damaged_database_is_refused_at_start(self):
+        srv = Server()
+        try:
+            srv.start()
+            for i in range(40):
+                srv.post("/v1/jobs", srv.spec(name="fill%d" % i, steps=1, world_size=1,
+                                              model_path="models/tiny" + "/." * 200))
+            srv.stop()
+            db = os.path.join(srv.dir, "var", "ty.db")
+            self.assertGreater(os.path.getsize(db), 4 * 4096)
+            with open(db, "r+b") as f:
+                f.seek(2 * 4096)
+                f.write(bytes((i * 7 + 13) % 256 for i in range(4096)))
+            p = subprocess.run(srv.args(), cwd=srv.dir, capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("is damaged (PRAGMA quick_check: ", p.stderr)
+            self.assertIn("restore it from a backup", p.stderr)
+        finally:
+            srv.log.close()
+            shutil.rmtree(srv.dir, ignore_errors=True)
 
     def test_logs_follow_rides_out_a_restart(self):
         srv = Server()
