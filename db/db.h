@@ -183,11 +183,16 @@ int db_flush(db_t *db);
  * (their end is still to be recorded). */
 int db_job_unfinished_ranks(db_t *db, const char *id, int *n);
 
-/* The live ranks of every job in starting or running (for recovery): calls
- * fn once per rank row without a finish, with its pid and pid_start. */
+/* For recovery: calls fn once per rank row without a finish, of any job
+ * (a cancelled or failed one whose ranks were still stopping included) and
+ * any attempt, with its pid and pid_start (0 when never started). */
 typedef void (*db_live_rank_fn)(const char *id, int attempt, int rank, int pid,
                                 int64_t pid_start, void *ctx);
 int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx);
+/* For recovery: closes (as failed, with reason) every attempt left open
+ * that is not the open attempt of a job in starting or running; *n
+ * receives how many. */
+int db_attempts_close_stale(db_t *db, const char *reason, int *n);
 
 /* JSON views (new objects, the caller's). */
 /* {"job_id","attempt","ranks":[{rank, state, phase, step, ...}]}: the

@@ -18,10 +18,10 @@
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "server/dispatch.h"
 #include "server/service.h"
-#include "worker/comm.h"
 
 #define TICK_S 0.1
 
@@ -320,7 +320,7 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   if (r->gpu)
     snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
   else
-    snprintf(rdv, sizeof r->rdv, "shm:ty-%s-%d", j->id, attempt);
+    ty_shm_server_rendezvous(j->id, attempt, rdv, sizeof r->rdv);
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
     for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
@@ -533,7 +533,7 @@ static void tick(sched_t *s) {
         if (r->ranks[i].started) dispatch_release(&r->ranks[i].proc);
       /* Ranks unlink the segment once all have joined; one that died
        * before that leaves it, so the attempt's end removes it. */
-      if (!r->gpu) comm_shm_remove(r->rdv);
+      if (!r->gpu) ty_shm_remove(r->rdv);
       if (r->out_lock >= 0) close(r->out_lock);
     }
     pthread_mutex_lock(&s->lock);

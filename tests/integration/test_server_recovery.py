@@ -14,6 +14,8 @@ import sys
 import time
 import unittest
 
+import requests
+
 sys.path.insert(0, os.path.dirname(__file__))
 from tyserver import BIN, Server, free_port, group_alive  # noqa: E402
 
@@ -56,6 +58,76 @@ class Recovery(unittest.TestCase):
                           "retrying (restart 1 of 1)", events)
             listed = {j["id"] for j in srv.get("/v1/jobs").json()["jobs"]}
             self.assertEqual(listed, {once["id"], retry["id"], queued["id"]})
+        finally:
+            srv.cleanup()
+
+    def check_wedge_free(self, srv, job_id, pids):
+        """After a restart: no rank of the job runs, every rank row has its
+        end, the event stream and `trainyard watch` end, DELETE works."""
+        self.assertFalse([p for p in pids if group_alive(p)], "old ranks still running")
+        for attempt in range(1, srv.get("/v1/jobs/" + job_id).json()["attempt"] + 1):
+            ranks = srv.get("/v1/jobs/%s/ranks?attempt=%d" % (job_id, attempt)).json()["ranks"]
+            self.assertFalse([r for r in ranks if r["state"] in ("starting", "running")], ranks)
+        events = srv.get("/v1/jobs/%s/events" % job_id, timeout=10).text
+        self.assertIn("trainyardd restarted: the rank was stopped", events)
+        env = dict(os.environ, TRAINYARD_SERVER=srv.url)
+        env.pop("TRAINYARD_TOKEN", None)
+        w = subprocess.run([os.path.join(BIN, "cli", "trainyard"), "watch", job_id], env=env,
+                           capture_output=True, text=True, timeout=20)
+        self.assertNotIn("Traceback", w.stderr)
+        r = requests.delete(srv.url + "/v1/jobs/" + job_id, timeout=10)
+        self.assertEqual(r.status_code, 200, r.text)
+
+    def test_cancel_and_kill_9_at_once(self):
+        srv = Server(extra=["--grace", "3"])
+        stray = "/dev/shm/trainyard-ty-j-00000000deadbeef-1"
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="ignoreterm-nopipe-slow", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            self.assertEqual(srv.post("/v1/jobs/%s:cancel" % job["id"]).status_code, 200)
+            srv.stop(signal.SIGKILL)
+            self.assertTrue(all(group_alive(p) for p in pids), "ranks should still be stopping")
+            # What a crash during the ranks' rendezvous leaves: the attempt's
+            # segment (and one of a job this database does not know), and a
+            # checkpoint being written.
+            ours = "/dev/shm/trainyard-ty-%s-1" % job["id"]
+            for path in (ours, stray):
+                with open(path, "wb") as f:
+                    f.write(b"\0" * 64)
+            tmp = os.path.join(srv.dir, "runs", "ignoreterm-nopipe-slow", "checkpoints",
+                               "step-00000003.tmp")
+            os.makedirs(tmp)
+            with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+                f.write(b"x")
+            srv.start()
+            self.assertFalse(os.path.exists(ours), "the attempt's shm segment is left")
+            self.assertTrue(os.path.exists(stray), "another database's segment was removed")
+            self.assertFalse(os.path.exists(tmp), "the unfinished checkpoint is left")
+            self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "cancelled")
+            self.check_wedge_free(srv, job["id"], pids)
+        finally:
+            if os.path.exists(stray):
+                os.unlink(stray)
+            srv.cleanup()
+
+    def test_kill_9_while_a_failed_attempt_stops(self):
+        srv = Server(extra=["--grace", "3"])
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="fail0at3-ignoreterm-nopipe-slow",
+                                                steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            srv.wait_state(job["id"], ["failed"])
+            srv.stop(signal.SIGKILL)
+            self.assertTrue(group_alive(pids[1]), "rank 1 should still be stopping")
+            srv.start()
+            j = srv.get("/v1/jobs/" + job["id"]).json()
+            self.assertEqual(j["state"], "failed")
+            self.assertIn("rank 0 failed", j["reason"])
+            self.check_wedge_free(srv, job["id"], pids)
         finally:
             srv.cleanup()
 
