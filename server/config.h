@@ -46,6 +46,12 @@
     "largest request head (line + headers) in bytes")                                      \
   X(max_connections, INT, "512", 4, 65536, "TRAINYARD_MAX_CONNECTIONS",                    \
     "concurrent client connections (429 above it)")                                     \
+  X(max_connections_per_ip, INT, "64", 0, 65536, "TRAINYARD_MAX_CONNECTIONS_PER_IP",       \
+    "concurrent connections from one client address, refused above it (0: no cap; behind " \
+    "a proxy, all clients share its address)")                                             \
+  X(request_timeout, SEC, "5", 0.1, 3600, "TRAINYARD_REQUEST_TIMEOUT",                     \
+    "seconds a client has to send a whole request (head and body), from connecting or "    \
+    "from its previous answer; slower ones are cut off")                                   \
   X(http_threads, INT, "0", 0, 1024, "TRAINYARD_HTTP_THREADS",                             \
     "threads serving REST connections, each many at once (0: the number of online CPUs)")  \
   X(sse_keepalive, SEC, "15", 0.1, 60, "TRAINYARD_SSE_KEEPALIVE",                         \

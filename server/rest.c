@@ -16,6 +16,7 @@
 #include "common/log.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
+#include "server/rest_deadline.h"
 #include "server/service.h"
 
 /* How long shutdown waits for open event streams to end cleanly. */
@@ -300,6 +301,21 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
                           enum MHD_ConnectionNotificationCode code) {
   rest_t *r = cls;
   atomic_fetch_add(&r->connections, code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    *socket_ctx = ci ? rdl_opened(r->deadlines, ci->connect_fd) : NULL;
+  } else {
+    rdl_closed(r->deadlines, *socket_ctx);
+    *socket_ctx = NULL;
+  }
+}
+
+/* The connection's deadline handle (rest_deadline.h), or NULL. */
+static rdl_conn_t *conn_deadline(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
 }
 
 static enum MHD_Result too_many(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
@@ -343,11 +359,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
              (long long)(q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit));
     return send_too_large(c, q, msg);
   }
+  rdl_answering(r->deadlines, conn_deadline(c)); /* read whole in time */
   return q->route->fn(r, c, q);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
+  rest_t *r = cls;
+  rdl_answered(r->deadlines, conn_deadline(c));
   rest_req_t *q = *con_cls;
   if (!q) return;
   count_request(q->route, q->status ? q->status : 500);
@@ -478,18 +497,24 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
    * blocks (event streams suspend their connection while idle). */
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO |
                    MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
+  if (!(r->deadlines = rdl_start(cfg->request_timeout))) {
+    snprintf(msg, msgsz, "cannot start the request deadline thread");
+    free(r);
+    return TY_EINTERNAL;
+  }
   if (rest_events_start(r)) {
     snprintf(msg, msgsz, "cannot start the event stream thread");
+    rdl_stop(r->deadlines);
     free(r);
     return TY_EINTERNAL;
   }
   r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER,
                             mhd_log, r, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
-                            MHD_OPTION_SOCK_ADDR, &ss,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
+                            MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
                             MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
-                            MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+                            (unsigned)cfg->max_connections_per_ip, MHD_OPTION_NOTIFY_CONNECTION,
+                            on_connection, r, MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
   if (!r->mhd) {
     snprintf(msg, msgsz, "cannot listen on %s (address in use, or not this host's?)",
@@ -497,6 +522,7 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
     atomic_store(&r->stopping, true);
     rest_events_release(r, 0);
     rest_events_join(r);
+    rdl_stop(r->deadlines);
     free(r);
     return TY_EUNAVAILABLE;
   }
@@ -512,5 +538,6 @@ void rest_stop(rest_t *r) {
   rest_events_release(r, STREAM_END_S);
   MHD_stop_daemon(r->mhd);
   rest_events_join(r);
+  rdl_stop(r->deadlines); /* after the daemon: every connection has closed */
   free(r);
 }

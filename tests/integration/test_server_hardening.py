@@ -3,6 +3,7 @@ values that overflow or hide a NUL byte, an over-long Idempotency-Key,
 slow clients that would hold every connection, and a listen name that
 looks like loopback but is not. Each is refused with a clear error, or
 served around, over loopback only."""
+import http.client
 import os
 import socket
 import subprocess
@@ -59,6 +60,104 @@ class Inputs(unittest.TestCase):
         self.assertIn("at most 128", r.text)
         r = self.srv.post("/v1/jobs", spec, headers={"Idempotency-Key": "k" * 128})
         self.assertEqual(r.status_code, 201, r.text)
+
+
+def get_from(srv, path, source, timeout=3):
+    """GET path from a given loopback source address: (status, body)."""
+    conn = http.client.HTTPConnection("127.0.0.1", srv.port, timeout=timeout,
+                                      source_address=(source, 0))
+    try:
+        conn.request("GET", path)
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def closed_by_peer(sock):
+    try:
+        sock.setblocking(False)
+        return sock.recv(1) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+class SlowClients(unittest.TestCase):
+    def test_slow_clients_do_not_lock_others_out(self):
+        """300 connections from 127.0.0.1 trickle header bytes (more than
+        --max-connections): a client from 127.0.0.2 is answered throughout,
+        each address holds at most --max-connections-per-ip, and every slow
+        connection is cut once its --request-timeout has passed."""
+        srv = Server(extra=["--request-timeout", "2", "--max-connections", "256",
+                            "--max-connections-per-ip", "32"]).start()
+        socks = []
+        try:
+            for _ in range(300):
+                s = socket.socket()
+                s.settimeout(2)
+                try:
+                    s.connect(("127.0.0.1", srv.port))
+                    s.sendall(b"GET /v1/jobs HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+                    socks.append(s)
+                except OSError:
+                    s.close()
+            start = time.time()
+            worst = 0.0
+            while time.time() - start < 4:
+                for s in socks:
+                    try:
+                        s.send(b"a")
+                    except OSError:
+                        pass
+                t0 = time.time()
+                status, body = get_from(srv, "/healthz", "127.0.0.2")
+                worst = max(worst, time.time() - t0)
+                self.assertEqual(status, 200, body)
+                time.sleep(0.2)
+            self.assertLess(worst, 2.0)
+            status, body = get_from(srv, "/metrics", "127.0.0.2")
+            gauge = [l for l in body.decode().splitlines()
+                     if l.startswith("trainyard_http_connections ")]
+            self.assertLessEqual(int(gauge[0].split()[1]), 32 + 2, gauge)
+            # Past the deadline (2 s, checked every 0.25 s), every one is cut.
+            time.sleep(0.5)
+            left = [s for s in socks if not closed_by_peer(s)]
+            self.assertEqual(len(left), 0, "%d slow connections still open" % len(left))
+            # A client that sends its request in time is answered, also from
+            # the address that was cut off.
+            self.assertEqual(get_from(srv, "/healthz", "127.0.0.1")[0], 200)
+        finally:
+            for s in socks:
+                s.close()
+            srv.cleanup()
+
+    def test_slow_body_is_cut(self):
+        srv = Server(extra=["--request-timeout", "1"]).start()
+        try:
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            s.sendall(b"POST /v1/jobs:validate HTTP/1.1\r\nHost: x\r\n"
+                      b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+            t0 = time.time()
+            cut = False
+            while time.time() - t0 < 4 and not cut:
+                try:
+                    s.send(b" ")
+                except OSError:
+                    cut = True
+                    break
+                time.sleep(0.2)
+                cut = closed_by_peer(s)
+                s.setblocking(True)
+            self.assertTrue(cut, "a body trickled past the deadline was not cut")
+            self.assertLess(time.time() - t0, 3)
+            s.close()
+            # Idle keep-alive after an answer gets a new deadline, not a cut
+            # in the middle of the next request.
+            self.assertEqual(srv.get("/healthz").status_code, 200)
+        finally:
+            srv.cleanup()
 
 
 if __name__ == "__main__":
