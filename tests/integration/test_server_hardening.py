@@ -5,6 +5,7 @@ looks like loopback but is not. Each is refused with a clear error, or
 served around, over loopback only."""
 import http.client
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -158,6 +159,58 @@ class SlowClients(unittest.TestCase):
             self.assertEqual(srv.get("/healthz").status_code, 200)
         finally:
             srv.cleanup()
+
+
+class ListenNames(unittest.TestCase):
+    """No token is allowed only where every address of the listen name is
+    loopback: a name spelled like one ("127.lan.invalid", which resolves
+    nowhere, as an unknown name may resolve anywhere) is not."""
+
+    def run_server(self, *extra):
+        srv = Server()
+        try:
+            args = srv.args() + list(extra)
+            env = dict(os.environ)
+            env.pop("TRAINYARD_TOKENS", None)
+            return subprocess.run(args, cwd=srv.dir, env=env, capture_output=True, text=True,
+                                  timeout=20)
+        finally:
+            srv.log.close()
+            shutil.rmtree(srv.dir, ignore_errors=True)
+
+    def test_rest_listen_name(self):
+        p = self.run_server("--listen", "127.lan.invalid:%d" % free_port())
+        self.assertEqual(p.returncode, 2, p.stderr)
+        self.assertIn("not every address it resolves to is a loopback one", p.stderr)
+
+    def test_grpc_listen_name(self):
+        p = self.run_server("--grpc-listen", "127.lan.invalid:%d" % free_port())
+        self.assertEqual(p.returncode, 1, p.stderr)
+        self.assertIn("is not a loopback address", p.stderr)
+
+    def test_loopback_names_still_run_without_token(self):
+        srv = Server()
+        args = srv.args()
+        args[args.index("--listen") + 1] = "localhost:%d" % srv.port
+        try:
+            env = dict(os.environ)
+            env.pop("TRAINYARD_TOKENS", None)
+            p = subprocess.Popen(args, cwd=srv.dir, env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+            deadline = time.time() + 15
+            ok = False
+            while time.time() < deadline and not ok and p.poll() is None:
+                try:
+                    ok = requests.get("http://localhost:%d/healthz" % srv.port,
+                                      timeout=1).status_code == 200
+                except requests.ConnectionError:
+                    time.sleep(0.05)
+            p.terminate()
+            _, err = p.communicate(timeout=20)
+            self.assertTrue(ok, err)
+        finally:
+            srv.log.close()
+            shutil.rmtree(srv.dir, ignore_errors=True)
 
 
 if __name__ == "__main__":
