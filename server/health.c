@@ -38,7 +38,7 @@ void health_set(health_t *h, health_cond_t c, const char *cause) {
     snprintf(cur, CAUSE_MAX, "%s", cause);
     ty_warn("unhealthy (%s): %s", g_names[c], cur);
   } else if (!cause && *cur) {
-    ty_info("healthy again (%s): no longer %s", g_names[c], cur);
+    ty_info("healthy again (%s); it was: %s", g_names[c], cur);
     cur[0] = '\0';
   }
   pthread_mutex_unlock(&h->lock);

@@ -58,10 +58,11 @@ void pend_free(pend_t *p) {
   free(p);
 }
 
-/* Whether rc is the database failing (worth a retry), not a refusal of the
- * write itself. */
+/* Whether rc is the database failing for now (disk full, read-only, I/O
+ * error, busy: worth a retry), not a refusal of the write itself or an
+ * error that no retry mends (which would hold every later change back). */
 static bool retryable(int rc) {
-  return rc && rc != TY_EPRECONDITION && rc != TY_ENOTFOUND && rc != TY_EINVAL;
+  return rc == TY_EUNAVAILABLE;
 }
 
 static int exec(pend_t *p, const pend_op_t *op, int *cur, int *attempt) {
@@ -118,9 +119,12 @@ static void drain(pend_t *p, bool force) {
       p->retry_at = now + p->backoff;
       return;
     }
-    if (rc)
+    if (rc == TY_EPRECONDITION || rc == TY_ENOTFOUND)
       ty_info("job %s: a kept %s was no longer needed (%s)", op->id,
               op->kind == PEND_TRANSITION ? "state change" : "rank record", ty_err_name(rc));
+    else if (rc)
+      ty_error("job %s: a kept %s cannot be written (%s) and is dropped", op->id,
+               op->kind == PEND_TRANSITION ? "state change" : "rank record", ty_err_name(rc));
     p->head = op->next;
     if (!p->head) p->tail = &p->head;
     p->n--;

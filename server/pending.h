@@ -47,10 +47,11 @@ pend_t *pend_new(db_t *db, health_t *health, pend_written_fn on_written, void *c
 void pend_free(pend_t *p);
 
 /* Writes op now if nothing is kept, else keeps it behind the rest. 0 when
- * written, 1 when kept; a refusal of the op itself (TY_EPRECONDITION with
- * the state found in *cur, TY_ENOTFOUND) is returned as it is and nothing is
- * kept. *cur and *attempt (optional, for transitions) are set only when it
- * was written now. */
+ * written, 1 when kept (the database answered TY_EUNAVAILABLE: disk full,
+ * read-only, I/O error, busy); any other failure (a refusal of the op
+ * itself: TY_EPRECONDITION with the state found in *cur, TY_ENOTFOUND) is
+ * returned as it is and nothing is kept. *cur and *attempt (optional, for transitions) are set only
+ * when it was written now. */
 int pend_write(pend_t *p, const pend_op_t *op, int *cur, int *attempt);
 /* For writes a client waits on (and may repeat): retries what is kept, and
  * writes op only when nothing is left; otherwise, or when op's own write
