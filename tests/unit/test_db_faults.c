@@ -30,6 +30,7 @@ static int insert(db_t *db, const char *id, size_t spec_len) {
   db_job_t *existing = NULL;
   int rc = db_job_insert(db, &j, &existing);
   db_job_free(existing);
+  free(j.reason); /* filled in by db_job_insert */
   free(spec);
   return rc;
 }

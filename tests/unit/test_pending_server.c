@@ -58,6 +58,7 @@ static void test_kept_in_order_until_written(void **state) {
   snprintf(j.device, sizeof j.device, "cpu");
   db_job_t *existing = NULL;
   assert_int_equal(db_job_insert(db, &j, &existing), 0);
+  free(j.reason); /* filled in by db_job_insert */
   assert_int_equal(
       db_job_transition(db, "j1", DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, "go", NULL, NULL), 0);
   health_t *health = health_new();
