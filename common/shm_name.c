@@ -2,7 +2,9 @@
  * shm_name.h. */
 #include "common/shm_name.h"
 
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -64,4 +66,24 @@ int ty_shm_server_parse(const char *entry, char *id, size_t idsz, int *attempt) 
   snprintf(id, idsz, "%.*s", (int)(dash - rest), rest);
   *attempt = (int)a;
   return 1;
+}
+
+int ty_shm_sweep_local(void) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  const char *pre = TY_SHM_PREFIX "local-";
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (strncmp(e->d_name, pre, strlen(pre))) continue;
+    char *end;
+    long pid = strtol(e->d_name + strlen(pre), &end, 10);
+    if (pid <= 0 || *end != '-') continue;
+    if (kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue; /* alive, or not ours to judge */
+    char path[300];
+    snprintf(path, sizeof path, "/%s", e->d_name);
+    if (shm_unlink(path) == 0) n++;
+  }
+  closedir(d);
+  return n;
 }

@@ -29,4 +29,11 @@ void ty_shm_server_rendezvous(const char *id, int attempt, char *out, size_t out
  * its job id (idsz bytes) and attempt. */
 int ty_shm_server_parse(const char *entry, char *id, size_t idsz, int *attempt);
 
+/* The local launcher (`trainyard train`, `trainyard load`) names its
+ * segments "local-<launcher pid>-<ms>-<attempt>". A launcher killed during
+ * its ranks' rendezvous takes the ranks with it (PR_SET_PDEATHSIG) and
+ * leaves the segment: this removes every such segment whose launcher is
+ * gone (no process has its pid). Returns how many it removed. */
+int ty_shm_sweep_local(void);
+
 #endif
