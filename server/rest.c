@@ -5,6 +5,7 @@
 #include "server/rest_internal.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -243,7 +244,8 @@ static enum MHD_Result nul_arg(void *cls, enum MHD_ValueKind kind, const char *k
                                const char *value, size_t value_size) {
   (void)kind;
   nul_find_t *f = cls;
-  if ((key && strlen(key) != key_size) || (value && strlen(value) != value_size)) {
+  if ((key && (strlen(key) != key_size || strstr(key, "%00"))) ||
+      (value && (strlen(value) != value_size || strstr(value, "%00")))) {
     snprintf(f->name, f->size, "%.*s", (int)strnlen(key ? key : "", 48), key ? key : "");
     f->found = true;
     return MHD_NO;
@@ -251,8 +253,9 @@ static enum MHD_Result nul_arg(void *cls, enum MHD_ValueKind kind, const char *k
   return MHD_YES;
 }
 
-/* Whether a query argument's name or value, once decoded, holds a NUL byte
- * ("state=%00" would read as no filter at all); name receives it. */
+/* Whether a query argument's name or value holds a NUL byte (left as "%00"
+ * by unescape below; "state=%00" would read as no filter at all); name
+ * receives it. */
 static bool query_has_nul(struct MHD_Connection *c, char *name, size_t size) {
   name[0] = '\0';
   nul_find_t f = {name, size, false};
@@ -260,10 +263,43 @@ static bool query_has_nul(struct MHD_Connection *c, char *name, size_t size) {
   return f.found;
 }
 
+static int hexval(char ch) {
+  return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch - 'A' + 10;
+}
+
+/* Percent-decoding of the path and the query (MHD_OPTION_UNESCAPE_CALLBACK),
+ * as libmicrohttpd's own except that "%00" stays as it is: decoded, the NUL
+ * would cut a job id short without a word ("/v1/jobs/<id>%00x" would be
+ * <id>); first_call refuses it instead. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
+  (void)cls;
+  (void)c;
+  if (!strstr(s, "%00")) return MHD_http_unescape(s);
+  char *w = s;
+  for (const char *p = s; *p;) {
+    if (p[0] == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]) &&
+        (p[1] != '0' || p[2] != '0')) {
+      *w++ = (char)(hexval(p[1]) * 16 + hexval(p[2]));
+      p += 3;
+    } else {
+      *w++ = *p++;
+    }
+  }
+  *w = '\0';
+  return (size_t)(w - s);
+}
+
 /* The first call of a request: route, auth and Content-Length checks. An
  * error is queued at once (MHD then skips the body). */
 static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
                                   const char *url, const char *method) {
+  if (strstr(url, "%00")) {
+    ty_errlist_t errs = TY_ERRLIST_INIT;
+    ty_errlist_add(&errs, "path", "holds a NUL byte (%%00); no value of this API may hold one");
+    enum MHD_Result ret = rest_send_error(c, q, TY_EINVAL, "invalid path", &errs);
+    ty_errlist_clear(&errs);
+    return ret;
+  }
   for (size_t i = 0; i < N_ROUTES && !q->route; i++)
     if (method_ok(&g_routes[i], method) && rest_route_match(g_routes[i].pattern, url, q->params))
       q->route = &g_routes[i];
@@ -508,14 +544,14 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
     free(r);
     return TY_EINTERNAL;
   }
-  r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, r, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
-                            MHD_OPTION_SOCK_ADDR, &ss, MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
-                            MHD_OPTION_PER_IP_CONNECTION_LIMIT,
-                            (unsigned)cfg->max_connections_per_ip, MHD_OPTION_NOTIFY_CONNECTION,
-                            on_connection, r, MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
+  r->mhd = MHD_start_daemon(
+      flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, r,
+      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads, MHD_OPTION_SOCK_ADDR, &ss,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem, MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned)cfg->max_connections + 64, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)cfg->max_connections_per_ip, MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
+      MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
   if (!r->mhd) {
     snprintf(msg, msgsz, "cannot listen on %s (address in use, or not this host's?)",
              cfg->listen);

@@ -50,6 +50,15 @@ class Inputs(unittest.TestCase):
             r = requests.get(self.srv.url + "/v1/jobs?" + q, timeout=10)
             self.assertEqual(r.status_code, 400, q)
             self.assertIn("NUL", r.text)
+        # In the path: not cut short to the job's id.
+        for path in ("/v1/jobs/%s%%00x" % self.job["id"], "/v1/jobs/%s%%00" % self.job["id"],
+                     "/v1/jobs/%s/ranks%%00" % self.job["id"]):
+            r = requests.get(self.srv.url + path, timeout=10)
+            self.assertEqual(r.status_code, 400, path)
+            self.assertEqual(self.error_field(r), ["path"])
+        # Other escapes still decode.
+        self.assertEqual(requests.get(self.srv.url + "/v1/jobs/%s" % self.job["id"].replace(
+            "j", "%6a"), timeout=10).status_code, 200)
         # A state that names nothing real is still an error, not every job.
         self.assertEqual(self.error_field(self.srv.get("/v1/jobs", params={"state": "x"})),
                          ["state"])
