@@ -527,8 +527,9 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
   /* The scheduler lets go of an attempt only after its ranks are reaped,
    * recorded and their log pumps joined; db_job_delete checks the state
    * again, in its transaction. */
+  bool stopping = false;
   if (!rc && db_state_final(b.state) &&
-      ((s->sched && sched_has_run(s->sched, id)) || pend_has_job(s->pend, id)))
+      ((stopping = s->sched && sched_has_run(s->sched, id)) || pend_has_job(s->pend, id)))
     rc = TY_EUNAVAILABLE;
   if (!rc) {
     cache_invalidate(s, id);
@@ -542,7 +543,10 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
             "job %s is %s; only a job that has ended (succeeded, failed or cancelled) can be "
             "deleted: cancel it first",
             id, db_state_name(b.state));
-  if (rc == TY_EUNAVAILABLE)
+  char why[1024];
+  if (rc == TY_EUNAVAILABLE && !stopping && !svc_health(s, why, sizeof why))
+    set_msg(msg, msgsz, "job %s cannot be deleted now: %s; delete it again later", id, why);
+  else if (rc == TY_EUNAVAILABLE)
     set_msg(msg, msgsz,
             "job %s has ended but its ranks are still being stopped (at most the %.0f s grace "
             "period); delete it again once they have",

@@ -61,6 +61,8 @@ class Faults(unittest.TestCase):
 
     def test_job_end_lands_once_writes_work_again(self):
         srv = self.srv
+        c = srv.post("/v1/jobs", srv.spec(name="ended-before", steps=2)).json()
+        srv.wait_state(c["id"], ["succeeded"])
         a = srv.post("/v1/jobs", srv.spec(name="step150-ends", steps=12, world_size=4)).json()
         b = srv.post("/v1/jobs", srv.spec(name="queued-behind", steps=2, world_size=2)).json()
         srv.wait_state(a["id"], ["running"])
@@ -80,6 +82,9 @@ class Faults(unittest.TestCase):
         r = srv.post("/v1/jobs", srv.spec(name="refused", steps=2))
         self.assertEqual(r.status_code, 503, r.text)
         self.assertIn("cannot take jobs now", r.json()["error"]["message"])
+        r = requests.delete(srv.url + "/v1/jobs/" + c["id"], timeout=5)
+        self.assertEqual(r.status_code, 503, r.text)
+        self.assertIn("cannot be deleted now: the database cannot be written", r.text)
         # No loop spins on the failed writes: little CPU, few log lines.
         c0 = cpu_seconds(srv.proc.pid)
         time.sleep(3)
@@ -101,6 +106,8 @@ class Faults(unittest.TestCase):
         status, body = self.health()
         self.assertEqual(status, 200, body)
         self.assertIn("healthy again (database writes)", srv.read_log())
+        self.assertEqual(requests.delete(srv.url + "/v1/jobs/" + c["id"], timeout=5)
+                         .status_code, 200)
 
     def test_sweep_every_write_of_a_job(self):
         srv = self.srv
