@@ -2,6 +2,7 @@
  * state change passes through svc_transition (db_job_transition). */
 #include "server/service.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -16,12 +17,15 @@
 #include <unistd.h>
 
 #include "common/beneath.h"
+#include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/json_util.h"
 #include "common/log.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
 #include "server/gpu_info.h"
+#include "server/health.h"
+#include "server/pending.h"
 #include "server/scheduler.h"
 
 #define PAGE_DEFAULT 50
@@ -53,6 +57,9 @@ struct svc {
   job_cache_t cache[JOB_CACHE];
   uint64_t host_mem_total; /* MemTotal, read once: what CPU jobs must fit */
   uint64_t gpu_mem_total;  /* the largest GPU's memory (NVML), or 0: what GPU ranks must fit */
+  health_t *health;        /* what keeps the server from its work now (/healthz) */
+  pend_t *pend;            /* state changes kept until the database takes them */
+  double file_checked_at;  /* ty_mono_s() of the last db_file_check */
 };
 
 /* Splits a colon-separated list in place into list (NULL-terminated, at
@@ -87,6 +94,8 @@ static void gpu_memory(svc_t *s, const srv_config_t *cfg) {
     ty_warn("--gpus %lld, but NVML reports %d GPU%s", (long long)cfg->gpus, gi.count,
             gi.count == 1 ? "" : "s");
 }
+
+static void on_written(void *ctx, const pend_op_t *op);
 
 int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   svc_t *s = xcalloc(1, sizeof *s);
@@ -134,12 +143,17 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
     svc_close(s);
     return rc;
   }
+  s->health = health_new();
+  s->pend = pend_new(s->db, s->health, on_written, s);
   *out = s;
   return 0;
 }
 
 void svc_close(svc_t *s) {
   if (!s) return;
+  if (s->pend) pend_retry(s->pend, true);
+  pend_free(s->pend);
+  health_free(s->health);
   db_close(s->db);
   pthread_mutex_destroy(&s->ev_lock);
   pthread_mutex_destroy(&s->cache_lock);
@@ -327,8 +341,14 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
   check_spec(s, spec, errs, out_dir);
   int rc = invalid(errs, before, msg, msgsz);
   if (rc) return rc;
-  if (idempotency_key && strlen(idempotency_key) > 255) {
-    ty_errlist_add(errs, "Idempotency-Key", "at most 255 characters");
+  char why[1024];
+  if (!svc_health(s, why, sizeof why)) {
+    set_msg(msg, msgsz, "this server cannot take jobs now: %s", why);
+    return TY_EUNAVAILABLE;
+  }
+  if (idempotency_key && strlen(idempotency_key) > SVC_IDEMPOTENCY_KEY_MAX) {
+    ty_errlist_add(errs, "Idempotency-Key", "at most %d characters, got %zu",
+                   SVC_IDEMPOTENCY_KEY_MAX, strlen(idempotency_key));
     set_msg(msg, msgsz, "the Idempotency-Key header is too long");
     return TY_EINVAL;
   }
@@ -472,9 +492,13 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
                    (long long)page_size);
   int64_t before = 0;
   if (page_token && *page_token) {
-    char *end;
-    long long v = page_token[0] == 'p' ? strtoll(page_token + 1, &end, 16) : -1;
-    if (v <= 0 || *end)
+    char *end = NULL;
+    errno = 0;
+    /* "p" and at most 16 hex digits: a longer one would overflow. */
+    long long v = page_token[0] == 'p' && strlen(page_token) <= 17 && isxdigit(page_token[1])
+                      ? strtoll(page_token + 1, &end, 16)
+                      : -1;
+    if (v <= 0 || errno == ERANGE || !end || *end)
       ty_errlist_add(errs, "page_token",
                      "not a page token of this server (pass next_page_token unchanged)");
     before = v;
@@ -511,8 +535,8 @@ int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_
   char why[SVC_CANCEL_REASON_MAX + 32];
   snprintf(why, sizeof why, "cancelled by a client%s%s", n ? ": " : "", n ? reason : "");
   int cur;
-  int rc = svc_transition(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED, why,
-                          &cur, NULL);
+  int rc = svc_transition_now(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED, why,
+                              &cur, NULL);
   if (rc == TY_ENOTFOUND) {
     set_msg(msg, msgsz, "no job with id '%s'", id);
     return rc;
@@ -523,7 +547,12 @@ int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_
             db_state_name(cur));
     return rc;
   }
-  if (rc) return rc;
+  if (rc) {
+    char err[512];
+    db_last_error(s->db, err, sizeof err);
+    set_msg(msg, msgsz, "the cancel could not be written (%s); nothing changed: try again", err);
+    return rc;
+  }
   if ((DB_MASK_ACTIVE & DB_MASK(cur)) && s->sched) sched_cancel(s->sched, id);
   return out ? db_job_get(s->db, id, out) : 0;
 }
@@ -536,7 +565,9 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
   /* The scheduler lets go of an attempt only after its ranks are reaped,
    * recorded and their log pumps joined; db_job_delete checks the state
    * again, in its transaction. */
-  if (!rc && db_state_final(b.state) && s->sched && sched_has_run(s->sched, id))
+  bool stopping = false;
+  if (!rc && db_state_final(b.state) &&
+      ((stopping = s->sched && sched_has_run(s->sched, id)) || pend_has_job(s->pend, id)))
     rc = TY_EUNAVAILABLE;
   if (!rc) {
     cache_invalidate(s, id);
@@ -550,7 +581,10 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
             "job %s is %s; only a job that has ended (succeeded, failed or cancelled) can be "
             "deleted: cancel it first",
             id, db_state_name(b.state));
-  if (rc == TY_EUNAVAILABLE)
+  char why[1024];
+  if (rc == TY_EUNAVAILABLE && !stopping && !svc_health(s, why, sizeof why))
+    set_msg(msg, msgsz, "job %s cannot be deleted now: %s; delete it again later", id, why);
+  else if (rc == TY_EUNAVAILABLE)
     set_msg(msg, msgsz,
             "job %s has ended but its ranks are still being stopped (at most the %.0f s grace "
             "period); delete it again once they have",
@@ -781,28 +815,83 @@ int svc_stats(svc_t *s, svc_stats_t *out) {
   return db_job_count_by_state(s->db, out->jobs);
 }
 
+/* Called by the pending queue once a write has landed (now or later). */
+static void on_written(void *ctx, const pend_op_t *op) {
+  svc_t *s = ctx;
+  if (op->kind == PEND_TRANSITION) {
+    cache_invalidate(s, op->id);
+    ty_info("job %s -> %s: %s", op->id, db_state_name(op->to), op->text);
+  }
+  if (op->kind != PEND_SPAWNED) notify(s);
+}
+
+static pend_op_t transition_op(const char *id, unsigned from_mask, int to, const char *reason) {
+  pend_op_t op = {.kind = PEND_TRANSITION, .from_mask = from_mask, .to = to, .text = reason};
+  snprintf(op.id, sizeof op.id, "%s", id);
+  return op;
+}
+
 int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
                    int *cur, int *attempt) {
+  if (!db_state_name(to)) return TY_EINVAL;
+  pend_op_t op = transition_op(id, from_mask, to, reason ? reason : "");
   /* Before and after: a render that read the old row between the two is
    * never stored. */
   cache_invalidate(s, id);
-  int rc = db_job_transition(s->db, id, from_mask, to, reason, cur, attempt);
+  int rc = pend_write(s->pend, &op, cur, attempt);
   cache_invalidate(s, id);
-  if (rc == 0) {
-    ty_info("job %s -> %s: %s", id, db_state_name(to), reason);
-    notify(s);
-  }
+  return rc == 1 ? 0 : rc;
+}
+
+int svc_transition_now(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
+                       int *cur, int *attempt) {
+  if (!db_state_name(to)) return TY_EINVAL;
+  pend_op_t op = transition_op(id, from_mask, to, reason ? reason : "");
+  cache_invalidate(s, id);
+  int rc = pend_write_now(s->pend, &op, cur, attempt);
+  cache_invalidate(s, id);
   return rc;
 }
 
 int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
                      int64_t pid_start, const char *log_path) {
-  return db_rank_spawned(s->db, id, attempt, rank, pid, pid_start, log_path);
+  pend_op_t op = {.kind = PEND_SPAWNED,
+                  .attempt = attempt,
+                  .rank = rank,
+                  .pid = pid,
+                  .pid_start = pid_start,
+                  .text = log_path};
+  snprintf(op.id, sizeof op.id, "%s", id);
+  int rc = pend_write(s->pend, &op, NULL, NULL);
+  return rc == 1 ? 0 : rc;
 }
 
 int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const char *state,
                       int exit_code, const char *message) {
-  int rc = db_rank_finished(s->db, id, attempt, rank, state, exit_code, message);
-  if (rc == 0) notify(s);
-  return rc;
+  pend_op_t op = {.kind = PEND_FINISHED,
+                  .attempt = attempt,
+                  .rank = rank,
+                  .exit_code = exit_code,
+                  .text = message};
+  snprintf(op.id, sizeof op.id, "%s", id);
+  snprintf(op.state, sizeof op.state, "%s", state);
+  int rc = pend_write(s->pend, &op, NULL, NULL);
+  return rc == 1 ? 0 : rc;
+}
+
+bool svc_health(svc_t *s, char *why, size_t size) {
+  return health_ok(s->health, why, size);
+}
+
+void svc_tick(svc_t *s) {
+  pend_retry(s->pend, false);
+  double now = ty_mono_s();
+  if (now - s->file_checked_at < SVC_FILE_CHECK_S) return;
+  s->file_checked_at = now;
+  char why[PATH_MAX + 256];
+  health_set(s->health, HEALTH_DB_FILE, db_file_check(s->db, why, sizeof why) ? why : NULL);
+}
+
+void svc_start_blocked(svc_t *s, const char *cause) {
+  health_set(s->health, HEALTH_DB_START, cause);
 }

@@ -46,6 +46,7 @@ int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_
  * spec TY_EEXISTS. The output folder check is made as the job is stored,
  * so of two submits racing for one folder only one is stored (TY_EINVAL,
  * field output_dir, for the other). */
+#define SVC_IDEMPOTENCY_KEY_MAX 128 /* as api/openapi.yaml says */
 int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t **out,
                bool *created, ty_errlist_t *errs, char *msg, size_t msgsz);
 
@@ -140,10 +141,32 @@ typedef struct {
 int svc_stats(svc_t *s, svc_stats_t *out);
 
 /* For the scheduler: THE job state change (db_job_transition) followed by a
- * wake-up of every event waiter. */
+ * wake-up of every event waiter. A change the database cannot take now is
+ * kept in memory and retried in order until it is written (server/pending.h;
+ * 0 is returned, and *cur and *attempt are left unset); a refusal of the
+ * change itself (TY_EPRECONDITION, TY_ENOTFOUND) is returned. */
 int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
                    int *cur, int *attempt);
-/* For the scheduler: a rank's process started or finished (with an event). */
+/* The same, written now or not at all (TY_EUNAVAILABLE while the database
+ * takes no writes, or while earlier changes are still kept): for a change
+ * that a caller can try again (a client's cancel, a job's start). */
+int svc_transition_now(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
+                       int *cur, int *attempt);
+/* True when nothing keeps the server from its work; otherwise false with
+ * the causes in why (size bytes): writes kept for retry, jobs that cannot
+ * be started, a database file deleted or replaced. Submissions are refused
+ * (TY_EUNAVAILABLE) meanwhile. */
+bool svc_health(svc_t *s, char *why, size_t size);
+/* For the scheduler, every tick: retries kept writes whose backoff is due,
+ * and every SVC_FILE_CHECK_S checks that the database file is still the one
+ * opened (db_file_check). */
+#define SVC_FILE_CHECK_S 1.0
+void svc_tick(svc_t *s);
+/* For the scheduler: queued jobs cannot be started, because cause (NULL:
+ * they can again). */
+void svc_start_blocked(svc_t *s, const char *cause);
+/* For the scheduler: a rank's process started or finished (with an event);
+ * kept and retried as svc_transition's changes are. */
 int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
                      int64_t pid_start, const char *log_path);
 int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const char *state,

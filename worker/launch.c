@@ -23,6 +23,7 @@
 
 #include "api/errors.h"
 #include "common/clock.h"
+#include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "worker/comm.h"
 
@@ -461,6 +462,7 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   }
   int is_shm = !strncmp(rdv, "shm:", 4);
   if (is_shm) comm_shm_remove(rdv); /* a dead attempt's, should one be left */
+  if (is_shm) ty_shm_sweep_local(); /* and those of launchers killed during a rendezvous */
 
   launch_t L = {.o = o, .res = res, .world = o->world_size};
   L.grace_ms = o->grace_ms ? o->grace_ms : LAUNCH_GRACE_MS_DEFAULT;
