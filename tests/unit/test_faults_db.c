@@ -1,4 +1,4 @@
-/* test_db_faults.c - the database on a bad day: one server per database
+/* test_faults_db.c - the database on a bad day: one server per database
  * file whatever name reaches it (symlink, hard link), a file deleted or
  * replaced under an open database is noticed, a damaged file is refused at
  * open (PRAGMA quick_check), and the fault-injecting VFS fails the Nth
