@@ -14,6 +14,7 @@
 
 static const char *const g_device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const g_format_names[] = {"text", "u16", "u32", NULL};
+static const char *const g_dist_names[] = {"auto", "shm", "gloo", "nccl", NULL};
 
 #define OFF(m) offsetof(jobspec_t, m)
 /* path, type, offset, string size, enum names, ranged, lo, hi, lo open, help */
@@ -37,6 +38,10 @@ const jobspec_field_t jobspec_fields[] = {
      false, "each rank reads only its shard through one bounded bucket"},
     {"fsdp.bucket_mb", JF_INT, OFF(fsdp.bucket_mb), 0, NULL, true, 1, 65536, false,
      "staging bucket of the memory-efficient load, MiB"},
+    {"dist", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "how the ranks exchange tensors"},
+    {"dist.backend", JF_ENUM, OFF(dist.backend), 0, g_dist_names, false, 0, 0, false,
+     "auto (shm for CPU ranks, nccl for GPU ranks), shm (CPU ranks, one host's shared memory), "
+     "gloo (CPU ranks over TCP) or nccl (GPU ranks)"},
     {"use_lora", JF_BOOL, OFF(use_lora), 0, NULL, false, 0, 0, false,
      "train LoRA adapters instead of every weight"},
     {"lora_rank", JF_INT, OFF(lora_rank), 0, NULL, true, 1, 4096, false, "LoRA rank r"},
@@ -111,6 +116,7 @@ void jobspec_init(jobspec_t *s) {
   llama_config_init(&s->model);
   s->dtype = TY_DTYPE_F32;
   s->device = JOBSPEC_DEVICE_AUTO;
+  s->dist.backend = JOBSPEC_DIST_AUTO;
   jobspec_copy_str(s->allocation_mode, sizeof s->allocation_mode, "static");
   s->world_size = 1;
   s->fsdp.memory_efficient_load = false;

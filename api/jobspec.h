@@ -24,6 +24,14 @@
 #define JOBSPEC_MODE_MAX 64
 
 typedef enum { JOBSPEC_DEVICE_AUTO = 0, JOBSPEC_DEVICE_CPU, JOBSPEC_DEVICE_CUDA } jobspec_device_t;
+/* How the ranks exchange tensors (dist.backend): auto is shm for CPU ranks
+ * and nccl for GPU ranks; gloo is TCP between CPU ranks (any hosts). */
+typedef enum {
+  JOBSPEC_DIST_AUTO = 0,
+  JOBSPEC_DIST_SHM,
+  JOBSPEC_DIST_GLOO,
+  JOBSPEC_DIST_NCCL
+} jobspec_dist_backend_t;
 typedef enum { JOBSPEC_DATA_TEXT = 0, JOBSPEC_DATA_U16, JOBSPEC_DATA_U32 } jobspec_data_format_t;
 
 /* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
@@ -59,6 +67,9 @@ typedef struct {
     bool memory_efficient_load; /* default false */
     int bucket_mb;              /* default 64 */
   } fsdp;
+  struct {
+    jobspec_dist_backend_t backend; /* default auto */
+  } dist;
   bool use_lora;           /* default false */
   int lora_rank;           /* default 8 */
   double lora_alpha;       /* default 16 */

@@ -204,6 +204,22 @@ static void check_alloc(const vctx_t *v, ty_errlist_t *errs) {
   alloc_parse(v->s->allocation_mode, &a, errs);
 }
 
+static void check_dist_device(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  const jobspec_dist_backend_t b = s->dist.backend;
+  if (b == JOBSPEC_DIST_NCCL && s->device != JOBSPEC_DEVICE_CUDA)
+    ty_errlist_add(errs, "dist.backend",
+                   "\"nccl\" connects GPU ranks, and device is \"%s\"; set device to \"cuda\", "
+                   "or dist.backend to \"auto\"",
+                   s->device == JOBSPEC_DEVICE_CPU ? "cpu" : "auto");
+  if ((b == JOBSPEC_DIST_SHM || b == JOBSPEC_DIST_GLOO) && s->device != JOBSPEC_DEVICE_CPU)
+    ty_errlist_add(errs, "dist.backend",
+                   "\"%s\" connects CPU ranks, and device is \"%s\"; set device to \"cpu\", "
+                   "or dist.backend to \"auto\"",
+                   b == JOBSPEC_DIST_SHM ? "shm" : "gloo",
+                   s->device == JOBSPEC_DEVICE_CUDA ? "cuda" : "auto");
+}
+
 static void check_alloc_world(const vctx_t *v, ty_errlist_t *errs) {
   alloc_t a;
   if (alloc_parse(v->s->allocation_mode, &a, NULL) != 0 || a.d == 0) return;
@@ -459,6 +475,10 @@ static const rule_t g_rules[] = {
      "d<N> is the number of ranks; when both are given they must agree (world_size defaults "
      "to N)",
      check_alloc_world},
+    {"dist-backend-device", "dist.backend, device", "spec",
+     "shm and gloo move CPU ranks' tensors, nccl GPU ranks'; a backend named for the other kind "
+     "of device (or for device auto, which may become either) cannot connect the ranks",
+     check_dist_device},
     {"lora-targets", "target_modules, use_lora", "spec",
      "a LoRA job with no target module has nothing to train", check_targets},
     {"warmup-within-steps", "train.warmup_steps, train.steps", "spec",

@@ -89,17 +89,32 @@ static int train_locked(const jobspec_t *s, train_view_t *view, const char *work
           s->train.steps, s->data.path[0] ? s->data.path : "the built-in corpus (no data.path)",
           s->output_dir);
   /* GPU ranks meet through NCCL, its id published in a file beside the
-   * outputs (CPU ranks: the launcher's shm segment). */
+   * outputs; CPU ranks through the launcher's shm segment, or over TCP
+   * (dist.backend gloo), their addresses exchanged through files in a
+   * folder beside the outputs. */
   char rdv[PATH_MAX + 32];
-  snprintf(rdv, sizeof rdv, "nccl:file:%.*s/nccl.id", PATH_MAX - 16, s->output_dir);
   const bool nccl = s->device == JOBSPEC_DEVICE_CUDA && s->world_size > 1;
+  const bool gloo = s->dist.backend == JOBSPEC_DIST_GLOO && s->world_size > 1;
+  if (gloo) {
+    /* A crashed run's addresses would send the ranks to dead peers. */
+    char gdir[PATH_MAX];
+    snprintf(gdir, sizeof gdir, "%.*s/gloo", PATH_MAX - 16, s->output_dir);
+    char err[PATH_MAX + 256];
+    if (ty_rmtree(gdir, err, sizeof err) || ty_mkdirs(gdir, err, sizeof err)) {
+      fprintf(stderr, "trainyard train: cannot prepare the gloo rendezvous folder: %s\n", err);
+      return 1;
+    }
+    snprintf(rdv, sizeof rdv, "gloo:file:%s", gdir);
+  } else {
+    snprintf(rdv, sizeof rdv, "nccl:file:%.*s/nccl.id", PATH_MAX - 16, s->output_dir);
+  }
   /* A crashed run's id would send the other ranks to a dead rendezvous. */
   if (nccl) unlink(rdv + strlen("nccl:file:"));
   launch_opts_t o = {.worker = worker,
                      .world_size = s->world_size,
                      .spec_path = spec_path,
                      .mode = "train",
-                     .rendezvous = nccl ? rdv : NULL,
+                     .rendezvous = nccl || gloo ? rdv : NULL,
                      .progress_timeout_ms = timeout_ms,
                      .on_line = on_line,
                      .ctx = view};

@@ -284,6 +284,15 @@ static void start_failed(sched_t *s, const db_job_t *j, int rc) {
   svc_start_blocked(s->svc, cause);
 }
 
+/* Whether the job's spec (normalized JSON) asks for dist.backend "gloo". */
+static bool spec_wants_gloo(const char *spec) {
+  json_t *root = json_loads(spec, 0, NULL);
+  const char *b = json_string_value(json_object_get(json_object_get(root, "dist"), "backend"));
+  bool gloo = b && !strcmp(b, "gloo");
+  json_decref(root);
+  return gloo;
+}
+
 /* Starts the job's next attempt; TY_EPRECONDITION when it could not be moved
  * to starting (cancelled meanwhile), another error when that could not be
  * written (nothing started). */
@@ -317,10 +326,18 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   snprintf(dir, sizeof dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, attempt);
   snprintf(spec_path, sizeof spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
   snprintf(url, sizeof url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
-  if (r->gpu)
+  /* GPU ranks meet through NCCL, CPU ranks through this host's shared
+   * memory, or over TCP (Gloo) where the spec asks: its ranks exchange
+   * addresses through files in the attempt's folder. */
+  char gloo_dir[2100] = "";
+  if (r->gpu) {
     snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
-  else
+  } else if (spec_wants_gloo(j->spec)) {
+    snprintf(gloo_dir, sizeof gloo_dir, "%s/gloo", dir);
+    snprintf(rdv, sizeof r->rdv, "gloo:file:%s", gloo_dir);
+  } else {
     ty_shm_server_rendezvous(j->id, attempt, rdv, sizeof r->rdv);
+  }
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
     for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
@@ -332,6 +349,7 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   }
   char mkerr[2400];
   int mk = ty_mkdirs(dir, mkerr, sizeof mkerr);
+  if (!mk && gloo_dir[0]) mk = ty_mkdirs(gloo_dir, mkerr, sizeof mkerr);
   if (!mk) write_spec_file(spec_path, j->spec);
   /* The output folder is this attempt's alone, also against runs that the
    * database does not know (a `trainyard train`, another trainyardd). */

@@ -7,3 +7,10 @@ add_test(NAME integration/slurm_cluster
 set_tests_properties(integration/slurm_cluster PROPERTIES LABELS integration TIMEOUT 180
                      SKIP_RETURN_CODE 77 RESOURCE_LOCK slurm
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# dist.backend gloo through `trainyard train`: losses bit for bit those of
+# shm. Skips (77) where the worker has no Gloo.
+add_test(NAME integration/train_gloo
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_gloo.sh)
+set_tests_properties(integration/train_gloo PROPERTIES LABELS integration TIMEOUT 600
+                     SKIP_RETURN_CODE 77 ENVIRONMENT "${TY_TEST_ENV}")
