@@ -115,7 +115,7 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
   out[0] = '\0';
   uint64_t h = 14695981039346656037ull;
   char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  llama_config_path(dir, path, sizeof path);
   struct stat st;
   if (stat(path, &st) != 0)
     return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
@@ -138,15 +138,15 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
 
 int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  llama_config_path(dir, path, sizeof path);
   json_error_t jerr;
   json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
   if (!root) {
     FILE *f = fopen(path, "r");
     if (!f)
       return ty_errf(err, errlen, TY_ENOTFOUND,
-                     "%s: missing (a checkpoint directory holds config.json and "
-                     "model.safetensors)",
+                     "%s: missing (a checkpoint directory holds config.json beside "
+                     "model.safetensors or pytorch_model.bin, or their shards)",
                      path);
     fclose(f);
     return ty_errf(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", path, jerr.line,
@@ -193,9 +193,21 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
     }
     map[i] = f;
   }
-  if (st->ntensors != l->ntensors) {
+  /* torch.save of a tied model's state dict keeps lm_head.weight as a
+   * second view of the embedding's storage: the same bytes, nothing more. */
+  const st_tensor_t *embed = map[0], *alias = NULL;
+  if (l->cfg.tie_word_embeddings && (alias = st_find(st, "lm_head.weight")) &&
+      !(alias->file == embed->file && alias->begin == embed->begin &&
+        alias->nbytes == embed->nbytes && alias->dtype == embed->dtype &&
+        alias->ndim == embed->ndim && alias->shape[0] == embed->shape[0] &&
+        alias->shape[1] == embed->shape[1]))
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "tensor 'lm_head.weight' is in the checkpoint but config.json ties it to "
+                   "model.embed_tokens.weight (tie_word_embeddings: true) and it holds other "
+                   "bytes: set tie_word_embeddings to false, or drop lm_head.weight");
+  if (st->ntensors != l->ntensors + (alias ? 1 : 0)) {
     for (size_t i = 0; i < st->ntensors; i++) {
-      bool known = false;
+      bool known = &st->tensors[i] == alias;
       for (size_t j = 0; j < l->ntensors && !known; j++) known = map[j] == &st->tensors[i];
       if (!known)
         return ty_errf(err, errlen, TY_EINVAL,
