@@ -12,6 +12,7 @@ checks that compare them.
       legacy   model.pt in the pre-1.6 format (_use_new_zipfile_serialization=False)
   pt_make.py same A B            every tensor of safetensors checkpoint A
                                  equals B's bit for bit (names, dtypes, shapes)
+  pt_make.py zip64 IN OUT        IN with a saturated end record (zip64 only)
   pt_make.py hostile DIR MARKER  write hostile files into DIR (see below);
                                  an os.system payload would create MARKER
 """
@@ -107,11 +108,14 @@ def same(a, b):
     print("same: %d tensors" % len(x))
 
 
-class Global:
-    """Pickles as GLOBAL module.name, so that no real object is needed."""
-
-    def __init__(self, module, name):
-        self.module, self.name = module, name
+def zip64(src, dst):
+    """src with its end record saturated: only the zip64 records that torch
+    writes beside it say where the directory is, as in a file over 4 GiB."""
+    z = bytearray(open(src, "rb").read())
+    assert z.find(b"PK\x06\x06") >= 0, "torch wrote no zip64 end record"
+    eocd = z.rindex(b"PK\x05\x06")
+    z[eocd + 8:eocd + 20] = b"\xff" * 12
+    open(dst, "wb").write(bytes(z))
 
 
 class Reduce:
@@ -138,10 +142,10 @@ def hostile(d, marker):
                     pickle.dumps(Reduce(os.system, ("touch " + marker,)), protocol=2))
     zip_with_pickle(os.path.join(d, "eval.pt"),
                     pickle.dumps(Reduce(eval, ("__import__('os').system('touch %s')" % marker,)),
-                                 protocol=2))
+                                 protocol=4))  # STACK_GLOBAL inside a FRAME
     import subprocess
     zip_with_pickle(os.path.join(d, "popen.pt"),
-                    pickle.dumps(Reduce(subprocess.Popen, (["touch", marker],)), protocol=2))
+                    pickle.dumps(Reduce(subprocess.Popen, (["touch", marker],)), protocol=4))
     # A REDUCE of an allowed global that is not a tensor callable.
     zip_with_pickle(os.path.join(d, "reduce_storage.pt"),
                     b"\x80\x02ctorch\nFloatStorage\nq\x00K\x05\x85q\x01Rq\x02.")
@@ -161,7 +165,7 @@ def hostile(d, marker):
             z.writestr(name, data)
     # Central-directory lies: a data entry's local header offset moved onto
     # the pickle's (overlap), or past the end of the file.
-    cd = raw.rindex(b"PK\x01\x02")
+
     first_cd = raw.index(b"PK\x01\x02")
     recs, at = [], first_cd
     while raw[at:at + 4] == b"PK\x01\x02":
@@ -171,10 +175,26 @@ def hostile(d, marker):
     names = [raw[r + 46:r + 46 + struct.unpack("<H", raw[r + 28:r + 30])[0]] for r in recs]
     data_rec = recs[[i for i, n in enumerate(names) if b"/data/" in n][0]]
     pkl_rec = recs[[i for i, n in enumerate(names) if n.endswith(b"data.pkl")][0]]
-    pkl_off = raw[pkl_rec + 42:pkl_rec + 46]
-    over = bytearray(raw)
-    over[data_rec + 42:data_rec + 46] = pkl_off
+    # Overlap: a second directory record for the same bytes, under the same
+    # name (so that every local header agrees), as a zip bomb shares data.
+    # torch writes zip64 end records too: both are kept true.
+    rec_len = 46 + sum(struct.unpack("<HHH", raw[data_rec + 28:data_rec + 34]))
+    eocd = raw.rindex(b"PK\x05\x06")
+    cnt, _, cd_size, cd_off = struct.unpack("<HHII", raw[eocd + 8:eocd + 20])
+    cd_end = cd_off + cd_size
+    over = bytearray(raw[:cd_end] + raw[data_rec:data_rec + rec_len] + raw[cd_end:])
+    e = eocd + rec_len
+    over[e + 8:e + 16] = struct.pack("<HHI", cnt + 1, cnt + 1, cd_size + rec_len)
+    z64 = over.find(b"PK\x06\x06", cd_end + rec_len)
+    if z64 >= 0:
+        over[z64 + 24:z64 + 48] = struct.pack("<QQQ", cnt + 1, cnt + 1, cd_size + rec_len)
+        loc = over.find(b"PK\x06\x07", z64)
+        over[loc + 8:loc + 16] = struct.pack("<Q", z64)
     open(os.path.join(d, "overlap.pt"), "wb").write(bytes(over))
+    # A directory record whose local header offset lands on another entry's.
+    moved = bytearray(raw)
+    moved[data_rec + 42:data_rec + 46] = raw[pkl_rec + 42:pkl_rec + 46]
+    open(os.path.join(d, "moved.pt"), "wb").write(bytes(moved))
     past = bytearray(raw)
     past[data_rec + 20:data_rec + 28] = struct.pack("<II", 1 << 30, 1 << 30)
     open(os.path.join(d, "past_end.pt"), "wb").write(bytes(past))
@@ -188,7 +208,6 @@ def hostile(d, marker):
                os.path.join(d, "strided.pt"))
     torch.save({"model": {"w": torch.zeros(2)}, "epoch": 3}, os.path.join(d, "not_state_dict.pt"))
     torch.save({"w": torch.zeros(2, dtype=torch.float64)}, os.path.join(d, "float64.pt"))
-    assert cd > 0
 
 
 if __name__ == "__main__":
@@ -197,6 +216,8 @@ if __name__ == "__main__":
         twin(*sys.argv[2:5])
     elif cmd == "same":
         same(*sys.argv[2:4])
+    elif cmd == "zip64":
+        zip64(*sys.argv[2:4])
     elif cmd == "hostile":
         hostile(*sys.argv[2:4])
     else:
