@@ -93,13 +93,13 @@ static int place_tensors(const pt_zip_t *z, const char *prefix, const pt_dict_t 
 
 /* A little-endian archive: torch writes "<prefix>/byteorder" since 1.13;
  * older files have none and are little-endian. */
-static int check_byteorder(int fd, const pt_zip_t *z, const char *prefix, char *err,
-                           size_t errlen) {
+static int check_byteorder(pt_read_fn rd, void *ctx, const pt_zip_t *z, const char *prefix,
+                           char *err, size_t errlen) {
   char name[PT_NAME_MAX + 16], v[16] = "";
   snprintf(name, sizeof name, "%s/byteorder", prefix);
   const pt_zip_entry_t *e = pt_zip_find(z, name);
   if (!e) return 0;
-  if (e->size >= sizeof v || fd_read((void *)&fd, e->data_off, v, (size_t)e->size))
+  if (e->size >= sizeof v || rd(ctx, e->data_off, v, (size_t)e->size))
     return ty_errf(err, errlen, TY_EINVAL, "%s is unreadable", name);
   if (strcmp(v, "little"))
     return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
@@ -108,11 +108,14 @@ static int check_byteorder(int fd, const pt_zip_t *z, const char *prefix, char *
   return 0;
 }
 
-static int open_zip(int fd, uint64_t size, int fi, st_header_t *h, char *err, size_t errlen) {
+int pt_read_archive(pt_read_fn rd, void *ctx, uint64_t size, int fi, st_header_t *h, char *err,
+                    size_t errlen) {
+  h->tensors = NULL;
+  h->ntensors = 0;
   pt_zip_t z = {0};
   pt_dict_t d = {0};
   uint8_t *pkl = NULL;
-  int rc = pt_zip_parse(fd_read, &fd, size, &z, err, errlen);
+  int rc = pt_zip_parse(rd, ctx, size, &z, err, errlen);
   if (rc) return rc;
   char prefix[PT_NAME_MAX];
   const pt_zip_entry_t *e = find_pickle(&z, prefix, sizeof prefix);
@@ -121,14 +124,14 @@ static int open_zip(int fd, uint64_t size, int fi, st_header_t *h, char *err, si
                  "a zip archive without one <name>/data.pkl: not a checkpoint torch.save wrote");
     goto out;
   }
-  if ((rc = check_byteorder(fd, &z, prefix, err, errlen))) goto out;
+  if ((rc = check_byteorder(rd, ctx, &z, prefix, err, errlen))) goto out;
   if (e->size > PT_PICKLE_MAX) {
     rc = ty_errf(err, errlen, TY_EINVAL, "%s has %llu bytes, more than the %u a state dict needs",
                  e->name, (unsigned long long)e->size, PT_PICKLE_MAX);
     goto out;
   }
   pkl = xmalloc(e->size ? (size_t)e->size : 1);
-  if (fd_read(&fd, e->data_off, pkl, (size_t)e->size)) {
+  if (rd(ctx, e->data_off, pkl, (size_t)e->size)) {
     rc = ty_errf(err, errlen, TY_EDATALOSS, "cannot read %s", e->name);
     goto out;
   }
@@ -171,7 +174,7 @@ int pt_open_file(int fd, const char *path, uint64_t size, int fi, st_header_t *h
                    path);
   }
   char msg[900];
-  int rc = open_zip(fd, size, fi, h, msg, sizeof msg);
+  int rc = pt_read_archive(fd_read, &fd, size, fi, h, msg, sizeof msg);
   if (rc) ty_errf(err, errlen, rc, "%s: %s", path, msg);
   return rc;
 }

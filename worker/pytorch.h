@@ -97,6 +97,12 @@ void pt_dict_free(pt_dict_t *d);
 /* Whether the first bytes of a file (n of them) start a zip archive. */
 bool pt_is_zip(const unsigned char *head, size_t n);
 
+/* The tensors of the zip archive of size bytes that rd reads, into h as
+ * file fi, with absolute byte offsets (the whole of pt_open_file after the
+ * file's first bytes; the fuzz target calls it on memory). */
+int pt_read_archive(pt_read_fn rd, void *ctx, uint64_t size, int fi, st_header_t *h, char *err,
+                    size_t errlen);
+
 /* Reads the PyTorch checkpoint open as fd (path for messages, size bytes)
  * into h as file fi: each tensor's begin is its absolute byte offset in
  * the file (the caller's data_start is 0). A legacy (pre-1.6) file is
