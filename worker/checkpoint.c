@@ -194,17 +194,15 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
     map[i] = f;
   }
   /* torch.save of a tied model's state dict keeps lm_head.weight as a
-   * second view of the embedding's storage: the same bytes, nothing more. */
+   * second view of the embedding's storage: the same bytes, nothing more.
+   * Any other lm_head of a tied model is an extra tensor, named below. */
   const st_tensor_t *embed = map[0], *alias = NULL;
   if (l->cfg.tie_word_embeddings && (alias = st_find(st, "lm_head.weight")) &&
       !(alias->file == embed->file && alias->begin == embed->begin &&
         alias->nbytes == embed->nbytes && alias->dtype == embed->dtype &&
         alias->ndim == embed->ndim && alias->shape[0] == embed->shape[0] &&
         alias->shape[1] == embed->shape[1]))
-    return ty_errf(err, errlen, TY_EINVAL,
-                   "tensor 'lm_head.weight' is in the checkpoint but config.json ties it to "
-                   "model.embed_tokens.weight (tie_word_embeddings: true) and it holds other "
-                   "bytes: set tie_word_embeddings to false, or drop lm_head.weight");
+    alias = NULL;
   if (st->ntensors != l->ntensors + (alias ? 1 : 0)) {
     for (size_t i = 0; i < st->ntensors; i++) {
       bool known = &st->tensors[i] == alias;
