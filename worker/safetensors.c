@@ -241,8 +241,9 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
    * by worker/pytorch.c into the same header. No safetensors file starts
    * so: as a header length these bytes are far above ST_HEADER_MAX. */
   ssize_t head = pread_full(f->fd, lenbuf, 8, 0);
-  if (pt_is_zip(lenbuf, head > 0 ? (size_t)head : 0) || (head == 8 && !memcmp(lenbuf, "\x80\x02\x8a\x0a", 4)) ||
-      ends_with(path, ".bin") || ends_with(path, ".pt") || ends_with(path, ".pth")) {
+  if (pt_is_zip(lenbuf, head > 0 ? (size_t)head : 0) ||
+      (head == 8 && !memcmp(lenbuf, "\x80\x02\x8a\x0a", 4)) || ends_with(path, ".bin") ||
+      ends_with(path, ".pt") || ends_with(path, ".pth")) {
     f->data_start = 0; /* pt_open_file gives absolute offsets */
     return pt_open_file(f->fd, path, f->size, fi, h, err, errlen);
   }

@@ -171,7 +171,8 @@ static void test_refusals(void **state) {
       "memo get of an unset entry");
   REFUSED(
       "\x80\x02"
-      "X\xff\xff\x00\x00" "ab",
+      "X\xff\xff\x00\x00"
+      "ab",
       "truncated pickle");
   REFUSED(
       "\x80\x02"
@@ -219,7 +220,10 @@ static void test_refusals(void **state) {
       pt_pickle_load((const uint8_t *)wrapped, sizeof wrapped - 1, &d, err, sizeof err), 0);
   assert_int_equal(d.n, 0);
   pt_dict_free(&d);
-  REFUSED("\x80\x02}X\x05\x00\x00\x00model}sX\x01\x00\x00\x00" "eK\x03s.", "entry 'model' is a dict");
+  REFUSED(
+      "\x80\x02}X\x05\x00\x00\x00model}sX\x01\x00\x00\x00"
+      "eK\x03s.",
+      "entry 'model' is a dict");
 }
 
 /* Every prefix and every one-byte change of the file and of its data.pkl:
