@@ -278,9 +278,21 @@ static void test_paths_exist(void **state) {
            g_tmp, g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
-  assert_true(tu_has(&e, "model_path", "is not a directory"));
+  assert_true(tu_has(&e, "model_path", "is neither a directory nor a checkpoint file"));
   assert_true(tu_has(&e, "data.path", "does not exist"));
   ty_errlist_clear(&e);
+  /* One checkpoint file (config.json beside it) is a model_path. */
+  const char *files[] = {"model.pt", "pytorch_model.bin", "x.pth", "model.safetensors"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char file[600];
+    snprintf(file, sizeof file, "%s/models/tiny/%s", g_tmp, files[i]);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(text, sizeof text, "{\"model_path\": \"%s\"}", file);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  }
   snprintf(text, sizeof text, "{\"model_path\": \"%s/none\", \"data\": {\"path\": \"%s\"}}", g_tmp,
            g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
@@ -347,6 +359,21 @@ static void test_seq_len_within_checkpoint(void **state) {
       ty_errlist_clear(&e);
     }
   }
+  /* model_path naming a file: the config.json beside it. */
+  snprintf(path, sizeof path, "%s/model.pt", dir);
+  FILE *pt = fopen(path, "w");
+  assert_non_null(pt);
+  fclose(pt);
+  {
+    jobspec_t s;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    snprintf(text, sizeof text, "{\"model_path\": \"%s\", \"data\": {\"seq_len\": 257}}", path);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+    assert_true(tu_has(&e, "data.seq_len", "longer than the checkpoint's max_position_embeddings"));
+    ty_errlist_clear(&e);
+  }
+  snprintf(path, sizeof path, "%s/config.json", dir);
   /* A config.json without the field limits nothing. */
   f = fopen(path, "w");
   assert_non_null(f);
@@ -463,6 +490,20 @@ static void test_output_not_model(void **state) {
     assert_int_equal(e.len, 1);
     ty_errlist_clear(&e);
   }
+  /* model_path naming a file: its folder is the model's. */
+  char file[600], text[1024];
+  snprintf(file, sizeof file, "%s/models/tiny/model.pt", g_tmp);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fclose(f);
+  jobspec_t s;
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s\", \"use_lora\": false, \"output_dir\": \"%s/models/tiny\"}",
+           file, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "output_dir", "is model_path's folder"));
+  ty_errlist_clear(&e);
   /* LoRA beside its base, every weight into a folder of its own. */
   assert_int_equal(validate_out(true, "/models/tiny", true, &e), 0);
   assert_int_equal(validate_out(false, "/models/tiny/out", true, &e), 0);
