@@ -92,13 +92,14 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-/* Folds bytes [0, n) of path into *h; 0 or the read's error. */
-static int fold_file(uint64_t *h, const char *path, uint64_t n, char *err, size_t errlen) {
+/* Folds bytes [from, n) of path into *h; 0 or the read's error. */
+static int fold_file(uint64_t *h, const char *path, uint64_t from, uint64_t n, char *err,
+                     size_t errlen) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
   char buf[65536];
   int rc = 0;
-  for (uint64_t off = 0; off < n && !rc;) {
+  for (uint64_t off = from; off < n && !rc;) {
     size_t want = n - off < sizeof buf ? (size_t)(n - off) : sizeof buf;
     ssize_t got = pread(fd, buf, want, (off_t)off);
     if (got <= 0)
@@ -119,7 +120,7 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
   struct stat st;
   if (stat(path, &st) != 0)
     return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
-  int rc = fold_file(&h, path, (uint64_t)st.st_size, err, errlen);
+  int rc = fold_file(&h, path, 0, (uint64_t)st.st_size, err, errlen);
   st_ckpt_t *c = NULL;
   if (!rc) rc = st_open(dir, &c, err, errlen);
   for (size_t i = 0; !rc && i < c->nfiles; i++) {
@@ -129,7 +130,17 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
     h = fnv1a(h, name, strlen(name) + 1);
     h = fnv1a(h, &f->size, sizeof f->size);
     uint64_t probe = f->data_start + 4096 < f->size ? f->data_start + 4096 : f->size;
-    rc = fold_file(&h, f->path, probe, err, errlen);
+    rc = fold_file(&h, f->path, 0, probe, err, errlen);
+    /* A PyTorch file (data_start 0) begins with its pickle, which is the
+     * same for every checkpoint of one shape: fold its first tensor's
+     * first 4 KiB too. */
+    uint64_t first = UINT64_MAX;
+    for (size_t k = 0; f->data_start == 0 && k < c->ntensors; k++)
+      if (c->tensors[k].file == (int)i && c->tensors[k].begin < first)
+        first = c->tensors[k].begin;
+    if (!rc && first < f->size)
+      rc = fold_file(&h, f->path, first, first + 4096 < f->size ? first + 4096 : f->size, err,
+                     errlen);
   }
   st_close(c);
   if (!rc) snprintf(out, CKPT_FINGERPRINT_LEN, "%016llx", (unsigned long long)h);

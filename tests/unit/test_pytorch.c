@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "api/errors.h"
+#include "worker/checkpoint.h"
 #include "worker/pytorch.h"
 #include "worker/safetensors.h"
 
@@ -273,6 +274,99 @@ static void test_damage_sweep(void **state) {
   free(pkl);
 }
 
+/* A stored zip archive of n entries (names[i], data[i], lens[i]) into a
+ * new buffer of *size bytes, as torch's writer lays one out. */
+static uint8_t *build_zip(const char **names, const uint8_t **data, const size_t *lens, int n,
+                          size_t *size) {
+  size_t cap = 1024;
+  for (int i = 0; i < n; i++) cap += 2 * (46 + strlen(names[i])) + lens[i];
+  uint8_t *z = calloc(1, cap), *p = z;
+  uint32_t offs[8];
+#define PUT16(v) (p[0] = (uint8_t)(v), p[1] = (uint8_t)((v) >> 8), p += 2)
+#define PUT32(v) (PUT16((v)&0xffff), PUT16((uint32_t)(v) >> 16))
+  for (int i = 0; i < n; i++) {
+    uint32_t crc = pt_crc32(0, data[i], lens[i]), nl = (uint32_t)strlen(names[i]);
+    offs[i] = (uint32_t)(p - z);
+    PUT32(0x04034b50u), PUT16(20), PUT16(0), PUT16(0), PUT16(0), PUT16(0), PUT32(crc);
+    PUT32(lens[i]), PUT32(lens[i]), PUT16(nl), PUT16(0);
+    memcpy(p, names[i], nl), p += nl;
+    memcpy(p, data[i], lens[i]), p += lens[i];
+  }
+  uint32_t cd = (uint32_t)(p - z);
+  for (int i = 0; i < n; i++) {
+    uint32_t crc = pt_crc32(0, data[i], lens[i]), nl = (uint32_t)strlen(names[i]);
+    PUT32(0x02014b50u), PUT16(20), PUT16(20), PUT16(0), PUT16(0), PUT16(0), PUT16(0);
+    PUT32(crc), PUT32(lens[i]), PUT32(lens[i]), PUT16(nl), PUT16(0), PUT16(0), PUT16(0);
+    PUT16(0), PUT32(0), PUT32(offs[i]);
+    memcpy(p, names[i], nl), p += nl;
+  }
+  uint32_t cd_size = (uint32_t)(p - z) - cd;
+  PUT32(0x06054b50u), PUT16(0), PUT16(0), PUT16(n), PUT16(n), PUT32(cd_size), PUT32(cd), PUT16(0);
+#undef PUT16
+#undef PUT32
+  *size = (size_t)(p - z);
+  return z;
+}
+
+/* Two PyTorch checkpoints of one shape differ only in their tensors'
+ * bytes, after a data.pkl longer than 4 KiB (as a large model's is): their
+ * fingerprints still differ. */
+static void test_fingerprint(void **state) {
+  (void)state;
+  static const char head[] = "\x80\x02X\x88\x13\x00\x00"; /* a 5000-byte string, popped */
+  static const char body[] =
+      "0}X\x01\x00\x00\x00w"
+      "ctorch._utils\n_rebuild_tensor_v2\n"
+      "((X\x07\x00\x00\x00storage"
+      "ctorch\nFloatStorage\n"
+      "X\x01\x00\x00\x00"
+      "0"
+      "X\x03\x00\x00\x00"
+      "cpu"
+      "K\x04tQK\x00K\x04\x85K\x01\x85\x89}tRs.";
+  size_t pn = sizeof head - 1 + 5000 + sizeof body - 1;
+  uint8_t *pkl = malloc(pn);
+  memcpy(pkl, head, sizeof head - 1);
+  memset(pkl + sizeof head - 1, 'x', 5000);
+  memcpy(pkl + sizeof head - 1 + 5000, body, sizeof body - 1);
+  float w[4] = {1, 2, 3, 4};
+  const char *names[] = {"archive/data.pkl", "archive/data/0", "archive/version"};
+  const uint8_t *data[] = {pkl, (const uint8_t *)w, (const uint8_t *)"3\n"};
+  const size_t lens[] = {pn, sizeof w, 2};
+  char dir[] = "/tmp/ty-test-pytorch-fp-XXXXXX";
+  assert_non_null(mkdtemp(dir));
+  char path[512], fp[2][CKPT_FINGERPRINT_LEN], err[512];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  assert_non_null(f);
+  fputs("{}", f);
+  fclose(f);
+  snprintf(path, sizeof path, "%s/pytorch_model.bin", dir);
+  for (int k = 0; k < 2; k++) {
+    w[3] = (float)(4 + k);
+    size_t zn;
+    uint8_t *z = build_zip(names, data, lens, 3, &zn);
+    st_header_t h;
+    assert_int_equal(read_mem(z, zn, &h, err, sizeof err), 0);
+    assert_int_equal(h.ntensors, 1);
+    assert_true(h.tensors[0].begin > 5000);
+    assert_memory_equal(z + h.tensors[0].begin, w, sizeof w);
+    st_header_free(&h);
+    f = fopen(path, "wb");
+    assert_non_null(f);
+    fwrite(z, 1, zn, f);
+    fclose(f);
+    free(z);
+    assert_int_equal(ckpt_fingerprint(dir, fp[k], err, sizeof err), 0);
+  }
+  assert_string_not_equal(fp[0], fp[1]);
+  free(pkl);
+  unlink(path);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  unlink(path);
+  rmdir(dir);
+}
+
 int main(void) {
   g_file = slurp("state_dict.pt", &g_size);
   if (!g_file || !g_size) {
@@ -282,10 +376,9 @@ int main(void) {
     return 1;
   }
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_torch_file),
-      cmocka_unit_test(test_st_open),
-      cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_damage_sweep),
+      cmocka_unit_test(test_torch_file),  cmocka_unit_test(test_st_open),
+      cmocka_unit_test(test_refusals),    cmocka_unit_test(test_damage_sweep),
+      cmocka_unit_test(test_fingerprint),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   free(g_file);
