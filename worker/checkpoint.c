@@ -136,8 +136,7 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
      * first 4 KiB too. */
     uint64_t first = UINT64_MAX;
     for (size_t k = 0; f->data_start == 0 && k < c->ntensors; k++)
-      if (c->tensors[k].file == (int)i && c->tensors[k].begin < first)
-        first = c->tensors[k].begin;
+      if (c->tensors[k].file == (int)i && c->tensors[k].begin < first) first = c->tensors[k].begin;
     if (!rc && first < f->size)
       rc = fold_file(&h, f->path, first, first + 4096 < f->size ? first + 4096 : f->size, err,
                      errlen);
