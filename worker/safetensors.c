@@ -239,11 +239,17 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
   /* A PyTorch file (a zip archive, or a legacy one, which starts with the
    * pickled magic number and is refused saying how to re-save it) is read
    * by worker/pytorch.c into the same header. No safetensors file starts
-   * so: as a header length these bytes are far above ST_HEADER_MAX. */
+   * so: as a header length these bytes are far above ST_HEADER_MAX. A
+   * .bin/.pt/.pth file that does not start as safetensors goes there too,
+   * to be named for what it is (a legacy tar file, or neither format). */
   ssize_t head = pread_full(f->fd, lenbuf, 8, 0);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = (n << 8) | lenbuf[i];
+  bool st_like = head == 8 && n <= ST_HEADER_MAX && n <= f->size - 8;
   if (pt_is_zip(lenbuf, head > 0 ? (size_t)head : 0) ||
-      (head == 8 && !memcmp(lenbuf, "\x80\x02\x8a\x0a", 4)) || ends_with(path, ".bin") ||
-      ends_with(path, ".pt") || ends_with(path, ".pth")) {
+      (head == 8 && !memcmp(lenbuf, "\x80\x02\x8a\x0a", 4)) ||
+      (!st_like &&
+       (ends_with(path, ".bin") || ends_with(path, ".pt") || ends_with(path, ".pth")))) {
     f->data_start = 0; /* pt_open_file gives absolute offsets */
     return pt_open_file(f->fd, path, f->size, fi, h, err, errlen);
   }
@@ -251,8 +257,6 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
     return ty_errf(err, errlen, TY_EINVAL,
                    "%s: %llu bytes, too short to be safetensors (truncated?)", path,
                    (unsigned long long)f->size);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; i--) n = (n << 8) | lenbuf[i];
   if (n > ST_HEADER_MAX)
     return ty_errf(err, errlen, TY_EINVAL,
                    "%s: header length %llu exceeds the 100 MB limit (not safetensors?)", path,

@@ -113,6 +113,27 @@ static void test_st_open(void **state) {
   assert_true(f[0] == 6.0f && f[1] == 7.0f);
   st_close(ck);
   unlink(path);
+  /* A safetensors file named .bin is still read as safetensors; a .bin
+   * that is neither format says so. */
+  const st_desc_t desc = {"x", TY_DTYPE_F32, 1, {2}};
+  st_writer_t *w;
+  assert_int_equal(st_writer_open(path, &desc, 1, NULL, &w, err, sizeof err), 0);
+  const float x[2] = {1, 2};
+  assert_int_equal(st_writer_write(w, x, sizeof x, err, sizeof err), 0);
+  assert_int_equal(st_writer_close(w, err, sizeof err), 0);
+  char bin[600];
+  snprintf(bin, sizeof bin, "%s.bin", path);
+  assert_int_equal(rename(path, bin), 0);
+  assert_int_equal(st_open(bin, &ck, err, sizeof err), 0);
+  assert_non_null(st_find(ck, "x"));
+  st_close(ck);
+  FILE *junk = fopen(bin, "wb");
+  assert_non_null(junk);
+  fputs("hello, not a checkpoint at all", junk);
+  fclose(junk);
+  assert_int_equal(st_open(bin, &ck, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "neither safetensors nor a PyTorch zip checkpoint"));
+  unlink(bin);
 }
 
 static void expect_refused(const char *pkl, size_t n, const char *needle) {
