@@ -9,6 +9,7 @@ checks that compare them.
       sharded  pytorch_model-0000i-of-00003.bin + pytorch_model.bin.index.json
       packed   model.pt holding {"state_dict": sd} where every tensor is a
                view at an offset into one shared storage, config.json beside
+      proto4   pytorch_model.bin pickled with protocol 4 (torch.save's default is 2)
       legacy   model.pt in the pre-1.6 format (_use_new_zipfile_serialization=False)
   pt_make.py same A B            every tensor of safetensors checkpoint A
                                  equals B's bit for bit (names, dtypes, shapes)
@@ -92,6 +93,8 @@ def twin(src, out, mode):
             packed[k] = flat[at:at + v.numel()].view(v.shape)
             at += v.numel()
         torch.save({"state_dict": packed}, os.path.join(out, "model.pt"))
+    elif mode == "proto4":  # FRAME, MEMOIZE, STACK_GLOBAL, SHORT_BINUNICODE
+        torch.save(sd, os.path.join(out, "pytorch_model.bin"), pickle_protocol=4)
     elif mode == "legacy":
         torch.save(sd, os.path.join(out, "model.pt"), _use_new_zipfile_serialization=False)
     else:

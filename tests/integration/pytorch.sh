@@ -73,6 +73,12 @@ cp "$tmp/m1/config.json" "$tmp/z64/"
 digests "$tmp/pt.out" >"$tmp/pt.dig"
 cmp -s "$tmp/m1.dig2" "$tmp/pt.dig" || fail "zip64 shards differ"
 
+# Pickle protocol 4 (torch.save(..., pickle_protocol=4)): the same shards.
+"$py" "$mk" twin "$tmp/m1" "$tmp/p4" proto4
+"$ty" load --model_path "$tmp/p4" --world_size 2 >"$tmp/pt.out" 2>/dev/null || fail "protocol 4 load"
+digests "$tmp/pt.out" >"$tmp/pt.dig"
+cmp -s "$tmp/m1.dig2" "$tmp/pt.dig" || fail "protocol 4 shards differ"
+
 # A config.json that ties the head, over a file whose lm_head holds other
 # bytes, is refused naming it.
 cp "$tmp/m1/config.json" "$tmp/pt1-single/config.json.orig"
