@@ -22,7 +22,8 @@ const jobspec_field_t jobspec_fields[] = {
     {"name", JF_STRING, OFF(name), JOBSPEC_NAME_MAX, NULL, false, 0, 0, false,
      "job name: letters, digits, '.', '_' and '-'"},
     {"model_path", JF_STRING, OFF(model_path), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
-     "directory of the pretrained checkpoint (config.json + *.safetensors)"},
+     "the pretrained checkpoint: a directory (config.json + *.safetensors or "
+     "pytorch_model*.bin), or one .safetensors/.bin/.pt/.pth file with config.json beside it"},
     {"init_from_scratch", JF_BOOL, OFF(init_from_scratch), 0, NULL, false, 0, 0, false,
      "random initial weights of the shape in \"model\" instead of a checkpoint"},
     {"model", JF_MODEL, OFF(model), 0, NULL, false, 0, 0, false,

@@ -148,8 +148,8 @@ static void check_model_path(const vctx_t *v, ty_errlist_t *errs) {
   if (!s->init_from_scratch && !s->model_path[0])
     ty_errlist_add(errs, "model_path",
                    "is required: the directory of a pretrained checkpoint "
-                   "(config.json + *.safetensors), unless init_from_scratch "
-                   "is true");
+                   "(config.json + *.safetensors or pytorch_model*.bin), or one checkpoint "
+                   "file with config.json beside it, unless init_from_scratch is true");
   if (s->init_from_scratch && s->model_path[0])
     ty_errlist_add(errs, "model_path",
                    "is not used with init_from_scratch: true (the weights are "
@@ -246,12 +246,12 @@ static void check_warmup(const vctx_t *v, ty_errlist_t *errs) {
                    v->s->train.warmup_steps, v->s->train.steps);
 }
 
-/* The checkpoint's max_position_embeddings, from model_path/config.json;
+/* The checkpoint's max_position_embeddings, from model_path's config.json;
  * 0 where it cannot be read or gives none (loading says what is wrong with
  * a checkpoint; this rule only compares). */
 static int64_t checkpoint_max_positions(const char *model_path) {
   char path[JOBSPEC_PATH_MAX + 16];
-  snprintf(path, sizeof path, "%s/config.json", model_path);
+  llama_config_path(model_path, path, sizeof path);
   json_t *cfg = ty_json_load_file(path, 0, NULL, 0);
   json_t *v = json_object_get(cfg, "max_position_embeddings");
   int64_t n = json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
@@ -371,6 +371,15 @@ static void check_data_batch(const vctx_t *v, ty_errlist_t *errs) {
     ty_errlist_add(errs, "data.path", "%s", msg);
 }
 
+/* A file model_path may name: one checkpoint file, config.json beside it. */
+static bool checkpoint_file(const char *path) {
+  static const char *const ext[] = {".safetensors", ".bin", ".pt", ".pth"};
+  size_t n = strlen(path);
+  for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++)
+    if (n > strlen(ext[i]) && !strcmp(path + n - strlen(ext[i]), ext[i])) return true;
+  return false;
+}
+
 static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   struct stat st;
@@ -382,10 +391,11 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
     } else if (rc != 0)
       ty_errlist_add(errs, "model_path", "%s does not exist; give the checkpoint's directory",
                      s->model_path);
-    else if (!S_ISDIR(st.st_mode))
+    else if (!S_ISDIR(st.st_mode) && !(S_ISREG(st.st_mode) && checkpoint_file(s->model_path)))
       ty_errlist_add(errs, "model_path",
-                     "%s is not a directory; give the directory holding "
-                     "config.json and the *.safetensors files",
+                     "%s is neither a directory nor a checkpoint file; give the directory "
+                     "holding config.json and the *.safetensors or pytorch_model*.bin files, or "
+                     "one .safetensors, .bin, .pt or .pth file with config.json beside it",
                      s->model_path);
   }
   if (s->data.path[0]) {
@@ -425,6 +435,10 @@ static void check_output_not_model(const vctx_t *v, ty_errlist_t *errs) {
   if (!v->check_paths || s->use_lora || s->init_from_scratch || !s->model_path[0]) return;
   char model[PATH_MAX], out[PATH_MAX];
   if (!realpath(s->model_path, model) || jobspec_resolve_path(s->output_dir, NULL, out)) return;
+  struct stat st;
+  char *slash = strrchr(model, '/');
+  if (stat(model, &st) == 0 && S_ISREG(st.st_mode) && slash) /* a file: its folder */
+    *(slash == model ? slash + 1 : slash) = '\0';
   if (strcmp(model, out)) return;
   ty_errlist_add(errs, "output_dir",
                  "%s is model_path's folder: training every weight writes config.json and "
@@ -489,7 +503,8 @@ static const rule_t g_rules[] = {
      "config.json where paths are checked",
      check_seq_len},
     {"paths-exist", "model_path, data.path, output_dir", "paths",
-     "fail early, not in a worker: model_path is a directory, data.path a readable file, "
+     "fail early, not in a worker: model_path is a directory or one checkpoint file (.safetensors, "
+     ".bin, .pt, .pth), data.path a readable file, "
      "output_dir a folder or one that can be made (no file in its way)",
      check_paths_exist},
     {"data-holds-a-batch",

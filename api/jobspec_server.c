@@ -196,13 +196,13 @@ uint64_t jobspec_host_memory(void) {
   return (uint64_t)kib << 10;
 }
 
-/* The model's parameters: s->model's, or model_path/config.json's; 0 where
+/* The model's parameters: s->model's, or model_path's config.json's; 0 where
  * they cannot be known. */
 static int64_t model_params(const jobspec_t *s) {
   if (s->has_model) return llama_config_num_params(&s->model);
   if (!s->model_path[0]) return 0;
   char path[JOBSPEC_PATH_MAX + 16];
-  snprintf(path, sizeof path, "%s/config.json", s->model_path);
+  llama_config_path(s->model_path, path, sizeof path);
   json_t *root = ty_json_load_file(path, 0, NULL, 0);
   llama_config_t c;
   llama_config_init(&c);

@@ -6,6 +6,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "api/jobspec_internal.h"
 #include "common/json_util.h"
@@ -292,4 +293,13 @@ int64_t llama_config_num_params(const llama_config_t *c) {
   int64_t total = V * C + L * layer + C;             /* embeddings, layers, final norm */
   if (!c->tie_word_embeddings) total += V * C;       /* lm_head */
   return total;
+}
+
+void llama_config_path(const char *model_path, char *out, size_t n) {
+  struct stat st;
+  const char *slash = strrchr(model_path, '/');
+  if (stat(model_path, &st) == 0 && S_ISREG(st.st_mode))
+    snprintf(out, n, "%.*sconfig.json", slash ? (int)(slash + 1 - model_path) : 0, model_path);
+  else
+    snprintf(out, n, "%s/config.json", model_path);
 }

@@ -5,6 +5,7 @@
 #define TY_API_LLAMA_CONFIG_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include <jansson.h>
@@ -46,6 +47,11 @@ int llama_config_validate(const llama_config_t *c, const char *field_prefix, ty_
 /* A new config.json-shaped object (the caller owns it), with
  * "architectures": ["LlamaForCausalLM"] and "model_type": "llama". */
 json_t *llama_config_to_json(const llama_config_t *c);
+
+/* The config.json of a model_path into out (n bytes): model_path/config.json
+ * for a folder, or the config.json beside model_path when it names one
+ * checkpoint file (a .safetensors, .bin, .pt or .pth file). */
+void llama_config_path(const char *model_path, char *out, size_t n);
 
 /* Parameter count of the base model (embeddings, layers, norm, head). */
 int64_t llama_config_num_params(const llama_config_t *c);

@@ -94,14 +94,15 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-/* Folds bytes [0, n) of path into *h; 0 or the read's error. */
-static int fold_file(uint64_t *h, const char *path, uint64_t n, char *err, size_t errlen) {
+/* Folds bytes [from, n) of path into *h; 0 or the read's error. */
+static int fold_file(uint64_t *h, const char *path, uint64_t from, uint64_t n, char *err,
+                     size_t errlen) {
   char why[1024];
   int fd = ty_beneath_open(path, O_RDONLY, 0, why, sizeof why);
   if (fd < 0) return ty_errf(err, errlen, fd, "%s", why);
   char buf[65536];
   int rc = 0;
-  for (uint64_t off = 0; off < n && !rc;) {
+  for (uint64_t off = from; off < n && !rc;) {
     size_t want = n - off < sizeof buf ? (size_t)(n - off) : sizeof buf;
     ssize_t got = pread(fd, buf, want, (off_t)off);
     if (got <= 0)
@@ -118,12 +119,12 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
   out[0] = '\0';
   uint64_t h = 14695981039346656037ull;
   char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  llama_config_path(dir, path, sizeof path);
   struct stat st;
   char why[1024];
   int e = ty_beneath_stat(path, &st, why, sizeof why);
   if (e) return ty_errf(err, errlen, e, "%s", why);
-  int rc = fold_file(&h, path, (uint64_t)st.st_size, err, errlen);
+  int rc = fold_file(&h, path, 0, (uint64_t)st.st_size, err, errlen);
   st_ckpt_t *c = NULL;
   if (!rc) rc = st_open(dir, &c, err, errlen);
   for (size_t i = 0; !rc && i < c->nfiles; i++) {
@@ -133,7 +134,16 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
     h = fnv1a(h, name, strlen(name) + 1);
     h = fnv1a(h, &f->size, sizeof f->size);
     uint64_t probe = f->data_start + 4096 < f->size ? f->data_start + 4096 : f->size;
-    rc = fold_file(&h, f->path, probe, err, errlen);
+    rc = fold_file(&h, f->path, 0, probe, err, errlen);
+    /* A PyTorch file (data_start 0) begins with its pickle, which is the
+     * same for every checkpoint of one shape: fold its first tensor's
+     * first 4 KiB too. */
+    uint64_t first = UINT64_MAX;
+    for (size_t k = 0; f->data_start == 0 && k < c->ntensors; k++)
+      if (c->tensors[k].file == (int)i && c->tensors[k].begin < first) first = c->tensors[k].begin;
+    if (!rc && first < f->size)
+      rc = fold_file(&h, f->path, first, first + 4096 < f->size ? first + 4096 : f->size, err,
+                     errlen);
   }
   st_close(c);
   if (!rc) snprintf(out, CKPT_FINGERPRINT_LEN, "%016llx", (unsigned long long)h);
@@ -142,14 +152,14 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
 
 int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {
   char path[4096];
-  snprintf(path, sizeof path, "%s/config.json", dir);
+  llama_config_path(dir, path, sizeof path);
   char why[1024];
   json_t *root = ty_json_load_file(path, JSON_REJECT_DUPLICATES, why, sizeof why);
   if (!root) {
     if (errno == ENOENT)
       return ty_errf(err, errlen, TY_ENOTFOUND,
-                     "%s: missing (a checkpoint directory holds config.json and "
-                     "model.safetensors)",
+                     "%s: missing (a checkpoint directory holds config.json beside "
+                     "model.safetensors or pytorch_model.bin, or their shards)",
                      path);
     return ty_errf(err, errlen, errno == EINVAL ? TY_EINVAL : TY_EPERM, "%s", why);
   }
@@ -194,9 +204,19 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
     }
     map[i] = f;
   }
-  if (st->ntensors != l->ntensors) {
+  /* torch.save of a tied model's state dict keeps lm_head.weight as a
+   * second view of the embedding's storage: the same bytes, nothing more.
+   * Any other lm_head of a tied model is an extra tensor, named below. */
+  const st_tensor_t *embed = map[0], *alias = NULL;
+  if (l->cfg.tie_word_embeddings && (alias = st_find(st, "lm_head.weight")) &&
+      !(alias->file == embed->file && alias->begin == embed->begin &&
+        alias->nbytes == embed->nbytes && alias->dtype == embed->dtype &&
+        alias->ndim == embed->ndim && alias->shape[0] == embed->shape[0] &&
+        alias->shape[1] == embed->shape[1]))
+    alias = NULL;
+  if (st->ntensors != l->ntensors + (alias ? 1 : 0)) {
     for (size_t i = 0; i < st->ntensors; i++) {
-      bool known = false;
+      bool known = &st->tensors[i] == alias;
       for (size_t j = 0; j < l->ntensors && !known; j++) known = map[j] == &st->tensors[i];
       if (!known)
         return ty_errf(err, errlen, TY_EINVAL,

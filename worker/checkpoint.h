@@ -95,7 +95,8 @@ void ckpt_close(ckpt_t *c);
 /* A fingerprint of the checkpoint in dir, as 16 hex digits in out (17
  * bytes): FNV-1a over config.json, and over each of its safetensors files
  * (as st_open finds them: the index's, or model.safetensors) the file's
- * name, size, header and first 4 KiB of data. It tells one base checkpoint
+ * name, size, header and first 4 KiB of data (of a PyTorch file: its first
+ * 4 KiB and its first tensor's first 4 KiB). It tells one base checkpoint
  * from another of the same shape (another seed, a fine-tuned copy) while
  * reading a few KiB a file (training reads it on the first rank only); a
  * copy of the checkpoint elsewhere has the same fingerprint.

@@ -19,6 +19,7 @@
 #include "common/beneath.h"
 #include "common/json_util.h"
 #include "common/xalloc.h"
+#include "worker/pytorch.h"
 
 /* Largest element count accepted for one tensor: keeps nelem x 4 far from
  * overflowing uint64 (2^50 elements is 4 PiB of F32). */
@@ -218,7 +219,13 @@ static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off) {
   return (ssize_t)got;
 }
 
-/* Opens one file and parses its header into h (file index fi). */
+static bool ends_with(const char *s, const char *suffix) {
+  size_t n = strlen(s), m = strlen(suffix);
+  return n >= m && !strcmp(s + n - m, suffix);
+}
+
+/* Opens one file and parses its header into h (file index fi): a
+ * safetensors file, or a PyTorch one. */
 static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char *err,
                     size_t errlen) {
   f->path = xstrdup(path);
@@ -233,13 +240,28 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
   if (fstat(f->fd, &sb) || !S_ISREG(sb.st_mode))
     return ty_errf(err, errlen, TY_EINVAL, "%s: not a regular file", path);
   f->size = (uint64_t)sb.st_size;
-  unsigned char lenbuf[8];
-  if (f->size < 8 || pread_full(f->fd, lenbuf, 8, 0) != 8)
+  unsigned char lenbuf[8] = {0};
+  /* A PyTorch file (a zip archive, or a legacy one, which starts with the
+   * pickled magic number and is refused saying how to re-save it) is read
+   * by worker/pytorch.c into the same header. No safetensors file starts
+   * so: as a header length these bytes are far above ST_HEADER_MAX. A
+   * .bin/.pt/.pth file that does not start as safetensors goes there too,
+   * to be named for what it is (a legacy tar file, or neither format). */
+  ssize_t head = pread_full(f->fd, lenbuf, 8, 0);
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; i--) n = (n << 8) | lenbuf[i];
+  bool st_like = head == 8 && n <= ST_HEADER_MAX && n <= f->size - 8;
+  if (pt_is_zip(lenbuf, head > 0 ? (size_t)head : 0) ||
+      (head == 8 && !memcmp(lenbuf, "\x80\x02\x8a\x0a", 4)) ||
+      (!st_like &&
+       (ends_with(path, ".bin") || ends_with(path, ".pt") || ends_with(path, ".pth")))) {
+    f->data_start = 0; /* pt_open_file gives absolute offsets */
+    return pt_open_file(f->fd, path, f->size, fi, h, err, errlen);
+  }
+  if (f->size < 8 || head != 8)
     return ty_errf(err, errlen, TY_EINVAL,
                    "%s: %llu bytes, too short to be safetensors (truncated?)", path,
                    (unsigned long long)f->size);
-  uint64_t n = 0;
-  for (int i = 7; i >= 0; i--) n = (n << 8) | lenbuf[i];
   if (n > ST_HEADER_MAX)
     return ty_errf(err, errlen, TY_EINVAL,
                    "%s: header length %llu exceeds the 100 MB limit (not safetensors?)", path,
@@ -374,11 +396,6 @@ out:
   return rc;
 }
 
-static bool ends_with(const char *s, const char *suffix) {
-  size_t n = strlen(s), m = strlen(suffix);
-  return n >= m && !strcmp(s + n - m, suffix);
-}
-
 int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
   *out = NULL;
   st_ckpt_t *c = xcalloc(1, sizeof *c);
@@ -388,27 +405,32 @@ int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
   if ((rc = ty_beneath_stat(path, &sb, why, sizeof why))) {
     rc = ty_errf(err, errlen, rc == TY_ENOTFOUND ? rc : TY_EPERM, "%s", why);
   } else if (S_ISDIR(sb.st_mode)) {
-    /* Inside the roots: a name that leads out is an error, not a miss. */
-    char *idx = join_path(path, ST_INDEX_NAME);
-    char *one = join_path(path, ST_SINGLE_NAME);
-    int has_idx = ty_beneath_stat(idx, &sb, why, sizeof why), has_one = TY_ENOTFOUND;
-    if (has_idx == TY_ENOTFOUND) has_one = ty_beneath_stat(one, &sb, why, sizeof why);
-    if (has_idx && has_idx != TY_ENOTFOUND) {
-      rc = ty_errf(err, errlen, TY_EPERM, "%s", why);
-    } else if (has_one && has_one != TY_ENOTFOUND) {
-      rc = ty_errf(err, errlen, TY_EPERM, "%s", why);
-    } else if (!has_idx) {
-      rc = open_index(c, idx, err, errlen);
-    } else if (!has_one) {
+    /* Hugging Face's order: safetensors first, then PyTorch's files. Inside
+     * the roots, a name that leads out is an error, not a miss. */
+    const char *names[] = {ST_INDEX_NAME, ST_SINGLE_NAME, PT_INDEX_NAME, PT_SINGLE_NAME};
+    char *found = NULL;
+    for (size_t i = 0; i < 4 && !found && !rc; i++) {
+      found = join_path(path, names[i]);
+      int e = ty_beneath_stat(found, &sb, why, sizeof why);
+      if (e == TY_ENOTFOUND) {
+        free(found), found = NULL;
+      } else if (e) {
+        rc = ty_errf(err, errlen, TY_EPERM, "%s", why);
+      }
+    }
+    if (rc) {
+      /* a name that leads outside the roots; said above */
+    } else if (found && ends_with(found, ".json")) {
+      rc = open_index(c, found, err, errlen);
+    } else if (found) {
       st_header_t h = {0};
-      rc = open_one(one, 0, add_file(c), &h, err, errlen);
+      rc = open_one(found, 0, add_file(c), &h, err, errlen);
       if (!rc) take_tensors(c, &h);
     } else {
-      rc = ty_errf(err, errlen, TY_ENOTFOUND, "%s: holds neither %s nor %s", path, ST_INDEX_NAME,
-                   ST_SINGLE_NAME);
+      rc = ty_errf(err, errlen, TY_ENOTFOUND, "%s: holds none of %s, %s, %s, %s", path,
+                   ST_INDEX_NAME, ST_SINGLE_NAME, PT_INDEX_NAME, PT_SINGLE_NAME);
     }
-    free(idx);
-    free(one);
+    free(found);
   } else if (ends_with(path, ".json")) {
     rc = open_index(c, path, err, errlen);
   } else {

@@ -10,7 +10,9 @@
  * __metadata__ strings only.
  *
  * A checkpoint is one file or a sharded set (model.safetensors.index.json
- * with a weight_map naming each tensor's file). Tensor bytes are read by
+ * with a weight_map naming each tensor's file). PyTorch's files
+ * (pytorch_model.bin, its index, a .pt file) open into the same structures
+ * through worker/pytorch.h, so every reader serves both formats. Tensor bytes are read by
  * byte range with pread: nothing needs the whole file in memory.
  *
  * Errors: functions return 0 or a negative TY_E* code and write a message
@@ -57,7 +59,8 @@ void st_header_free(st_header_t *h);
 typedef struct {
   char *path;
   int fd;
-  uint64_t data_start; /* absolute file offset of the data section (8 + N) */
+  uint64_t data_start; /* absolute file offset of the data section (8 + N); 0 for a
+                          PyTorch file (worker/pytorch.h), whose offsets are absolute */
   uint64_t size;       /* file size in bytes */
 } st_file_t;
 
@@ -70,8 +73,9 @@ typedef struct {
   uint64_t data_bytes; /* sum of the tensors' nbytes */
 } st_ckpt_t;
 
-/* Opens path: a .safetensors file, a .index.json file, or a directory
- * holding model.safetensors.index.json (preferred) or model.safetensors.
+/* Opens path: a .safetensors, .bin, .pt or .pth file, a .index.json file,
+ * or a directory holding model.safetensors.index.json (preferred),
+ * model.safetensors, pytorch_model.bin.index.json or pytorch_model.bin.
  * A sharded checkpoint must agree with its index exactly (every tensor of
  * the weight_map in its named file and nowhere else, no tensor outside the
  * weight_map). *out is the caller's, released with st_close. */

@@ -61,6 +61,18 @@ static void wload_placement_free(placement_t *pl) {
 #endif
 }
 
+/* FNV-1a over a host shard's tensors (each view's bytes, table order, no
+ * padding): two loads that agree on it hold the same shard, whichever
+ * file format or load path they came from. */
+static uint64_t digest(const loader_shard_t *s) {
+  uint64_t h = 14695981039346656037ull;
+  for (size_t i = 0; i < s->layout.ntensors; i++) {
+    const unsigned char *b = s->views[i].data;
+    for (size_t k = 0; k < s->views[i].nbytes; k++) h = (h ^ b[k]) * 1099511628211ull;
+  }
+  return h;
+}
+
 int wload_run(const jobspec_t *spec, const worker_env_t *who) {
   char err[1024] = "", msg[1200];
   placement_t pl;
@@ -120,6 +132,8 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
              ci.device, (double)ci.driver_peak / 1048576.0);
   }
 #endif
+  if (spec->device != JOBSPEC_DEVICE_CUDA && n > 0 && (size_t)n < sizeof msg)
+    snprintf(msg + n, sizeof msg - (size_t)n, ", digest %016llx", (unsigned long long)digest(s));
   (void)n;
   wload_send("done", &st, msg);
   loader_shard_free(s);

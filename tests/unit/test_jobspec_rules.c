@@ -278,9 +278,21 @@ static void test_paths_exist(void **state) {
            g_tmp, g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
   assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
-  assert_true(tu_has(&e, "model_path", "is not a directory"));
+  assert_true(tu_has(&e, "model_path", "is neither a directory nor a checkpoint file"));
   assert_true(tu_has(&e, "data.path", "does not exist"));
   ty_errlist_clear(&e);
+  /* One checkpoint file (config.json beside it) is a model_path. */
+  const char *files[] = {"model.pt", "pytorch_model.bin", "x.pth", "model.safetensors"};
+  for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+    char file[600];
+    snprintf(file, sizeof file, "%s/models/tiny/%s", g_tmp, files[i]);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fclose(f);
+    snprintf(text, sizeof text, "{\"model_path\": \"%s\"}", file);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  }
   snprintf(text, sizeof text, "{\"model_path\": \"%s/none\", \"data\": {\"path\": \"%s\"}}", g_tmp,
            g_tmp);
   assert_int_equal(tu_parse(&s, text, &e), 0);
@@ -347,6 +359,21 @@ static void test_seq_len_within_checkpoint(void **state) {
       ty_errlist_clear(&e);
     }
   }
+  /* model_path naming a file: the config.json beside it. */
+  snprintf(path, sizeof path, "%s/model.pt", dir);
+  FILE *pt = fopen(path, "w");
+  assert_non_null(pt);
+  fclose(pt);
+  {
+    jobspec_t s;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    snprintf(text, sizeof text, "{\"model_path\": \"%s\", \"data\": {\"seq_len\": 257}}", path);
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+    assert_true(tu_has(&e, "data.seq_len", "longer than the checkpoint's max_position_embeddings"));
+    ty_errlist_clear(&e);
+  }
+  snprintf(path, sizeof path, "%s/config.json", dir);
   /* A config.json without the field limits nothing. */
   f = fopen(path, "w");
   assert_non_null(f);
@@ -463,6 +490,20 @@ static void test_output_not_model(void **state) {
     assert_int_equal(e.len, 1);
     ty_errlist_clear(&e);
   }
+  /* model_path naming a file: its folder is the model's. */
+  char file[600], text[1024];
+  snprintf(file, sizeof file, "%s/models/tiny/model.pt", g_tmp);
+  FILE *f = fopen(file, "w");
+  assert_non_null(f);
+  fclose(f);
+  jobspec_t s;
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s\", \"use_lora\": false, \"output_dir\": \"%s/models/tiny\"}",
+           file, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "output_dir", "is model_path's folder"));
+  ty_errlist_clear(&e);
   /* LoRA beside its base, every weight into a folder of its own. */
   assert_int_equal(validate_out(true, "/models/tiny", true, &e), 0);
   assert_int_equal(validate_out(false, "/models/tiny/out", true, &e), 0);
@@ -819,12 +860,63 @@ static void count_rule(const char *id, const char *fields, const char *why, void
               !strcmp(stage, "load"));
 }
 
+/* dist-backend-device: shm and gloo need device cpu, nccl device cuda; auto
+ * goes with every device. */
+static void test_dist_backend(void **state) {
+  (void)state;
+  static const struct {
+    jobspec_device_t device;
+    jobspec_dist_backend_t backend;
+    const char *msg; /* NULL: accepted */
+  } cases[] = {
+      {JOBSPEC_DEVICE_AUTO, JOBSPEC_DIST_AUTO, NULL},
+      {JOBSPEC_DEVICE_CPU, JOBSPEC_DIST_AUTO, NULL},
+      {JOBSPEC_DEVICE_CUDA, JOBSPEC_DIST_AUTO, NULL},
+      {JOBSPEC_DEVICE_CPU, JOBSPEC_DIST_SHM, NULL},
+      {JOBSPEC_DEVICE_CPU, JOBSPEC_DIST_GLOO, NULL},
+      {JOBSPEC_DEVICE_CUDA, JOBSPEC_DIST_NCCL, NULL},
+      {JOBSPEC_DEVICE_CUDA, JOBSPEC_DIST_GLOO,
+       "\"gloo\" connects CPU ranks, and device is \"cuda\""},
+      {JOBSPEC_DEVICE_AUTO, JOBSPEC_DIST_SHM, "\"shm\" connects CPU ranks, and device is \"auto\""},
+      {JOBSPEC_DEVICE_CPU, JOBSPEC_DIST_NCCL, "\"nccl\" connects GPU ranks, and device is \"cpu\""},
+      {JOBSPEC_DEVICE_AUTO, JOBSPEC_DIST_NCCL,
+       "\"nccl\" connects GPU ranks, and device is \"auto\""},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    jobspec_t s;
+    jobspec_init(&s);
+    s.init_from_scratch = true;
+    s.has_model = true;
+    s.model.hidden_size = 64;
+    s.model.intermediate_size = 128;
+    s.model.num_hidden_layers = 2;
+    s.model.num_attention_heads = 4;
+    s.model.num_key_value_heads = 2;
+    s.model.vocab_size = 256;
+    s.device = cases[i].device;
+    s.dist.backend = cases[i].backend;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    jobspec_validate(&s, false, &e);
+    const char *found = NULL;
+    for (size_t k = 0; k < e.len; k++)
+      if (!strcmp(e.items[k].field, "dist.backend")) found = e.items[k].message;
+    if (!cases[i].msg) {
+      if (found) fail_msg("case %zu refused: %s", i, found);
+    } else {
+      if (!found) fail_msg("case %zu accepted", i);
+      if (!strstr(found, cases[i].msg)) fail_msg("case %zu: %s", i, found);
+    }
+    ty_errlist_clear(&e);
+  }
+}
+
 static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 21);
+  assert_int_equal(n, 22);
   assert_null(jobspec_rule_stage("no-such-rule"));
+  assert_string_equal(jobspec_rule_stage("dist-backend-device"), "spec");
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
   assert_string_equal(jobspec_rule_stage("cuda-gpus"), "submit");
   assert_string_equal(jobspec_rule_stage("device-memory"), "submit");
@@ -872,6 +964,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_paths_in_roots, make_tmp, remove_tmp),
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
       cmocka_unit_test(test_cuda_gpus),
+      cmocka_unit_test(test_dist_backend),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
   };
