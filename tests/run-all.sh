@@ -46,7 +46,7 @@ ctest --test-dir "$simasan" --output-on-failure -j "$jobs" \
   -R '^(gpu/|sim/|integration/load_cuda$)' -E '^gpu/train$'
 
 echo "== sanitizer build ($asan: clang, address + undefined, libFuzzer)"
-CC=clang cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \
+CC=clang CXX=clang++ cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \
   -DTRAINYARD_FUZZ=ON -DTRAINYARD_CUDA=OFF >/dev/null
 cmake --build "$asan" -j "$jobs"
 echo "== unit and fuzz tests under the sanitizers ($asan)"
