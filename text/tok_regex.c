@@ -50,11 +50,7 @@ tok_match_t *tok_match_new(void) {
   tok_match_t *m = xcalloc(1, sizeof *m);
   m->md = pcre2_match_data_create(16, NULL);
   m->mctx = pcre2_match_context_create(NULL);
-  /* Long runs of one class (a page of spaces) need more than the default
-   * 32 KiB; the stack is reserved up to 8 MiB and touched as it grows. */
-  m->stack = pcre2_jit_stack_create(32 * 1024, 8 * 1024 * 1024, NULL);
   if (!m->md || !m->mctx) abort(); /* out of memory, as xalloc */
-  if (m->stack) pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
   return m;
 }
 
@@ -62,13 +58,23 @@ void tok_match_free(tok_match_t *m) {
   if (!m) return;
   pcre2_match_data_free(m->md);
   pcre2_match_context_free(m->mctx);
-  pcre2_jit_stack_free(m->stack);
+  if (m->stack) pcre2_jit_stack_free(m->stack);
   free(m);
 }
 
 int tok_regex_find(const tok_regex_t *re, tok_match_t *m, const char *s, size_t n, size_t start,
                    size_t *ms, size_t *me, char *err, size_t errlen) {
   int rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
+  if (rc == PCRE2_ERROR_JIT_STACKLIMIT && !m->stack) {
+    /* Long runs of one class (a page of spaces) can need more than JIT's
+     * default 32 KiB; the larger stack is made on first need, since most
+     * calls never need it. */
+    m->stack = pcre2_jit_stack_create(64 * 1024, 16 * 1024 * 1024, NULL);
+    if (m->stack) {
+      pcre2_jit_stack_assign(m->mctx, NULL, m->stack);
+      rc = pcre2_match(re->code, (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, m->md, m->mctx);
+    }
+  }
   if (rc == PCRE2_ERROR_NOMATCH) return 0;
   if (rc < 0) {
     PCRE2_UCHAR msg[256];

@@ -78,16 +78,9 @@ static int load_added(tok_t *t, json_t *arr, tok_scratch_t *sc, char *err, size_
   return 0;
 }
 
-static int load_config(tok_t *t, const char *path, char *err, size_t errlen) {
-  struct stat st;
-  if (stat(path, &st) != 0) return 0; /* optional */
-  json_error_t je;
-  json_t *c = json_load_file(path, JSON_DECODE_INT_AS_REAL, &je); /* model_max_length: 1e30 */
-  if (!c || !json_is_object(c)) {
-    json_decref(c);
-    return ty_errf(err, errlen, TY_EINVAL, "%s: line %d: %s", path, je.line,
-                   c ? "not a JSON object" : je.text);
-  }
+/* Reads tokenizer_config.json's object c (may be NULL). */
+static void load_config(tok_t *t, json_t *c) {
+  if (!json_is_object(c)) return;
   t->bos_token = dup_json_string(json_object_get(c, "bos_token"));
   t->eos_token = dup_json_string(json_object_get(c, "eos_token"));
   json_t *ab = json_object_get(c, "add_bos_token"), *ae = json_object_get(c, "add_eos_token");
@@ -106,12 +99,104 @@ static int load_config(tok_t *t, const char *path, char *err, size_t errlen) {
     json_array_foreach(ct, i, e) {
       const char *name = json_string_value(json_object_get(e, "name"));
       json_t *tmpl = json_object_get(e, "template");
-      if (name && !strcmp(name, "default") && json_is_string(tmpl))
+      if (name && !strcmp(name, "default") && json_is_string(tmpl) && !t->chat_template)
         t->chat_template = xstrdup(json_string_value(tmpl));
     }
   }
-  json_decref(c);
+}
+
+/* Builds a tokenizer from parsed tokenizer.json j and tokenizer_config.json
+ * c (may be NULL); both stay the caller's. */
+static int load_parsed(json_t *j, json_t *c, tok_t **out, char *err, size_t errlen) {
+  int rc = 0;
+  tok_t *t = xcalloc(1, sizeof *t);
+  t->bos_id = t->eos_id = -1;
+  tok_scratch_t sc = {0};
+  sc.match = tok_match_new();
+  if (!json_is_object(j)) {
+    rc = ty_errf(err, errlen, TY_EINVAL, "tokenizer.json: not a JSON object");
+    goto done;
+  }
+  static const char *const refused[] = {"truncation", "padding"};
+  for (size_t i = 0; i < 2; i++) {
+    json_t *v = json_object_get(j, refused[i]);
+    if (v && !json_is_null(v)) {
+      rc = ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                   "tokenizer.json: %s is not supported (it must be null)", refused[i]);
+      goto done;
+    }
+  }
+  json_t *model = json_object_get(j, "model");
+  if (!json_is_object(model)) {
+    rc = ty_errf(err, errlen, TY_EINVAL, "tokenizer.json: no \"model\" object");
+    goto done;
+  }
+  const char *mtype = json_string_value(json_object_get(model, "type"));
+  if (!mtype && json_object_get(model, "merges")) mtype = "BPE"; /* older files omit it */
+  if (!mtype || strcmp(mtype, "BPE")) {
+    rc = TOK_REFUSE(err, errlen, "model", mtype ? mtype : "(none)", model_types);
+    goto done;
+  }
+  if ((rc = tok_bpe_load(model, &t->bpe, err, errlen)) ||
+      (rc = tok_normalizer_load(json_object_get(j, "normalizer"), &t->normalizer, err, errlen)) ||
+      (rc = tok_pretok_load(json_object_get(j, "pre_tokenizer"), &t->pretok, err, errlen)) ||
+      (rc = tok_post_load(json_object_get(j, "post_processor"), &t->post, err, errlen)) ||
+      (rc = tok_decoder_load(json_object_get(j, "decoder"), &t->decoder, err, errlen)))
+    goto done;
+  t->vocab_end = tok_bpe_vocab_end(t->bpe);
+  if ((rc = load_added(t, json_object_get(j, "added_tokens"), &sc, err, errlen))) goto done;
+  load_config(t, c);
+  /* BOS and EOS: tokenizer_config.json's, else the template's first and last. */
+  tok_ids_t before = {0}, after = {0};
+  tok_post_specials(t->post, &before, &after);
+  if (t->bos_token)
+    t->bos_id = tok_token_to_id(t, t->bos_token);
+  else if (before.n)
+    t->bos_id = before.v[0];
+  if (t->eos_token)
+    t->eos_id = tok_token_to_id(t, t->eos_token);
+  else if (after.n)
+    t->eos_id = after.v[after.n - 1];
+  if (!t->bos_token && t->bos_id >= 0 && tok_id_to_token(t, (uint32_t)t->bos_id))
+    t->bos_token = xstrdup(tok_id_to_token(t, (uint32_t)t->bos_id));
+  if (!t->eos_token && t->eos_id >= 0 && tok_id_to_token(t, (uint32_t)t->eos_id))
+    t->eos_token = xstrdup(tok_id_to_token(t, (uint32_t)t->eos_id));
+  free(before.v);
+  free(after.v);
+done:
+  tok_match_free(sc.match);
+  if (rc) {
+    tok_free(t);
+    return rc;
+  }
+  *out = t;
   return 0;
+}
+
+/* tokenizer_config.json holds numbers such as model_max_length = 1e30 that
+ * do not fit an integer. */
+#define CONFIG_FLAGS JSON_DECODE_INT_AS_REAL
+
+int tok_load_json(const char *json, size_t len, const char *config, size_t config_len, tok_t **out,
+                  char *err, size_t errlen) {
+  *out = NULL;
+  json_error_t je;
+  json_t *j = json_loadb(json, len, 0, &je);
+  if (!j) return ty_errf(err, errlen, TY_EINVAL, "tokenizer.json: line %d: %s", je.line, je.text);
+  json_t *c = NULL;
+  if (config) {
+    c = json_loadb(config, config_len, CONFIG_FLAGS, &je);
+    if (!json_is_object(c)) {
+      json_decref(j);
+      json_decref(c);
+      return ty_errf(err, errlen, TY_EINVAL, "tokenizer_config.json: line %d: %s", je.line,
+                     c ? "not a JSON object" : je.text);
+    }
+  }
+  int rc = load_parsed(j, c, out, err, errlen);
+  json_decref(j);
+  json_decref(c);
+  return rc;
 }
 
 int tok_load(const char *path, tok_t **out, char *err, size_t errlen) {
@@ -134,78 +219,28 @@ int tok_load(const char *path, tok_t **out, char *err, size_t errlen) {
     snprintf(config, dl + 32, "%.*s/tokenizer_config.json", (int)dl, slash ? path : ".");
   }
   json_error_t je;
-  json_t *j = json_load_file(file, 0, &je);
+  json_t *j = NULL, *c = NULL;
   int rc = 0;
-  tok_t *t = xcalloc(1, sizeof *t);
-  t->bos_id = t->eos_id = -1;
-  tok_scratch_t sc = {0};
-  sc.match = tok_match_new();
-  if (!j) {
+  if (!(j = json_load_file(file, 0, &je))) {
     rc = ty_errf(err, errlen, stat(file, &st) ? TY_ENOTFOUND : TY_EINVAL, "%s: line %d: %s", file,
                  je.line, je.text);
     goto done;
   }
-  if (!json_is_object(j)) {
-    rc = ty_errf(err, errlen, TY_EINVAL, "%s: not a JSON object", file);
-    goto done;
-  }
-  static const char *const refused[] = {"truncation", "padding"};
-  for (size_t i = 0; i < 2; i++) {
-    json_t *v = json_object_get(j, refused[i]);
-    if (v && !json_is_null(v)) {
-      rc = ty_errf(err, errlen, TY_EUNIMPLEMENTED,
-                   "tokenizer.json: %s is not supported (it must be null)", refused[i]);
+  if (stat(config, &st) == 0) { /* optional */
+    c = json_load_file(config, CONFIG_FLAGS, &je);
+    if (!json_is_object(c)) {
+      rc = ty_errf(err, errlen, TY_EINVAL, "%s: line %d: %s", config, je.line,
+                   c ? "not a JSON object" : je.text);
       goto done;
     }
   }
-  json_t *model = json_object_get(j, "model");
-  const char *mtype = json_string_value(json_object_get(model, "type"));
-  if (!json_is_object(model)) {
-    rc = ty_errf(err, errlen, TY_EINVAL, "tokenizer.json: no \"model\" object");
-    goto done;
-  }
-  if (!mtype && json_object_get(model, "merges")) mtype = "BPE"; /* older files omit it */
-  if (!mtype || strcmp(mtype, "BPE")) {
-    rc = TOK_REFUSE(err, errlen, "model", mtype ? mtype : "(none)", model_types);
-    goto done;
-  }
-  if ((rc = tok_bpe_load(model, &t->bpe, err, errlen)) ||
-      (rc = tok_normalizer_load(json_object_get(j, "normalizer"), &t->normalizer, err, errlen)) ||
-      (rc = tok_pretok_load(json_object_get(j, "pre_tokenizer"), &t->pretok, err, errlen)) ||
-      (rc = tok_post_load(json_object_get(j, "post_processor"), &t->post, err, errlen)) ||
-      (rc = tok_decoder_load(json_object_get(j, "decoder"), &t->decoder, err, errlen)))
-    goto done;
-  t->vocab_end = tok_bpe_vocab_end(t->bpe);
-  if ((rc = load_added(t, json_object_get(j, "added_tokens"), &sc, err, errlen))) goto done;
-  if ((rc = load_config(t, config, err, errlen))) goto done;
-  /* BOS and EOS: tokenizer_config.json's, else the template's first and last. */
-  tok_ids_t before = {0}, after = {0};
-  tok_post_specials(t->post, &before, &after);
-  if (t->bos_token)
-    t->bos_id = tok_token_to_id(t, t->bos_token);
-  else if (before.n)
-    t->bos_id = before.v[0];
-  if (t->eos_token)
-    t->eos_id = tok_token_to_id(t, t->eos_token);
-  else if (after.n)
-    t->eos_id = after.v[after.n - 1];
-  if (!t->bos_token && t->bos_id >= 0 && tok_id_to_token(t, (uint32_t)t->bos_id))
-    t->bos_token = xstrdup(tok_id_to_token(t, (uint32_t)t->bos_id));
-  if (!t->eos_token && t->eos_id >= 0 && tok_id_to_token(t, (uint32_t)t->eos_id))
-    t->eos_token = xstrdup(tok_id_to_token(t, (uint32_t)t->eos_id));
-  free(before.v);
-  free(after.v);
+  rc = load_parsed(j, c, out, err, errlen);
 done:
-  tok_match_free(sc.match);
   json_decref(j);
+  json_decref(c);
   free(file);
   free(config);
-  if (rc) {
-    tok_free(t);
-    return rc;
-  }
-  *out = t;
-  return 0;
+  return rc;
 }
 
 void tok_free(tok_t *t) {

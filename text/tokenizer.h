@@ -31,6 +31,10 @@ typedef struct tok_s tok_t;
  * tokenizer_config.json is read when present). *out is the caller's, freed
  * with tok_free. */
 int tok_load(const char *path, tok_t **out, char *err, size_t errlen);
+/* The same from memory: len bytes of tokenizer.json and config_len bytes of
+ * tokenizer_config.json (config may be NULL: none). */
+int tok_load_json(const char *json, size_t len, const char *config, size_t config_len, tok_t **out,
+                  char *err, size_t errlen);
 void tok_free(tok_t *t); /* accepts NULL */
 
 /* Encodes len bytes of text. add_special: apply the post-processor's (or
