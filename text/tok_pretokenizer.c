@@ -38,20 +38,23 @@ static const char gpt2_pattern[] =
 
 /* Appends the pieces of s[0..n) that re splits off, delimiters kept as
  * their own pieces (Isolated) or dropped (Removed). An empty match splits
- * nothing and the search moves on one character, as JavaScript's matchAll. */
+ * there too (so "x*" cuts between every two characters) and the search
+ * moves on one character, as the reference's matchAll loop does. */
 static int regex_split(const tok_regex_t *re, tok_match_t *m, const char *s, size_t n,
                        int keep_matches, tok_pieces_t *out, char *err, size_t errlen) {
   size_t prev = 0, from = 0;
-  while (from < n) {
+  while (from <= n) {
     size_t ms, me;
     int rc = tok_regex_find(re, m, s, n, from, &ms, &me, err, errlen);
     if (rc < 0) return rc;
     if (rc == 0) break;
     if (ms > prev) tok_pieces_push(out, s + prev, ms - prev);
+    if (me > ms && keep_matches) tok_pieces_push(out, s + ms, me - ms);
+    prev = me;
     if (me > ms) {
-      if (keep_matches) tok_pieces_push(out, s + ms, me - ms);
-      prev = from = me;
+      from = me;
     } else {
+      if (me >= n) break;
       size_t cl = tok_utf8_char_len((const unsigned char *)s + me, n - me);
       from = me + (cl ? cl : 1);
     }
