@@ -215,7 +215,7 @@ int tok_bpe_encode(const tok_bpe_t *m, const char *s, size_t n, tok_ids_t *ids, 
   if (cacheable && tok_cache_get(m->cache, s, n, ids)) return 0;
   size_t first = ids->n;
   bpe_word(m, s, n, ids);
-  if (cacheable) tok_cache_put(m->cache, s, n, ids->v + first, ids->n - first);
+  if (cacheable) tok_cache_put(m->cache, s, n, ids->v ? ids->v + first : NULL, ids->n - first);
   return 0;
 }
 
