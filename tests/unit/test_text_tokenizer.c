@@ -169,6 +169,42 @@ static void utf8_lossy(void **state) {
   }
 }
 
+/* 1 when pattern finds a match in s (as tokenizer.json's Regex). */
+static int regex_hits(const char *pattern, const char *s) {
+  tok_regex_t *re;
+  char err[256];
+  assert_int_equal(tok_regex_compile(pattern, strlen(pattern), 0, &re, err, sizeof err), 0);
+  tok_match_t *m = tok_match_new();
+  size_t ms, me;
+  int rc = tok_regex_find(re, m, s, strlen(s), 0, &ms, &me, err, sizeof err);
+  assert_true(rc >= 0);
+  tok_match_free(m);
+  tok_regex_free(re);
+  return rc;
+}
+
+/* Patterns keep Oniguruma's meaning of \s, \w and \h (the reference's),
+ * not PCRE2's. */
+static void regex_oniguruma(void **state) {
+  const char *mvs = "\xE1\xA0\x8E", *nel = "\xC2\x85"; /* U+180E, U+0085 */
+  assert_int_equal(regex_hits("\\s", mvs), 0);         /* PCRE2's \s would take it */
+  assert_int_equal(regex_hits("\\s", nel), 1);
+  assert_int_equal(regex_hits("\\s", "\xC2\xA0"), 1);
+  assert_int_equal(regex_hits("[^\\s\\p{L}]", mvs), 1);
+  assert_int_equal(regex_hits("\\S", mvs), 1);
+  assert_int_equal(regex_hits("\\w", "\xC2\xB2"), 1); /* ² */
+  assert_int_equal(regex_hits("\\w", "-"), 0);
+  assert_int_equal(regex_hits("\\h", "f"), 1);
+  assert_int_equal(regex_hits("\\h", " "), 0);
+  assert_int_equal(regex_hits("[]s]", "]"), 1); /* a first ']' is literal */
+  assert_int_equal(regex_hits("\\Q\\s\\E", "\\s"), 1);
+  assert_int_equal(regex_hits("\\\\s", "\\s"), 1); /* an escaped backslash, then s */
+  tok_regex_t *re;
+  char err[256];
+  assert_int_equal(tok_regex_compile("[\\W]", 5, 0, &re, err, sizeof err), TY_EUNIMPLEMENTED);
+  assert_non_null(strstr(err, "\\W inside a character class"));
+}
+
 #define ADDED(id, content, flags) \
   "{\"id\": " #id ", \"content\": \"" content "\", \"single_word\": false, " flags "}"
 
@@ -550,21 +586,14 @@ static void malformed(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(bpe_merge_order),
-      cmocka_unit_test(bpe_ties_leftmost),
-      cmocka_unit_test(bpe_ignore_merges),
-      cmocka_unit_test(bpe_byte_fallback_and_unk),
-      cmocka_unit_test(utf8_lossy),
-      cmocka_unit_test(added_tokens),
-      cmocka_unit_test(normalizers),
-      cmocka_unit_test(pre_tokenizers),
-      cmocka_unit_test(byte_level),
-      cmocka_unit_test(decoders),
-      cmocka_unit_test(config),
-      cmocka_unit_test(load_paths),
-      cmocka_unit_test(threads),
-      cmocka_unit_test(refusals),
-      cmocka_unit_test(malformed),
+      cmocka_unit_test(bpe_merge_order),   cmocka_unit_test(bpe_ties_leftmost),
+      cmocka_unit_test(bpe_ignore_merges), cmocka_unit_test(bpe_byte_fallback_and_unk),
+      cmocka_unit_test(utf8_lossy),        cmocka_unit_test(regex_oniguruma),
+      cmocka_unit_test(added_tokens),      cmocka_unit_test(normalizers),
+      cmocka_unit_test(pre_tokenizers),    cmocka_unit_test(byte_level),
+      cmocka_unit_test(decoders),          cmocka_unit_test(config),
+      cmocka_unit_test(load_paths),        cmocka_unit_test(threads),
+      cmocka_unit_test(refusals),          cmocka_unit_test(malformed),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
