@@ -94,7 +94,12 @@ typedef struct {
 static int unicode_apply(const tok_normalizer_t *nz, tok_scratch_t *sc, const char *s, size_t n,
                          tok_buf_t *out, char *err, size_t errlen) {
   const norm_unicode_t *u = (const norm_unicode_t *)nz;
-  if (n == 0) return 0;
+  size_t i = 0;
+  while (i < n && !((unsigned char)s[i] & 0x80)) i++;
+  if (i == n) { /* ASCII is its own normal form, in all four */
+    tok_buf_append(out, s, n);
+    return 0;
+  }
   utf8proc_uint8_t *dst = NULL;
   utf8proc_ssize_t r =
       utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, u->options);
