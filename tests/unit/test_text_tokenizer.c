@@ -407,12 +407,10 @@ static void decoders(void **state) {
 }
 
 static void config(void **state) {
-  const char *added = ADDED(20, "<s>",
-                            "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
-                            "\"special\": true") ", " ADDED(21, "</s>",
-                                                            "\"lstrip\": false, \"rstrip\": false, "
-                                                            "\"normalized\": false, "
-                                                            "\"special\": true");
+#define PLAIN "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+  const char *added = ADDED(20, "<s>", PLAIN "\"special\": true") ", " ADDED(
+      21, "</s>", PLAIN "\"special\": true") ", " ADDED(22, "<n>", PLAIN "\"special\": false");
+#undef PLAIN
   const char *post =
       "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
       "\"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}],"
@@ -427,10 +425,13 @@ static void config(void **state) {
   /* add_bos_token/add_eos_token decide when given; tokens as strings or objects */
   t = mk("", NULL, added, NULL, NULL, post, NULL,
          "{\"bos_token\": {\"content\": \"<s>\", \"lstrip\": false}, \"eos_token\": \"</s>\","
-         " \"add_bos_token\": false, \"add_eos_token\": true, \"model_max_length\": "
+         " \"add_bos_token\": false, \"add_eos_token\": true, \"additional_special_tokens\":"
+         " [\"<n>\"], \"model_max_length\": "
          "1000000000000000019884624838656, \"chat_template\": [{\"name\": \"tool_use\", "
          "\"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D\"}]}");
   expect_ids(t, "a", 1, 0, 21, -1);
+  uint32_t with_n[] = {22, 0};
+  expect_decode(t, with_n, 2, 1, "a"); /* <n>: special through additional_special_tokens */
   assert_int_equal(tok_bos_id(t), 20);
   assert_int_equal(tok_eos_id(t), 21);
   assert_string_equal(tok_bos_token(t), "<s>");
