@@ -10,8 +10,10 @@ set -euo pipefail
 
 group=${1:-build}
 
+# libpcre2-dev, libutf8proc-dev: the tokenizer's Unicode regular expressions and
+# normalization forms (text/; the worker tokenizes).
 worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev
-             libprotobuf-c-dev protobuf-c-compiler)
+             libprotobuf-c-dev protobuf-c-compiler libpcre2-dev libutf8proc-dev)
 # nodejs + npm: the build installs the web page's chart library with npm ci.
 # g++ + libgloo-dev: the Gloo comm for CPU ranks on several hosts (optional in
 # the build; installed so that it is built and tested).
