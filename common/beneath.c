@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
+#include "common/fsfault.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
 
@@ -511,6 +512,8 @@ static int open_parent(const char *path, char *name, char *err, size_t errlen) {
 }
 
 int ty_beneath_mkdirs(const char *dir, char *err, size_t errlen) {
+  int fe = ty_fsfault("mkdir", dir);
+  if (fe) return errf(err, errlen, TY_EUNAVAILABLE, "cannot make %s: %s", dir, strerror(fe));
   char path[PATH_MAX];
   if (snprintf(path, sizeof path, "%s", dir) >= (int)sizeof path)
     return errf(err, errlen, TY_EINVAL, "path too long: %.64s...", dir);
@@ -562,6 +565,10 @@ int ty_beneath_mkdirs(const char *dir, char *err, size_t errlen) {
 }
 
 int ty_beneath_rename(const char *from, const char *to, char *err, size_t errlen) {
+  int fe = ty_fsfault("rename", to);
+  if (fe)
+    return errf(err, errlen, TY_EUNAVAILABLE, "cannot rename %s to %s: %s", from, to,
+                strerror(fe));
   char a[NAME_MAX + 1], b[NAME_MAX + 1];
   int pa = open_parent(from, a, err, errlen);
   if (pa < 0) return pa;

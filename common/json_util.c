@@ -3,6 +3,7 @@
 
 #include "api/errors.h"
 #include "common/beneath.h"
+#include "common/fsfault.h"
 #include "common/partial.h"
 #include "common/xalloc.h"
 
@@ -144,7 +145,7 @@ int ty_json_write_file(const json_t *j, const char *path, size_t flags, char *er
   FILE *f = ty_beneath_fopen(partial, "w", err, errlen);
   int rc = f ? 0 : TY_EPERM;
   if (f) {
-    int wrote = ty_json_dumpf(j, f, flags);
+    int wrote = ty_fsfault("write", partial) ? -1 : ty_json_dumpf(j, f, flags);
     if (fclose(f) != 0 || wrote != 0) {
       if (err) snprintf(err, errlen, "%s: cannot write: %s", partial, strerror(errno));
       rc = TY_EUNAVAILABLE;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fsfault.h"
 #include "common/beneath.h"
 #include "common/partial.h"
 #include "worker/worker_load.h"
@@ -19,6 +20,8 @@ int main(int argc, char **argv) {
   /* Stopped mid-save (a cancel, a failed peer), a rank removes the part of
    * the checkpoint or output it was writing. */
   ty_partial_cleanup_on_signals();
+  /* The tests' disk faults (TY_TEST_FS_FAULTS) apply to ranks alone. */
+  ty_fsfault_arm();
   /* Every model, data and output file is opened inside the roots the
    * launcher names (none: no confinement), before anything is read. */
   char why[1024];

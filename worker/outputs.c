@@ -64,7 +64,9 @@ int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_mo
   if (rc) return rc;
   for (int i = 0; i < lo->n_tensors && !rc; i++)
     rc = st_writer_write(w, lo->tensors[i].data, lo->tensors[i].numel * sizeof(float), err, errlen);
-  int rc2 = st_writer_close(w, err, errlen);
+  /* A failed write keeps its own message (the close would only say the
+   * file is short). */
+  int rc2 = st_writer_close(w, rc ? NULL : err, rc ? 0 : errlen);
   return rc ? rc : rc2;
 }
 
@@ -219,6 +221,8 @@ int outputs_write_model(const char *dir, const model_t *m, const llama_config_t 
   if (rc) return rc;
   for (int i = 0; i < m->n_tensors && !rc; i++)
     rc = st_writer_write(w, m->tensors[i].data, m->tensors[i].numel * sizeof(float), err, errlen);
-  int rc2 = st_writer_close(w, err, errlen);
+  /* A failed write keeps its own message (the close would only say the
+   * file is short). */
+  int rc2 = st_writer_close(w, rc ? NULL : err, rc ? 0 : errlen);
   return rc ? rc : rc2;
 }

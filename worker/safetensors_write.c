@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/fsfault.h"
 #include "common/beneath.h"
 #include "common/partial.h"
 #include "common/xalloc.h"
@@ -103,7 +104,8 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
   setvbuf(w->f, w->buf, _IOFBF, 1u << 20);
   unsigned char len8[8];
   for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)padded >> (8 * i));
-  bool ok = fwrite(len8, 1, 8, w->f) == 8 && fwrite(hdr, 1, hlen, w->f) == hlen;
+  bool ok = !ty_fsfault("write", w->partial) && fwrite(len8, 1, 8, w->f) == 8 &&
+            fwrite(hdr, 1, hlen, w->f) == hlen;
   for (size_t i = hlen; ok && i < padded; i++) ok = fputc(' ', w->f) != EOF;
   free(hdr);
   if (!ok) {
@@ -119,7 +121,7 @@ int st_writer_write(st_writer_t *w, const void *data, size_t n, char *err, size_
   if (n > w->total - w->written)
     return ty_errf(err, errlen, TY_EINVAL, "%s: %zu bytes more than the header declares", w->path,
                    (size_t)(n - (w->total - w->written)));
-  if (fwrite(data, 1, n, w->f) != n)
+  if (ty_fsfault("write", w->partial) || fwrite(data, 1, n, w->f) != n)
     return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: write failed: %s (disk full?)", w->path,
                    strerror(errno));
   w->written += n;

@@ -102,7 +102,9 @@ static int write_tensors(const char *path, const optim_t *o, const float *params
   const float *parts[3] = {params, o->m, o->v};
   for (int i = 0; i < 3 && !rc; i++)
     rc = st_writer_write(w, parts[i], n * sizeof(float), err, errlen);
-  int rc2 = st_writer_close(w, err, errlen);
+  /* A failed write keeps its own message (the close would only say the
+   * file is short). */
+  int rc2 = st_writer_close(w, rc ? NULL : err, rc ? 0 : errlen);
   return rc ? rc : rc2;
 }
 
