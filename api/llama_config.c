@@ -145,11 +145,6 @@ static void check_semantics(const char *key, const json_t *v, const char *path,
                      "only \"silu\" (SwiGLU) is supported, got %s; this checkpoint is not a "
                      "Llama model trainyard can train",
                      json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
-  } else if (!strcmp(key, "rope_scaling")) {
-    if (!json_is_null(v))
-      ty_errlist_add(errs, path,
-                     "rotary scaling (Llama 3.1+ \"rope_type\" variants) is not supported; "
-                     "use a checkpoint whose rope_scaling is null");
   } else if (!strcmp(key, "attention_bias") || !strcmp(key, "mlp_bias")) {
     if (json_is_true(v))
       ty_errlist_add(errs, path,
@@ -157,6 +152,89 @@ static void check_semantics(const char *key, const json_t *v, const char *path,
                      "with %s false",
                      key);
   }
+}
+
+/* The rope_scaling kinds trainyard computes, by their config.json names,
+ * and the keys each takes besides rope_type (or its older name, type). */
+static const struct {
+  const char *name;
+  llama_rope_type_t type;
+  const char *keys[4];
+} g_rope_types[] = {
+    {"default", LLAMA_ROPE_DEFAULT, {NULL}},
+    {"linear", LLAMA_ROPE_LINEAR, {"factor"}},
+    {"llama3",
+     LLAMA_ROPE_LLAMA3,
+     {"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"}},
+};
+#define ROPE_TYPES_N (sizeof g_rope_types / sizeof g_rope_types[0])
+
+/* config.json's rope_scaling (null, or an object with rope_type or type)
+ * into *rs; values are checked by llama_config_validate. A kind we do not
+ * compute (yarn, dynamic, longrope, ...) is refused by name, as is any key
+ * its kind does not take: either would load and compute another model. */
+static void rope_scaling_parse(const json_t *v, llama_rope_scaling_t *rs, const char *path,
+                               ty_errlist_t *errs) {
+  char sub[256];
+  memset(rs, 0, sizeof *rs);
+  if (json_is_null(v)) return;
+  if (!json_is_object(v)) {
+    ty_errlist_add(errs, path, "must be null or an object with \"rope_type\", got %s",
+                   ty_json_kind(v));
+    return;
+  }
+  const char *tkey = json_object_get(v, "rope_type") ? "rope_type" : "type";
+  const json_t *tv = json_object_get(v, tkey);
+  jobspec_path_join(sub, sizeof sub, path, tkey);
+  if (!json_is_string(tv)) {
+    ty_errlist_add(errs, tv ? sub : path,
+                   "needs \"rope_type\": \"linear\" or \"llama3\" (or rope_scaling null)");
+    return;
+  }
+  size_t k = 0;
+  while (k < ROPE_TYPES_N && strcmp(g_rope_types[k].name, json_string_value(tv)) != 0) k++;
+  if (k == ROPE_TYPES_N) {
+    ty_errlist_add(errs, sub,
+                   "\"%s\" rotary scaling is not supported; trainyard computes \"linear\" and "
+                   "\"llama3\" (or none: rope_scaling null)",
+                   json_string_value(tv));
+    return;
+  }
+  rs->type = g_rope_types[k].type;
+  const char *key;
+  json_t *x;
+  json_object_foreach((json_t *)v, key, x) {
+    if (!strcmp(key, "rope_type") || !strcmp(key, "type")) continue;
+    jobspec_path_join(sub, sizeof sub, path, key);
+    const char *const *keys = g_rope_types[k].keys;
+    size_t i = 0;
+    while (i < 4 && keys[i] && strcmp(keys[i], key) != 0) i++;
+    if (i == 4 || !keys[i]) {
+      ty_errlist_add(errs, sub, "is not a key of \"%s\" rotary scaling; remove it",
+                     g_rope_types[k].name);
+      continue;
+    }
+    if (!json_is_number(x)) {
+      ty_errlist_add(errs, sub, "must be a number, got %s", ty_json_kind(x));
+      continue;
+    }
+    double d = json_number_value(x);
+    if (!strcmp(key, "factor"))
+      rs->factor = d;
+    else if (!strcmp(key, "low_freq_factor"))
+      rs->low_freq_factor = d;
+    else if (!strcmp(key, "high_freq_factor"))
+      rs->high_freq_factor = d;
+    else if (d != floor(d) || d < 1 || d > (1 << 24))
+      ty_errlist_add(errs, sub, "must be an integer between 1 and %d, got %g", 1 << 24, d);
+    else
+      rs->original_max_position_embeddings = (int64_t)d;
+  }
+  for (const char *const *kk = g_rope_types[k].keys; kk < g_rope_types[k].keys + 4 && *kk; kk++)
+    if (!json_object_get(v, *kk)) {
+      jobspec_path_join(sub, sizeof sub, path, *kk);
+      ty_errlist_add(errs, sub, "is required by \"%s\" rotary scaling", g_rope_types[k].name);
+    }
 }
 
 int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *field_prefix,
@@ -179,6 +257,10 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
     if (!r) {
       if (!strcmp(key, "model_type") || !strcmp(key, "architectures")) {
         if (strict) check_identity(key, v, path, errs);
+        continue;
+      }
+      if (!strict && !strcmp(key, "rope_scaling")) {
+        rope_scaling_parse(v, &c->rope_scaling, path, errs);
         continue;
       }
       if (!strict) {
@@ -209,6 +291,36 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
       c->hidden_size % c->num_attention_heads == 0)
     c->head_dim = c->hidden_size / c->num_attention_heads;
   return errs->len > before ? TY_EINVAL : 0;
+}
+
+/* The values of a parsed (or built) rope_scaling, as Hugging Face's
+ * _validate_*_rope_parameters wants them, made errors: a zero factor or
+ * low_freq_factor >= high_freq_factor would divide by zero. */
+static void rope_scaling_validate(const llama_rope_scaling_t *rs, const char *field_prefix,
+                                  ty_errlist_t *errs) {
+  char path[256], sub[256];
+  path_of(path, sizeof path, field_prefix, "rope_scaling");
+  if (rs->type == LLAMA_ROPE_DEFAULT) return;
+  if (rs->type != LLAMA_ROPE_LINEAR && rs->type != LLAMA_ROPE_LLAMA3) {
+    ty_errlist_add(errs, path, "has an unknown rotary scaling kind");
+    return;
+  }
+  jobspec_path_join(sub, sizeof sub, path, "factor");
+  if (!isfinite(rs->factor) || !(rs->factor > 0) || rs->factor > 1e6)
+    ty_errlist_add(errs, sub, "must be > 0 and <= 1e6 (1 leaves the frequencies), got %g",
+                   rs->factor);
+  if (rs->type != LLAMA_ROPE_LLAMA3) return;
+  jobspec_path_join(sub, sizeof sub, path, "low_freq_factor");
+  if (!isfinite(rs->low_freq_factor) || !(rs->low_freq_factor > 0))
+    ty_errlist_add(errs, sub, "must be > 0, got %g", rs->low_freq_factor);
+  jobspec_path_join(sub, sizeof sub, path, "high_freq_factor");
+  if (!isfinite(rs->high_freq_factor) || !(rs->high_freq_factor > rs->low_freq_factor))
+    ty_errlist_add(errs, sub, "must be greater than low_freq_factor (%g), got %g",
+                   rs->low_freq_factor, rs->high_freq_factor);
+  jobspec_path_join(sub, sizeof sub, path, "original_max_position_embeddings");
+  if (rs->original_max_position_embeddings < 1 || rs->original_max_position_embeddings > (1 << 24))
+    ty_errlist_add(errs, sub, "must be between 1 and %d, got %lld", 1 << 24,
+                   (long long)rs->original_max_position_embeddings);
 }
 
 int llama_config_validate(const llama_config_t *c, const char *field_prefix, ty_errlist_t *errs) {
@@ -248,6 +360,7 @@ int llama_config_validate(const llama_config_t *c, const char *field_prefix, ty_
                    "(%lld); give head_dim or make hidden_size a multiple of the head count",
                    (long long)c->hidden_size, (long long)nh);
   }
+  rope_scaling_validate(&c->rope_scaling, field_prefix, errs);
   if ((int)c->torch_dtype < 0 || c->torch_dtype >= TY_DTYPE_COUNT) {
     path_of(path, sizeof path, field_prefix, "torch_dtype");
     ty_errlist_add(errs, path, "must be \"float32\", \"bfloat16\" or \"float16\"");
@@ -279,7 +392,38 @@ json_t *llama_config_to_json(const llama_config_t *c) {
     }
     json_object_set_new(o, r->key, v);
   }
+  const llama_rope_scaling_t *rs = &c->rope_scaling;
+  if (rs->type == LLAMA_ROPE_LINEAR)
+    json_object_set_new(o, "rope_scaling",
+                        json_pack("{s:s,s:f}", "rope_type", "linear", "factor", rs->factor));
+  else if (rs->type == LLAMA_ROPE_LLAMA3)
+    json_object_set_new(
+        o, "rope_scaling",
+        json_pack("{s:s,s:f,s:f,s:f,s:I}", "rope_type", "llama3", "factor", rs->factor,
+                  "low_freq_factor", rs->low_freq_factor, "high_freq_factor", rs->high_freq_factor,
+                  "original_max_position_embeddings",
+                  (json_int_t)rs->original_max_position_embeddings));
   return o;
+}
+
+/* Hugging Face's _compute_default_rope_parameters, then _compute_linear_
+ * or _compute_llama3_parameters for pair i. */
+double llama_rope_inv_freq(double theta, int HS, int i, const llama_rope_scaling_t *s) {
+  double inv_freq = 1.0 / pow(theta, (2.0 * i) / HS);
+  if (!s || s->type == LLAMA_ROPE_DEFAULT) return inv_freq;
+  if (s->type == LLAMA_ROPE_LINEAR) return inv_freq / s->factor;
+  /* llama3: wavelengths longer than the original context / low_freq_factor
+   * are slowed by factor, those shorter than context / high_freq_factor
+   * kept, and the band between interpolated smoothly. */
+  const double pi = 3.14159265358979323846;
+  double old_ctx = (double)s->original_max_position_embeddings;
+  double low_wavelen = old_ctx / s->low_freq_factor, high_wavelen = old_ctx / s->high_freq_factor;
+  double wavelen = 2 * pi / inv_freq;
+  if (wavelen > low_wavelen) return inv_freq / s->factor;
+  if (wavelen < high_wavelen) return inv_freq;
+  double smooth =
+      (old_ctx / wavelen - s->low_freq_factor) / (s->high_freq_factor - s->low_freq_factor);
+  return (1 - smooth) * inv_freq / s->factor + smooth * inv_freq;
 }
 
 int64_t llama_config_num_params(const llama_config_t *c) {

@@ -1,6 +1,7 @@
 /* test_llama_config.c - the Llama config: a real Hugging Face config.json
  * read leniently, the spec's strict mode, derived defaults, validation,
  * serialization and parameter counts of known models. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -65,8 +66,8 @@ static void test_lenient_refuses_semantic_changes(void **state) {
   static const struct {
     const char *json, *field, *says;
   } cases[] = {
-      {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
-       "rope_scaling", "not supported"},
+      {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}",
+       "rope_scaling.rope_type", "\"yarn\" rotary scaling is not supported"},
       {"{\"hidden_size\": 64, \"hidden_act\": \"gelu\"}", "hidden_act", "only \"silu\""},
       {"{\"hidden_size\": 64, \"attention_bias\": true}", "attention_bias", "biases"},
       {"{\"hidden_size\": 64, \"mlp_bias\": true}", "mlp_bias", "biases"},
@@ -91,6 +92,111 @@ static void test_lenient_refuses_semantic_changes(void **state) {
       "\"attention_bias\": false, \"mlp_bias\": false}");
   assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
   json_decref(j);
+}
+
+/* Llama 3.1's rope_scaling (and the older "type" spelling of linear) are
+ * read, validated, written back by llama_config_to_json and read again. */
+static void test_rope_scaling_parsed(void **state) {
+  (void)state;
+  llama_config_t c, d;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  llama_config_init(&c);
+  json_t *j = load(
+      "{\"hidden_size\": 64, \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0, "
+      "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, "
+      "\"rope_type\": \"llama3\"}}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  json_decref(j);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LLAMA3);
+  assert_true(c.rope_scaling.factor == 32 && c.rope_scaling.low_freq_factor == 1);
+  assert_true(c.rope_scaling.high_freq_factor == 4);
+  assert_int_equal(c.rope_scaling.original_max_position_embeddings, 8192);
+  c.intermediate_size = c.num_hidden_layers = c.num_attention_heads = c.vocab_size = 4;
+  c.num_key_value_heads = 4, c.head_dim = 16;
+  assert_int_equal(llama_config_validate(&c, "", &e), 0);
+  j = llama_config_to_json(&c);
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_memory_equal(&c.rope_scaling, &d.rope_scaling, sizeof c.rope_scaling);
+  /* A job spec's model takes no rope_scaling. */
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "model", true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model.rope_scaling", "unknown field"));
+  json_decref(j);
+  ty_errlist_clear(&e);
+  j = load("{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.5}}");
+  llama_config_init(&c);
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LINEAR);
+  assert_true(c.rope_scaling.factor == 2.5);
+  json_decref(j);
+  /* "default" is no scaling. */
+  j = load("{\"rope_scaling\": {\"rope_type\": \"default\"}}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_DEFAULT);
+  json_decref(j);
+  /* The three bands of Hugging Face's _compute_llama3_parameters, with
+   * theta 10000, HS 16 and an original context of 64 (wavelengths 2 pi /
+   * inv_freq: 6.3 kept, 19.9 and 62.8 interpolated, 198.7 divided). */
+  llama_rope_scaling_t s = {LLAMA_ROPE_LLAMA3, 8, 1, 4, 64};
+  assert_true(llama_rope_inv_freq(10000, 16, 0, &s) == 1.0);
+  double f1 = pow(10000, -2.0 / 16), smooth = (64 / (2 * M_PI / f1) - 1) / 3;
+  assert_true(fabs(llama_rope_inv_freq(10000, 16, 1, &s) - ((1 - smooth) * f1 / 8 + smooth * f1)) <
+              1e-15);
+  double f3 = pow(10000, -6.0 / 16);
+  assert_true(fabs(llama_rope_inv_freq(10000, 16, 3, &s) - f3 / 8) < 1e-15);
+  s = (llama_rope_scaling_t){.type = LLAMA_ROPE_LINEAR, .factor = 4};
+  assert_true(fabs(llama_rope_inv_freq(10000, 16, 3, &s) - f3 / 4) < 1e-15);
+  assert_true(llama_rope_inv_freq(10000, 16, 3, NULL) == f3);
+}
+
+/* Kinds we do not compute are refused by name, and so are a missing
+ * parameter, a key the kind does not take and values that would divide
+ * by zero. */
+static void test_rope_scaling_refused(void **state) {
+  (void)state;
+  static const struct {
+    const char *json, *field, *says;
+  } cases[] = {
+      {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "rope_scaling.rope_type",
+       "\"dynamic\" rotary scaling is not supported"},
+      {"{\"type\": \"yarn\", \"factor\": 4.0}", "rope_scaling.type", "\"yarn\""},
+      {"{\"rope_type\": \"longrope\"}", "rope_scaling.rope_type", "\"longrope\""},
+      {"{\"factor\": 2.0}", "rope_scaling", "needs \"rope_type\""},
+      {"\"llama3\"", "rope_scaling", "must be null or an object"},
+      {"{\"rope_type\": \"linear\"}", "rope_scaling.factor", "is required"},
+      {"{\"rope_type\": \"linear\", \"factor\": 2, \"low_freq_factor\": 1}",
+       "rope_scaling.low_freq_factor", "not a key of \"linear\""},
+      {"{\"rope_type\": \"linear\", \"factor\": \"2\"}", "rope_scaling.factor", "must be a number"},
+      {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+       "\"high_freq_factor\": 4}",
+       "rope_scaling.original_max_position_embeddings", "is required"},
+      {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+       "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}",
+       "rope_scaling.high_freq_factor", "greater than low_freq_factor"},
+      {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+       "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192.5}",
+       "rope_scaling.original_max_position_embeddings", "must be an integer"},
+      {"{\"rope_type\": \"linear\", \"factor\": 0}", "rope_scaling.factor", "must be > 0"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    llama_config_t c;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    llama_config_init(&c);
+    c.hidden_size = c.intermediate_size = c.num_hidden_layers = c.vocab_size = 8;
+    c.num_attention_heads = c.num_key_value_heads = 2;
+    c.head_dim = 4;
+    json_t *rs = json_loads(cases[i].json, JSON_DECODE_ANY, NULL);
+    assert_non_null(rs);
+    json_t *j = json_pack("{s:o}", "rope_scaling", rs);
+    if (llama_config_from_json(j, &c, "", false, &e) == 0)
+      assert_int_equal(llama_config_validate(&c, "", &e), TY_EINVAL);
+    if (e.len != 1 || !tu_has(&e, cases[i].field, cases[i].says))
+      fail_msg("case %zu: %s: got %zu errors, first %s: %s", i, cases[i].json, e.len,
+               e.len ? e.items[0].field : "-", e.len ? e.items[0].message : "-");
+    json_decref(j);
+    ty_errlist_clear(&e);
+  }
 }
 
 static void test_newer_dtype_key_and_nulls(void **state) {
@@ -202,6 +308,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hf_config_lenient),
       cmocka_unit_test(test_lenient_refuses_semantic_changes),
+      cmocka_unit_test(test_rope_scaling_parsed),
+      cmocka_unit_test(test_rope_scaling_refused),
       cmocka_unit_test(test_newer_dtype_key_and_nulls),
       cmocka_unit_test(test_types_and_ranges),
       cmocka_unit_test(test_validate_relations),
