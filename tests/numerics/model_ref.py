@@ -280,6 +280,13 @@ def main():
                      "tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-6,
                      "batch": 3, "seq": 9, "lora_rank": 3, "lora_alpha": 5.0,
                      "lora_targets": (1 << 0) | (1 << 2) | (1 << 6)},
+        # Llama 3.2's shape in small: tied head, GQA, and heads wider than
+        # hidden_size / num_attention_heads (q is 64 x 24, o 24 x 64)
+        "tied_wide_heads": {**base, "hidden_size": 24, "intermediate_size": 56,
+                            "num_hidden_layers": 2, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 70,
+                            "tie_word_embeddings": True, "batch": 2, "seq": 10,
+                            "lora_rank": 3, "lora_targets": 127},
         # Llama 3.1's rotary scaling: with head_dim 16 and an original
         # context of 64 the eight frequencies fall in all three bands (kept,
         # interpolated, divided by factor)
