@@ -5,6 +5,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "api/jobspec_internal.h"
@@ -118,40 +119,169 @@ static const lk_row_t *row_find(const char *key) {
   return NULL;
 }
 
-/* Keys llama_config_to_json writes that carry no shape: accepted in strict
- * mode when they name Llama, so that the output parses back. */
-static void check_identity(const char *key, const json_t *v, const char *path, ty_errlist_t *errs) {
+/* config.json's model_type values: the architectures they name in
+ * Hugging Face and, for those trainyard does not run yet, what it lacks.
+ * A model_type decides things config.json never states (Qwen2's q/k/v
+ * biases), so an unknown one is refused, never read as Llama. */
+static const struct {
+  const char *model_type, *architecture, *missing;
+} g_model_types[] = {
+    {"llama", "LlamaForCausalLM", NULL},
+    {"mistral", "MistralForCausalLM",
+     "Mistral's sliding-window attention (sliding_window) is not supported"},
+    {"qwen2", "Qwen2ForCausalLM",
+     "Qwen2's q/k/v projection biases (implied by model_type \"qwen2\") are not supported"},
+};
+#define MODEL_TYPES_N (sizeof g_model_types / sizeof g_model_types[0])
+
+/* model_type and architectures: in strict mode (a job spec) only Llama's,
+ * so that llama_config_to_json's output parses back; in a config.json the
+ * model types above are told apart and refused with what they need. */
+static void check_identity(const char *key, const json_t *v, const char *path, bool strict,
+                           ty_errlist_t *errs) {
   if (!strcmp(key, "model_type")) {
-    if (!json_is_string(v) || strcmp(json_string_value(v), "llama") != 0)
+    const char *t = json_is_string(v) ? json_string_value(v) : NULL;
+    size_t k = 0;
+    while (t && k < MODEL_TYPES_N && strcmp(g_model_types[k].model_type, t) != 0) k++;
+    if (t && k < MODEL_TYPES_N && !g_model_types[k].missing) return;
+    if (!strict && t && k < MODEL_TYPES_N)
+      ty_errlist_add(errs, path, "\"%s\": %s; trainyard trains Llama models (\"llama\")", t,
+                     g_model_types[k].missing);
+    else
       ty_errlist_add(errs, path,
-                     "only \"llama\" is supported; remove the field or set it to "
-                     "\"llama\"");
+                     "only \"llama\" is supported, got %s; remove the field or set it to "
+                     "\"llama\"",
+                     t ? t : ty_json_kind(v));
     return;
   }
-  /* architectures */
-  if (!json_is_array(v) || json_array_size(v) != 1 || !json_is_string(json_array_get(v, 0)) ||
-      strcmp(json_string_value(json_array_get(v, 0)), "LlamaForCausalLM") != 0)
-    ty_errlist_add(errs, path, "only [\"LlamaForCausalLM\"] is supported; remove the field");
+  /* architectures: the causal-LM class of a model type (model_type is what
+   * refuses the ones not supported, naming why). */
+  const char *a =
+      json_is_array(v) && json_array_size(v) == 1 ? json_string_value(json_array_get(v, 0)) : NULL;
+  for (size_t k = 0; a && k < (strict ? 1 : MODEL_TYPES_N); k++)
+    if (!strcmp(a, g_model_types[k].architecture)) return;
+  ty_errlist_add(errs, path, "only [\"LlamaForCausalLM\"] is supported; remove the field");
 }
 
-/* Hugging Face keys outside our table that change what the model computes.
- * A config.json may carry them only with the value our Llama implements;
- * anything else would load and silently compute a different model. */
-static void check_semantics(const char *key, const json_t *v, const char *path,
-                            ty_errlist_t *errs) {
-  if (!strcmp(key, "hidden_act")) {
-    if (!json_is_null(v) && (!json_is_string(v) || strcmp(json_string_value(v), "silu") != 0))
-      ty_errlist_add(errs, path,
-                     "only \"silu\" (SwiGLU) is supported, got %s; this checkpoint is not a "
-                     "Llama model trainyard can train",
-                     json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
-  } else if (!strcmp(key, "attention_bias") || !strcmp(key, "mlp_bias")) {
-    if (json_is_true(v))
-      ty_errlist_add(errs, path,
-                     "projection biases are not supported (Llama has none); use a checkpoint "
-                     "with %s false",
-                     key);
+/* Hugging Face keys that do not change what the model computes (token
+ * ids, generation defaults, bookkeeping, initialisation, pretraining_tp,
+ * whose slices of the matrix products sum to the same result): read and
+ * ignored. */
+static const char *const g_inert_keys[] = {
+    "_name_or_path",
+    "transformers_version",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "unk_token_id",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "use_cache",
+    "initializer_range",
+    "pretraining_tp",
+    "torchscript",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "use_return_dict",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "finetuning_task",
+    "tokenizer_class",
+    "prefix",
+    "task_specific_params",
+    "auto_map",
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "chunk_size_feed_forward",
+    "tf_legacy_loss",
+    "use_bfloat16",
+    "_attn_implementation",
+    "attn_implementation",
+    "_commit_hash",
+    "is_encoder_decoder",
+    "is_decoder",
+    "add_cross_attention",
+    "tie_encoder_decoder",
+    "cross_attention_hidden_size",
+    "pruned_heads",
+    "max_window_layers",
+};
+#define INERT_N (sizeof g_inert_keys / sizeof g_inert_keys[0])
+
+/* Hugging Face keys outside our table that change what the model computes,
+ * with the value our Llama implements (want: a JSON text; null is always
+ * accepted as "off") and what to say otherwise. A config.json may carry
+ * them only with that value: anything else would load and silently compute
+ * a different model. */
+static const struct {
+  const char *key, *want, *says;
+} g_semantic_keys[] = {
+    {"hidden_act", "\"silu\"",
+     "only \"silu\" (SwiGLU) is supported; this checkpoint is not a Llama model trainyard can "
+     "train"},
+    {"attention_bias", "false",
+     "projection biases are not supported (Llama has none); use a checkpoint with "
+     "attention_bias false"},
+    {"mlp_bias", "false",
+     "projection biases are not supported (Llama has none); use a checkpoint with mlp_bias "
+     "false"},
+    {"attention_dropout", "0", "attention dropout is not implemented; it must be 0"},
+    {"partial_rotary_factor", "1", "rotary embeddings on part of each head are not supported"},
+    {"use_sliding_window", "false", "sliding-window attention is not supported"},
+    {"sliding_window", "null", "sliding-window attention is not supported"},
+};
+#define SEMANTIC_N (sizeof g_semantic_keys / sizeof g_semantic_keys[0])
+
+/* A config.json key outside the table: inert keys pass, semantic ones
+ * must hold the value implemented, and any other key is refused by name
+ * (null excepted): trainyard cannot tell that it leaves the model as it
+ * is. */
+static void check_foreign(const char *key, const json_t *v, const char *path, ty_errlist_t *errs) {
+  for (size_t i = 0; i < INERT_N; i++)
+    if (!strcmp(key, g_inert_keys[i])) return;
+  if (json_is_null(v)) return;
+  for (size_t i = 0; i < SEMANTIC_N; i++) {
+    if (strcmp(key, g_semantic_keys[i].key) != 0) continue;
+    json_t *want = json_loads(g_semantic_keys[i].want, JSON_DECODE_ANY, NULL);
+    bool same = json_equal((json_t *)v, want) || (json_is_number(v) && json_is_number(want) &&
+                                                  json_number_value(v) == json_number_value(want));
+    json_decref(want);
+    if (!same) {
+      char *got = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+      ty_errlist_add(errs, path, "%s (must be %s, got %.60s)", g_semantic_keys[i].says,
+                     g_semantic_keys[i].want, got ? got : ty_json_kind(v));
+      free(got);
+    }
+    return;
   }
+  ty_errlist_add(errs, path,
+                 "is not a config.json key trainyard knows, so it cannot tell whether it changes "
+                 "the model; remove it if it does not");
 }
 
 /* The rope_scaling kinds trainyard computes, by their config.json names,
@@ -252,11 +382,13 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
   json_object_foreach((json_t *)obj, key, v) {
     path_of(path, sizeof path, field_prefix, key);
     const lk_row_t *r = row_find(key);
-    if (!r && !strcmp(key, "dtype") && !strict && !have_torch_dtype)
-      r = row_find("torch_dtype"); /* newer transformers write "dtype" */
+    if (!r && !strcmp(key, "dtype") && !strict) {
+      if (have_torch_dtype) continue; /* torch_dtype is read */
+      r = row_find("torch_dtype");    /* newer transformers write "dtype" */
+    }
     if (!r) {
       if (!strcmp(key, "model_type") || !strcmp(key, "architectures")) {
-        if (strict) check_identity(key, v, path, errs);
+        check_identity(key, v, path, strict, errs);
         continue;
       }
       if (!strict && !strcmp(key, "rope_scaling")) {
@@ -264,7 +396,7 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
         continue;
       }
       if (!strict) {
-        check_semantics(key, v, path, errs);
+        check_foreign(key, v, path, errs);
         continue;
       }
       const char *names[LK_N];

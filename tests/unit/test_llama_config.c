@@ -199,6 +199,83 @@ static void test_rope_scaling_refused(void **state) {
   }
 }
 
+/* Parses {"hidden_size": 64, KEY: VALUE} leniently into *e; returns the code. */
+static int parse_one(const char *key, const char *value, ty_errlist_t *e) {
+  llama_config_t c;
+  llama_config_init(&c);
+  json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+  assert_non_null(v);
+  json_t *j = json_pack("{s:i,s:o}", "hidden_size", 64, key, v);
+  int rc = llama_config_from_json(j, &c, "", false, e);
+  json_decref(j);
+  return rc;
+}
+
+/* Keys that leave the model as it is, each with a value published configs
+ * carry, are accepted one by one. */
+static void test_inert_keys_accepted(void **state) {
+  (void)state;
+  static const char *const kv[][2] = {
+      {"torch_dtype", "\"bfloat16\""},
+      {"transformers_version", "\"4.45.0.dev0\""},
+      {"bos_token_id", "128000"},
+      {"eos_token_id", "[128001, 128008, 128009]"},
+      {"pad_token_id", "null"},
+      {"architectures", "[\"LlamaForCausalLM\"]"},
+      {"model_type", "\"llama\""},
+      {"attention_dropout", "0.0"},
+      {"attention_dropout", "0"},
+      {"mlp_bias", "false"},
+      {"attention_bias", "false"},
+      {"pretraining_tp", "1"},
+      {"use_cache", "true"},
+      {"initializer_range", "0.02"},
+      {"hidden_act", "\"silu\""},
+      {"rope_scaling", "null"},
+      {"sliding_window", "null"},
+      {"use_sliding_window", "false"},
+      {"partial_rotary_factor", "1.0"},
+      {"_name_or_path", "\"meta-llama/Llama-3.2-1B\""},
+      {"quantization_config", "null"},
+  };
+  for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    if (parse_one(kv[i][0], kv[i][1], &e) != 0)
+      fail_msg("%s: %s refused: %s", kv[i][0], kv[i][1], e.items[0].message);
+    ty_errlist_clear(&e);
+  }
+}
+
+/* Keys that change the model are refused by name, each alone: a value
+ * other than the one implemented, and keys trainyard does not know. */
+static void test_model_changing_keys_refused(void **state) {
+  (void)state;
+  static const char *const cases[][3] = {
+      {"attention_dropout", "0.1", "attention dropout is not implemented"},
+      {"mlp_bias", "true", "biases"},
+      {"attention_bias", "true", "biases"},
+      {"hidden_act", "\"gelu_pytorch_tanh\"", "only \"silu\""},
+      {"partial_rotary_factor", "0.5", "part of each head"},
+      {"use_sliding_window", "true", "sliding-window"},
+      {"sliding_window", "4096", "sliding-window"},
+      {"model_type", "\"gemma\"", "only \"llama\" is supported, got gemma"},
+      {"model_type", "\"qwen2\"", "q/k/v projection biases"},
+      {"model_type", "\"mistral\"", "sliding_window"},
+      {"architectures", "[\"LlamaForSequenceClassification\"]", "LlamaForCausalLM"},
+      {"quantization_config", "{\"quant_method\": \"gptq\"}", "not a config.json key"},
+      {"num_experts", "8", "not a config.json key"},
+      {"final_logit_softcapping", "30.0", "not a config.json key"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    assert_int_equal(parse_one(cases[i][0], cases[i][1], &e), TY_EINVAL);
+    if (e.len != 1 || !tu_has(&e, cases[i][0], cases[i][2]))
+      fail_msg("%s: %s: got %zu errors, first %s: %s", cases[i][0], cases[i][1], e.len,
+               e.len ? e.items[0].field : "-", e.len ? e.items[0].message : "-");
+    ty_errlist_clear(&e);
+  }
+}
+
 static void test_newer_dtype_key_and_nulls(void **state) {
   (void)state;
   llama_config_t c;
@@ -310,6 +387,8 @@ int main(void) {
       cmocka_unit_test(test_lenient_refuses_semantic_changes),
       cmocka_unit_test(test_rope_scaling_parsed),
       cmocka_unit_test(test_rope_scaling_refused),
+      cmocka_unit_test(test_inert_keys_accepted),
+      cmocka_unit_test(test_model_changing_keys_refused),
       cmocka_unit_test(test_newer_dtype_key_and_nulls),
       cmocka_unit_test(test_types_and_ranges),
       cmocka_unit_test(test_validate_relations),
