@@ -254,6 +254,7 @@ static const struct {
     {"partial_rotary_factor", "1", "rotary embeddings on part of each head are not supported"},
     {"use_sliding_window", "false", "sliding-window attention is not supported"},
     {"sliding_window", "null", "sliding-window attention is not supported"},
+    {"use_mrope", "false", "multimodal rotary embeddings (M-RoPE) are not supported"},
 };
 #define SEMANTIC_N (sizeof g_semantic_keys / sizeof g_semantic_keys[0])
 
@@ -261,10 +262,14 @@ static const struct {
  * must hold the value implemented, and any other key is refused by name
  * (null excepted): trainyard cannot tell that it leaves the model as it
  * is. */
-static void check_foreign(const char *key, const json_t *v, const char *path, ty_errlist_t *errs) {
+static void check_foreign(const json_t *obj, const char *key, const json_t *v, const char *path,
+                          ty_errlist_t *errs) {
   for (size_t i = 0; i < INERT_N; i++)
     if (!strcmp(key, g_inert_keys[i])) return;
   if (json_is_null(v)) return;
+  /* Qwen2 writes a window it does not use: use_sliding_window false. */
+  if (!strcmp(key, "sliding_window") && json_is_false(json_object_get(obj, "use_sliding_window")))
+    return;
   for (size_t i = 0; i < SEMANTIC_N; i++) {
     if (strcmp(key, g_semantic_keys[i].key) != 0) continue;
     json_t *want = json_loads(g_semantic_keys[i].want, JSON_DECODE_ANY, NULL);
@@ -396,7 +401,7 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
         continue;
       }
       if (!strict) {
-        check_foreign(key, v, path, errs);
+        check_foreign(obj, key, v, path, errs);
         continue;
       }
       const char *names[LK_N];

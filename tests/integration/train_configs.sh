@@ -4,7 +4,11 @@
 # gradient the sum of both uses) with a head_dim that is not
 # hidden_size / num_attention_heads, in full training on 1 and 2 ranks (FSDP
 # shards the shared matrix: equal losses within 1e-5 relative) and in LoRA;
-# the trained model is written tied and loads again.
+# the trained model is written tied and loads again. Then `mkmodel --like`:
+# the published config.json of Llama 3.2 1B (tied, head_dim, llama3
+# rope_scaling, a 128256-token vocabulary) with 2 layers, trained with LoRA
+# for 3 steps; the published configurations trainyard cannot run (Qwen2's
+# biases, Mistral's sliding window) refused by name, writing nothing.
 set -euo pipefail
 . "$(dirname "$0")/../testlib.sh"
 
@@ -76,4 +80,37 @@ a = [float(x) for x in open(sys.argv[1])]
 assert len(a) == 6 and a[-1] < a[0], a
 print(f"# tied: LoRA losses {a[0]:.5f} -> {a[-1]:.5f}")
 PY
+configs="$(dirname "$0")/../data/configs"
+"$ty" mkmodel --like llama-3.2-1b --layers 2 --out "$tmp/l32" >/dev/null
+python3 - "$configs/llama-3.2-1b.json" "$tmp/l32/config.json" <<'PY'
+import json, sys
+pub, ours = (json.load(open(p)) for p in sys.argv[1:])
+assert ours.pop("num_hidden_layers") == 2 and pub.pop("num_hidden_layers") == 16
+assert ours == pub, (ours, pub)
+print("# mkmodel --like llama-3.2-1b: the published config.json, 2 layers")
+PY
+"$ty" train --data.path "$data" --data.seq_len 16 --train.steps 3 --train.grad_accum 1 \
+  --train.warmup_steps 1 --train.checkpoint_every 0 --train.micro_batch_size 1 \
+  --model_path "$tmp/l32" --use_lora true --lora_rank 4 --train.lr 1e-3 \
+  --output_dir "$tmp/l32-lora" --json >"$tmp/l32.out" 2>"$tmp/l32.log" \
+  || { cat "$tmp/l32.log" >&2; fail "LoRA on mkmodel --like llama-3.2-1b failed"; }
+python3 - "$tmp/l32.out" <<'PY'
+import json, math, re, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+done = [r for r in rows if r["phase"] == "done"]
+assert done, rows[-1]
+m = re.search(r"held-out loss ([0-9.]+) -> ([0-9.]+)", done[0]["message"])
+a, b = float(m.group(1)), float(m.group(2))
+# random weights: near the uniform loss ln(128256) = 11.76
+assert abs(a - math.log(128256)) < 1.5 and b < a, (a, b)
+print(f"# llama-3.2-1b, 2 layers, LoRA: held-out loss {a:.4f} -> {b:.4f}")
+PY
+for like in qwen2.5-0.5b:model_type mistral-7b-v0.1:sliding_window; do
+  if "$ty" mkmodel --like "${like%%:*}" --layers 1 --out "$tmp/${like%%:*}" 2>"$tmp/like.err"; then
+    fail "mkmodel --like ${like%%:*} wrote a model trainyard cannot train"
+  fi
+  grep -q "${like#*:}: " "$tmp/like.err" || fail "mkmodel --like ${like%%:*}: $(cat "$tmp/like.err")"
+  [ ! -e "$tmp/${like%%:*}" ] || fail "mkmodel --like ${like%%:*} left files"
+done
+echo "# mkmodel --like qwen2.5-0.5b and mistral-7b-v0.1 refused by name"
 echo "ok"

@@ -5,6 +5,8 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -276,6 +278,49 @@ static void test_model_changing_keys_refused(void **state) {
   }
 }
 
+/* The published config.json files `trainyard mkmodel --like` copies
+ * (tests/data/configs): the Llama ones read whole, with their published
+ * parameter counts; Qwen2 and Mistral refused naming what they need. */
+static void test_published_configs(void **state) {
+  (void)state;
+  static const struct {
+    const char *name;
+    int64_t params;           /* 0: refused */
+    const char *field, *says; /* for a refused one */
+    llama_rope_type_t rope;
+  } cases[] = {
+      {"llama-3.2-1b", 1235814400, NULL, NULL, LLAMA_ROPE_LLAMA3},
+      {"llama-3.1-8b", 8030261248, NULL, NULL, LLAMA_ROPE_LLAMA3},
+      {"tinyllama-1.1b", 1100048384, NULL, NULL, LLAMA_ROPE_DEFAULT},
+      {"qwen2.5-0.5b", 0, "model_type", "q/k/v projection biases", 0},
+      {"mistral-7b-v0.1", 0, "sliding_window", "sliding-window", 0},
+  };
+  const char *src = getenv("TRAINYARD_SRC_DIR");
+  assert_non_null(src);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/configs/%s.json", src, cases[i].name);
+    json_t *j = json_load_file(path, 0, NULL);
+    if (!j) fail_msg("%s: cannot read", path);
+    llama_config_t c;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    llama_config_init(&c);
+    int rc = llama_config_from_json(j, &c, "", false, &e);
+    if (!rc) rc = llama_config_validate(&c, "", &e);
+    if (cases[i].params) {
+      if (rc) fail_msg("%s: %s: %s", cases[i].name, e.items[0].field, e.items[0].message);
+      assert_int_equal(llama_config_num_params(&c), cases[i].params);
+      assert_int_equal(c.rope_scaling.type, cases[i].rope);
+    } else {
+      assert_int_equal(rc, TY_EINVAL);
+      if (!tu_has(&e, cases[i].field, cases[i].says))
+        fail_msg("%s: refused without naming %s", cases[i].name, cases[i].field);
+    }
+    json_decref(j);
+    ty_errlist_clear(&e);
+  }
+}
+
 static void test_newer_dtype_key_and_nulls(void **state) {
   (void)state;
   llama_config_t c;
@@ -389,6 +434,7 @@ int main(void) {
       cmocka_unit_test(test_rope_scaling_refused),
       cmocka_unit_test(test_inert_keys_accepted),
       cmocka_unit_test(test_model_changing_keys_refused),
+      cmocka_unit_test(test_published_configs),
       cmocka_unit_test(test_newer_dtype_key_and_nulls),
       cmocka_unit_test(test_types_and_ranges),
       cmocka_unit_test(test_validate_relations),
