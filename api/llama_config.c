@@ -127,8 +127,7 @@ static const struct {
   const char *model_type, *architecture, *missing;
 } g_model_types[] = {
     {"llama", "LlamaForCausalLM", NULL},
-    {"mistral", "MistralForCausalLM",
-     "Mistral's sliding-window attention (sliding_window) is not supported"},
+    {"mistral", "MistralForCausalLM", NULL}, /* Llama with sliding_window */
     {"qwen2", "Qwen2ForCausalLM",
      "Qwen2's q/k/v projection biases (implied by model_type \"qwen2\") are not supported"},
 };
@@ -143,7 +142,7 @@ static void check_identity(const char *key, const json_t *v, const char *path, b
     const char *t = json_is_string(v) ? json_string_value(v) : NULL;
     size_t k = 0;
     while (t && k < MODEL_TYPES_N && strcmp(g_model_types[k].model_type, t) != 0) k++;
-    if (t && k < MODEL_TYPES_N && !g_model_types[k].missing) return;
+    if (t && k < MODEL_TYPES_N && !g_model_types[k].missing && (!strict || k == 0)) return;
     if (!strict && t && k < MODEL_TYPES_N)
       ty_errlist_add(errs, path, "\"%s\": %s; trainyard trains Llama models (\"llama\")", t,
                      g_model_types[k].missing);
@@ -252,8 +251,8 @@ static const struct {
      "false"},
     {"attention_dropout", "0", "attention dropout is not implemented; it must be 0"},
     {"partial_rotary_factor", "1", "rotary embeddings on part of each head are not supported"},
-    {"use_sliding_window", "false", "sliding-window attention is not supported"},
-    {"sliding_window", "null", "sliding-window attention is not supported"},
+    {"use_sliding_window", "false",
+     "sliding-window attention on some layers (Qwen2's use_sliding_window) is not supported"},
     {"use_mrope", "false", "multimodal rotary embeddings (M-RoPE) are not supported"},
 };
 #define SEMANTIC_N (sizeof g_semantic_keys / sizeof g_semantic_keys[0])
@@ -267,9 +266,6 @@ static void check_foreign(const json_t *obj, const char *key, const json_t *v, c
   for (size_t i = 0; i < INERT_N; i++)
     if (!strcmp(key, g_inert_keys[i])) return;
   if (json_is_null(v)) return;
-  /* Qwen2 writes a window it does not use: use_sliding_window false. */
-  if (!strcmp(key, "sliding_window") && json_is_false(json_object_get(obj, "use_sliding_window")))
-    return;
   for (size_t i = 0; i < SEMANTIC_N; i++) {
     if (strcmp(key, g_semantic_keys[i].key) != 0) continue;
     json_t *want = json_loads(g_semantic_keys[i].want, JSON_DECODE_ANY, NULL);
@@ -400,6 +396,16 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
         rope_scaling_parse(v, &c->rope_scaling, path, errs);
         continue;
       }
+      if (!strict && !strcmp(key, "sliding_window")) {
+        /* Qwen2 writes a window it does not use: use_sliding_window false. */
+        if (json_is_null(v) || json_is_false(json_object_get(obj, "use_sliding_window"))) continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
+          ty_errlist_add(errs, path, "must be null or an integer between 1 and %d, got %s", 1 << 24,
+                         ty_json_kind(v));
+        else
+          c->sliding_window = (int64_t)json_integer_value(v);
+        continue;
+      }
       if (!strict) {
         check_foreign(obj, key, v, path, errs);
         continue;
@@ -507,8 +513,11 @@ int llama_config_validate(const llama_config_t *c, const char *field_prefix, ty_
 
 json_t *llama_config_to_json(const llama_config_t *c) {
   json_t *o = json_object();
-  json_object_set_new(o, "architectures", json_pack("[s]", "LlamaForCausalLM"));
-  json_object_set_new(o, "model_type", json_string("llama"));
+  /* A window makes it Mistral's (Hugging Face's Llama has none). */
+  bool mistral = c->sliding_window > 0;
+  json_object_set_new(o, "architectures",
+                      json_pack("[s]", mistral ? "MistralForCausalLM" : "LlamaForCausalLM"));
+  json_object_set_new(o, "model_type", json_string(mistral ? "mistral" : "llama"));
   for (size_t i = 0; i < LK_N; i++) {
     const lk_row_t *r = &g_keys[i];
     const void *p = (const char *)c + r->off;
@@ -529,6 +538,8 @@ json_t *llama_config_to_json(const llama_config_t *c) {
     }
     json_object_set_new(o, r->key, v);
   }
+  if (mistral)
+    json_object_set_new(o, "sliding_window", json_integer((json_int_t)c->sliding_window));
   const llama_rope_scaling_t *rs = &c->rope_scaling;
   if (rs->type == LLAMA_ROPE_LINEAR)
     json_object_set_new(o, "rope_scaling",

@@ -41,6 +41,11 @@ typedef struct {
   bool tie_word_embeddings;        /* default false */
   ty_dtype_t torch_dtype;          /* default float32 */
   llama_rope_scaling_t rope_scaling; /* default none; config.json only */
+  /* Mistral's sliding_window (config.json only; 0: none). trainyard has
+   * no sliding-window attention: within the window the model is Llama's,
+   * so data.seq_len must not exceed it (model_init_shape, the job rule
+   * seq-len-within-model). */
+  int64_t sliding_window;
 } llama_config_t;
 
 /* Fills the defaults above; sizes are 0 (unset). */

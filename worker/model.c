@@ -174,6 +174,12 @@ int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_
                    "model: micro-batch %d x %d tokens; both must be at least 1 and their product "
                    "at most %d",
                    B, T, 1 << 24);
+  if (cfg->sliding_window > 0 && T > cfg->sliding_window)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: data.seq_len %d is longer than config.json's sliding_window (%lld); "
+                   "trainyard has no sliding-window attention (within the window the model is "
+                   "Llama's): set data.seq_len to at most %lld",
+                   T, (long long)cfg->sliding_window, (long long)cfg->sliding_window);
   m->B = B;
   m->T = T;
   m->mode = mode;

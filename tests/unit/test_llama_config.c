@@ -259,10 +259,10 @@ static void test_model_changing_keys_refused(void **state) {
       {"hidden_act", "\"gelu_pytorch_tanh\"", "only \"silu\""},
       {"partial_rotary_factor", "0.5", "part of each head"},
       {"use_sliding_window", "true", "sliding-window"},
-      {"sliding_window", "4096", "sliding-window"},
+      {"sliding_window", "\"4096\"", "must be null or an integer"},
+      {"sliding_window", "0", "must be null or an integer"},
       {"model_type", "\"gemma\"", "only \"llama\" is supported, got gemma"},
       {"model_type", "\"qwen2\"", "q/k/v projection biases"},
-      {"model_type", "\"mistral\"", "sliding_window"},
       {"architectures", "[\"LlamaForSequenceClassification\"]", "LlamaForCausalLM"},
       {"quantization_config", "{\"quant_method\": \"gptq\"}", "not a config.json key"},
       {"num_experts", "8", "not a config.json key"},
@@ -276,6 +276,36 @@ static void test_model_changing_keys_refused(void **state) {
                e.len ? e.items[0].field : "-", e.len ? e.items[0].message : "-");
     ty_errlist_clear(&e);
   }
+}
+
+/* Mistral: sliding_window read (Qwen2's unused one, with use_sliding_window
+ * false, is not), written back by llama_config_to_json as a Mistral model,
+ * and a sequence longer than the window refused by model_init_shape. */
+static void test_sliding_window(void **state) {
+  (void)state;
+  llama_config_t c, d;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  llama_config_init(&c);
+  json_t *j = load(
+      "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"], "
+      "\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": 2, \"vocab_size\": 10, \"sliding_window\": 8}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(llama_config_validate(&c, "", &e), 0);
+  assert_int_equal(c.sliding_window, 8);
+  json_decref(j);
+  j = llama_config_to_json(&c);
+  assert_string_equal(json_string_value(json_object_get(j, "model_type")), "mistral");
+  assert_int_equal(json_integer_value(json_object_get(j, "sliding_window")), 8);
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_memory_equal(&c, &d, sizeof c);
+  json_decref(j);
+  j = load("{\"sliding_window\": 4096, \"use_sliding_window\": false}");
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_int_equal(d.sliding_window, 0);
+  json_decref(j);
 }
 
 /* The published config.json files `trainyard mkmodel --like` copies
@@ -293,7 +323,7 @@ static void test_published_configs(void **state) {
       {"llama-3.1-8b", 8030261248, NULL, NULL, LLAMA_ROPE_LLAMA3},
       {"tinyllama-1.1b", 1100048384, NULL, NULL, LLAMA_ROPE_DEFAULT},
       {"qwen2.5-0.5b", 0, "model_type", "q/k/v projection biases", 0},
-      {"mistral-7b-v0.1", 0, "sliding_window", "sliding-window", 0},
+      {"mistral-7b-v0.1", 7241732096, NULL, NULL, LLAMA_ROPE_DEFAULT},
   };
   const char *src = getenv("TRAINYARD_SRC_DIR");
   assert_non_null(src);
@@ -311,6 +341,7 @@ static void test_published_configs(void **state) {
       if (rc) fail_msg("%s: %s: %s", cases[i].name, e.items[0].field, e.items[0].message);
       assert_int_equal(llama_config_num_params(&c), cases[i].params);
       assert_int_equal(c.rope_scaling.type, cases[i].rope);
+      assert_int_equal(c.sliding_window, strstr(cases[i].name, "mistral") ? 4096 : 0);
     } else {
       assert_int_equal(rc, TY_EINVAL);
       if (!tu_has(&e, cases[i].field, cases[i].says))
@@ -434,6 +465,7 @@ int main(void) {
       cmocka_unit_test(test_rope_scaling_refused),
       cmocka_unit_test(test_inert_keys_accepted),
       cmocka_unit_test(test_model_changing_keys_refused),
+      cmocka_unit_test(test_sliding_window),
       cmocka_unit_test(test_published_configs),
       cmocka_unit_test(test_newer_dtype_key_and_nulls),
       cmocka_unit_test(test_types_and_ranges),
