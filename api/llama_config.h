@@ -54,10 +54,12 @@ void llama_config_init(llama_config_t *c);
 /* Parses a config.json-shaped object into c (which should hold defaults).
  * field_prefix ("model" in a job spec, "" for a config.json file) starts
  * every field path in errs. strict: unknown keys are errors (job spec);
- * otherwise Hugging Face's other keys (architectures, bos_token_id, ...) are
- * ignored, and rope_scaling is read (a config.json key only: strict mode
- * refuses it). Wrong types and out-of-range values are added to errs. Returns 0
- * or TY_EINVAL. */
+ * otherwise (a config.json) rope_scaling and sliding_window are read too,
+ * Hugging Face's keys that leave the model as it is (bos_token_id,
+ * use_cache, ...) are ignored, those that change it must hold the value
+ * Llama computes (attention_bias false, model_type "llama" or "mistral",
+ * ...), and any other non-null key is refused by name. Wrong types and
+ * out-of-range values are added to errs. Returns 0 or TY_EINVAL. */
 int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *field_prefix,
                            bool strict, ty_errlist_t *errs);
 
