@@ -259,6 +259,22 @@ static int64_t checkpoint_max_positions(const char *model_path) {
   return n;
 }
 
+/* The checkpoint's sliding_window (Mistral), from model_path/config.json
+ * read as the worker reads it; 0 where there is none or it cannot be
+ * read. */
+static int64_t checkpoint_sliding_window(const char *model_path) {
+  char path[JOBSPEC_PATH_MAX + 16];
+  llama_config_path(model_path, path, sizeof path);
+  json_t *cfg = ty_json_load_file(path, 0, NULL, 0);
+  llama_config_t c;
+  llama_config_init(&c);
+  ty_errlist_t ignored = TY_ERRLIST_INIT;
+  if (cfg) llama_config_from_json(cfg, &c, "", false, &ignored);
+  ty_errlist_clear(&ignored);
+  json_decref(cfg);
+  return c.sliding_window;
+}
+
 static void check_seq_len(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   if (s->has_model && s->model.max_position_embeddings > 0 &&
@@ -269,13 +285,23 @@ static void check_seq_len(const vctx_t *v, ty_errlist_t *errs) {
                    s->data.seq_len, (long long)s->model.max_position_embeddings);
   /* A checkpoint's limit is its config.json's, read where paths are. */
   if (s->has_model || !v->check_paths || !s->model_path[0]) return;
+  char cfg_path[JOBSPEC_PATH_MAX + 16];
+  llama_config_path(s->model_path, cfg_path, sizeof cfg_path);
   int64_t max = checkpoint_max_positions(s->model_path);
   if (max > 0 && s->data.seq_len > max)
     ty_errlist_add(errs, "data.seq_len",
                    "is %d, longer than the checkpoint's max_position_embeddings (%lld, in "
-                   "%s/config.json); shorten it, or raise the limit in config.json if the model "
+                   "%s); shorten it, or raise the limit in config.json if the model "
                    "was trained for longer sequences",
-                   s->data.seq_len, (long long)max, s->model_path);
+                   s->data.seq_len, (long long)max, cfg_path);
+  int64_t window = checkpoint_sliding_window(s->model_path);
+  if (window > 0 && s->data.seq_len > window)
+    ty_errlist_add(errs, "data.seq_len",
+                   "is %d, longer than the checkpoint's sliding_window (%lld, in "
+                   "%s); trainyard has no sliding-window attention, so a Mistral "
+                   "model trains only on sequences within its window: set data.seq_len to at "
+                   "most %lld",
+                   s->data.seq_len, (long long)window, cfg_path, (long long)window);
 }
 
 size_t jobspec_data_token_bytes(jobspec_data_format_t f) {
@@ -500,7 +526,8 @@ static const rule_t g_rules[] = {
     {"seq-len-within-model",
      "data.seq_len, model.max_position_embeddings or model_path's config.json", "spec",
      "positions beyond the model's limit have no meaning; a checkpoint's limit is read from its "
-     "config.json where paths are checked",
+     "config.json where paths are checked, and so is Mistral's sliding_window, which data.seq_len "
+     "must not exceed (no sliding-window attention: within the window the model is Llama's)",
      check_seq_len},
     {"paths-exist", "model_path, data.path, output_dir", "paths",
      "fail early, not in a worker: model_path is a directory or one checkpoint file (.safetensors, "

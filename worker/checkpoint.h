@@ -75,7 +75,7 @@ void ckpt_layout_free(ckpt_layout_t *l);
  * when the tensor is absent (lm_head when tied, layer out of range). */
 int ckpt_layout_index(const ckpt_layout_t *l, ckpt_kind_t kind, int layer);
 
-/* Reads dir/config.json (Hugging Face's other keys are ignored) and checks
+/* Reads dir/config.json (leniently: llama_config_from_json) and checks
  * it. Returns 0, TY_ENOTFOUND or TY_EINVAL with a message naming the field. */
 int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen);
 

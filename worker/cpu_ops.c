@@ -105,11 +105,12 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
   pool_for((size_t)N, ROWS_MIN(C), rmsnorm_bwd_rows, &k);
 }
 
-void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta) {
+void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta,
+                     const llama_rope_scaling_t *scaling) {
   int half = HS / 2;
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
-      double inv_freq = 1.0 / pow(theta, (2.0 * i) / HS);
+      double inv_freq = llama_rope_inv_freq(theta, HS, i, scaling);
       double a = t * inv_freq;
       cos_t[(size_t)t * half + i] = (float)cos(a);
       sin_t[(size_t)t * half + i] = (float)sin(a);

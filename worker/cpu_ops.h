@@ -12,6 +12,8 @@
 
 #include <stddef.h>
 
+#include "api/llama_config.h"
+
 /* out (N, OUT) = beta * out + inp (N, IN) @ weight (OUT, IN)^T.
  * beta 1 adds onto out (a residual already copied there). */
 void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N, int IN, int OUT,
@@ -32,8 +34,11 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
                           const float *inp, const float *weight, const float *rstd, int N, int C);
 
 /* Rotary tables for positions 0..T-1: cos, sin (T, HS/2), angle
- * pos * theta^(-2i/HS) (Hugging Face's inv_freq), computed in double. */
-void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta);
+ * pos * inv_freq(i), inv_freq being llama_rope_inv_freq (theta^(-2i/HS),
+ * Hugging Face's, rescaled by scaling, which may be NULL for none),
+ * computed in double. */
+void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta,
+                     const llama_rope_scaling_t *scaling);
 /* In place on x (B, T, NX*HS), NX heads per token, rotate-half convention:
  * x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, x1/x2 the two halves. */
 void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,

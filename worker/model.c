@@ -42,6 +42,15 @@ int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err
                    (long long)cfg->head_dim);
   if (!(cfg->rms_norm_eps > 0) || !(cfg->rope_theta > 0))
     return ty_errf(err, errlen, TY_EINVAL, "model: rms_norm_eps and rope_theta must be positive");
+  const llama_rope_scaling_t *rs = &cfg->rope_scaling;
+  if (rs->type != LLAMA_ROPE_DEFAULT &&
+      (!(rs->factor > 0) ||
+       (rs->type == LLAMA_ROPE_LLAMA3 &&
+        !(rs->low_freq_factor > 0 && rs->high_freq_factor > rs->low_freq_factor &&
+          rs->original_max_position_embeddings >= 1))))
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: rope_scaling needs factor > 0 (and, for llama3, 0 < low_freq_factor "
+                   "< high_freq_factor and original_max_position_embeddings >= 1)");
   d->C = (int)cfg->hidden_size;
   d->FF = (int)cfg->intermediate_size;
   d->L = (int)cfg->num_hidden_layers;
@@ -51,6 +60,7 @@ int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err
   d->V = (int)cfg->vocab_size;
   d->eps = (float)cfg->rms_norm_eps;
   d->rope_theta = cfg->rope_theta;
+  d->rope_scaling = cfg->rope_scaling;
   d->tied = cfg->tie_word_embeddings;
   return 0;
 }
@@ -149,7 +159,7 @@ static int acts_create(model_t *m, bool recompute) {
   MODEL_ACTS(TY_X)
 #undef TY_X
   assert(p == a->block + floats);
-  cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta);
+  cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta, &d->rope_scaling);
   m->logits = a->logits;
   return 0;
 }
@@ -164,6 +174,12 @@ int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_
                    "model: micro-batch %d x %d tokens; both must be at least 1 and their product "
                    "at most %d",
                    B, T, 1 << 24);
+  if (cfg->sliding_window > 0 && T > cfg->sliding_window)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: data.seq_len %d is longer than config.json's sliding_window (%lld); "
+                   "trainyard has no sliding-window attention (within the window the model is "
+                   "Llama's): set data.seq_len to at most %lld",
+                   T, (long long)cfg->sliding_window, (long long)cfg->sliding_window);
   m->B = B;
   m->T = T;
   m->mode = mode;

@@ -41,6 +41,7 @@ typedef struct {
   int C, L, NH, NKV, HS, FF, V;
   float eps;         /* rms_norm_eps */
   double rope_theta; /* rotary base */
+  llama_rope_scaling_t rope_scaling; /* rescaled frequencies (Llama 3.1+) */
   bool tied;         /* lm_head is embed_tokens */
 } model_dims_t;
 

@@ -36,3 +36,10 @@ add_test(NAME integration/numbers
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/numbers.sh)
 set_tests_properties(integration/numbers PROPERTIES LABELS integration TIMEOUT 120
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# `trainyard train` on published models' configurations: tied heads, an
+# explicit head_dim, `mkmodel --like`.
+add_test(NAME integration/train_configs
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_configs.sh)
+set_tests_properties(integration/train_configs PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")

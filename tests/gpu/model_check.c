@@ -38,6 +38,14 @@ static void config(llama_config_t *c) {
   c->num_attention_heads = 4, c->num_key_value_heads = 2, c->vocab_size = 61;
   c->head_dim = 12;
   c->rope_theta = 10000.0;
+  /* Llama 3.1's rotary scaling, its bands set so that this head size has
+   * frequencies both interpolated and divided: the device's tables must be
+   * the host's (cuda_rope_tables), scaling included. */
+  c->rope_scaling = (llama_rope_scaling_t){.type = LLAMA_ROPE_LLAMA3,
+                                           .factor = 8,
+                                           .low_freq_factor = 1,
+                                           .high_freq_factor = 4,
+                                           .original_max_position_embeddings = 16};
 }
 
 /* The shard's tensors (any dtype) into the CPU model's fp32 parameters. */

@@ -122,12 +122,36 @@ def rotate_half(x):
     return torch.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
+def rope_inv_freq(cfg):
+    """Hugging Face's ROPE_INIT_FUNCTIONS for rope_scaling None, "linear"
+    (_compute_linear_scaling_rope_parameters) and "llama3"
+    (_compute_llama3_parameters), in float64."""
+    hs = cfg["head_dim"]
+    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+    rs = cfg.get("rope_scaling")
+    if rs is None:
+        return inv_freq
+    kind = rs.get("rope_type", rs.get("type"))
+    if kind == "linear":
+        return inv_freq / rs["factor"]
+    assert kind == "llama3", kind
+    factor, lo, hi = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+    old = rs["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / lo, old / hi
+    wavelen = 2 * math.pi / inv_freq
+    llama = torch.where(wavelen > low_wavelen, inv_freq / factor, inv_freq)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * llama / factor + smooth * llama
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, llama)
+
+
 def forward(cfg, w, lora, tokens, targets):
     """Hugging Face's LlamaForCausalLM in float64; lora: {name: tensor} or None."""
     B, T = tokens.shape
     nh, nkv, hs = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, scale = cfg["rms_norm_eps"], cfg["lora_alpha"] / cfg["lora_rank"]
-    inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+    inv_freq = rope_inv_freq(cfg)
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
     emb = torch.cat((freqs, freqs), dim=-1)
     cos, sin = emb.cos(), emb.sin()  # (T, HS)
@@ -204,6 +228,16 @@ def run_case(driver, work, name, cfg, seed):
     checks.append(("lora loss", out["lora/loss"], loss.detach().reshape(1)))
     checks += [("lora grad " + k, out["lora/grad/" + k], v.grad) for k, v in lo.items()]
 
+    if cfg.get("rope_scaling") is not None:
+        # The scaling must matter at this tolerance, or the case tests nothing.
+        plain = {k: v for k, v in cfg.items() if k != "rope_scaling"}
+        w = {k: v.to(torch.float64) for k, v in w32.items()}
+        unscaled = forward(plain, w, None, tokens, targets)[0]
+        e = rel_err(unscaled, checks[0][2])
+        if not e > 100 * TOL:
+            print(f"{name}: FAIL: rope_scaling changes the logits by only {e:.1e}")
+            return False
+
     expected = 2 + len(w32) + 2 + len(l32)
     if len(checks) != expected or len(out) != expected:
         print(f"{name}: FAIL: {len(out)} tensors from the driver, expected {expected}")
@@ -246,6 +280,31 @@ def main():
                      "tie_word_embeddings": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-6,
                      "batch": 3, "seq": 9, "lora_rank": 3, "lora_alpha": 5.0,
                      "lora_targets": (1 << 0) | (1 << 2) | (1 << 6)},
+        # Llama 3.2's shape in small: tied head, GQA, and heads wider than
+        # hidden_size / num_attention_heads (q is 64 x 24, o 24 x 64)
+        "tied_wide_heads": {**base, "hidden_size": 24, "intermediate_size": 56,
+                            "num_hidden_layers": 2, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 70,
+                            "tie_word_embeddings": True, "batch": 2, "seq": 10,
+                            "lora_rank": 3, "lora_targets": 127},
+        # Llama 3.1's rotary scaling: with head_dim 16 and an original
+        # context of 64 the eight frequencies fall in all three bands (kept,
+        # interpolated, divided by factor)
+        "rope_llama3": {**base, "hidden_size": 32, "intermediate_size": 40,
+                        "num_hidden_layers": 2, "num_attention_heads": 2,
+                        "num_key_value_heads": 1, "head_dim": 16, "vocab_size": 50,
+                        "tie_word_embeddings": True, "rope_theta": 10000.0,
+                        "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 64},
+                        "batch": 2, "seq": 24, "lora_rank": 2, "lora_targets": 127},
+        # linear scaling, under the older key "type"
+        "rope_linear": {**base, "hidden_size": 32, "intermediate_size": 40,
+                        "num_hidden_layers": 1, "num_attention_heads": 4,
+                        "num_key_value_heads": 2, "head_dim": 8, "vocab_size": 40,
+                        "tie_word_embeddings": False, "rope_theta": 100.0,
+                        "rope_scaling": {"type": "linear", "factor": 4.0},
+                        "batch": 2, "seq": 13, "lora_rank": 2, "lora_targets": 3},
     }
     ok = True
     for i, (name, cfg) in enumerate(cases.items()):

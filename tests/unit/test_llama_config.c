@@ -1,9 +1,12 @@
 /* test_llama_config.c - the Llama config: a real Hugging Face config.json
  * read leniently, the spec's strict mode, derived defaults, validation,
  * serialization and parameter counts of known models. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -65,8 +68,8 @@ static void test_lenient_refuses_semantic_changes(void **state) {
   static const struct {
     const char *json, *field, *says;
   } cases[] = {
-      {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
-       "rope_scaling", "not supported"},
+      {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}",
+       "rope_scaling.rope_type", "\"yarn\" rotary scaling is not supported"},
       {"{\"hidden_size\": 64, \"hidden_act\": \"gelu\"}", "hidden_act", "only \"silu\""},
       {"{\"hidden_size\": 64, \"attention_bias\": true}", "attention_bias", "biases"},
       {"{\"hidden_size\": 64, \"mlp_bias\": true}", "mlp_bias", "biases"},
@@ -91,6 +94,262 @@ static void test_lenient_refuses_semantic_changes(void **state) {
       "\"attention_bias\": false, \"mlp_bias\": false}");
   assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
   json_decref(j);
+}
+
+/* Llama 3.1's rope_scaling (and the older "type" spelling of linear) are
+ * read, validated, written back by llama_config_to_json and read again. */
+static void test_rope_scaling_parsed(void **state) {
+  (void)state;
+  llama_config_t c, d;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  llama_config_init(&c);
+  json_t *j = load(
+      "{\"hidden_size\": 64, \"rope_scaling\": {\"factor\": 32.0, \"high_freq_factor\": 4.0, "
+      "\"low_freq_factor\": 1.0, \"original_max_position_embeddings\": 8192, "
+      "\"rope_type\": \"llama3\"}}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  json_decref(j);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LLAMA3);
+  assert_true(c.rope_scaling.factor == 32 && c.rope_scaling.low_freq_factor == 1);
+  assert_true(c.rope_scaling.high_freq_factor == 4);
+  assert_int_equal(c.rope_scaling.original_max_position_embeddings, 8192);
+  c.intermediate_size = c.num_hidden_layers = c.num_attention_heads = c.vocab_size = 4;
+  c.num_key_value_heads = 4, c.head_dim = 16;
+  assert_int_equal(llama_config_validate(&c, "", &e), 0);
+  j = llama_config_to_json(&c);
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_memory_equal(&c.rope_scaling, &d.rope_scaling, sizeof c.rope_scaling);
+  /* A job spec's model takes no rope_scaling. */
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "model", true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model.rope_scaling", "unknown field"));
+  json_decref(j);
+  ty_errlist_clear(&e);
+  j = load("{\"rope_scaling\": {\"type\": \"linear\", \"factor\": 2.5}}");
+  llama_config_init(&c);
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LINEAR);
+  assert_true(c.rope_scaling.factor == 2.5);
+  json_decref(j);
+  /* "default" is no scaling. */
+  j = load("{\"rope_scaling\": {\"rope_type\": \"default\"}}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_DEFAULT);
+  json_decref(j);
+  /* The three bands of Hugging Face's _compute_llama3_parameters, with
+   * theta 10000, HS 16 and an original context of 64 (wavelengths 2 pi /
+   * inv_freq: 6.3 kept, 19.9 and 62.8 interpolated, 198.7 divided). */
+  llama_rope_scaling_t s = {LLAMA_ROPE_LLAMA3, 8, 1, 4, 64};
+  assert_true(llama_rope_inv_freq(10000, 16, 0, &s) == 1.0);
+  double f1 = pow(10000, -2.0 / 16), smooth = (64 / (2 * M_PI / f1) - 1) / 3;
+  assert_true(fabs(llama_rope_inv_freq(10000, 16, 1, &s) - ((1 - smooth) * f1 / 8 + smooth * f1)) <
+              1e-15);
+  double f3 = pow(10000, -6.0 / 16);
+  assert_true(fabs(llama_rope_inv_freq(10000, 16, 3, &s) - f3 / 8) < 1e-15);
+  s = (llama_rope_scaling_t){.type = LLAMA_ROPE_LINEAR, .factor = 4};
+  assert_true(fabs(llama_rope_inv_freq(10000, 16, 3, &s) - f3 / 4) < 1e-15);
+  assert_true(llama_rope_inv_freq(10000, 16, 3, NULL) == f3);
+}
+
+/* Kinds we do not compute are refused by name, and so are a missing
+ * parameter, a key the kind does not take and values that would divide
+ * by zero. */
+static void test_rope_scaling_refused(void **state) {
+  (void)state;
+  static const struct {
+    const char *json, *field, *says;
+  } cases[] = {
+      {"{\"rope_type\": \"dynamic\", \"factor\": 2.0}", "rope_scaling.rope_type",
+       "\"dynamic\" rotary scaling is not supported"},
+      {"{\"type\": \"yarn\", \"factor\": 4.0}", "rope_scaling.type", "\"yarn\""},
+      {"{\"rope_type\": \"longrope\"}", "rope_scaling.rope_type", "\"longrope\""},
+      {"{\"factor\": 2.0}", "rope_scaling", "needs \"rope_type\""},
+      {"\"llama3\"", "rope_scaling", "must be null or an object"},
+      {"{\"rope_type\": \"linear\"}", "rope_scaling.factor", "is required"},
+      {"{\"rope_type\": \"linear\", \"factor\": 2, \"low_freq_factor\": 1}",
+       "rope_scaling.low_freq_factor", "not a key of \"linear\""},
+      {"{\"rope_type\": \"linear\", \"factor\": \"2\"}", "rope_scaling.factor", "must be a number"},
+      {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+       "\"high_freq_factor\": 4}",
+       "rope_scaling.original_max_position_embeddings", "is required"},
+      {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 4, "
+       "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192}",
+       "rope_scaling.high_freq_factor", "greater than low_freq_factor"},
+      {"{\"rope_type\": \"llama3\", \"factor\": 8, \"low_freq_factor\": 1, "
+       "\"high_freq_factor\": 4, \"original_max_position_embeddings\": 8192.5}",
+       "rope_scaling.original_max_position_embeddings", "must be an integer"},
+      {"{\"rope_type\": \"linear\", \"factor\": 0}", "rope_scaling.factor", "must be > 0"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    llama_config_t c;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    llama_config_init(&c);
+    c.hidden_size = c.intermediate_size = c.num_hidden_layers = c.vocab_size = 8;
+    c.num_attention_heads = c.num_key_value_heads = 2;
+    c.head_dim = 4;
+    json_t *rs = json_loads(cases[i].json, JSON_DECODE_ANY, NULL);
+    assert_non_null(rs);
+    json_t *j = json_pack("{s:o}", "rope_scaling", rs);
+    if (llama_config_from_json(j, &c, "", false, &e) == 0)
+      assert_int_equal(llama_config_validate(&c, "", &e), TY_EINVAL);
+    if (e.len != 1 || !tu_has(&e, cases[i].field, cases[i].says))
+      fail_msg("case %zu: %s: got %zu errors, first %s: %s", i, cases[i].json, e.len,
+               e.len ? e.items[0].field : "-", e.len ? e.items[0].message : "-");
+    json_decref(j);
+    ty_errlist_clear(&e);
+  }
+}
+
+/* Parses {"hidden_size": 64, KEY: VALUE} leniently into *e; returns the code. */
+static int parse_one(const char *key, const char *value, ty_errlist_t *e) {
+  llama_config_t c;
+  llama_config_init(&c);
+  json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+  assert_non_null(v);
+  json_t *j = json_pack("{s:i,s:o}", "hidden_size", 64, key, v);
+  int rc = llama_config_from_json(j, &c, "", false, e);
+  json_decref(j);
+  return rc;
+}
+
+/* Keys that leave the model as it is, each with a value published configs
+ * carry, are accepted one by one. */
+static void test_inert_keys_accepted(void **state) {
+  (void)state;
+  static const char *const kv[][2] = {
+      {"torch_dtype", "\"bfloat16\""},
+      {"transformers_version", "\"4.45.0.dev0\""},
+      {"bos_token_id", "128000"},
+      {"eos_token_id", "[128001, 128008, 128009]"},
+      {"pad_token_id", "null"},
+      {"architectures", "[\"LlamaForCausalLM\"]"},
+      {"model_type", "\"llama\""},
+      {"attention_dropout", "0.0"},
+      {"attention_dropout", "0"},
+      {"mlp_bias", "false"},
+      {"attention_bias", "false"},
+      {"pretraining_tp", "1"},
+      {"use_cache", "true"},
+      {"initializer_range", "0.02"},
+      {"hidden_act", "\"silu\""},
+      {"rope_scaling", "null"},
+      {"sliding_window", "null"},
+      {"use_sliding_window", "false"},
+      {"partial_rotary_factor", "1.0"},
+      {"_name_or_path", "\"meta-llama/Llama-3.2-1B\""},
+      {"quantization_config", "null"},
+  };
+  for (size_t i = 0; i < sizeof kv / sizeof kv[0]; i++) {
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    if (parse_one(kv[i][0], kv[i][1], &e) != 0)
+      fail_msg("%s: %s refused: %s", kv[i][0], kv[i][1], e.items[0].message);
+    ty_errlist_clear(&e);
+  }
+}
+
+/* Keys that change the model are refused by name, each alone: a value
+ * other than the one implemented, and keys trainyard does not know. */
+static void test_model_changing_keys_refused(void **state) {
+  (void)state;
+  static const char *const cases[][3] = {
+      {"attention_dropout", "0.1", "attention dropout is not implemented"},
+      {"mlp_bias", "true", "biases"},
+      {"attention_bias", "true", "biases"},
+      {"hidden_act", "\"gelu_pytorch_tanh\"", "only \"silu\""},
+      {"partial_rotary_factor", "0.5", "part of each head"},
+      {"use_sliding_window", "true", "sliding-window"},
+      {"sliding_window", "\"4096\"", "must be null or an integer"},
+      {"sliding_window", "0", "must be null or an integer"},
+      {"model_type", "\"gemma\"", "only \"llama\" is supported, got gemma"},
+      {"model_type", "\"qwen2\"", "q/k/v projection biases"},
+      {"architectures", "[\"LlamaForSequenceClassification\"]", "LlamaForCausalLM"},
+      {"quantization_config", "{\"quant_method\": \"gptq\"}", "not a config.json key"},
+      {"num_experts", "8", "not a config.json key"},
+      {"final_logit_softcapping", "30.0", "not a config.json key"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    assert_int_equal(parse_one(cases[i][0], cases[i][1], &e), TY_EINVAL);
+    if (e.len != 1 || !tu_has(&e, cases[i][0], cases[i][2]))
+      fail_msg("%s: %s: got %zu errors, first %s: %s", cases[i][0], cases[i][1], e.len,
+               e.len ? e.items[0].field : "-", e.len ? e.items[0].message : "-");
+    ty_errlist_clear(&e);
+  }
+}
+
+/* Mistral: sliding_window read (Qwen2's unused one, with use_sliding_window
+ * false, is not), written back by llama_config_to_json as a Mistral model,
+ * and a sequence longer than the window refused by model_init_shape. */
+static void test_sliding_window(void **state) {
+  (void)state;
+  llama_config_t c, d;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  llama_config_init(&c);
+  json_t *j = load(
+      "{\"model_type\": \"mistral\", \"architectures\": [\"MistralForCausalLM\"], "
+      "\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": 2, \"vocab_size\": 10, \"sliding_window\": 8}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(llama_config_validate(&c, "", &e), 0);
+  assert_int_equal(c.sliding_window, 8);
+  json_decref(j);
+  j = llama_config_to_json(&c);
+  assert_string_equal(json_string_value(json_object_get(j, "model_type")), "mistral");
+  assert_int_equal(json_integer_value(json_object_get(j, "sliding_window")), 8);
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_memory_equal(&c, &d, sizeof c);
+  json_decref(j);
+  j = load("{\"sliding_window\": 4096, \"use_sliding_window\": false}");
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_int_equal(d.sliding_window, 0);
+  json_decref(j);
+}
+
+/* The published config.json files `trainyard mkmodel --like` copies
+ * (tests/data/configs): the Llama ones read whole, with their published
+ * parameter counts; Qwen2 and Mistral refused naming what they need. */
+static void test_published_configs(void **state) {
+  (void)state;
+  static const struct {
+    const char *name;
+    int64_t params;           /* 0: refused */
+    const char *field, *says; /* for a refused one */
+    llama_rope_type_t rope;
+  } cases[] = {
+      {"llama-3.2-1b", 1235814400, NULL, NULL, LLAMA_ROPE_LLAMA3},
+      {"llama-3.1-8b", 8030261248, NULL, NULL, LLAMA_ROPE_LLAMA3},
+      {"tinyllama-1.1b", 1100048384, NULL, NULL, LLAMA_ROPE_DEFAULT},
+      {"qwen2.5-0.5b", 0, "model_type", "q/k/v projection biases", 0},
+      {"mistral-7b-v0.1", 7241732096, NULL, NULL, LLAMA_ROPE_DEFAULT},
+  };
+  const char *src = getenv("TRAINYARD_SRC_DIR");
+  assert_non_null(src);
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/tests/data/configs/%s.json", src, cases[i].name);
+    json_t *j = json_load_file(path, 0, NULL);
+    if (!j) fail_msg("%s: cannot read", path);
+    llama_config_t c;
+    ty_errlist_t e = TY_ERRLIST_INIT;
+    llama_config_init(&c);
+    int rc = llama_config_from_json(j, &c, "", false, &e);
+    if (!rc) rc = llama_config_validate(&c, "", &e);
+    if (cases[i].params) {
+      if (rc) fail_msg("%s: %s: %s", cases[i].name, e.items[0].field, e.items[0].message);
+      assert_int_equal(llama_config_num_params(&c), cases[i].params);
+      assert_int_equal(c.rope_scaling.type, cases[i].rope);
+      assert_int_equal(c.sliding_window, strstr(cases[i].name, "mistral") ? 4096 : 0);
+    } else {
+      assert_int_equal(rc, TY_EINVAL);
+      if (!tu_has(&e, cases[i].field, cases[i].says))
+        fail_msg("%s: refused without naming %s", cases[i].name, cases[i].field);
+    }
+    json_decref(j);
+    ty_errlist_clear(&e);
+  }
 }
 
 static void test_newer_dtype_key_and_nulls(void **state) {
@@ -202,6 +461,12 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_hf_config_lenient),
       cmocka_unit_test(test_lenient_refuses_semantic_changes),
+      cmocka_unit_test(test_rope_scaling_parsed),
+      cmocka_unit_test(test_rope_scaling_refused),
+      cmocka_unit_test(test_inert_keys_accepted),
+      cmocka_unit_test(test_model_changing_keys_refused),
+      cmocka_unit_test(test_sliding_window),
+      cmocka_unit_test(test_published_configs),
       cmocka_unit_test(test_newer_dtype_key_and_nulls),
       cmocka_unit_test(test_types_and_ranges),
       cmocka_unit_test(test_validate_relations),

@@ -351,6 +351,13 @@ static void test_fill_and_bad_input(void **state) {
   c = tiny_config(false, 2);
   assert_int_equal(model_create(&m, &c, 0, 4, MODEL_EVAL, err, sizeof err), TY_EINVAL);
   assert_null(m);
+  /* Mistral's window: sequences up to it are Llama's; longer ones refused. */
+  c = tiny_config(false, 2);
+  c.sliding_window = 4;
+  assert_int_equal(model_create(&m, &c, 1, 5, MODEL_EVAL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "sliding_window (4)"));
+  assert_int_equal(model_create(&m, &c, 1, 4, MODEL_EVAL, err, sizeof err), 0);
+  model_free(m);
 }
 
 /* The stages over one reused layer buffer (as FSDP feeds them, a layer
