@@ -14,6 +14,7 @@
 #include "api/errors.h"
 #include "common/beneath.h"
 #include "common/log.h"
+#include "common/rankenv.h"
 #include "common/xalloc.h"
 
 #define LINE_MAX_BYTES 65536
@@ -78,14 +79,6 @@ static void *pump_main(void *arg) {
   return NULL;
 }
 
-/* "name=value", allocated. */
-static char *env_kv(const char *name, const char *value) {
-  size_t n = strlen(name) + strlen(value) + 2;
-  char *kv = xmalloc(n);
-  snprintf(kv, n, "%s=%s", name, value);
-  return kv;
-}
-
 int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, size_t msgsz) {
   memset(out, 0, sizeof *out);
   if (access(sp->worker, X_OK)) {
@@ -109,50 +102,39 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   }
   /* Everything the child needs is prepared before fork: after it, only
    * async-signal-safe calls. */
-  char env_buf[12][1200];
-  snprintf(env_buf[0], sizeof env_buf[0], "TRAINYARD_SPEC=%s", sp->spec_path);
-  snprintf(env_buf[1], sizeof env_buf[1], "TRAINYARD_JOB_ID=%s", sp->job_id);
-  snprintf(env_buf[2], sizeof env_buf[2], "TRAINYARD_ATTEMPT=%d", sp->attempt);
-  snprintf(env_buf[3], sizeof env_buf[3], "TRAINYARD_RANK=%d", sp->rank);
-  snprintf(env_buf[4], sizeof env_buf[4], "TRAINYARD_WORLD_SIZE=%d", sp->world_size);
-  snprintf(env_buf[5], sizeof env_buf[5], "TRAINYARD_RENDEZVOUS=%s", sp->rendezvous);
-  snprintf(env_buf[6], sizeof env_buf[6], "TRAINYARD_REPORT_URL=%s", sp->report_url);
-  snprintf(env_buf[7], sizeof env_buf[7], "TRAINYARD_TOKEN=%s", sp->token);
-  snprintf(env_buf[8], sizeof env_buf[8], "TRAINYARD_MODE=train");
-  snprintf(env_buf[9], sizeof env_buf[9], "TRAINYARD_HEARTBEAT_MS=%d", sp->heartbeat_ms);
-  /* One GPU per rank: the rank sees only its own, as device 0. */
-  snprintf(env_buf[10], sizeof env_buf[10], "CUDA_VISIBLE_DEVICES=%d", sp->gpu);
-  /* ...and may allocate this much of it (worker/mem_cuda.h). */
-  snprintf(env_buf[11], sizeof env_buf[11], "TRAINYARD_CUDA_MEM_LIMIT_MIB=%lld",
-           (long long)sp->gpu_mem_limit_mib);
-  int n_own = sp->gpu < 0 ? 10 : sp->gpu_mem_limit_mib > 0 ? 12 : 11;
-  extern char **environ;
-  size_t nenv = 0;
-  while (environ[nenv]) nenv++;
-  char **envp = xcalloc(nenv + 16, sizeof *envp);
-  size_t k = 0;
-  for (size_t i = 0; i < nenv; i++)
-    if (strncmp(environ[i], "TRAINYARD_", 10) &&
-        (sp->gpu < 0 || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)))
-      envp[k++] = environ[i];
-  for (int i = 0; i < n_own; i++) envp[k++] = env_buf[i];
-  /* The roots, as long as they are (up to 32 of PATH_MAX each). */
-  char *roots[3] = {NULL, NULL, NULL};
+  rankenv_t re = {0};
+  rankenv_set(&re, RANKENV_SPEC, sp->spec_path);
+  rankenv_set(&re, RANKENV_JOB_ID, sp->job_id);
+  rankenv_set_long(&re, RANKENV_ATTEMPT, sp->attempt);
+  rankenv_set_long(&re, RANKENV_RANK, sp->rank);
+  rankenv_set_long(&re, RANKENV_WORLD_SIZE, sp->world_size);
+  rankenv_set(&re, RANKENV_RENDEZVOUS, sp->rendezvous);
+  rankenv_set(&re, RANKENV_REPORT_URL, sp->report_url);
+  rankenv_set(&re, RANKENV_TOKEN, sp->token);
+  rankenv_set(&re, RANKENV_MODE, "train");
+  rankenv_set_long(&re, RANKENV_HEARTBEAT_MS, sp->heartbeat_ms);
+  /* One GPU per rank: the rank sees only its own, as device 0, and may
+   * allocate this much of it (worker/mem_cuda.h). */
+  char gpu_kv[64];
+  snprintf(gpu_kv, sizeof gpu_kv, "CUDA_VISIBLE_DEVICES=%d", sp->gpu);
+  const char *gpu_drop[] = {"CUDA_VISIBLE_DEVICES=", NULL}, *gpu_env[] = {gpu_kv, NULL};
+  if (sp->gpu >= 0 && sp->gpu_mem_limit_mib > 0)
+    rankenv_set_long(&re, RANKENV_CUDA_MEM_LIMIT_MIB, sp->gpu_mem_limit_mib);
   if (ty_beneath_confined()) { /* this server's roots (svc_open) are the rank's, even none */
-    roots[0] = env_kv("TRAINYARD_READ_ROOTS", ty_beneath_roots(false));
-    roots[1] = env_kv("TRAINYARD_WRITE_ROOTS", ty_beneath_roots(true));
+    rankenv_set(&re, RANKENV_READ_ROOTS, ty_beneath_roots(false));
+    rankenv_set(&re, RANKENV_WRITE_ROOTS, ty_beneath_roots(true));
   }
-  if (ty_beneath_walks()) roots[2] = xstrdup("TRAINYARD_BENEATH_WALK=1");
-  for (int i = 0; i < 3; i++)
-    if (roots[i]) envp[k++] = roots[i];
-  envp[k] = NULL;
+  if (ty_beneath_walks()) rankenv_set(&re, RANKENV_BENEATH_WALK, "1");
+  extern char **environ;
+  char **envp = rankenv_envp(&re, environ, RANKENV_INHERIT_NONE, sp->gpu >= 0 ? gpu_drop : NULL,
+                             sp->gpu >= 0 ? gpu_env : NULL);
+  rankenv_clear(&re);
   char *argv[] = {(char *)sp->worker, NULL};
 
   pid_t pid = fork();
   if (pid < 0) {
     snprintf(msg, msgsz, "fork: %s", strerror(errno));
-    free(envp);
-    for (int i = 0; i < 3; i++) free(roots[i]);
+    rankenv_envp_free(envp);
     close(fds[0]);
     close(fds[1]);
     close(logfd);
@@ -176,8 +158,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   }
   /* Both sides set the group, so no signal can race the child's setpgid. */
   setpgid(pid, pid);
-  free(envp);
-  for (int i = 0; i < 3; i++) free(roots[i]);
+  rankenv_envp_free(envp);
   close(fds[1]);
   out->pid = pid;
   out->start_ticks = dispatch_start_ticks(pid);

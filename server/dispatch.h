@@ -13,13 +13,13 @@
 /* What one rank is told (all borrowed). */
 typedef struct {
   const char *worker;      /* program to run */
-  const char *spec_path;   /* TRAINYARD_SPEC */
-  const char *job_id;      /* TRAINYARD_JOB_ID */
-  int attempt;             /* TRAINYARD_ATTEMPT, from 1 */
-  int rank, world_size;    /* TRAINYARD_RANK, TRAINYARD_WORLD_SIZE */
-  const char *rendezvous;  /* TRAINYARD_RENDEZVOUS */
-  const char *report_url;  /* TRAINYARD_REPORT_URL */
-  const char *token;       /* TRAINYARD_TOKEN */
+  const char *spec_path;   /* RANKENV_SPEC */
+  const char *job_id;      /* RANKENV_JOB_ID */
+  int attempt;             /* RANKENV_ATTEMPT, from 1 */
+  int rank, world_size;    /* RANKENV_RANK, RANKENV_WORLD_SIZE */
+  const char *rendezvous;  /* RANKENV_RENDEZVOUS */
+  const char *report_url;  /* RANKENV_REPORT_URL */
+  const char *token;       /* RANKENV_TOKEN */
   int gpu;                 /* the GPU it gets (CUDA_VISIBLE_DEVICES), or -1 */
   const char *log_path;    /* where its output goes */
   int64_t log_max;         /* bytes of output kept */
@@ -31,8 +31,8 @@ typedef struct {
   void (*on_line)(void *ctx, const char *line);
   void *line_ctx;
   int64_t gpu_mem_limit_mib; /* with a GPU: the device memory it may allocate
-                              * (TRAINYARD_CUDA_MEM_LIMIT_MIB); 0: no cap */
-  int heartbeat_ms;          /* TRAINYARD_HEARTBEAT_MS: how often the rank repeats
+                              * (RANKENV_CUDA_MEM_LIMIT_MIB); 0: no cap */
+  int heartbeat_ms;          /* RANKENV_HEARTBEAT_MS: how often the rank repeats
                               * its last report while it computes */
 } dispatch_spec_t;
 

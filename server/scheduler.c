@@ -260,7 +260,7 @@ static void write_spec_file(const char *path, const char *spec) {
 }
 
 /* How often a rank repeats its last report while it computes
- * (TRAINYARD_HEARTBEAT_MS): four times per heartbeat_timeout, so that a load
+ * (RANKENV_HEARTBEAT_MS): four times per heartbeat_timeout, so that a load
  * or a step longer than the timeout is not taken for a dead rank, while one
  * lost repeat is not taken for one either. */
 static int heartbeat_ms(const srv_config_t *cfg) {

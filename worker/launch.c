@@ -19,10 +19,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "api/errors.h"
+#include "api/report_wire.h"
 #include "common/clock.h"
+#include "common/rankenv.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "worker/comm.h"
@@ -38,7 +38,8 @@ typedef struct {
   char *buf[2]; /* partial lines, LAUNCH_LINE_MAX + 1 bytes each */
   size_t len[2];
   long long last_progress_ms; /* start, or the last report that moved */
-  char last_where[200];       /* "phase/step/bytes_loaded" of that report */
+  report_wire_t last;         /* that report, once has_last */
+  bool has_last;
   char failed_msg[400];       /* message of its last "failed" report */
   char last_err[200];         /* its last stderr line */
 } rank_t;
@@ -62,61 +63,26 @@ static void set_reason(launch_result_t *res, const char *fmt, ...) {
   va_end(ap);
 }
 
-static int is_contract_var(const char *kv) {
-  static const char *names[] = {
-      "SPEC=",       "MODE=",       "JOB_ID=", "ATTEMPT=",    "RANK=",       "WORLD_SIZE=",
-      "RENDEZVOUS=", "REPORT_URL=", "TOKEN=",  "READ_ROOTS=", "WRITE_ROOTS="};
-  if (strncmp(kv, "TRAINYARD_", 10)) return 0;
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-    if (!strncmp(kv + 10, names[i], strlen(names[i]))) return 1;
-  return 0;
-}
-
-static char *fmt_kv(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *fmt_kv(const char *name, const char *fmt, ...) {
-  char val[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(val, sizeof val, fmt, ap);
-  va_end(ap);
-  size_t n = strlen(name) + strlen(val) + 2;
-  char *s = xmalloc(n);
-  snprintf(s, n, "%s=%s", name, val);
-  return s;
-}
-
 /* The environment of rank `rank`: the caller's, less the contract's own
  * variables, plus the contract and opts->env. Returns a NULL-terminated
- * array whose strings the caller frees (free_env). */
+ * array for rankenv_envp_free. */
 static char **build_env(const launch_opts_t *o, const launch_result_t *res, int attempt,
                         const char *rdv, int rank) {
-  size_t n = 0, extra = 0;
-  while (environ[n]) n++;
-  while (o->env && o->env[extra]) extra++;
-  char **env = xcalloc(n + extra + 16, sizeof(char *));
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++)
-    if (!is_contract_var(environ[i])) env[k++] = xstrdup(environ[i]);
-  if (o->spec_path) env[k++] = fmt_kv("TRAINYARD_SPEC", "%s", o->spec_path);
-  if (o->mode) env[k++] = fmt_kv("TRAINYARD_MODE", "%s", o->mode);
-  env[k++] = fmt_kv("TRAINYARD_JOB_ID", "%s", res->job_id);
-  env[k++] = fmt_kv("TRAINYARD_ATTEMPT", "%d", attempt);
-  env[k++] = fmt_kv("TRAINYARD_RANK", "%d", rank);
-  env[k++] = fmt_kv("TRAINYARD_WORLD_SIZE", "%d", o->world_size);
-  env[k++] = fmt_kv("TRAINYARD_RENDEZVOUS", "%s", rdv);
-  if (o->report_url) env[k++] = fmt_kv("TRAINYARD_REPORT_URL", "%s", o->report_url);
-  if (o->token) env[k++] = fmt_kv("TRAINYARD_TOKEN", "%s", o->token);
-  if (o->read_roots) env[k++] = fmt_kv("TRAINYARD_READ_ROOTS", "%s", o->read_roots);
-  if (o->write_roots) env[k++] = fmt_kv("TRAINYARD_WRITE_ROOTS", "%s", o->write_roots);
-  for (size_t i = 0; i < extra; i++) env[k++] = xstrdup(o->env[i]);
-  env[k] = NULL;
+  rankenv_t e = {0};
+  rankenv_set(&e, RANKENV_SPEC, o->spec_path);
+  rankenv_set(&e, RANKENV_MODE, o->mode);
+  rankenv_set(&e, RANKENV_JOB_ID, res->job_id);
+  rankenv_set_long(&e, RANKENV_ATTEMPT, attempt);
+  rankenv_set_long(&e, RANKENV_RANK, rank);
+  rankenv_set_long(&e, RANKENV_WORLD_SIZE, o->world_size);
+  rankenv_set(&e, RANKENV_RENDEZVOUS, rdv);
+  rankenv_set(&e, RANKENV_REPORT_URL, o->report_url);
+  rankenv_set(&e, RANKENV_TOKEN, o->token);
+  rankenv_set(&e, RANKENV_READ_ROOTS, o->read_roots);
+  rankenv_set(&e, RANKENV_WRITE_ROOTS, o->write_roots);
+  char **env = rankenv_envp(&e, environ, RANKENV_INHERIT_TUNING, NULL, o->env);
+  rankenv_clear(&e);
   return env;
-}
-
-static void free_env(char **env) {
-  if (!env) return;
-  for (char **p = env; *p; p++) free(*p);
-  free(env);
 }
 
 /* In the child between fork and exec: async-signal-safe calls only. */
@@ -155,29 +121,20 @@ static void stop_all(launch_t *L, int sig) {
   signal_all(L, sig);
 }
 
-/* A report on stdout: remembers a failed report's message (the rank's
- * reason if it then fails), and counts as progress when its phase, step or
- * bytes_loaded differ from the rank's previous report (a heartbeat that
- * repeats them does not). */
+/* A report on stdout (api/report_wire.h): remembers a failed report's
+ * message (the rank's reason if it then fails), and counts as progress when
+ * it moved past the rank's previous report (a heartbeat repeating it does
+ * not). */
 static void take_report(rank_t *k, const char *line) {
-  json_t *j = json_loads(line, 0, NULL);
-  if (!json_is_object(j)) {
-    json_decref(j);
-    return;
-  }
-  const char *phase = json_string_value(json_object_get(j, "phase"));
-  const char *msg = json_string_value(json_object_get(j, "message"));
-  if (phase && !strcmp(phase, "failed") && msg)
-    snprintf(k->failed_msg, sizeof k->failed_msg, "%s", msg);
-  char where[200];
-  snprintf(where, sizeof where, "%s/%lld/%lld", phase ? phase : "",
-           (long long)json_number_value(json_object_get(j, "step")),
-           (long long)json_number_value(json_object_get(j, "bytes_loaded")));
-  if (strcmp(where, k->last_where)) {
-    snprintf(k->last_where, sizeof k->last_where, "%s", where);
+  report_wire_t w;
+  if (!report_wire_parse_line(line, &w)) return;
+  if (w.phase == REPORT_PHASE_FAILED && w.message[0])
+    snprintf(k->failed_msg, sizeof k->failed_msg, "%.*s", (int)sizeof k->failed_msg - 1, w.message);
+  if (!k->has_last || report_wire_progressed(&k->last, &w)) {
+    k->last = w;
+    k->has_last = true;
     k->last_progress_ms = ty_mono_ms();
   }
-  json_decref(j);
 }
 
 static void emit(launch_t *L, int r, int s, const char *line) {
@@ -504,7 +461,7 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   for (int r = 0; r < L.world && rc == 0; r++) {
     char **env = build_env(o, res, attempt, rdv, r);
     int e = start_rank(&L, r, argv, env, devnull, fail_msg);
-    free_env(env);
+    rankenv_envp_free(env);
     if (e) {
       set_reason(res, "cannot start rank %d of %d: %s", r, L.world, strerror(e));
       rc = TY_EUNAVAILABLE;
