@@ -13,8 +13,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -23,6 +21,7 @@
 #include "api/report_wire.h"
 #include "common/clock.h"
 #include "common/rankenv.h"
+#include "common/rankproc.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "worker/comm.h"
@@ -85,32 +84,9 @@ static char **build_env(const launch_opts_t *o, const launch_result_t *res, int 
   return env;
 }
 
-/* In the child between fork and exec: async-signal-safe calls only. */
-static _Noreturn void exec_rank(const launch_opts_t *o, char **argv, char **env, pid_t parent,
-                                int devnull, int out_w, int err_w, const char *fail_msg) {
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127); /* the launcher died before prctl */
-  dup2(devnull, 0);
-  dup2(out_w, 1);
-  dup2(err_w, 2);
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD};
-  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) sigaction(sigs[i], &dfl, NULL);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
-  execve(o->worker, argv, env);
-  ssize_t w = write(2, fail_msg, strlen(fail_msg));
-  (void)w;
-  _exit(127);
-}
-
 static void signal_all(launch_t *L, int sig) {
   for (int r = 0; r < L->world; r++)
-    if (L->ranks[r].pid > 0) kill(-L->ranks[r].pgid, sig);
+    if (L->ranks[r].pid > 0) rankproc_signal(L->ranks[r].pgid, 0, sig);
 }
 
 /* Starts stopping every rank: `sig` now, SIGKILL after the grace period. */
@@ -211,17 +187,6 @@ static void fail_rank(launch_t *L, int r, int status, const char *why) {
   stop_all(L, SIGTERM);
 }
 
-/* LLVM's OpenMP runtime registers each process in /dev/shm
- * (__KMP_REGISTERED_LIB_<pid>[_<uid>]) and removes it only at a clean exit:
- * a rank killed with -9 would leave it behind. */
-static void remove_omp_registration(pid_t pid) {
-  char name[96];
-  snprintf(name, sizeof name, "/__KMP_REGISTERED_LIB_%d_%d", (int)pid, (int)getuid());
-  shm_unlink(name);
-  snprintf(name, sizeof name, "/__KMP_REGISTERED_LIB_%d", (int)pid);
-  shm_unlink(name);
-}
-
 /* Reaps whichever ranks have ended. Of several that failed at once, a rank
  * killed by a signal is blamed before ranks that exited reporting it. */
 static void reap(launch_t *L) {
@@ -230,15 +195,10 @@ static void reap(launch_t *L) {
     rank_t *k = &L->ranks[r];
     if (k->pid <= 0) continue;
     int st;
-    pid_t w = waitpid(k->pid, &st, WNOHANG);
-    if (w < 0 && errno == ECHILD) /* reaped by someone else: status unknown */
-      st = W_EXITCODE(255, 0);
-    else if (w != k->pid)
-      continue;
+    if (!rankproc_reap(k->pid, &st)) continue;
     k->pid = 0;
     L->live--;
-    kill(-k->pgid, SIGKILL); /* whatever it started in its group */
-    remove_omp_registration(k->pgid);
+    rankproc_clear_group(k->pgid); /* whatever it started in its group */
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
     drain_rank(L, r);
     if (blame < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(blame_status))) {
@@ -275,7 +235,7 @@ static void check_progress(launch_t *L, long long now) {
                "rank is stuck",
                limit);
       fail_rank(L, r, -1, why);
-      kill(-k->pgid, SIGKILL);
+      rankproc_signal(k->pgid, 0, SIGKILL);
       return;
     }
   }
@@ -340,8 +300,7 @@ static void run_loop(launch_t *L, int sfd) {
 }
 
 /* Forks rank r; returns 0 or an errno. */
-static int start_rank(launch_t *L, int r, char **argv, char **env, int devnull,
-                      const char *fail_msg) {
+static int start_rank(launch_t *L, int r, char **argv, char **env, const char *fail_msg) {
   rank_t *k = &L->ranks[r];
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC)) return errno;
@@ -351,18 +310,23 @@ static int start_rank(launch_t *L, int r, char **argv, char **env, int devnull,
     close(out[1]);
     return e;
   }
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid == 0) exec_rank(L->o, argv, env, parent, devnull, out[1], err[1], fail_msg);
-  int e = errno;
+  rankproc_spec_t sp = {.program = L->o->worker,
+                        .argv = argv,
+                        .envp = env,
+                        .out_fd = out[1],
+                        .err_fd = err[1],
+                        .die_with_parent = true,
+                        .exec_fail = fail_msg};
+  pid_t pid;
+  int64_t ticks;
+  int e = rankproc_spawn(&sp, &pid, &ticks);
   close(out[1]);
   close(err[1]);
-  if (pid < 0) {
+  if (e) {
     close(out[0]);
     close(err[0]);
     return e;
   }
-  setpgid(pid, pid); /* also in the child: whichever runs first */
   k->pid = k->pgid = pid;
   k->fd[0] = out[0];
   k->fd[1] = err[0];
@@ -448,9 +412,8 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   int chld_changed = chld_old.sa_handler == SIG_IGN || (chld_old.sa_flags & SA_NOCLDWAIT);
   if (chld_changed) sigaction(SIGCHLD, &chld_dfl, NULL);
   int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (sfd < 0 || devnull < 0) {
-    set_reason(res, "launcher: %s: %s", sfd < 0 ? "signalfd" : "/dev/null", strerror(errno));
+  if (sfd < 0) {
+    set_reason(res, "launcher: signalfd: %s", strerror(errno));
     rc = TY_EUNAVAILABLE;
   }
   for (int r = 0; r < L.world; r++) {
@@ -460,7 +423,7 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   }
   for (int r = 0; r < L.world && rc == 0; r++) {
     char **env = build_env(o, res, attempt, rdv, r);
-    int e = start_rank(&L, r, argv, env, devnull, fail_msg);
+    int e = start_rank(&L, r, argv, env, fail_msg);
     rankenv_envp_free(env);
     if (e) {
       set_reason(res, "cannot start rank %d of %d: %s", r, L.world, strerror(e));
@@ -473,7 +436,6 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
 
   if (is_shm) comm_shm_remove(rdv);
   if (sfd >= 0) close(sfd);
-  if (devnull >= 0) close(devnull);
   if (chld_changed) sigaction(SIGCHLD, &chld_old, NULL);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   for (int r = 0; r < L.world; r++) {
