@@ -2,6 +2,7 @@
  * see rankenv.h. */
 #include "common/rankenv.h"
 
+#include <assert.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,6 +41,7 @@ const char *rankenv_str(rankenv_id_t id) {
 }
 
 int rankenv_long_in(rankenv_id_t id, long lo, long hi, long *out, char *err, size_t errlen) {
+  assert(g_vars[id].type == RANKENV_INT); /* a caller's mistake, not the environment's */
   if (g_vars[id].dflt != RANKENV_NO_DEFAULT && !rankenv_str(id)) *out = g_vars[id].dflt;
   return ty_env_long(g_vars[id].name, lo, hi, g_vars[id].meaning, out, err, errlen);
 }
