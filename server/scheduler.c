@@ -33,8 +33,7 @@ typedef struct {
   bool signalled;          /* we sent it SIGTERM or SIGKILL */
   double last_report;      /* monotonic seconds: any report */
   double last_progress;    /* monotonic seconds: phase, step or bytes changed */
-  char phase[16];
-  int64_t step, bytes_loaded;
+  report_wire_t last;      /* the report that last moved its progress */
   char fail_msg[512];      /* message of its last "failed" report */
   int gpu;                 /* GPU index held, or -1 */
 } srank_t;
@@ -145,22 +144,19 @@ void sched_cancel(sched_t *s, const char *id) {
   pthread_mutex_unlock(&s->lock);
 }
 
-void sched_note_report(sched_t *s, const char *id, const db_report_t *rep) {
+void sched_note_report(sched_t *s, const char *id, const report_wire_t *rep) {
   pthread_mutex_lock(&s->lock);
   for (run_t *r = s->runs; r; r = r->next) {
     if (strcmp(r->id, id) || r->attempt != rep->attempt || rep->rank >= r->world) continue;
     srank_t *k = &r->ranks[rep->rank];
     double now = ty_mono_s();
     k->last_report = now;
-    if (strcmp(k->phase, rep->phase) || k->step != rep->step ||
-        k->bytes_loaded != rep->bytes_loaded) {
+    if (report_wire_progressed(&k->last, rep)) {
       k->last_progress = now;
-      snprintf(k->phase, sizeof k->phase, "%s", rep->phase);
-      k->step = rep->step;
-      k->bytes_loaded = rep->bytes_loaded;
+      k->last = *rep;
     }
-    if (!strcmp(rep->phase, "failed") && rep->message[0])
-      snprintf(k->fail_msg, sizeof k->fail_msg, "%s", rep->message);
+    if (rep->phase == REPORT_PHASE_FAILED && rep->message[0])
+      snprintf(k->fail_msg, sizeof k->fail_msg, "%.*s", (int)sizeof k->fail_msg - 1, rep->message);
   }
   pthread_mutex_unlock(&s->lock);
 }
@@ -382,7 +378,7 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
     srank_t *k = &r->ranks[i];
     k->started = true;
     k->last_report = k->last_progress = now;
-    snprintf(k->phase, sizeof k->phase, "starting");
+    report_wire_init(&k->last);
     int pid;
     int64_t ticks;
     s->disp->ops->where(r->drun, i, &pid, &ticks);
@@ -482,8 +478,8 @@ static bool step_run(sched_t *s, run_t *r, double now) {
         fail_attempt(s, r, why);
       } else if (now - k->last_progress > s->cfg->progress_timeout) {
         snprintf(why, sizeof why,
-                 "rank %d made no progress for %.1f s (phase %s, step %lld; progress_timeout)",
-                 i, now - k->last_progress, k->phase, (long long)k->step);
+                 "rank %d made no progress for %.1f s (phase %s, step %lld; progress_timeout)", i,
+                 now - k->last_progress, report_phase_name(k->last.phase), (long long)k->last.step);
         fail_attempt(s, r, why);
       }
     }

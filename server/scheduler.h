@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/report_wire.h"
 #include "db/db.h"
 #include "server/config.h"
 
@@ -33,9 +34,9 @@ void sched_free(sched_t *s);
 void sched_wake(sched_t *s);
 /* A job's state became cancelled: stop its ranks, if any. */
 void sched_cancel(sched_t *s, const char *id);
-/* A rank reported: a heartbeat, and progress when the phase, step or bytes
- * loaded changed. */
-void sched_note_report(sched_t *s, const char *id, const db_report_t *r);
+/* A rank reported: a heartbeat, and progress when report_wire_progressed
+ * says so (the phase, step or bytes loaded changed). */
+void sched_note_report(sched_t *s, const char *id, const report_wire_t *r);
 
 /* Slots: whether a job of world_size ranks on device ("cpu"/"cuda") could
  * ever run here; 0, or TY_EINVAL with msg saying why. */

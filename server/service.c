@@ -606,20 +606,20 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
   return 0;
 }
 
-/* Fills a report from JSON (api/report_wire.h), adding one error per bad
- * field. */
-static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs) {
+/* Parses a report (api/report_wire.h) into *w, and *r as the database
+ * keeps it, adding one error per bad field. */
+static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
+                             ty_errlist_t *errs) {
   memset(r, 0, sizeof *r);
-  report_wire_t w;
-  if (report_wire_parse(o, &w, errs)) return;
-  r->attempt = w.attempt, r->rank = w.rank, r->world_size = w.world_size;
-  snprintf(r->phase, sizeof r->phase, "%s", report_phase_name(w.phase));
-  r->step = w.step, r->total_steps = w.total_steps;
-  r->loss = w.loss, r->tokens_per_s = w.tokens_per_s;
-  r->bytes_loaded = w.bytes_loaded, r->bytes_total = w.bytes_total;
-  r->host_peak_bytes = w.host_peak_bytes, r->device_peak_bytes = w.device_peak_bytes;
-  r->load_seconds = w.load_seconds;
-  snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w.message);
+  if (report_wire_parse(o, w, errs)) return;
+  r->attempt = w->attempt, r->rank = w->rank, r->world_size = w->world_size;
+  snprintf(r->phase, sizeof r->phase, "%s", report_phase_name(w->phase));
+  r->step = w->step, r->total_steps = w->total_steps;
+  r->loss = w->loss, r->tokens_per_s = w->tokens_per_s;
+  r->bytes_loaded = w->bytes_loaded, r->bytes_total = w->bytes_total;
+  r->host_peak_bytes = w->host_peak_bytes, r->device_peak_bytes = w->device_peak_bytes;
+  r->load_seconds = w->load_seconds;
+  snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
 }
 
 /* Constant-time string comparison, so the token cannot be guessed by
@@ -643,7 +643,8 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
   }
   if (rc) goto out;
   db_report_t r;
-  report_from_json(report, &r, errs);
+  report_wire_t w;
+  report_from_json(report, &w, &r, errs);
   if (errs->len) {
     set_msg(msg, msgsz, "malformed report (see details)");
     rc = TY_EINVAL;
@@ -666,7 +667,7 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     set_msg(msg, msgsz, "rank %d of attempt %d has already finished", r.rank, r.attempt);
   }
   if (rc) goto out;
-  if (s->sched) sched_note_report(s->sched, id, &r);
+  if (s->sched) sched_note_report(s->sched, id, &w);
   if (j->state == DB_JOB_STARTING && strcmp(r.phase, "starting")) {
     char why[64];
     snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
