@@ -1,5 +1,5 @@
 /* cmd_load.c - trainyard load SPEC|--dotted.flags: starts world_size local
- * ranks that only load their shards (TRAINYARD_MODE=load), then prints one
+ * ranks that only load their shards (RANKENV_MODE=load), then prints one
  * JSON line per rank with what it read, held and how long it took. It
  * answers "will this checkpoint fit, and what will each rank hold?". */
 #include <errno.h>

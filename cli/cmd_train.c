@@ -1,5 +1,5 @@
 /* cmd_train.c - trainyard train [SPEC.json] [--dotted.flags]: validates the
- * spec, starts world_size local ranks (trainyard-worker, TRAINYARD_MODE=
+ * spec, starts world_size local ranks (trainyard-worker, RANKENV_MODE=
  * train) through the launcher, prints every rank's progress lines as they
  * come (rank-prefixed, like torchrun) and exits 0 when every rank finished
  * and the outputs are written. A failing rank stops the others (within the

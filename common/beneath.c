@@ -18,6 +18,7 @@
 #include "api/errors.h"
 #include "common/fsfault.h"
 #include "common/numbers.h"
+#include "common/rankenv.h"
 #include "common/xalloc.h"
 
 #define ROOTS_MAX 32
@@ -289,12 +290,11 @@ int ty_beneath_set_roots(const char *read, const char *write, bool missing_ok, c
 
 int ty_beneath_roots_from_env(char *err, size_t errlen) {
   long walk = 0;
-  int rc = ty_env_long("TRAINYARD_BENEATH_WALK", 0, 1,
-                       "1 opens files inside the roots by the O_NOFOLLOW walk instead of openat2",
-                       &walk, err, errlen);
+  int rc = rankenv_long(RANKENV_BENEATH_WALK, &walk, err, errlen);
   if (rc) return rc;
   g_walk = walk == 1;
-  const char *read = getenv("TRAINYARD_READ_ROOTS"), *write = getenv("TRAINYARD_WRITE_ROOTS");
+  const char *read = getenv(rankenv_name(RANKENV_READ_ROOTS));
+  const char *write = getenv(rankenv_name(RANKENV_WRITE_ROOTS));
   rc = ty_beneath_set_roots(read, write, false, err, errlen);
   /* Set but empty (a server none of whose roots exists): confined to nothing. */
   if (!rc && (read || write)) g_on = true;

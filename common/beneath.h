@@ -1,7 +1,7 @@
 /* beneath.h - files opened only inside the process's roots.
  *
  * A process that is given roots (trainyardd: --roots and --output-roots; a
- * rank: TRAINYARD_READ_ROOTS and TRAINYARD_WRITE_ROOTS) opens each root
+ * rank: RANKENV_READ_ROOTS and RANKENV_WRITE_ROOTS) opens each root
  * once as a directory handle and reaches every model, data and output file
  * from that handle with openat2(RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS):
  * a symbolic link on the way may lead anywhere inside the root, never out
@@ -41,7 +41,7 @@
 /* How ty_beneath_openat resolves. */
 typedef enum {
   TY_BENEATH_AUTO = 0, /* openat2, or the walk where the kernel has no openat2 */
-  TY_BENEATH_WALK = 1, /* the O_NOFOLLOW walk always (tests; TRAINYARD_BENEATH_WALK=1) */
+  TY_BENEATH_WALK = 1, /* the O_NOFOLLOW walk always (tests; RANKENV_BENEATH_WALK=1) */
 } ty_beneath_how_t;
 
 /* Opens rel (relative; "" or "." is dirfd itself) beneath the directory
@@ -59,9 +59,9 @@ int ty_beneath_openat(int dirfd, const char *rel, int flags, mode_t mode, ty_ben
 int ty_beneath_set_roots(const char *read, const char *write, bool missing_ok, char *err,
                          size_t errlen);
 
-/* ty_beneath_set_roots from TRAINYARD_READ_ROOTS and TRAINYARD_WRITE_ROOTS
+/* ty_beneath_set_roots from RANKENV_READ_ROOTS and RANKENV_WRITE_ROOTS
  * (a root that does not exist is an error); either set, even empty, makes
- * the process confined (both empty: to nothing). TRAINYARD_BENEATH_WALK
+ * the process confined (both empty: to nothing). RANKENV_BENEATH_WALK
  * (0 or 1, default 0) forces the O_NOFOLLOW walk. */
 int ty_beneath_roots_from_env(char *err, size_t errlen);
 

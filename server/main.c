@@ -8,6 +8,7 @@
 #include "common/log.h"
 #include "server/config.h"
 #include "server/grpc.h"
+#include "server/dispatcher.h"
 #include "server/recovery.h"
 #include "server/rest.h"
 #include "server/scheduler.h"
@@ -63,7 +64,7 @@ int main(int argc, char **argv) {
   sched_t *sched = NULL;
   int rc = svc_open(&cfg, &svc, msg, sizeof msg);
   if (rc) goto fail;
-  if ((rc = recovery_run(svc, &cfg)) < 0) {
+  if ((rc = recovery_run(svc, &cfg, &dispatch_local)) < 0) {
     snprintf(msg, sizeof msg, "recovery of the previous state failed (see the log)");
     goto fail;
   }
@@ -71,7 +72,7 @@ int main(int argc, char **argv) {
   if ((rc = rest_start(svc, &cfg, &rest, &port, msg, sizeof msg))) goto fail;
   char base[300];
   report_base(cfg.listen, port, base, sizeof base);
-  if ((rc = sched_create(svc, &cfg, base, &sched, msg, sizeof msg))) goto fail;
+  if ((rc = sched_create(svc, &cfg, &dispatch_local, base, &sched, msg, sizeof msg))) goto fail;
   svc_set_scheduler(svc, sched);
   if ((rc = sched_start(sched))) {
     snprintf(msg, sizeof msg, "cannot start the scheduler thread");

@@ -15,7 +15,7 @@
 #include "common/log.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
-#include "server/dispatch.h"
+#include "server/dispatcher.h"
 #include "server/service.h"
 
 typedef struct {
@@ -28,6 +28,7 @@ typedef struct {
 typedef struct {
   live_t *items;
   size_t n, cap;
+  dispatcher_t *disp; /* the engine that started them */
 } live_list_t;
 
 static void collect(const char *id, int attempt, int rank, int pid, int64_t start, void *ctx) {
@@ -39,7 +40,7 @@ static void collect(const char *id, int attempt, int rank, int pid, int64_t star
   x->rank = rank;
   x->pid = pid;
   x->start = start;
-  x->alive = dispatch_alive(pid, start);
+  x->alive = l->disp->ops->recorded_alive(l->disp, pid, start);
 }
 
 /* Refreshes each entry's liveness; returns how many are still alive. */
@@ -47,7 +48,7 @@ static int any_alive(live_list_t *l) {
   int n = 0;
   for (size_t i = 0; i < l->n; i++) {
     live_t *x = &l->items[i];
-    if (x->alive) x->alive = dispatch_alive(x->pid, x->start);
+    if (x->alive) x->alive = l->disp->ops->recorded_alive(l->disp, x->pid, x->start);
     n += x->alive;
   }
   return n;
@@ -132,8 +133,8 @@ static void remove_leftovers(svc_t *svc, const srv_config_t *cfg, const char *id
   db_job_free(j);
 }
 
-int recovery_run(svc_t *svc, const srv_config_t *cfg) {
-  live_list_t l = {0};
+int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp) {
+  live_list_t l = {.disp = disp};
   int rc = db_live_ranks_each(svc_db(svc), collect, &l);
   if (rc) return rc;
   /* Stop the survivors: they report to an instance that no longer knows
@@ -142,7 +143,7 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg) {
     if (l.items[i].alive) {
       ty_warn("recovery: job %s rank %d (pid %d) outlived the previous trainyardd: SIGTERM",
               l.items[i].id, l.items[i].rank, l.items[i].pid);
-      dispatch_signal(l.items[i].pid, l.items[i].start, SIGTERM);
+      disp->ops->recorded_signal(disp, l.items[i].pid, l.items[i].start, SIGTERM);
     }
   struct timespec t0;
   clock_gettime(CLOCK_MONOTONIC, &t0);
@@ -152,7 +153,8 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg) {
     clock_gettime(CLOCK_MONOTONIC, &t);
     if ((double)(t.tv_sec - t0.tv_sec) + (t.tv_nsec - t0.tv_nsec) / 1e9 > cfg->grace) {
       for (size_t i = 0; i < l.n; i++)
-        if (l.items[i].alive) dispatch_signal(l.items[i].pid, l.items[i].start, SIGKILL);
+        if (l.items[i].alive)
+          disp->ops->recorded_signal(disp, l.items[i].pid, l.items[i].start, SIGKILL);
       usleep(100000);
       any_alive(&l);
       break;

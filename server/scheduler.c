@@ -7,6 +7,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,21 +21,19 @@
 #include "common/log.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
-#include "server/dispatch.h"
+#include "server/dispatcher.h"
 #include "server/service.h"
 
 #define TICK_S 0.1
 
 typedef struct {
-  dispatch_rank_t proc;
   bool started;            /* the process was created */
   bool exited, recorded;   /* reaped; its finish written to the database */
   int status;              /* wait status once exited */
   bool signalled;          /* we sent it SIGTERM or SIGKILL */
   double last_report;      /* monotonic seconds: any report */
   double last_progress;    /* monotonic seconds: phase, step or bytes changed */
-  char phase[16];
-  int64_t step, bytes_loaded;
+  report_wire_t last;      /* the report that last moved its progress */
   char fail_msg[512];      /* message of its last "failed" report */
   int gpu;                 /* GPU index held, or -1 */
 } srank_t;
@@ -44,6 +43,7 @@ typedef struct run {
   int attempt, world, max_restarts;
   bool gpu;
   srank_t *ranks;
+  dispatch_run_t *drun;    /* the ranks as the dispatcher started them; NULL: none */
   bool decided;            /* the job's state for this attempt is written */
   bool stopping;           /* SIGTERM sent; SIGKILL at kill_at */
   double kill_at;
@@ -61,6 +61,7 @@ typedef struct cancel_req {
 struct sched {
   svc_t *svc;
   const srv_config_t *cfg;
+  dispatcher_t *disp;
   char url_base[256];
   char worker[PATH_MAX];
   pthread_mutex_t lock;
@@ -78,11 +79,12 @@ struct sched {
 
 /* The default worker: trainyard-worker in the directory of this binary (an
  * installed layout), else in ../worker/ beside it (the build tree). */
-int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_base,
-                 sched_t **out, char *msg, size_t msgsz) {
+int sched_create(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp,
+                 const char *report_url_base, sched_t **out, char *msg, size_t msgsz) {
   sched_t *s = xcalloc(1, sizeof *s);
   s->svc = svc;
   s->cfg = cfg;
+  s->disp = disp;
   snprintf(s->url_base, sizeof s->url_base, "%s", report_url_base);
   if (*cfg->worker)
     snprintf(s->worker, sizeof s->worker, "%s", cfg->worker);
@@ -142,22 +144,19 @@ void sched_cancel(sched_t *s, const char *id) {
   pthread_mutex_unlock(&s->lock);
 }
 
-void sched_note_report(sched_t *s, const char *id, const db_report_t *rep) {
+void sched_note_report(sched_t *s, const char *id, const report_wire_t *rep) {
   pthread_mutex_lock(&s->lock);
   for (run_t *r = s->runs; r; r = r->next) {
     if (strcmp(r->id, id) || r->attempt != rep->attempt || rep->rank >= r->world) continue;
     srank_t *k = &r->ranks[rep->rank];
     double now = ty_mono_s();
     k->last_report = now;
-    if (strcmp(k->phase, rep->phase) || k->step != rep->step ||
-        k->bytes_loaded != rep->bytes_loaded) {
+    if (report_wire_progressed(&k->last, rep)) {
       k->last_progress = now;
-      snprintf(k->phase, sizeof k->phase, "%s", rep->phase);
-      k->step = rep->step;
-      k->bytes_loaded = rep->bytes_loaded;
+      k->last = *rep;
     }
-    if (!strcmp(rep->phase, "failed") && rep->message[0])
-      snprintf(k->fail_msg, sizeof k->fail_msg, "%s", rep->message);
+    if (rep->phase == REPORT_PHASE_FAILED && rep->message[0])
+      snprintf(k->fail_msg, sizeof k->fail_msg, "%.*s", (int)sizeof k->fail_msg - 1, rep->message);
   }
   pthread_mutex_unlock(&s->lock);
 }
@@ -171,7 +170,7 @@ static void begin_stop(sched_t *s, run_t *r) {
     srank_t *k = &r->ranks[i];
     if (!k->started || k->exited) continue;
     k->signalled = true;
-    dispatch_signal(k->proc.pid, k->proc.start_ticks, SIGTERM);
+    s->disp->ops->signal(r->drun, i, SIGTERM);
   }
 }
 
@@ -216,19 +215,13 @@ static void exit_reason(const srank_t *k, int rank, char *out, size_t size, int 
   }
 }
 
-/* Reaps exited children into their ranks. */
+/* Learns from the dispatcher which ranks have ended. */
 static void reap(sched_t *s) {
-  for (;;) {
-    int status;
-    pid_t pid = waitpid(-1, &status, WNOHANG);
-    if (pid <= 0) return;
-    for (run_t *r = s->runs; r; r = r->next)
-      for (int i = 0; i < r->world; i++)
-        if (r->ranks[i].started && r->ranks[i].proc.pid == pid) {
-          r->ranks[i].exited = true;
-          r->ranks[i].status = status;
-        }
-  }
+  for (run_t *r = s->runs; r; r = r->next)
+    for (int i = 0; i < r->world; i++) {
+      srank_t *k = &r->ranks[i];
+      if (k->started && !k->exited && s->disp->ops->ended(r->drun, i, &k->status)) k->exited = true;
+    }
 }
 
 /* What the log pump of one rank needs to ingest the reports it prints. */
@@ -240,7 +233,8 @@ typedef struct {
 
 /* A rank that prints its reports as JSON lines (no report URL used) is
  * heard all the same: each such line is a report, with the job's token. */
-static void on_report_line(void *ctx, const char *line) {
+static void on_report_line(void *ctx, int rank, const char *line) {
+  (void)rank; /* the report names its rank */
   line_ctx_t *c = ctx;
   json_t *o = json_loads(line, 0, NULL);
   if (json_is_object(o) && json_object_get(o, "phase")) {
@@ -260,7 +254,7 @@ static void write_spec_file(const char *path, const char *spec) {
 }
 
 /* How often a rank repeats its last report while it computes
- * (TRAINYARD_HEARTBEAT_MS): four times per heartbeat_timeout, so that a load
+ * (RANKENV_HEARTBEAT_MS): four times per heartbeat_timeout, so that a load
  * or a step longer than the timeout is not taken for a dead rank, while one
  * lost repeat is not taken for one either. */
 static int heartbeat_ms(const srv_config_t *cfg) {
@@ -363,33 +357,59 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
                j->output_dir);
     if (r->out_lock < 0) mk = r->out_lock;
   }
-  double now = ty_mono_s();
+  char(*log_paths)[2300] = xcalloc((size_t)r->world, sizeof *log_paths);
+  const char **log_ptrs = xcalloc((size_t)r->world, sizeof *log_ptrs);
+  int *gpus = xcalloc((size_t)r->world, sizeof *gpus);
   for (int i = 0; i < r->world; i++) {
-    char log_path[2300], msg[2600];
-    snprintf(log_path, sizeof log_path, "%s/rank-%d.log", dir, i);
+    snprintf(log_paths[i], sizeof log_paths[i], "%s/rank-%d.log", dir, i);
+    log_ptrs[i] = log_paths[i];
+    gpus[i] = r->ranks[i].gpu;
+  }
+  char msg[2600];
+  int started = 0, rc = mk;
+  if (mk) {
+    snprintf(msg, sizeof msg, "%s", mkerr);
+  } else {
     line_ctx_t *lc = xcalloc(1, sizeof *lc);
     lc->svc = s->svc;
     snprintf(lc->id, sizeof lc->id, "%s", j->id);
     snprintf(lc->token, sizeof lc->token, "%s", j->token);
-    dispatch_spec_t sp = {s->worker, spec_path, j->id,    attempt,           i,
-                          r->world,  rdv,       url,      j->token,          r->ranks[i].gpu,
-                          log_path,  s->cfg->log_max,     on_report_line,    lc,
-                          s->cfg->gpu_mem_limit_mib, heartbeat_ms(s->cfg)};
-    if (mk) free(lc);
-    int rc = mk ? TY_EUNAVAILABLE : dispatch_start(&sp, &r->ranks[i].proc, msg, sizeof msg);
-    if (mk) snprintf(msg, sizeof msg, "%s", mkerr);
-    if (rc) {
-      char reason[2700];
-      snprintf(reason, sizeof reason, "cannot start rank %d: %s", i, msg);
-      fail_attempt(s, r, reason);
-      return 0;
-    }
+    dispatch_attempt_t a = {.worker = s->worker,
+                            .spec_path = spec_path,
+                            .job_id = j->id,
+                            .attempt = attempt,
+                            .world_size = r->world,
+                            .rendezvous = rdv,
+                            .report_url = url,
+                            .token = j->token,
+                            .gpus = gpus,
+                            .log_paths = log_ptrs,
+                            .log_max = s->cfg->log_max,
+                            .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
+                            .heartbeat_ms = heartbeat_ms(s->cfg),
+                            .on_line = on_report_line,
+                            .line_ctx = lc};
+    rc = s->disp->ops->start(s->disp, &a, &r->drun, &started, msg, sizeof msg);
+  }
+  double now = ty_mono_s();
+  for (int i = 0; i < started; i++) {
     srank_t *k = &r->ranks[i];
     k->started = true;
     k->last_report = k->last_progress = now;
-    snprintf(k->phase, sizeof k->phase, "starting");
-    svc_rank_spawned(s->svc, j->id, attempt, i, k->proc.pid, k->proc.start_ticks, log_path);
+    report_wire_init(&k->last);
+    int pid;
+    int64_t ticks;
+    s->disp->ops->where(r->drun, i, &pid, &ticks);
+    svc_rank_spawned(s->svc, j->id, attempt, i, pid, ticks, log_paths[i]);
   }
+  if (rc) {
+    char reason[2700];
+    snprintf(reason, sizeof reason, "cannot start rank %d: %s", started, msg);
+    fail_attempt(s, r, reason);
+  }
+  free(log_paths);
+  free(log_ptrs);
+  free(gpus);
   return 0;
 }
 
@@ -476,8 +496,8 @@ static bool step_run(sched_t *s, run_t *r, double now) {
         fail_attempt(s, r, why);
       } else if (now - k->last_progress > s->cfg->progress_timeout) {
         snprintf(why, sizeof why,
-                 "rank %d made no progress for %.1f s (phase %s, step %lld; progress_timeout)",
-                 i, now - k->last_progress, k->phase, (long long)k->step);
+                 "rank %d made no progress for %.1f s (phase %s, step %lld; progress_timeout)", i,
+                 now - k->last_progress, report_phase_name(k->last.phase), (long long)k->last.step);
         fail_attempt(s, r, why);
       }
     }
@@ -487,7 +507,7 @@ static bool step_run(sched_t *s, run_t *r, double now) {
     for (int i = 0; i < r->world; i++)
       if (r->ranks[i].started && !r->ranks[i].exited) {
         ty_warn("job %s rank %d ignored SIGTERM for %.1f s: SIGKILL", r->id, i, s->cfg->grace);
-        dispatch_signal(r->ranks[i].proc.pid, r->ranks[i].proc.start_ticks, SIGKILL);
+        s->disp->ops->signal(r->drun, i, SIGKILL);
       }
   }
   if (live) return false;
@@ -497,10 +517,8 @@ static bool step_run(sched_t *s, run_t *r, double now) {
     r->decided = true;
     svc_transition(s->svc, r->id, DB_MASK_ACTIVE, DB_JOB_SUCCEEDED, why, NULL, NULL);
   }
-  /* Stragglers a rank left in its group get the same end. */
-  for (int i = 0; i < r->world; i++)
-    if (r->ranks[i].started && dispatch_group_alive(r->ranks[i].proc.pid))
-      killpg(r->ranks[i].proc.pid, SIGKILL);
+  /* Stragglers a rank left behind get the same end. */
+  if (r->drun) s->disp->ops->clear(r->drun);
   return true;
 }
 
@@ -547,8 +565,8 @@ static void tick(sched_t *s) {
     s->ending = ended; /* still this job's run for sched_has_run */
     pthread_mutex_unlock(&s->lock);
     for (run_t *r = ended; r; r = r->next) {
-      for (int i = 0; i < r->world; i++)
-        if (r->ranks[i].started) dispatch_release(&r->ranks[i].proc);
+      s->disp->ops->release(r->drun);
+      r->drun = NULL;
       /* Ranks unlink the segment once all have joined; one that died
        * before that leaves it, so the attempt's end removes it. */
       if (!r->gpu) ty_shm_remove(r->rdv);

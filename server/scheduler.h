@@ -1,5 +1,6 @@
 /* scheduler.h - the FIFO queue over this host's rank slots and the life of
- * every attempt: start its ranks (server/dispatch.c), watch them (exit
+ * every attempt: start its ranks (through a dispatcher,
+ * server/dispatcher.h), watch them (exit
  * status, heartbeats, a step that stops advancing), stop them (SIGTERM,
  * then SIGKILL after the grace period) and report the outcome through the
  * service's state changes. One thread; every other entry point only queues
@@ -10,16 +11,19 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "api/report_wire.h"
 #include "db/db.h"
 #include "server/config.h"
 
 typedef struct svc svc_t;
 typedef struct sched sched_t;
+typedef struct dispatcher dispatcher_t;
 
 /* report_url_base: "http://127.0.0.1:8080" (the ranks append
- * /v1/internal/jobs/<id>/report). cfg and svc are borrowed. */
-int sched_create(svc_t *svc, const srv_config_t *cfg, const char *report_url_base,
-                 sched_t **out, char *msg, size_t msgsz);
+ * /v1/internal/jobs/<id>/report). cfg, svc and disp (the engine that runs
+ * the ranks) are borrowed. */
+int sched_create(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp,
+                 const char *report_url_base, sched_t **out, char *msg, size_t msgsz);
 int sched_start(sched_t *s);
 /* Stops every running attempt (their jobs are requeued or failed, with the
  * reason), waits for the ranks and joins the thread. */
@@ -30,9 +34,9 @@ void sched_free(sched_t *s);
 void sched_wake(sched_t *s);
 /* A job's state became cancelled: stop its ranks, if any. */
 void sched_cancel(sched_t *s, const char *id);
-/* A rank reported: a heartbeat, and progress when the phase, step or bytes
- * loaded changed. */
-void sched_note_report(sched_t *s, const char *id, const db_report_t *r);
+/* A rank reported: a heartbeat, and progress when report_wire_progressed
+ * says so (the phase, step or bytes loaded changed). */
+void sched_note_report(sched_t *s, const char *id, const report_wire_t *r);
 
 /* Slots: whether a job of world_size ranks on device ("cpu"/"cuda") could
  * ever run here; 0, or TY_EINVAL with msg saying why. */

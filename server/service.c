@@ -16,12 +16,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "api/report_wire.h"
 #include "common/beneath.h"
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/json_util.h"
 #include "common/log.h"
-#include "common/numbers.h"
+#include "common/rankenv.h"
 #include "common/xalloc.h"
 #include "server/gpu_info.h"
 #include "server/health.h"
@@ -117,9 +118,7 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   /* Jobs' files are reached only from handles on these roots, here and in
    * the ranks (common/beneath.h); a root made later counts after a restart. */
   long walk = 0;
-  int brc = ty_env_long("TRAINYARD_BENEATH_WALK", 0, 1,
-                        "1 opens files inside the roots by the O_NOFOLLOW walk, not openat2", &walk,
-                        msg, msgsz);
+  int brc = rankenv_long(RANKENV_BENEATH_WALK, &walk, msg, msgsz);
   if (!brc) brc = ty_beneath_set_roots(cfg->roots, cfg->output_roots, true, msg, msgsz);
   if (brc) {
     svc_close(s);
@@ -607,66 +606,20 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
   return 0;
 }
 
-/* Fills a report from JSON, adding one error per bad field. */
-static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs) {
+/* Parses a report (api/report_wire.h) into *w, and *r as the database
+ * keeps it, adding one error per bad field. */
+static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
+                             ty_errlist_t *errs) {
   memset(r, 0, sizeof *r);
-  r->loss = NAN;
-  if (!json_is_object(o)) {
-    ty_errlist_add(errs, "", "a report is one JSON object (DESIGN.md \"Worker contract\")");
-    return;
-  }
-  struct {
-    const char *key;
-    int64_t *dst;
-    bool required;
-  } ints[] = {{"step", &r->step, false},           {"total_steps", &r->total_steps, false},
-              {"bytes_loaded", &r->bytes_loaded, false}, {"bytes_total", &r->bytes_total, false},
-              {"host_peak_bytes", &r->host_peak_bytes, false},
-              {"device_peak_bytes", &r->device_peak_bytes, false}};
-  for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-    json_t *v = json_object_get(o, ints[i].key);
-    if (!v || json_is_null(v)) continue;
-    if (!json_is_integer(v) || json_integer_value(v) < 0)
-      ty_errlist_add(errs, ints[i].key, "must be a non-negative integer");
-    else
-      *ints[i].dst = json_integer_value(v);
-  }
-  struct {
-    const char *key;
-    int *dst;
-  } small[] = {{"attempt", &r->attempt}, {"rank", &r->rank}, {"world_size", &r->world_size}};
-  for (size_t i = 0; i < 3; i++) {
-    json_t *v = json_object_get(o, small[i].key);
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) > 1000000)
-      ty_errlist_add(errs, small[i].key, "required, a non-negative integer");
-    else
-      *small[i].dst = (int)json_integer_value(v);
-  }
-  struct {
-    const char *key;
-    double *dst;
-  } reals[] = {{"loss", &r->loss}, {"tokens_per_s", &r->tokens_per_s},
-               {"load_seconds", &r->load_seconds}};
-  for (size_t i = 0; i < 3; i++) {
-    json_t *v = json_object_get(o, reals[i].key);
-    if (!v || json_is_null(v)) continue;
-    if (!json_is_number(v))
-      ty_errlist_add(errs, reals[i].key, "must be a number or null");
-    else
-      *reals[i].dst = json_number_value(v);
-  }
-  static const char *const phases[] = {"starting", "loading", "training", "saving", "done",
-                                       "failed"};
-  const char *ph = json_string_value(json_object_get(o, "phase"));
-  bool ok = false;
-  for (size_t i = 0; ph && i < 6; i++) ok |= !strcmp(ph, phases[i]);
-  if (!ok)
-    ty_errlist_add(errs, "phase",
-                   "required, one of starting, loading, training, saving, done, failed");
-  else
-    snprintf(r->phase, sizeof r->phase, "%s", ph);
-  const char *m = json_string_value(json_object_get(o, "message"));
-  if (m) snprintf(r->message, sizeof r->message, "%s", m);
+  if (report_wire_parse(o, w, errs)) return;
+  r->attempt = w->attempt, r->rank = w->rank, r->world_size = w->world_size;
+  snprintf(r->phase, sizeof r->phase, "%s", report_phase_name(w->phase));
+  r->step = w->step, r->total_steps = w->total_steps;
+  r->loss = w->loss, r->tokens_per_s = w->tokens_per_s;
+  r->bytes_loaded = w->bytes_loaded, r->bytes_total = w->bytes_total;
+  r->host_peak_bytes = w->host_peak_bytes, r->device_peak_bytes = w->device_peak_bytes;
+  r->load_seconds = w->load_seconds;
+  snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
 }
 
 /* Constant-time string comparison, so the token cannot be guessed by
@@ -684,13 +637,14 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
   int rc = db_job_brief(s->db, id, &jb);
   if (rc == TY_ENOTFOUND || (rc == 0 && (!token || !token_equal(token, j->token)))) {
     /* Unknown job or wrong token: the same answer, so ids cannot be probed. */
-    set_msg(msg, msgsz, "a report needs the job's own token (TRAINYARD_TOKEN)");
+    set_msg(msg, msgsz, "a report needs the job's own token (%s)", rankenv_name(RANKENV_TOKEN));
     rc = TY_EUNAUTHENTICATED;
     goto out;
   }
   if (rc) goto out;
   db_report_t r;
-  report_from_json(report, &r, errs);
+  report_wire_t w;
+  report_from_json(report, &w, &r, errs);
   if (errs->len) {
     set_msg(msg, msgsz, "malformed report (see details)");
     rc = TY_EINVAL;
@@ -713,7 +667,7 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     set_msg(msg, msgsz, "rank %d of attempt %d has already finished", r.rank, r.attempt);
   }
   if (rc) goto out;
-  if (s->sched) sched_note_report(s->sched, id, &r);
+  if (s->sched) sched_note_report(s->sched, id, &w);
   if (j->state == DB_JOB_STARTING && strcmp(r.phase, "starting")) {
     char why[64];
     snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);

@@ -11,6 +11,7 @@
 
 #include "api/errors.h"
 #include "common/numbers.h"
+#include "common/rankenv.h"
 #include "common/xalloc.h"
 #include "worker/comm_impl.h"
 
@@ -32,8 +33,7 @@ size_t comm_displ(const size_t *counts, int r) {
 
 static int timeout_from_env(int *out, char *err, size_t errlen) {
   long v = COMM_TIMEOUT_MS_DEFAULT;
-  int rc = ty_env_long("TRAINYARD_COMM_TIMEOUT_MS", 1, 24L * 3600 * 1000,
-                       "milliseconds a collective waits for a late peer", &v, err, errlen);
+  int rc = rankenv_long(RANKENV_COMM_TIMEOUT_MS, &v, err, errlen);
   if (rc) return rc;
   *out = (int)v;
   return 0;
@@ -102,17 +102,14 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
 int comm_open_env(comm_t **out, char *err, size_t errlen) {
   long rank = 0, world = 1;
   *out = NULL;
-  int rc = ty_env_long("TRAINYARD_WORLD_SIZE", 1, 65536, "the job's ranks", &world, err, errlen);
-  if (!rc)
-    rc = ty_env_long("TRAINYARD_RANK", 0, world - 1, "this process's rank", &rank, err, errlen);
+  int rc = rankenv_long(RANKENV_WORLD_SIZE, &world, err, errlen);
+  if (!rc) rc = rankenv_long_in(RANKENV_RANK, 0, world - 1, &rank, err, errlen);
   if (rc) return rc;
-  const char *rdv = getenv("TRAINYARD_RENDEZVOUS");
-  if (!rdv || !*rdv) {
+  const char *rdv = rankenv_str(RANKENV_RENDEZVOUS);
+  if (!rdv) {
     if (world != 1) {
-      ty_errf(err, errlen, 0,
-              "TRAINYARD_RENDEZVOUS is unset but TRAINYARD_WORLD_SIZE is %ld "
-              "(set it to shm:<name> for CPU ranks)",
-              world);
+      ty_errf(err, errlen, 0, "%s is unset but %s is %ld (set it to shm:<name> for CPU ranks)",
+              rankenv_name(RANKENV_RENDEZVOUS), rankenv_name(RANKENV_WORLD_SIZE), world);
       *out = NULL;
       return TY_EINVAL;
     }

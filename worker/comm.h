@@ -8,7 +8,7 @@
  *                CPU ranks on several hosts, over Gloo's TCP transport;
  *                the ranks exchange addresses through files in <dir>, which
  *                every rank must see (a shared file system). Each listens on
- *                TRAINYARD_GLOO_HOST (unset: the machine's hostname). Sums
+ *                RANKENV_GLOO_HOST (unset: the machine's hostname). Sums
  *                are made as shm makes them, so results are bitwise equal.
  *                Only where trainyard was built with Gloo.
  *   nccl:file:<path>
@@ -35,7 +35,7 @@
  *   TY_EABORTED   a peer died or left (shm sees it within ~0.1 s)
  *   TY_EDEADLINE  a live peer did not arrive within the timeout
  * After a failure the communicator is broken: every later call returns the
- * same code at once; close it. The timeout is TRAINYARD_COMM_TIMEOUT_MS
+ * same code at once; close it. The timeout is RANKENV_COMM_TIMEOUT_MS
  * (default 300000 ms; it also bounds the rendezvous).
  *
  * Not thread-safe: one thread drives a communicator. With shm that thread
@@ -60,9 +60,9 @@ typedef struct comm comm_t;
 int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, char *err,
               size_t errlen);
 
-/* The same, from the worker contract's environment: TRAINYARD_RENDEZVOUS
- * (default "self" when TRAINYARD_WORLD_SIZE is unset or 1), TRAINYARD_RANK,
- * TRAINYARD_WORLD_SIZE. */
+/* The same, from the worker contract's environment: RANKENV_RENDEZVOUS
+ * (default "self" when RANKENV_WORLD_SIZE is unset or 1), RANKENV_RANK,
+ * RANKENV_WORLD_SIZE. */
 int comm_open_env(comm_t **out, char *err, size_t errlen);
 
 /* Leaves the job and frees the communicator; accepts NULL. With shm, the

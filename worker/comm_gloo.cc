@@ -6,7 +6,7 @@
  *
  * Rendezvous "gloo:file:<dir>": the ranks exchange their TCP addresses
  * through Gloo's FileStore in <dir>, a folder every rank sees (a shared
- * file system across nodes). Each rank listens on TRAINYARD_GLOO_HOST (a
+ * file system across nodes). Each rank listens on RANKENV_GLOO_HOST (a
  * name or address of this node; unset: this machine's hostname).
  *
  * The collectives are written on Gloo's point-to-point transport (unbound
@@ -49,6 +49,7 @@
 
 extern "C" {
 #include "api/errors.h"
+#include "common/rankenv.h"
 #include "worker/comm_impl.h"
 }
 
@@ -106,8 +107,8 @@ int fail_from(comm_t *c, const char *op, const std::exception &e) {
   if (blame < 0) blame = first_missing(c);
   if (late) {
     return comm_fail(c, TY_EDEADLINE, blame,
-                     "gloo %s: rank %d did not arrive within %d ms (TRAINYARD_COMM_TIMEOUT_MS; %s)",
-                     op, blame, c->timeout_ms, what);
+                     "gloo %s: rank %d did not arrive within %d ms (%s; %s)", op, blame,
+                     c->timeout_ms, rankenv_name(RANKENV_COMM_TIMEOUT_MS), what);
   }
   return comm_fail(c, TY_EABORTED, blame, "gloo %s: rank %d is gone (%s)", op, blame, what);
 }
@@ -342,7 +343,7 @@ extern "C" int comm_gloo_open(comm_t *c, const char *arg, char *err, size_t errl
    * collective. Ignored here unless the program handles it itself. */
   struct sigaction old;
   if (sigaction(SIGPIPE, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) signal(SIGPIPE, SIG_IGN);
-  const char *host = std::getenv("TRAINYARD_GLOO_HOST");
+  const char *host = rankenv_str(RANKENV_GLOO_HOST);
   auto *s = new gloo_state();
   s->done.assign((size_t)c->world, false);
   s->sent.assign((size_t)c->world, true);
@@ -377,9 +378,10 @@ extern "C" int comm_gloo_open(comm_t *c, const char *arg, char *err, size_t errl
     int late = std::strstr(what, "Timed out") || std::strstr(what, "timed out") ||
                std::strstr(what, "Wait timeout");
     return ty_errf(err, errlen, late ? TY_EDEADLINE : TY_EUNAVAILABLE,
-                   "gloo rendezvous in '%s' as rank %d of %d%s%s: %s%s", dir.c_str(), c->rank,
+                   "gloo rendezvous in '%s' as rank %d of %d%s%s: %s%s%s%s", dir.c_str(), c->rank,
                    c->world, host && *host ? " on " : "", host && *host ? host : "", what,
-                   late ? " (not every rank joined within TRAINYARD_COMM_TIMEOUT_MS)" : "");
+                   late ? " (not every rank joined within " : "",
+                   late ? rankenv_name(RANKENV_COMM_TIMEOUT_MS) : "", late ? ")" : "");
   }
   c->impl = s;
   c->ops = &gloo_ops;

@@ -39,7 +39,7 @@ struct comm {
   int rank, world;
   int broken;      /* 0, or the TY_E* code every later call returns */
   int failed_rank; /* the rank a failure was blamed on, or -1 */
-  int timeout_ms;  /* TRAINYARD_COMM_TIMEOUT_MS */
+  int timeout_ms;  /* RANKENV_COMM_TIMEOUT_MS */
   char err[512];
   void *impl; /* the backend's state */
 };

@@ -6,7 +6,7 @@
  * A blocking collective's stream first waits for the work queued on the
  * compute (legacy) stream, whose results it reads. The communicator is
  * non-blocking, and each collective waits for its stream by polling, so a
- * dead or stuck peer turns into TY_EDEADLINE after TRAINYARD_COMM_TIMEOUT_MS
+ * dead or stuck peer turns into TY_EDEADLINE after RANKENV_COMM_TIMEOUT_MS
  * (the communicator is then aborted) or into TY_EABORTED when NCCL reports
  * the failure itself; NCCL cannot say which peer it was, so
  * comm_failed_rank() is -1. Uneven all_gather and reduce_scatter are

@@ -25,7 +25,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
-#include "common/numbers.h"
+#include "common/rankenv.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
 
@@ -60,7 +60,7 @@ static void sleep_ms(int ms) {
   nanosleep(&ts, NULL);
 }
 
-/* Per-rank half size: TRAINYARD_COMM_SHM_CHUNK_KB, else 4 MiB bounded so
+/* Per-rank half size: RANKENV_COMM_SHM_CHUNK_KB, else 4 MiB bounded so
  * the whole data area stays near 64 MiB however many ranks there are
  * (2 halves x world x half). Rank 0 decides; the others read the header. */
 static int half_bytes_for(int world, size_t *out, char *err, size_t errlen) {
@@ -69,8 +69,7 @@ static int half_bytes_for(int world, size_t *out, char *err, size_t errlen) {
   if (half > ((size_t)4 << 20)) half = (size_t)4 << 20;
   if (half < ((size_t)256 << 10)) half = (size_t)256 << 10;
   long kb = -1;
-  if (ty_env_long("TRAINYARD_COMM_SHM_CHUNK_KB", 4, 1L << 20,
-                  "KiB of shared memory per rank and chunk of a collective", &kb, err, errlen))
+  if (rankenv_long(RANKENV_COMM_SHM_CHUNK_KB, &kb, err, errlen))
     return TY_EINVAL; /* spelled out so the compiler sees *out is set whenever 0 returns */
   if (kb > 0) half = (size_t)kb << 10;
   half &= ~(size_t)4095;
@@ -115,9 +114,8 @@ static int create_segment(comm_t *c, shm_t *s, char *err, size_t errlen) {
   int e = ftruncate(fd, (off_t)size) ? errno : posix_fallocate(fd, 0, (off_t)size);
   if (e) {
     ty_errf(err, errlen, 0,
-            "cannot size /dev/shm%s to %zu KiB: %s (free space in /dev/shm, or lower "
-            "TRAINYARD_COMM_SHM_CHUNK_KB)",
-            s->path, size >> 10, strerror(e));
+            "cannot size /dev/shm%s to %zu KiB: %s (free space in /dev/shm, or lower %s)", s->path,
+            size >> 10, strerror(e), rankenv_name(RANKENV_COMM_SHM_CHUNK_KB));
     close(fd);
     shm_unlink(s->path);
     return TY_EEXHAUSTED;
@@ -169,8 +167,8 @@ static int attach_segment(comm_t *c, shm_t *s, long long deadline, char *err, si
         if (h->version != SHM_VERSION || h->world != c->world || h->size != (uint64_t)st.st_size) {
           ty_errf(err, errlen, 0,
                   "/dev/shm%s was made for %d ranks (version %u), this rank expects %d: every "
-                  "rank must get the same TRAINYARD_WORLD_SIZE",
-                  s->path, h->world, h->version, c->world);
+                  "rank must get the same %s",
+                  s->path, h->world, h->version, c->world, rankenv_name(RANKENV_WORLD_SIZE));
           munmap(base, (size_t)st.st_size);
           return TY_EINVAL;
         }
@@ -225,8 +223,8 @@ static int fail_from_header(comm_t *c, shm_t *s) {
     case SHM_FAIL_TIMEOUT:
       return comm_fail(c, TY_EDEADLINE, r,
                        "rank %d did not reach %s within %d ms (stuck or "
-                       "slow: TRAINYARD_COMM_TIMEOUT_MS raises the limit)",
-                       r, op, c->timeout_ms);
+                       "slow: %s raises the limit)",
+                       r, op, c->timeout_ms, rankenv_name(RANKENV_COMM_TIMEOUT_MS));
     case SHM_FAIL_MISMATCH:
       return comm_fail(c, TY_EINVAL, r,
                        "rank %d called a different collective than this "
@@ -335,8 +333,8 @@ static int join(comm_t *c, shm_t *s, long long deadline, char *err, size_t errle
   shm_rank_t *me = &s->ranks[c->rank];
   if (atomic_load(&me->state) != SHM_ABSENT) {
     return ty_errf(err, errlen, TY_EINVAL,
-                   "rank %d joined /dev/shm%s twice: two processes got TRAINYARD_RANK=%d", c->rank,
-                   s->path, c->rank);
+                   "rank %d joined /dev/shm%s twice: two processes got %s=%d", c->rank, s->path,
+                   rankenv_name(RANKENV_RANK), c->rank);
   }
   int e = pthread_mutex_lock(&me->alive);
   if (e == EOWNERDEAD) {

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include "common/numbers.h"
+#include "common/rankenv.h"
 
 #define POOL_MAX 256
 
@@ -52,9 +52,7 @@ static void *pool_main(void *arg) {
 
 int pool_threads_env(long *n, char *err, size_t errlen) {
   *n = 0;
-  return ty_env_long("TRAINYARD_THREADS", 1, POOL_MAX,
-                     "threads for the CPU kernels; unset: one per CPU this process may use", n, err,
-                     errlen);
+  return rankenv_long_in(RANKENV_THREADS, 1, POOL_MAX, n, err, errlen);
 }
 
 /* A forked child has none of its parent's threads: it starts its own

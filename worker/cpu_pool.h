@@ -18,11 +18,11 @@
 typedef void (*pool_fn)(void *ctx, size_t begin, size_t end);
 void pool_for(size_t n, size_t min_per_thread, pool_fn fn, void *ctx);
 
-/* Threads the pool uses: TRAINYARD_THREADS from the environment if set
+/* Threads the pool uses: RANKENV_THREADS from the environment if set
  * (1..256), else the CPUs this process may run on. */
 int pool_threads(void);
 
-/* TRAINYARD_THREADS in *n, 0 when unset; TY_EINVAL naming it when it is not
+/* RANKENV_THREADS in *n, 0 when unset; TY_EINVAL naming it when it is not
  * a whole number in 1..256 (the pool would then take its default, so the
  * worker refuses such a value before it starts). */
 int pool_threads_env(long *n, char *err, size_t errlen);

@@ -13,16 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "api/errors.h"
+#include "api/report_wire.h"
 #include "common/clock.h"
+#include "common/rankenv.h"
+#include "common/rankproc.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "worker/comm.h"
@@ -38,7 +37,8 @@ typedef struct {
   char *buf[2]; /* partial lines, LAUNCH_LINE_MAX + 1 bytes each */
   size_t len[2];
   long long last_progress_ms; /* start, or the last report that moved */
-  char last_where[200];       /* "phase/step/bytes_loaded" of that report */
+  report_wire_t last;         /* that report, once has_last */
+  bool has_last;
   char failed_msg[400];       /* message of its last "failed" report */
   char last_err[200];         /* its last stderr line */
 } rank_t;
@@ -62,89 +62,31 @@ static void set_reason(launch_result_t *res, const char *fmt, ...) {
   va_end(ap);
 }
 
-static int is_contract_var(const char *kv) {
-  static const char *names[] = {
-      "SPEC=",       "MODE=",       "JOB_ID=", "ATTEMPT=",    "RANK=",       "WORLD_SIZE=",
-      "RENDEZVOUS=", "REPORT_URL=", "TOKEN=",  "READ_ROOTS=", "WRITE_ROOTS="};
-  if (strncmp(kv, "TRAINYARD_", 10)) return 0;
-  for (size_t i = 0; i < sizeof names / sizeof *names; i++)
-    if (!strncmp(kv + 10, names[i], strlen(names[i]))) return 1;
-  return 0;
-}
-
-static char *fmt_kv(const char *name, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static char *fmt_kv(const char *name, const char *fmt, ...) {
-  char val[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(val, sizeof val, fmt, ap);
-  va_end(ap);
-  size_t n = strlen(name) + strlen(val) + 2;
-  char *s = xmalloc(n);
-  snprintf(s, n, "%s=%s", name, val);
-  return s;
-}
-
 /* The environment of rank `rank`: the caller's, less the contract's own
  * variables, plus the contract and opts->env. Returns a NULL-terminated
- * array whose strings the caller frees (free_env). */
+ * array for rankenv_envp_free. */
 static char **build_env(const launch_opts_t *o, const launch_result_t *res, int attempt,
                         const char *rdv, int rank) {
-  size_t n = 0, extra = 0;
-  while (environ[n]) n++;
-  while (o->env && o->env[extra]) extra++;
-  char **env = xcalloc(n + extra + 16, sizeof(char *));
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++)
-    if (!is_contract_var(environ[i])) env[k++] = xstrdup(environ[i]);
-  if (o->spec_path) env[k++] = fmt_kv("TRAINYARD_SPEC", "%s", o->spec_path);
-  if (o->mode) env[k++] = fmt_kv("TRAINYARD_MODE", "%s", o->mode);
-  env[k++] = fmt_kv("TRAINYARD_JOB_ID", "%s", res->job_id);
-  env[k++] = fmt_kv("TRAINYARD_ATTEMPT", "%d", attempt);
-  env[k++] = fmt_kv("TRAINYARD_RANK", "%d", rank);
-  env[k++] = fmt_kv("TRAINYARD_WORLD_SIZE", "%d", o->world_size);
-  env[k++] = fmt_kv("TRAINYARD_RENDEZVOUS", "%s", rdv);
-  if (o->report_url) env[k++] = fmt_kv("TRAINYARD_REPORT_URL", "%s", o->report_url);
-  if (o->token) env[k++] = fmt_kv("TRAINYARD_TOKEN", "%s", o->token);
-  if (o->read_roots) env[k++] = fmt_kv("TRAINYARD_READ_ROOTS", "%s", o->read_roots);
-  if (o->write_roots) env[k++] = fmt_kv("TRAINYARD_WRITE_ROOTS", "%s", o->write_roots);
-  for (size_t i = 0; i < extra; i++) env[k++] = xstrdup(o->env[i]);
-  env[k] = NULL;
+  rankenv_t e = {0};
+  rankenv_set(&e, RANKENV_SPEC, o->spec_path);
+  rankenv_set(&e, RANKENV_MODE, o->mode);
+  rankenv_set(&e, RANKENV_JOB_ID, res->job_id);
+  rankenv_set_long(&e, RANKENV_ATTEMPT, attempt);
+  rankenv_set_long(&e, RANKENV_RANK, rank);
+  rankenv_set_long(&e, RANKENV_WORLD_SIZE, o->world_size);
+  rankenv_set(&e, RANKENV_RENDEZVOUS, rdv);
+  rankenv_set(&e, RANKENV_REPORT_URL, o->report_url);
+  rankenv_set(&e, RANKENV_TOKEN, o->token);
+  rankenv_set(&e, RANKENV_READ_ROOTS, o->read_roots);
+  rankenv_set(&e, RANKENV_WRITE_ROOTS, o->write_roots);
+  char **env = rankenv_envp(&e, environ, RANKENV_INHERIT_TUNING, NULL, o->env);
+  rankenv_clear(&e);
   return env;
-}
-
-static void free_env(char **env) {
-  if (!env) return;
-  for (char **p = env; *p; p++) free(*p);
-  free(env);
-}
-
-/* In the child between fork and exec: async-signal-safe calls only. */
-static _Noreturn void exec_rank(const launch_opts_t *o, char **argv, char **env, pid_t parent,
-                                int devnull, int out_w, int err_w, const char *fail_msg) {
-  setpgid(0, 0);
-  prctl(PR_SET_PDEATHSIG, SIGKILL);
-  if (getppid() != parent) _exit(127); /* the launcher died before prctl */
-  dup2(devnull, 0);
-  dup2(out_w, 1);
-  dup2(err_w, 2);
-  struct sigaction dfl;
-  memset(&dfl, 0, sizeof dfl);
-  dfl.sa_handler = SIG_DFL;
-  static const int sigs[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGPIPE, SIGCHLD};
-  for (size_t i = 0; i < sizeof sigs / sizeof *sigs; i++) sigaction(sigs[i], &dfl, NULL);
-  sigset_t none;
-  sigemptyset(&none);
-  sigprocmask(SIG_SETMASK, &none, NULL);
-  execve(o->worker, argv, env);
-  ssize_t w = write(2, fail_msg, strlen(fail_msg));
-  (void)w;
-  _exit(127);
 }
 
 static void signal_all(launch_t *L, int sig) {
   for (int r = 0; r < L->world; r++)
-    if (L->ranks[r].pid > 0) kill(-L->ranks[r].pgid, sig);
+    if (L->ranks[r].pid > 0) rankproc_signal(L->ranks[r].pgid, 0, sig);
 }
 
 /* Starts stopping every rank: `sig` now, SIGKILL after the grace period. */
@@ -155,29 +97,20 @@ static void stop_all(launch_t *L, int sig) {
   signal_all(L, sig);
 }
 
-/* A report on stdout: remembers a failed report's message (the rank's
- * reason if it then fails), and counts as progress when its phase, step or
- * bytes_loaded differ from the rank's previous report (a heartbeat that
- * repeats them does not). */
+/* A report on stdout (api/report_wire.h): remembers a failed report's
+ * message (the rank's reason if it then fails), and counts as progress when
+ * it moved past the rank's previous report (a heartbeat repeating it does
+ * not). */
 static void take_report(rank_t *k, const char *line) {
-  json_t *j = json_loads(line, 0, NULL);
-  if (!json_is_object(j)) {
-    json_decref(j);
-    return;
-  }
-  const char *phase = json_string_value(json_object_get(j, "phase"));
-  const char *msg = json_string_value(json_object_get(j, "message"));
-  if (phase && !strcmp(phase, "failed") && msg)
-    snprintf(k->failed_msg, sizeof k->failed_msg, "%s", msg);
-  char where[200];
-  snprintf(where, sizeof where, "%s/%lld/%lld", phase ? phase : "",
-           (long long)json_number_value(json_object_get(j, "step")),
-           (long long)json_number_value(json_object_get(j, "bytes_loaded")));
-  if (strcmp(where, k->last_where)) {
-    snprintf(k->last_where, sizeof k->last_where, "%s", where);
+  report_wire_t w;
+  if (!report_wire_parse_line(line, &w)) return;
+  if (w.phase == REPORT_PHASE_FAILED && w.message[0])
+    snprintf(k->failed_msg, sizeof k->failed_msg, "%.*s", (int)sizeof k->failed_msg - 1, w.message);
+  if (!k->has_last || report_wire_progressed(&k->last, &w)) {
+    k->last = w;
+    k->has_last = true;
     k->last_progress_ms = ty_mono_ms();
   }
-  json_decref(j);
 }
 
 static void emit(launch_t *L, int r, int s, const char *line) {
@@ -254,17 +187,6 @@ static void fail_rank(launch_t *L, int r, int status, const char *why) {
   stop_all(L, SIGTERM);
 }
 
-/* LLVM's OpenMP runtime registers each process in /dev/shm
- * (__KMP_REGISTERED_LIB_<pid>[_<uid>]) and removes it only at a clean exit:
- * a rank killed with -9 would leave it behind. */
-static void remove_omp_registration(pid_t pid) {
-  char name[96];
-  snprintf(name, sizeof name, "/__KMP_REGISTERED_LIB_%d_%d", (int)pid, (int)getuid());
-  shm_unlink(name);
-  snprintf(name, sizeof name, "/__KMP_REGISTERED_LIB_%d", (int)pid);
-  shm_unlink(name);
-}
-
 /* Reaps whichever ranks have ended. Of several that failed at once, a rank
  * killed by a signal is blamed before ranks that exited reporting it. */
 static void reap(launch_t *L) {
@@ -273,15 +195,10 @@ static void reap(launch_t *L) {
     rank_t *k = &L->ranks[r];
     if (k->pid <= 0) continue;
     int st;
-    pid_t w = waitpid(k->pid, &st, WNOHANG);
-    if (w < 0 && errno == ECHILD) /* reaped by someone else: status unknown */
-      st = W_EXITCODE(255, 0);
-    else if (w != k->pid)
-      continue;
+    if (!rankproc_reap(k->pid, &st)) continue;
     k->pid = 0;
     L->live--;
-    kill(-k->pgid, SIGKILL); /* whatever it started in its group */
-    remove_omp_registration(k->pgid);
+    rankproc_clear_group(k->pgid); /* whatever it started in its group */
     if (WIFEXITED(st) && WEXITSTATUS(st) == 0) continue;
     drain_rank(L, r);
     if (blame < 0 || (WIFSIGNALED(st) && !WIFSIGNALED(blame_status))) {
@@ -318,7 +235,7 @@ static void check_progress(launch_t *L, long long now) {
                "rank is stuck",
                limit);
       fail_rank(L, r, -1, why);
-      kill(-k->pgid, SIGKILL);
+      rankproc_signal(k->pgid, 0, SIGKILL);
       return;
     }
   }
@@ -383,8 +300,7 @@ static void run_loop(launch_t *L, int sfd) {
 }
 
 /* Forks rank r; returns 0 or an errno. */
-static int start_rank(launch_t *L, int r, char **argv, char **env, int devnull,
-                      const char *fail_msg) {
+static int start_rank(launch_t *L, int r, char **argv, char **env, const char *fail_msg) {
   rank_t *k = &L->ranks[r];
   int out[2], err[2];
   if (pipe2(out, O_CLOEXEC)) return errno;
@@ -394,18 +310,23 @@ static int start_rank(launch_t *L, int r, char **argv, char **env, int devnull,
     close(out[1]);
     return e;
   }
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid == 0) exec_rank(L->o, argv, env, parent, devnull, out[1], err[1], fail_msg);
-  int e = errno;
+  rankproc_spec_t sp = {.program = L->o->worker,
+                        .argv = argv,
+                        .envp = env,
+                        .out_fd = out[1],
+                        .err_fd = err[1],
+                        .die_with_parent = true,
+                        .exec_fail = fail_msg};
+  pid_t pid;
+  int64_t ticks;
+  int e = rankproc_spawn(&sp, &pid, &ticks);
   close(out[1]);
   close(err[1]);
-  if (pid < 0) {
+  if (e) {
     close(out[0]);
     close(err[0]);
     return e;
   }
-  setpgid(pid, pid); /* also in the child: whichever runs first */
   k->pid = k->pgid = pid;
   k->fd[0] = out[0];
   k->fd[1] = err[0];
@@ -491,9 +412,8 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   int chld_changed = chld_old.sa_handler == SIG_IGN || (chld_old.sa_flags & SA_NOCLDWAIT);
   if (chld_changed) sigaction(SIGCHLD, &chld_dfl, NULL);
   int sfd = signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC);
-  int devnull = open("/dev/null", O_RDWR | O_CLOEXEC);
-  if (sfd < 0 || devnull < 0) {
-    set_reason(res, "launcher: %s: %s", sfd < 0 ? "signalfd" : "/dev/null", strerror(errno));
+  if (sfd < 0) {
+    set_reason(res, "launcher: signalfd: %s", strerror(errno));
     rc = TY_EUNAVAILABLE;
   }
   for (int r = 0; r < L.world; r++) {
@@ -503,8 +423,8 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   }
   for (int r = 0; r < L.world && rc == 0; r++) {
     char **env = build_env(o, res, attempt, rdv, r);
-    int e = start_rank(&L, r, argv, env, devnull, fail_msg);
-    free_env(env);
+    int e = start_rank(&L, r, argv, env, fail_msg);
+    rankenv_envp_free(env);
     if (e) {
       set_reason(res, "cannot start rank %d of %d: %s", r, L.world, strerror(e));
       rc = TY_EUNAVAILABLE;
@@ -516,7 +436,6 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
 
   if (is_shm) comm_shm_remove(rdv);
   if (sfd >= 0) close(sfd);
-  if (devnull >= 0) close(devnull);
   if (chld_changed) sigaction(SIGCHLD, &chld_old, NULL);
   pthread_sigmask(SIG_SETMASK, &old, NULL);
   for (int r = 0; r < L.world; r++) {

@@ -4,7 +4,7 @@
  *
  * launch_run() starts world_size processes of `worker`, each in its own
  * process group and with the environment of DESIGN.md's "Worker contract"
- * (TRAINYARD_SPEC, _MODE, _JOB_ID, _ATTEMPT, _RANK, _WORLD_SIZE,
+ * (RANKENV_SPEC, _MODE, _JOB_ID, _ATTEMPT, _RANK, _WORLD_SIZE,
  * _RENDEZVOUS, _REPORT_URL, _TOKEN; the caller's other variables are
  * inherited), hands every line the ranks write on stdout (JSON reports) and
  * stderr (logs) to a callback, and returns when every rank is gone:
@@ -46,14 +46,14 @@ typedef struct {
   const char *worker;      /* path of the trainyard-worker binary (required) */
   const char *const *args; /* arguments after argv[0], NULL-terminated; NULL: none */
   int world_size;          /* ranks, >= 1 */
-  const char *spec_path;   /* TRAINYARD_SPEC; NULL: not set */
-  const char *mode;        /* TRAINYARD_MODE ("train", "load"); NULL: not set */
-  const char *job_id;      /* TRAINYARD_JOB_ID; NULL: made up, "local-<pid>-<ms>" */
-  int attempt;             /* TRAINYARD_ATTEMPT; 0 means 1 */
+  const char *spec_path;   /* RANKENV_SPEC; NULL: not set */
+  const char *mode;        /* RANKENV_MODE ("train", "load"); NULL: not set */
+  const char *job_id;      /* RANKENV_JOB_ID; NULL: made up, "local-<pid>-<ms>" */
+  int attempt;             /* RANKENV_ATTEMPT; 0 means 1 */
   const char *rendezvous;  /* NULL: "self" for one rank, else "shm:<job_id>-<attempt>" */
-  const char *report_url;  /* TRAINYARD_REPORT_URL; NULL: reports on stdout */
-  const char *token;       /* TRAINYARD_TOKEN; NULL: not set */
-  const char *read_roots;  /* TRAINYARD_READ_ROOTS, TRAINYARD_WRITE_ROOTS: the folders the */
+  const char *report_url;  /* RANKENV_REPORT_URL; NULL: reports on stdout */
+  const char *token;       /* RANKENV_TOKEN; NULL: not set */
+  const char *read_roots;  /* RANKENV_READ_ROOTS, RANKENV_WRITE_ROOTS: the folders the */
   const char *write_roots; /* ranks open files in (common/beneath.h); both NULL: anywhere */
   const char *const *env;  /* more "NAME=value" for every rank, NULL-terminated; NULL: none */
   int grace_ms;            /* SIGTERM to SIGKILL; 0: 2000 */

@@ -1,5 +1,5 @@
 /* main.c - trainyard-worker: one rank of a job. What it does comes from its
- * environment (DESIGN.md "Worker contract"); TRAINYARD_MODE picks the work:
+ * environment (DESIGN.md "Worker contract"); RANKENV_MODE picks the work:
  * train (the default) or load. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +8,7 @@
 #include "common/fsfault.h"
 #include "common/beneath.h"
 #include "common/partial.h"
+#include "common/rankenv.h"
 #include "worker/worker_load.h"
 #include "worker/worker_train.h"
 
@@ -29,9 +30,9 @@ int main(int argc, char **argv) {
     fprintf(stderr, "trainyard-worker: %s\n", why);
     return 2;
   }
-  const char *mode = getenv("TRAINYARD_MODE");
+  const char *mode = getenv(rankenv_name(RANKENV_MODE));
   if (mode && !strcmp(mode, "load")) return wload_main();
-  const char *spec = getenv("TRAINYARD_SPEC");
+  const char *spec = getenv(rankenv_name(RANKENV_SPEC));
   if (!spec || !*spec) {
     fprintf(stderr, "trainyard-worker: started without a job (run it through 'trainyard train' "
                     "or trainyardd)\n");
@@ -46,6 +47,7 @@ int main(int argc, char **argv) {
     }
     return worker_train_main(&e);
   }
-  fprintf(stderr, "trainyard-worker: unknown TRAINYARD_MODE '%s' (use train or load)\n", mode);
+  fprintf(stderr, "trainyard-worker: unknown %s '%s' (use train or load)\n",
+          rankenv_name(RANKENV_MODE), mode);
   return 2;
 }

@@ -13,9 +13,7 @@
 #include <cuda_runtime.h>
 
 #include "api/errors.h"
-#include "common/numbers.h"
-
-#define LIMIT_ENV "TRAINYARD_CUDA_MEM_LIMIT_MIB"
+#include "common/rankenv.h"
 
 typedef struct {
   void *p;
@@ -31,9 +29,7 @@ static size_t g_n, g_cap;
 
 static void read_env(void) {
   long mib = 0;
-  if (!ty_env_long(LIMIT_ENV, 0, 1L << 30,
-                   "MiB of device memory this process may take; 0 or unset: no cap", &mib, g_bad,
-                   sizeof g_bad))
+  if (!rankenv_long(RANKENV_CUDA_MEM_LIMIT_MIB, &mib, g_bad, sizeof g_bad))
     g_limit = (size_t)mib << 20;
 }
 
@@ -108,5 +104,5 @@ void mem_cuda_explain(int rc, char *err, size_t errlen) {
   snprintf(err + len, errlen - len,
            "; this process's device memory is capped at %.1f MiB by %s (set by trainyardd's "
            "--gpu-mem-limit-mib for its ranks; raise or unset it)",
-           (double)lim / 1048576.0, LIMIT_ENV);
+           (double)lim / 1048576.0, rankenv_name(RANKENV_CUDA_MEM_LIMIT_MIB));
 }

@@ -1,7 +1,7 @@
 /* mem_cuda.h - the worker's device memory, all taken here: plain cudaMalloc,
  * counted per process, under an optional cap.
  *
- * TRAINYARD_CUDA_MEM_LIMIT_MIB=N caps what this process holds through
+ * RANKENV_CUDA_MEM_LIMIT_MIB=N caps what this process holds through
  * mem_cuda_alloc at N MiB: an allocation past it fails as the device's own
  * out-of-memory does, so that a job runs on a large GPU as it would on one
  * of N MiB (a GPU shared with other work; or planning: which load path,

@@ -13,7 +13,7 @@
 
 #include "api/errors.h"
 #include "api/jobspec.h"
-#include "common/numbers.h"
+#include "common/rankenv.h"
 #include "common/xalloc.h"
 #include "worker/mem_cuda.h"
 
@@ -92,13 +92,11 @@ struct model_cuda {
 
 /* The output head runs over the tokens in chunks of this many rows, so
  * that the (tokens, vocabulary) logits are never whole on the device when
- * they would take more than 256 MiB (TRAINYARD_CUDA_HEAD_ROWS sets the
+ * they would take more than 256 MiB (RANKENV_CUDA_HEAD_ROWS sets the
  * rows); the backward pass then recomputes each chunk's logits. */
 static int head_rows(size_t NA, int V, int *out, char *err, size_t errlen) {
   long hc = (long)(((size_t)256 << 20) / ((size_t)V * sizeof(float)));
-  int rc = ty_env_long("TRAINYARD_CUDA_HEAD_ROWS", 1, 1L << 30,
-                       "tokens per chunk of the output head's logits; unset: what 256 MiB holds",
-                       &hc, err, errlen);
+  int rc = rankenv_long(RANKENV_CUDA_HEAD_ROWS, &hc, err, errlen);
   if ((size_t)hc > NA) hc = (long)NA;
   *out = hc < 1 ? 1 : (int)hc;
   return rc;
@@ -106,14 +104,12 @@ static int head_rows(size_t NA, int V, int *out, char *err, size_t errlen) {
 
 /* A bf16 base runs attention's products on tensor cores (TF32: its
  * linear layers already round their operands to bf16) through a workspace
- * for chunks of scores of at most about 128 MiB (TRAINYARD_CUDA_ATTN_MIB
+ * for chunks of scores of at most about 128 MiB (RANKENV_CUDA_ATTN_MIB
  * sets the bound; 0 keeps attention in fp32 on CUDA cores, as for a
  * float32 base). */
 static int attn_budget(ty_dtype_t wdt, size_t *out, char *err, size_t errlen) {
   long mib = 128;
-  int rc = ty_env_long("TRAINYARD_CUDA_ATTN_MIB", 0, 1L << 20,
-                       "MiB of scores for a bf16 model's tensor-core attention; 0: fp32 attention",
-                       &mib, err, errlen);
+  int rc = rankenv_long(RANKENV_CUDA_ATTN_MIB, &mib, err, errlen);
   *out = wdt == TY_DTYPE_BF16 ? (size_t)mib << 20 : 0;
   return rc;
 }

@@ -22,7 +22,7 @@
  * Attention runs in fp32 on CUDA cores over a float32 base; over a bf16
  * base its products run on tensor cores (TF32, cuda_attention_forward),
  * through a workspace for chunks of scores of at most about 128 MiB, less
- * where a micro-batch's scores all take less (TRAINYARD_CUDA_ATTN_MIB sets
+ * where a micro-batch's scores all take less (RANKENV_CUDA_ATTN_MIB sets
  * the bound, 0 keeps the fp32 kernels; where the device has no room left
  * for it, the model takes the fp32 kernels rather than fail).
  *
@@ -31,7 +31,7 @@
  * log-sum-exp, no (T, T) matrix), the logits of at most 256 MiB worth of
  * tokens (the head runs over the tokens in chunks where all of them would
  * take more, and the backward pass recomputes each chunk's logits;
- * TRAINYARD_CUDA_HEAD_ROWS sets a chunk's tokens),
+ * RANKENV_CUDA_HEAD_ROWS sets a chunk's tokens),
  * plus attention's workspace over a bf16 base,
  * plus, for a sharded base, the slots (each the size of the largest unit),
  * plus, for full training, the base's gradients (and over a shard one
@@ -64,8 +64,8 @@ typedef struct model_cuda model_cuda_t;
  * of L, and the backward pass runs each layer's forward again before its
  * backward. Returns 0, TY_EINVAL
  * (a shard without a comm, a shard of other ranks, a half-precision-f16
- * base, a shape mismatch, a TRAINYARD_CUDA_ATTN_MIB or
- * TRAINYARD_CUDA_HEAD_ROWS that is not a whole number in its range) or
+ * base, a shape mismatch, a RANKENV_CUDA_ATTN_MIB or
+ * RANKENV_CUDA_HEAD_ROWS that is not a whole number in its range) or
  * TY_EEXHAUSTED (device memory), with the
  * reason in err. base, cb, comm and lora are borrowed and must outlive the
  * model. */
@@ -78,7 +78,7 @@ void model_cuda_free(model_cuda_t *m);
  * slots, attention's workspace). */
 size_t model_cuda_bytes(const model_cuda_t *m);
 /* Bytes of attention's tensor-core workspace: 0 where attention runs in
- * fp32 on CUDA cores (a float32 base, TRAINYARD_CUDA_ATTN_MIB=0, or a
+ * fp32 on CUDA cores (a float32 base, RANKENV_CUDA_ATTN_MIB=0, or a
  * device without room for it). */
 size_t model_cuda_attention_bytes(const model_cuda_t *m);
 

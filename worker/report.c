@@ -18,6 +18,7 @@
 #include "api/errors.h"
 #include "common/clock.h"
 #include "common/json_util.h"
+#include "common/rankenv.h"
 
 #define TIMEOUT_MS 3000L
 
@@ -124,15 +125,15 @@ int report_open(const worker_env_t *e) {
   report_close();
   snprintf(g_rep.job_id, sizeof g_rep.job_id, "%s", e->job_id);
   g_rep.attempt = e->attempt, g_rep.rank = e->rank, g_rep.world_size = e->world_size;
-  const char *url = getenv("TRAINYARD_REPORT_URL");
-  if (url && *url) {
+  const char *url = rankenv_str(RANKENV_REPORT_URL);
+  if (url) {
     curl_global_init(CURL_GLOBAL_DEFAULT);
     g_rep.url = strdup(url);
     g_rep.curl = curl_easy_init();
     if (!g_rep.url || !g_rep.curl) return TY_EUNAVAILABLE;
     g_rep.headers = curl_slist_append(NULL, "Content-Type: application/json");
-    const char *tok = getenv("TRAINYARD_TOKEN");
-    if (tok && *tok) {
+    const char *tok = rankenv_str(RANKENV_TOKEN);
+    if (tok) {
       char auth[512];
       snprintf(auth, sizeof auth, "Authorization: Bearer %s", tok);
       g_rep.headers = curl_slist_append(g_rep.headers, auth);
@@ -160,37 +161,37 @@ void report_close(void) {
 }
 
 static json_t *report_json(const report_t *r) {
-  return json_pack(
-      "{s:s, s:i, s:i, s:i, s:s, s:I, s:I, s:o, s:f, s:I, s:I, s:I, s:I, s:f, s:s}", "job_id",
-      g_rep.job_id, "attempt", g_rep.attempt, "rank", g_rep.rank, "world_size",
-      g_rep.world_size, "phase", r->phase ? r->phase : "starting", "step", (json_int_t)r->step,
-      "total_steps", (json_int_t)r->total_steps, "loss",
-      isfinite(r->loss) ? json_real(r->loss) : json_null(), "tokens_per_s",
-      isfinite(r->tokens_per_s) ? r->tokens_per_s : 0.0, "bytes_loaded",
-      (json_int_t)r->bytes_loaded, "bytes_total", (json_int_t)r->bytes_total,
-      "host_peak_bytes", (json_int_t)r->host_peak_bytes, "device_peak_bytes",
-      (json_int_t)r->device_peak_bytes, "load_seconds",
-      isfinite(r->load_seconds) ? r->load_seconds : 0.0, "message",
-      r->message ? r->message : "");
+  report_wire_t w;
+  report_wire_init(&w);
+  snprintf(w.job_id, sizeof w.job_id, "%s", g_rep.job_id);
+  w.attempt = g_rep.attempt, w.rank = g_rep.rank, w.world_size = g_rep.world_size;
+  w.phase = r->phase;
+  w.step = r->step, w.total_steps = r->total_steps;
+  w.loss = r->loss, w.tokens_per_s = r->tokens_per_s;
+  w.bytes_loaded = r->bytes_loaded, w.bytes_total = r->bytes_total;
+  w.host_peak_bytes = r->host_peak_bytes, w.device_peak_bytes = r->device_peak_bytes;
+  w.load_seconds = r->load_seconds;
+  snprintf(w.message, sizeof w.message, "%s", r->message ? r->message : "");
+  return report_wire_json(&w);
 }
 
 /* The line of DESIGN.md "Progress" on stderr. */
 static void human_line(const report_t *r) {
   const double mib = 1024.0 * 1024.0;
-  const char *ph = r->phase ? r->phase : "starting";
+  const char *ph = report_phase_name(r->phase);
   char head[64];
   snprintf(head, sizeof head, "[rank %d/%d]", g_rep.rank, g_rep.world_size);
-  if (!strcmp(ph, "loading") && r->bytes_total > 0)
+  if (r->phase == REPORT_PHASE_LOADING && r->bytes_total > 0)
     fprintf(stderr, "%s load  %.1f/%.1f MiB  host-peak %.0f MiB\n", head, r->bytes_loaded / mib,
             r->bytes_total / mib, r->host_peak_bytes / mib);
-  else if (!strcmp(ph, "loading")) /* before the byte count is known: what it loads */
+  else if (r->phase == REPORT_PHASE_LOADING) /* before the byte count is known: what it loads */
     fprintf(stderr, "%s load  %s  host-peak %.0f MiB\n", head,
             r->message && *r->message ? r->message : "starting", r->host_peak_bytes / mib);
-  else if (!strcmp(ph, "training") && isfinite(r->loss))
+  else if (r->phase == REPORT_PHASE_TRAINING && isfinite(r->loss))
     fprintf(stderr, "%s train step %lld/%lld loss %.3f  %.0f tok/s  host-peak %.0f MiB\n", head,
             (long long)r->step, (long long)r->total_steps, r->loss, r->tokens_per_s,
             r->host_peak_bytes / mib);
-  else if (!strcmp(ph, "training"))
+  else if (r->phase == REPORT_PHASE_TRAINING)
     fprintf(stderr, "%s train step %lld/%lld  %.0f tok/s  host-peak %.0f MiB\n", head,
             (long long)r->step, (long long)r->total_steps, r->tokens_per_s,
             r->host_peak_bytes / mib);

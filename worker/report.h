@@ -1,13 +1,13 @@
 /* report.h - a rank's progress reports (DESIGN.md "Progress" and "Worker
  * contract"). Each report goes as one JSON object by HTTP POST to
- * TRAINYARD_REPORT_URL with "Authorization: Bearer $TRAINYARD_TOKEN", or,
- * when TRAINYARD_REPORT_URL is unset, as one JSON line on stdout; the same
+ * RANKENV_REPORT_URL with "Authorization: Bearer <RANKENV_TOKEN>", or,
+ * when RANKENV_REPORT_URL is unset, as one JSON line on stdout; the same
  * report is also written to stderr as the human-readable line:
  *   [rank 1/2] load  512.0/1024.0 MiB  host-peak 70 MiB
  *   [rank 1/2] train step 40/200 loss 2.314  1530 tok/s  host-peak 212 MiB
  *
  * Sent to a server, the last report is also sent again every
- * TRAINYARD_HEARTBEAT_MS (worker_env_t.heartbeat_ms) while no other report
+ * RANKENV_HEARTBEAT_MS (worker_env_t.heartbeat_ms) while no other report
  * goes, from a thread of the reporter's own: a load or a step longer than
  * the server's heartbeat_timeout is not taken for a dead rank. A repeat is
  * not written to stderr.
@@ -19,14 +19,14 @@
 
 #include <stdint.h>
 
+#include "api/report_wire.h"
 #include "worker/worker_env.h"
 
-/* One report. job_id, attempt, rank and world_size come from the rank
- * given to report_open; phase is one of "starting", "loading",
- * "training", "saving", "done", "failed". loss is NaN while unknown (sent as
- * null). message (may be NULL) says why, for "failed". */
+/* One report, written as api/report_wire.h says. job_id, attempt, rank and
+ * world_size come from the rank given to report_open. loss is NaN while
+ * unknown (sent as null). message (may be NULL) says why, for "failed". */
 typedef struct {
-  const char *phase;
+  report_phase_t phase;
   int64_t step, total_steps;
   double loss;
   double tokens_per_s;
@@ -37,7 +37,7 @@ typedef struct {
 } report_t;
 
 /* Reports as the rank e (worker_env_read's: job id, attempt, rank, world
- * size, heartbeat), to TRAINYARD_REPORT_URL with TRAINYARD_TOKEN from the
+ * size, heartbeat), to RANKENV_REPORT_URL with RANKENV_TOKEN from the
  * environment. Returns 0, or TY_EUNAVAILABLE when libcurl or the heartbeat's
  * thread cannot be set up. Calling it again starts over. */
 int report_open(const worker_env_t *e);

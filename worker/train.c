@@ -238,7 +238,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   if (start > 0) {
     char msg[96];
     snprintf(msg, sizeof msg, "resumed from the checkpoint of step %lld", (long long)start);
-    train_progress_t p = {.phase = "loading",
+    train_progress_t p = {.phase = REPORT_PHASE_LOADING,
                           .step = start,
                           .total_steps = steps,
                           .loss = NAN,
@@ -319,7 +319,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if (step == start) res->first_loss = loss;
     res->last_loss = loss;
     res->steps_done = step + 1;
-    train_progress_t p = {.phase = "training",
+    train_progress_t p = {.phase = REPORT_PHASE_TRAINING,
                           .step = step + 1,
                           .total_steps = steps,
                           .loss = loss,
@@ -340,7 +340,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       char msg[96];
       snprintf(msg, sizeof msg, "checkpoint of step %lld written", (long long)step + 1);
       p.message = msg;
-      p.phase = "saving";
+      p.phase = REPORT_PHASE_SAVING;
       if ((rc = report(a, &p, err, errlen))) goto out;
     }
   }

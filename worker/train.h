@@ -19,6 +19,7 @@
 #include <stdint.h>
 
 #include "api/jobspec.h"
+#include "api/report_wire.h"
 #include "worker/comm.h"
 #include "worker/data.h"
 #include "worker/fsdp.h"
@@ -29,7 +30,7 @@
 /* One report of the loop (the caller turns it into DESIGN.md's progress
  * report and log line). */
 typedef struct {
-  const char *phase; /* "loading" (a checkpoint resumed), "training", "saving" */
+  report_phase_t phase; /* LOADING (a checkpoint resumed), TRAINING, SAVING */
   int64_t step;      /* steps completed */
   int64_t total_steps;
   double loss;         /* mean loss of the last step over the global batch */

@@ -7,26 +7,18 @@
 #include <string.h>
 
 #include "api/errors.h"
-#include "common/numbers.h"
+#include "common/rankenv.h"
 #include "worker/cpu_pool.h"
 
 int worker_env_read(worker_env_t *e, char *err, size_t errlen) {
-  e->spec_path = getenv("TRAINYARD_SPEC");
-  e->job_id = getenv("TRAINYARD_JOB_ID");
-  if (!e->job_id || !*e->job_id) e->job_id = "local";
+  e->spec_path = getenv(rankenv_name(RANKENV_SPEC));
+  e->job_id = rankenv_str(RANKENV_JOB_ID);
+  if (!e->job_id) e->job_id = "local";
   long attempt = 1, world = 1, rank = 0, threads;
-  e->heartbeat_ms = 15000;
-  int rc = ty_env_long("TRAINYARD_ATTEMPT", 1, 1L << 30, "which attempt of the job this is, from 1",
-                       &attempt, err, errlen);
-  if (!rc)
-    rc = ty_env_long("TRAINYARD_WORLD_SIZE", 1, 65536, "the job's ranks", &world, err, errlen);
-  if (!rc)
-    rc = ty_env_long("TRAINYARD_RANK", 0, world - 1, "this process's rank", &rank, err, errlen);
-  if (!rc)
-    rc = ty_env_long("TRAINYARD_HEARTBEAT_MS", 0, 3600000,
-                     "milliseconds without a report after which a rank sends its last one again; "
-                     "0: never; unset: 15000",
-                     &e->heartbeat_ms, err, errlen);
+  int rc = rankenv_long(RANKENV_ATTEMPT, &attempt, err, errlen);
+  if (!rc) rc = rankenv_long(RANKENV_WORLD_SIZE, &world, err, errlen);
+  if (!rc) rc = rankenv_long_in(RANKENV_RANK, 0, world - 1, &rank, err, errlen);
+  if (!rc) rc = rankenv_long(RANKENV_HEARTBEAT_MS, &e->heartbeat_ms, err, errlen);
   if (!rc) rc = pool_threads_env(&threads, err, errlen);
   e->attempt = (int)attempt, e->world_size = (int)world, e->rank = (int)rank;
   return rc;

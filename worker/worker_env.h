@@ -10,17 +10,17 @@
 
 /* What the environment says about this rank. */
 typedef struct {
-  const char *spec_path; /* TRAINYARD_SPEC */
-  const char *job_id;    /* TRAINYARD_JOB_ID, default "local" */
-  int attempt;           /* TRAINYARD_ATTEMPT, default 1 */
-  int rank, world_size;  /* TRAINYARD_RANK, TRAINYARD_WORLD_SIZE */
-  long heartbeat_ms;     /* TRAINYARD_HEARTBEAT_MS: the last report is sent
+  const char *spec_path; /* RANKENV_SPEC */
+  const char *job_id;    /* RANKENV_JOB_ID, default "local" */
+  int attempt;           /* RANKENV_ATTEMPT, default 1 */
+  int rank, world_size;  /* RANKENV_RANK, RANKENV_WORLD_SIZE */
+  long heartbeat_ms;     /* RANKENV_HEARTBEAT_MS: the last report is sent
                           * again after this long without one (0: never);
                           * default 15000 */
 } worker_env_t;
 
-/* Reads the environment into e (TRAINYARD_SPEC as it is: each mode says
- * what its absence means) and checks the pool's TRAINYARD_THREADS; 0, or
+/* Reads the environment into e (RANKENV_SPEC as it is: each mode says
+ * what its absence means) and checks the pool's RANKENV_THREADS; 0, or
  * TY_EINVAL with the variable at fault, its value and its range in err. */
 int worker_env_read(worker_env_t *e, char *err, size_t errlen);
 

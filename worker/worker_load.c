@@ -1,4 +1,4 @@
-/* worker_load.c - TRAINYARD_MODE=load: load this rank's shard, report the
+/* worker_load.c - RANKENV_MODE=load: load this rank's shard, report the
  * figures (JSON line on stdout, human line on stderr), exit. */
 #include "worker/worker_load.h"
 
@@ -11,6 +11,7 @@
 
 #include "api/errors.h"
 #include "common/clock.h"
+#include "common/rankenv.h"
 #include "worker/memstat.h"
 #include "worker/report.h"
 #ifdef TRAINYARD_HAVE_CUDA
@@ -23,10 +24,10 @@ typedef struct {
   double last; /* monotonic seconds of the last "loading" report */
 } wload_progress_t;
 
-/* One report through worker/report (POST to TRAINYARD_REPORT_URL, or a JSON
+/* One report through worker/report (POST to RANKENV_REPORT_URL, or a JSON
  * line on stdout; the human line on stderr). st may be NULL (nothing
  * measured yet: the host peak so far is sent). */
-static void wload_send(const char *phase, const loader_stats_t *st, const char *message) {
+static void wload_send(report_phase_t phase, const loader_stats_t *st, const char *message) {
   loader_stats_t zero = {0};
   if (!st) st = &zero;
   uint64_t host_peak = st->host_peak_bytes;
@@ -50,7 +51,7 @@ static void on_progress(void *ctx, uint64_t done, uint64_t total) {
   wload_progress_t *p = ctx;
   if (!loader_progress_due(&p->last, done, total)) return;
   loader_stats_t st = {.bytes_read = done, .bytes_total = total};
-  wload_send("loading", &st, NULL);
+  wload_send(REPORT_PHASE_LOADING, &st, NULL);
 }
 
 static void wload_placement_free(placement_t *pl) {
@@ -85,11 +86,11 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
       rc0 = placement_cuda_init(&pl, who->rank % ndev, (size_t)spec->fsdp.bucket_mb << 20, err,
                                 sizeof err);
     if (rc0) {
-      wload_send("failed", NULL, err);
+      wload_send(REPORT_PHASE_FAILED, NULL, err);
       return 1;
     }
 #else
-    wload_send("failed", NULL, PLACEMENT_NO_CUDA_MSG);
+    wload_send(REPORT_PHASE_FAILED, NULL, PLACEMENT_NO_CUDA_MSG);
     return 1;
 #endif
   } else {
@@ -105,7 +106,7 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
                      .pl = &pl,
                      .progress = on_progress,
                      .progress_ctx = &prog};
-  wload_send("loading", NULL, NULL);
+  wload_send(REPORT_PHASE_LOADING, NULL, NULL);
   loader_shard_t *s = NULL;
   loader_stats_t st;
   const char *path = spec->init_from_scratch            ? "init_from_scratch"
@@ -118,7 +119,7 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
     if (spec->device == JOBSPEC_DEVICE_CUDA) mem_cuda_explain(rc, err, sizeof err);
 #endif
     snprintf(msg, sizeof msg, "%s (%s)", err, ty_err_name(rc));
-    wload_send("failed", NULL, msg);
+    wload_send(REPORT_PHASE_FAILED, NULL, msg);
     wload_placement_free(&pl);
     return 1;
   }
@@ -135,7 +136,7 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
   if (spec->device != JOBSPEC_DEVICE_CUDA && n > 0 && (size_t)n < sizeof msg)
     snprintf(msg + n, sizeof msg - (size_t)n, ", digest %016llx", (unsigned long long)digest(s));
   (void)n;
-  wload_send("done", &st, msg);
+  wload_send(REPORT_PHASE_DONE, &st, msg);
   loader_shard_free(s);
   wload_placement_free(&pl);
   return 0;
@@ -155,11 +156,12 @@ int wload_main(void) {
   jobspec_t spec;
   int rc = -1;
   if (!e.spec_path || !*e.spec_path)
-    snprintf(msg, sizeof msg, "TRAINYARD_SPEC is not set (set it to the path of the job's spec)");
+    snprintf(msg, sizeof msg, "%s is not set (set it to the path of the job's spec)",
+             rankenv_name(RANKENV_SPEC));
   else
     rc = worker_read_spec(e.spec_path, &spec, msg, sizeof msg);
   if (rc) {
-    wload_send("failed", NULL, msg);
+    wload_send(REPORT_PHASE_FAILED, NULL, msg);
     rc = 1;
   } else {
     rc = wload_run(&spec, &e);

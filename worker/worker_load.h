@@ -1,4 +1,4 @@
-/* worker_load.h - TRAINYARD_MODE=load: a rank that only loads its shard
+/* worker_load.h - RANKENV_MODE=load: a rank that only loads its shard
  * (checkpoint or from scratch, by the spec's path), reports its figures
  * and exits. It answers "will this checkpoint fit, and what will each rank
  * hold?" before a long job. */
@@ -20,8 +20,8 @@
  * Returns the process exit status (0, or 1 after a "failed" report). */
 int wload_run(const jobspec_t *spec, const worker_env_t *who);
 
-/* The whole of TRAINYARD_MODE=load: reads the environment and the spec
- * file (TRAINYARD_SPEC), then wload_run. Bad environment: exit status 2. */
+/* The whole of RANKENV_MODE=load: reads the environment and the spec
+ * file (RANKENV_SPEC), then wload_run. Bad environment: exit status 2. */
 int wload_main(void);
 
 #endif

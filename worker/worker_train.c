@@ -1,4 +1,4 @@
-/* worker_train.c - TRAINYARD_MODE=train; see worker_train.h. */
+/* worker_train.c - RANKENV_MODE=train; see worker_train.h. */
 #include "worker/worker_train.h"
 
 #include <math.h>
@@ -10,6 +10,7 @@
 
 #include "common/clock.h"
 #include "common/log.h"
+#include "common/rankenv.h"
 #include "worker/comm.h"
 #include "worker/fsdp.h"
 #include "worker/loader.h"
@@ -75,7 +76,7 @@ static void on_step_curves(reporter_t *r, const train_progress_t *tp) {
   curves_write(r, &p);
 }
 
-static void emit(reporter_t *r, const char *phase, int64_t step, double loss, double tps,
+static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss, double tps,
                  const loader_stats_t *ls, const char *message) {
   memstat_t ms;
   memstat_read(&ms);
@@ -104,9 +105,9 @@ static int on_progress(void *ctx, const train_progress_t *p) {
     snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
              p->eval_loss);
   if (p->tokens_per_s > 0) r->tokens_per_s = p->tokens_per_s;
-  if (!strcmp(p->phase, "training")) on_step_curves(r, p);
+  if (p->phase == REPORT_PHASE_TRAINING) on_step_curves(r, p);
   /* A save keeps the rate of the steps before it, as the done report does. */
-  double tps = strcmp(p->phase, "saving") ? p->tokens_per_s : r->tokens_per_s;
+  double tps = p->phase != REPORT_PHASE_SAVING ? p->tokens_per_s : r->tokens_per_s;
   emit(r, p->phase, p->step, p->loss, tps, NULL, msg);
   /* The report's own line shows no message while loading or training:
    * events (resumed, checkpoint written) get a log line of their own. */
@@ -142,7 +143,7 @@ static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
   load_progress_t *p = ctx;
   if (!loader_progress_due(&p->last, done, total)) return;
   loader_stats_t st = {.bytes_read = done, .bytes_total = total};
-  emit(p->rep, "loading", 0, NAN, 0, &st, NULL);
+  emit(p->rep, REPORT_PHASE_LOADING, 0, NAN, 0, &st, NULL);
 }
 
 /* This rank's float32 shards of the checkpoint (or the seeded
@@ -270,14 +271,14 @@ int worker_train_main(const worker_env_t *e) {
     fprintf(stderr, "trainyard-worker: cannot set up progress reports (libcurl)\n");
     return 1;
   }
-  emit(&rep, "starting", 0, NAN, 0, NULL, "");
+  emit(&rep, REPORT_PHASE_STARTING, 0, NAN, 0, NULL, "");
   rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
   if (!rc && spec.world_size != e->world_size)
     rc = ty_errf(err, sizeof err, TY_EINVAL,
                  "the spec asks for world_size %d, and this rank was started as one of %d "
-                 "(TRAINYARD_WORLD_SIZE); start the job with trainyard train or through "
+                 "(%s); start the job with trainyard train or through "
                  "trainyardd, which start every rank",
-                 spec.world_size, e->world_size);
+                 spec.world_size, e->world_size, rankenv_name(RANKENV_WORLD_SIZE));
   /* Never the CPU model under a cuda label: a job it cannot run there fails. */
   const bool cuda = !rc && spec.device == JOBSPEC_DEVICE_CUDA;
   if (cuda) rc = cuda_supported(&spec, err, sizeof err);
@@ -298,7 +299,7 @@ int worker_train_main(const worker_env_t *e) {
     rc = train_data_check(&spec, cfg.vocab_size, comm_rank(comm), comm_world_size(comm), err,
                           sizeof err);
   if (!rc) {
-    emit(&rep, "loading", 0, NAN, 0, NULL,
+    emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL,
          spec.init_from_scratch ? "initialising" : spec.model_path);
     if (cuda) {
 #ifdef TRAINYARD_HAVE_CUDA
@@ -306,7 +307,7 @@ int worker_train_main(const worker_env_t *e) {
                       sizeof err);
       if (!rc) {
         rep.loaded = &ls;
-        emit(&rep, "loading", 0, NAN, 0, NULL, "weights loaded onto the GPU");
+        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, "weights loaded onto the GPU");
       }
 #endif
     } else {
@@ -314,7 +315,7 @@ int worker_train_main(const worker_env_t *e) {
       if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
       if (!rc && (f || !spec.init_from_scratch)) {
         rep.loaded = &ls;
-        emit(&rep, "loading", 0, NAN, 0, NULL, f ? "shards loaded" : "weights loaded");
+        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, f ? "shards loaded" : "weights loaded");
       }
     }
   }
@@ -342,7 +343,8 @@ int worker_train_main(const worker_env_t *e) {
   if (!rc) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
     if (comm_rank(comm) == 0)
-      emit(&rep, "saving", res.steps_done, res.last_loss, rep.tokens_per_s, NULL, spec.output_dir);
+      emit(&rep, REPORT_PHASE_SAVING, res.steps_done, res.last_loss, rep.tokens_per_s, NULL,
+           spec.output_dir);
     if (spec.use_lora && comm_rank(comm) == 0)
       rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
     else if (!spec.use_lora && f)
@@ -355,9 +357,9 @@ int worker_train_main(const worker_env_t *e) {
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
                res.eval_loss_end);
-    emit(&rep, "done", res.steps_done, res.last_loss, rep.tokens_per_s, NULL, msg);
+    emit(&rep, REPORT_PHASE_DONE, res.steps_done, res.last_loss, rep.tokens_per_s, NULL, msg);
   } else {
-    emit(&rep, "failed", 0, NAN, 0, NULL, err);
+    emit(&rep, REPORT_PHASE_FAILED, 0, NAN, 0, NULL, err);
     ty_error("%s", err);
   }
   run_metrics_close(rep.curves);

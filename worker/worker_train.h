@@ -1,4 +1,4 @@
-/* worker_train.h - TRAINYARD_MODE=train: one rank of a training job, from
+/* worker_train.h - RANKENV_MODE=train: one rank of a training job, from
  * the worker contract's environment (DESIGN.md "Worker contract") to the
  * job's outputs. */
 #ifndef TY_WORKER_WORKER_TRAIN_H

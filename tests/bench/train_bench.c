@@ -95,7 +95,7 @@ typedef struct {
 
 static int on_progress(void *ctx, const train_progress_t *p) {
   rates_t *r = ctx;
-  if (!strcmp(p->phase, "training") && p->tokens_per_s > 0 && r->n < 64)
+  if (p->phase == REPORT_PHASE_TRAINING && p->tokens_per_s > 0 && r->n < 64)
     r->tps[r->n++] = p->tokens_per_s;
   return 0;
 }

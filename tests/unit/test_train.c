@@ -136,7 +136,7 @@ typedef struct {
 
 static int record(void *ctx, const train_progress_t *p) {
   losses_t *l = ctx;
-  if (!strcmp(p->phase, "training") && isfinite(p->loss) && p->step < 256)
+  if (p->phase == REPORT_PHASE_TRAINING && isfinite(p->loss) && p->step < 256)
     l->loss[p->step] = p->loss;
   l->reports++;
   return 0;

@@ -98,16 +98,16 @@ int main(void) {
   if (rank == p.silent_rank)
     for (;;) pause();
 
-  report_t r = {.phase = "starting", .loss = NAN, .total_steps = steps};
+  report_t r = {.phase = REPORT_PHASE_STARTING, .loss = NAN, .total_steps = steps};
   send_or_stop(&r);
-  r.phase = "loading";
+  r.phase = REPORT_PHASE_LOADING;
   r.bytes_total = 1 << 20;
   for (int i = 1; i <= 4; i++) {
     r.bytes_loaded = (int64_t)i << 18;
     r.host_peak_bytes = 8 << 20;
     send_or_stop(&r);
   }
-  r.phase = "training";
+  r.phase = REPORT_PHASE_TRAINING;
   r.load_seconds = 0.01;
   for (json_int_t s = 1; s <= steps; s++) {
     usleep((useconds_t)p.step_ms * 1000);
@@ -120,7 +120,7 @@ int main(void) {
     if ((rank == p.fail_rank && s == p.fail_step) || (p.flaky && rank == 0 && attempt == 1)) {
       char msg[128];
       snprintf(msg, sizeof msg, "injected failure at step %lld", (long long)s);
-      r.phase = "failed";
+      r.phase = REPORT_PHASE_FAILED;
       r.message = msg;
       send_or_stop(&r);
       return 3;
@@ -137,7 +137,7 @@ int main(void) {
     r.tokens_per_s = 1000.0;
     send_or_stop(&r);
   }
-  r.phase = "saving";
+  r.phase = REPORT_PHASE_SAVING;
   send_or_stop(&r);
   if (out_dir) {
     char path[4096];
@@ -159,7 +159,7 @@ int main(void) {
       fclose(f);
     }
   }
-  r.phase = "done";
+  r.phase = REPORT_PHASE_DONE;
   send_or_stop(&r);
   report_close();
   json_decref(spec);
