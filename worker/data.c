@@ -277,6 +277,35 @@ int data_eval_window(data_t *d, int64_t i, int32_t *tokens, char *msg, size_t ms
   return data_read_window(d, d->eval_start + i * d->cfg.seq_len, tokens, msg, msglen);
 }
 
+int data_seq_len(const data_t *d) {
+  return d->cfg.seq_len;
+}
+
+bool data_masked(const data_t *d) {
+  (void)d;
+  return false;
+}
+
+int64_t data_step_count(data_t *d, int64_t step) {
+  (void)step;
+  return d->global_batch * d->cfg.seq_len;
+}
+
+int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float *weights,
+                     int32_t *pos, char *msg, size_t msglen) {
+  (void)weights, (void)pos;
+  return data_train_micro_batch(d, step, micro, tokens, msg, msglen);
+}
+
+int data_eval_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *msg,
+                  size_t msglen) {
+  for (int t = 0; t < d->cfg.seq_len; t++) {
+    if (weights) weights[t] = 1.0f;
+    if (pos) pos[t] = t;
+  }
+  return data_eval_window(d, i, tokens, msg, msglen);
+}
+
 void data_position_at(const data_t *d, int64_t step, data_position_t *pos) {
   pos->step = step;
   pos->seed = d->cfg.seed;

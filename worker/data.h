@@ -29,6 +29,7 @@
 #ifndef TY_WORKER_DATA_H
 #define TY_WORKER_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -64,6 +65,29 @@ int64_t data_num_train_windows(const data_t *d);
 int64_t data_num_eval_windows(const data_t *d);
 /* G, windows per global step. */
 int64_t data_global_batch(const data_t *d);
+
+/* T, the tokens a row feeds the model (rows hold T+1). */
+int data_seq_len(const data_t *d);
+/* Whether rows carry loss weights and document positions (data_train_batch,
+ * data_eval_row fill them): examples of a JSONL file; token windows of a
+ * text, u16 or u32 file count every target of one document a row. */
+bool data_masked(const data_t *d);
+/* The counted targets of step's whole global batch (all ranks, all
+ * micro-batches), which every rank knows without a collective: the
+ * denominator of the step's mean loss. G*T for unmasked data. */
+int64_t data_step_count(data_t *d, int64_t step);
+
+/* Reads this rank's micro-batch `micro` of `step` as data_train_micro_batch
+ * does, and where data_masked, each target's loss weight into weights [B,
+ * T] (0 or 1) and each input's position in its document into pos [B, T];
+ * weights and pos are not touched otherwise (and may then be NULL). */
+int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float *weights,
+                     int32_t *pos, char *msg, size_t msglen);
+/* Evaluation row i (< data_num_eval_windows) into tokens [T+1], with
+ * weights and pos [T] as data_train_batch's (filled when non-NULL: 1 and
+ * 0..T-1 for unmasked data). */
+int data_eval_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *msg,
+                  size_t msglen);
 
 /* Reads this rank's micro-batch `micro` (0 .. grad_accum-1) of `step` into
  * tokens [micro_batch_size, T+1]. Returns 0, TY_EINVAL for an id outside

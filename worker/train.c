@@ -30,11 +30,11 @@ typedef struct {
   const train_device_t *dev;
 } passes_t;
 
-static int forward(const passes_t *p, const int *inputs, const int *targets, int b, int T,
-                   double *loss, char *err, size_t errlen) {
-  if (p->dev) return p->dev->forward(p->dev->ctx, inputs, targets, b, T, loss, err, errlen);
-  if (p->f) return fsdp_forward(p->f, inputs, targets, b, T, p->lora, loss, err, errlen);
-  return model_forward(p->m, inputs, targets, b, T, p->lora, loss, err, errlen);
+static int forward(const passes_t *p, const model_batch_t *bt, double *loss, char *err,
+                   size_t errlen) {
+  if (p->dev) return p->dev->forward(p->dev->ctx, bt, loss, err, errlen);
+  if (p->f) return fsdp_forward(p->f, bt, p->lora, loss, err, errlen);
+  return model_forward_batch(p->m, bt, p->lora, loss, err, errlen);
 }
 
 static int backward(const passes_t *p, float loss_scale, char *err, size_t errlen) {
@@ -44,7 +44,13 @@ static int backward(const passes_t *p, float loss_scale, char *err, size_t errle
   return 0;
 }
 
-static int eval_loop(const passes_t *p, int T, int64_t n, train_window_fn window, void *ctx,
+/* One row of an evaluation: tokens [T+1], and with masked, weights and pos
+ * [T] (else NULL). */
+typedef int (*eval_row_fn)(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos,
+                           char *err, size_t errlen);
+
+/* The mean loss over the counted targets of n rows, B at a time. */
+static int eval_loop(const passes_t *p, int T, int64_t n, eval_row_fn row, void *ctx, bool masked,
                      double *loss, int64_t *tokens_out, char *err, size_t errlen) {
   model_t *model = p->m;
   const int B = model->B;
@@ -56,39 +62,63 @@ static int eval_loop(const passes_t *p, int T, int64_t n, train_window_fn window
   int32_t *win = xmalloc((size_t)B * (T + 1) * sizeof *win);
   int *inputs = xmalloc((size_t)B * T * sizeof *inputs);
   int *targets = xmalloc((size_t)B * T * sizeof *targets);
+  float *weights = masked ? xmalloc((size_t)B * T * sizeof *weights) : NULL;
+  int32_t *pos = masked ? xmalloc((size_t)B * T * sizeof *pos) : NULL;
   double sum = 0; /* sum of per-token losses */
+  int64_t count = 0;
   int rc = 0;
   for (int64_t i = 0; i < n && !rc; i += B) {
     int b = (int)(n - i < B ? n - i : B);
     for (int j = 0; j < b && !rc; j++)
-      rc = window(ctx, i + j, win + (size_t)j * (T + 1), err, errlen);
+      rc = row(ctx, i + j, win + (size_t)j * (T + 1), masked ? weights + (size_t)j * T : NULL,
+               masked ? pos + (size_t)j * T : NULL, err, errlen);
     if (rc) break;
     split_windows(win, b, T, inputs, targets);
+    const model_batch_t bt = {inputs, targets, weights, pos, b, T};
+    const int64_t c = model_batch_count(&bt);
     double l = 0;
-    rc = forward(p, inputs, targets, b, T, &l, err, errlen);
-    sum += l * b * T;
+    rc = forward(p, &bt, &l, err, errlen);
+    sum += l * (double)c;
+    count += c;
   }
   free(win);
   free(inputs);
   free(targets);
+  free(weights);
+  free(pos);
   if (rc) return rc;
-  *loss = sum / ((double)n * T);
-  if (tokens_out) *tokens_out = n * T;
+  *loss = count > 0 ? sum / (double)count : 0.0;
+  if (tokens_out) *tokens_out = count;
   return 0;
+}
+
+typedef struct {
+  train_window_fn window;
+  void *ctx;
+} window_rows_t;
+
+static int window_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos,
+                      char *err, size_t errlen) {
+  (void)weights, (void)pos;
+  const window_rows_t *w = ctx;
+  return w->window(w->ctx, i, tokens, err, errlen);
 }
 
 int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
                double *loss, int64_t *tokens_out, char *err, size_t errlen) {
   passes_t p = {model, NULL, lora, NULL};
-  return eval_loop(&p, T, n, window, ctx, loss, tokens_out, err, errlen);
+  window_rows_t w = {window, ctx};
+  return eval_loop(&p, T, n, window_row, &w, false, loss, tokens_out, err, errlen);
 }
 
-typedef struct {
-  data_t *data;
-} eval_ctx_t;
+static int eval_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *err,
+                    size_t errlen);
 
-static int eval_window(void *ctx, int64_t i, int32_t *tokens, char *err, size_t errlen) {
-  return data_eval_window(((eval_ctx_t *)ctx)->data, i, tokens, err, errlen);
+int train_eval_data(model_t *model, lora_t *lora, data_t *d, int64_t n, double *loss,
+                    int64_t *tokens_out, char *err, size_t errlen) {
+  passes_t p = {model, NULL, lora, NULL};
+  return eval_loop(&p, data_seq_len(d), n, eval_row, d, data_masked(d), loss, tokens_out, err,
+                   errlen);
 }
 
 /* The trained span: the model's buffer or the adapters'. */
@@ -119,15 +149,20 @@ static int report(const train_args_t *a, const train_progress_t *p, char *err, s
   return TY_ECANCELLED;
 }
 
+static int eval_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *err,
+                    size_t errlen) {
+  return data_eval_row(ctx, i, tokens, weights, pos, err, errlen);
+}
+
 /* Held-out loss over up to eval_windows windows; NAN when there are none. */
 static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, size_t errlen) {
   *loss = NAN;
   int64_t n = data_num_eval_windows(d);
   if (a->eval_windows < n) n = a->eval_windows;
   if (n < 1) return 0;
-  eval_ctx_t ctx = {d};
   passes_t p = {a->model, a->fsdp, a->lora, a->device};
-  return eval_loop(&p, a->spec->data.seq_len, n, eval_window, &ctx, loss, NULL, err, errlen);
+  return eval_loop(&p, a->spec->data.seq_len, n, eval_row, d, data_masked(d), loss, NULL, err,
+                   errlen);
 }
 
 /* The data layout of spec s for rank of world over a vocabulary of V. */
@@ -189,8 +224,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const data_config_t dc = data_config(s, m->d.V, rank, world);
   data_t *d = NULL;
   optim_t *o = NULL;
-  int32_t *win = NULL;
+  int32_t *win = NULL, *pos = NULL;
   int *inputs = NULL, *targets = NULL;
+  float *weights = NULL;
   int rc = data_open(&d, &dc, err, errlen);
   if (rc) goto out;
 
@@ -255,21 +291,34 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   win = xmalloc((size_t)B * (T + 1) * sizeof *win);
   inputs = xmalloc((size_t)B * T * sizeof *inputs);
   targets = xmalloc((size_t)B * T * sizeof *targets);
-  const float loss_scale = 1.0f / (float)(A * world);
+  /* Loss weights and document positions, where the data has them. */
+  const bool masked = data_masked(d);
+  if (masked) {
+    weights = xmalloc((size_t)B * T * sizeof *weights);
+    pos = xmalloc((size_t)B * T * sizeof *pos);
+  }
   for (int64_t step = start; step < stop; step++) {
     double t0 = ty_mono_s();
     if (!dev) memset(grads, 0, n * sizeof *grads); /* host passes add into them */
     if (dev && (rc = dev->zero_grads(dev->ctx, err, errlen))) goto out;
-    double loss_sum = 0;
+    /* The objective is the mean loss over the counted targets of the whole
+     * global batch: every rank knows their number up front (the data's
+     * weights), so micro-batch k of c_k counted targets weighs c_k / C.
+     * Unmasked data counts every target: 1 / (A * world), as always. */
+    const int64_t counted = masked ? data_step_count(d, step) : 0;
+    double loss_sum = 0; /* this rank's share of the step's loss */
     for (int mb = 0; mb < A; mb++) {
-      rc = data_train_micro_batch(d, step, mb, win, err, errlen);
+      rc = data_train_batch(d, step, mb, win, weights, pos, err, errlen);
       if (rc) goto out;
       split_windows(win, B, T, inputs, targets);
+      const model_batch_t bt = {inputs, targets, weights, pos, B, T};
+      const double part = masked && counted > 0 ? (double)model_batch_count(&bt) / counted : 0.0;
+      const float loss_scale = masked ? (float)part : 1.0f / (float)(A * world);
       double l = 0;
-      rc = forward(&passes, inputs, targets, B, T, &l, err, errlen);
+      rc = forward(&passes, &bt, &l, err, errlen);
       if (!rc) rc = backward(&passes, loss_scale, err, errlen);
       if (rc) goto out;
-      loss_sum += l;
+      loss_sum += masked ? l * part : l;
     }
     double sumsq;
     if (dev_opt)
@@ -279,7 +328,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if (rc) goto out;
     /* lossbuf: this rank's share of the mean loss, then the squared norm
      * of its gradient shard when the span is sharded. */
-    float lossbuf[2] = {(float)(loss_sum * loss_scale), 0.0f};
+    const double share = masked ? loss_sum : loss_sum * (1.0f / (float)(A * world));
+    float lossbuf[2] = {(float)share, 0.0f};
     if (world > 1) {
       /* A replicated span sums every rank's gradients of its loss share:
        * the gradient of the mean loss over the global batch. Shards were
@@ -295,7 +345,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       else
         sumsq = optim_sumsq(grads, n);
     }
-    double loss = world > 1 ? (double)lossbuf[0] : loss_sum * loss_scale;
+    double loss = world > 1 ? (double)lossbuf[0] : share;
     double norm = sqrt(sumsq);
     if (!isfinite(loss) || !isfinite(norm)) {
       snprintf(err, errlen,
@@ -350,6 +400,8 @@ out:
   free(win);
   free(inputs);
   free(targets);
+  free(weights);
+  free(pos);
   optim_free(o);
   data_free(d);
   return rc;

@@ -55,8 +55,8 @@ typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
  * or a TY_E* code with the reason in err. */
 typedef struct {
   void *ctx;
-  int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
-                 char *err, size_t errlen);
+  /* The loss of model_forward_batch: the mean over the counted targets. */
+  int (*forward)(void *ctx, const model_batch_t *batch, double *loss, char *err, size_t errlen);
   /* Adds the gradients of loss_scale * (mean loss) of the last forward. */
   int (*backward)(void *ctx, float loss_scale, char *err, size_t errlen);
   int (*zero_grads)(void *ctx, char *err, size_t errlen);
@@ -132,5 +132,10 @@ int train_run(const train_args_t *args, train_result_t *res, char *err, size_t e
 typedef int (*train_window_fn)(void *ctx, int64_t i, int32_t *tokens, char *err, size_t errlen);
 int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
                double *loss, int64_t *tokens_out, char *err, size_t errlen);
+/* The same over the first n evaluation rows of d (data_eval_row), with
+ * their loss weights and document positions: the mean over the counted
+ * targets, whose number tokens_out (may be NULL) receives. */
+int train_eval_data(model_t *model, lora_t *lora, data_t *d, int64_t n, double *loss,
+                    int64_t *tokens_out, char *err, size_t errlen);
 
 #endif
