@@ -45,10 +45,10 @@ typedef enum {
 #define JOBSPEC_TEMPLATE_MAX 32
 
 /* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
-#define JOBSPEC_TARGETS(X) \
-  X(Q, "q_proj")           \
-  X(K, "k_proj")           \
-  X(V, "v_proj") X(O, "o_proj") X(GATE, "gate_proj") X(UP, "up_proj") X(DOWN, "down_proj")
+#define JOBSPEC_TARGETS(X)                                                           \
+  X(Q, "q_proj")                                                                     \
+  X(K, "k_proj") X(V, "v_proj") X(O, "o_proj") X(GATE, "gate_proj") X(UP, "up_proj") \
+      X(DOWN, "down_proj")
 enum {
 #define TY_X(id, name) JOBSPEC_TARGET_BIT_##id,
   JOBSPEC_TARGETS(TY_X)
@@ -77,17 +77,17 @@ typedef struct {
     bool memory_efficient_load; /* default false */
     int bucket_mb;              /* default 64 */
   } fsdp;
-  bool use_lora;               /* default false */
-  int lora_rank;               /* default 8 */
-  double lora_alpha;           /* default 16 */
-  unsigned target_modules;     /* bitmask; default q,k,v,o */
+  bool use_lora;           /* default false */
+  int lora_rank;           /* default 8 */
+  double lora_alpha;       /* default 16 */
+  unsigned target_modules; /* bitmask; default q,k,v,o */
   bool gradient_checkpointing; /* default false */
   struct {
-    char path[JOBSPEC_PATH_MAX];              /* "" when unset */
-    jobspec_data_format_t format;             /* default text */
-    int seq_len;                              /* default 128 */
-    double eval_fraction;                     /* held-out tail, default 0.05 */
-    bool packing;                             /* jsonl: several examples a row; default false */
+    char path[JOBSPEC_PATH_MAX];  /* "" when unset */
+    jobspec_data_format_t format; /* default text */
+    int seq_len;                  /* default 128 */
+    double eval_fraction;         /* held-out tail, default 0.05 */
+    bool packing;                 /* jsonl: several examples a row; default false */
     char tokenizer[JOBSPEC_PATH_MAX];         /* jsonl: tokenizer folder or file; "": model_path */
     jobspec_data_kind_t kind;                 /* jsonl: default auto */
     char chat_template[JOBSPEC_TEMPLATE_MAX]; /* "": the tokenizer's; else a built-in name */
@@ -200,9 +200,9 @@ typedef struct {
   const char *const *read;  /* e.g. {"/srv/models", "/srv/data", NULL} */
   const char *const *write; /* e.g. {"/srv/runs", NULL} */
   const char *base;
-  char *output_resolved; /* optional (PATH_MAX bytes): output_dir as it was compared,
-                            jobspec_resolve_path's form; "" when it has none or cannot
-                            be resolved */
+  char *output_resolved;    /* optional (PATH_MAX bytes): output_dir as it was compared,
+                               jobspec_resolve_path's form; "" when it has none or cannot
+                               be resolved */
 } jobspec_roots_t;
 int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs);
 

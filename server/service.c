@@ -31,7 +31,7 @@
  * read the row before it. */
 typedef struct {
   char id[DB_ID_MAX];
-  char *text; /* owned; NULL when empty */
+  char *text;   /* owned; NULL when empty */
   size_t len;
   uint64_t gen; /* bumped on every invalidation of this slot */
 } job_cache_t;
@@ -42,7 +42,7 @@ struct svc {
   sched_t *sched;
   pthread_mutex_t ev_lock;
   pthread_cond_t ev_cond;
-  uint64_t ev_gen; /* bumped on every new event (under ev_lock) */
+  uint64_t ev_gen;             /* bumped on every new event (under ev_lock) */
   atomic_llong reports_ok, reports_bad;
   char *roots_buf, *out_roots_buf; /* storage of the root lists below */
   const char *read_roots[2 * ROOTS_MAX + 1];
@@ -134,15 +134,9 @@ void svc_close(svc_t *s) {
   free(s);
 }
 
-void svc_set_scheduler(svc_t *s, sched_t *sched) {
-  s->sched = sched;
-}
-db_t *svc_db(svc_t *s) {
-  return s->db;
-}
-const srv_config_t *svc_config(svc_t *s) {
-  return s->cfg;
-}
+void svc_set_scheduler(svc_t *s, sched_t *sched) { s->sched = sched; }
+db_t *svc_db(svc_t *s) { return s->db; }
+const srv_config_t *svc_config(svc_t *s) { return s->cfg; }
 
 static void set_msg(char *msg, size_t msgsz, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -554,10 +548,8 @@ static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs
     const char *key;
     int64_t *dst;
     bool required;
-  } ints[] = {{"step", &r->step, false},
-              {"total_steps", &r->total_steps, false},
-              {"bytes_loaded", &r->bytes_loaded, false},
-              {"bytes_total", &r->bytes_total, false},
+  } ints[] = {{"step", &r->step, false},           {"total_steps", &r->total_steps, false},
+              {"bytes_loaded", &r->bytes_loaded, false}, {"bytes_total", &r->bytes_total, false},
               {"host_peak_bytes", &r->host_peak_bytes, false},
               {"device_peak_bytes", &r->device_peak_bytes, false}};
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
@@ -582,8 +574,8 @@ static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs
   struct {
     const char *key;
     double *dst;
-  } reals[] = {
-      {"loss", &r->loss}, {"tokens_per_s", &r->tokens_per_s}, {"load_seconds", &r->load_seconds}};
+  } reals[] = {{"loss", &r->loss}, {"tokens_per_s", &r->tokens_per_s},
+               {"load_seconds", &r->load_seconds}};
   for (size_t i = 0; i < 3; i++) {
     json_t *v = json_object_get(o, reals[i].key);
     if (!v || json_is_null(v)) continue;
@@ -592,8 +584,8 @@ static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs
     else
       *reals[i].dst = json_number_value(v);
   }
-  static const char *const phases[] = {"starting", "loading", "training",
-                                       "saving",   "done",    "failed"};
+  static const char *const phases[] = {"starting", "loading", "training", "saving", "done",
+                                       "failed"};
   const char *ph = json_string_value(json_object_get(o, "phase"));
   bool ok = false;
   for (size_t i = 0; ph && i < 6; i++) ok |= !strcmp(ph, phases[i]);
@@ -716,8 +708,8 @@ int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, ch
     set_msg(msg, msgsz, "job %s has not started yet (%s): no rank has a log", id,
             db_state_name(b.state));
   else
-    set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id, rank,
-            attempt ? attempt : b.attempt);
+    set_msg(msg, msgsz, "job %s has no log for rank %d of attempt %d (not started yet?)", id,
+            rank, attempt ? attempt : b.attempt);
   return rc;
 }
 
@@ -734,13 +726,13 @@ static json_t *time_json(double t) {
 
 json_t *svc_job_json(const db_job_t *j) {
   json_t *spec = json_loads(j->spec, 0, NULL);
-  json_t *o =
-      json_pack("{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:o, s:o, s:o, s:o, s:o}", "id", j->id,
-                "name", j->name, "state", db_state_name(j->state), "reason", j->reason, "attempt",
-                j->attempt, "world_size", j->world_size, "device", j->device, "max_restarts",
-                j->max_restarts, "created_at", time_json(j->created_at), "updated_at",
-                time_json(j->updated_at), "started_at", time_json(j->started_at), "finished_at",
-                time_json(j->finished_at), "spec", spec ? spec : json_object());
+  json_t *o = json_pack(
+      "{s:s, s:s, s:s, s:s, s:i, s:i, s:s, s:i, s:o, s:o, s:o, s:o, s:o}", "id", j->id, "name",
+      j->name, "state", db_state_name(j->state), "reason", j->reason, "attempt", j->attempt,
+      "world_size", j->world_size, "device", j->device, "max_restarts", j->max_restarts,
+      "created_at", time_json(j->created_at), "updated_at", time_json(j->updated_at),
+      "started_at", time_json(j->started_at), "finished_at", time_json(j->finished_at), "spec",
+      spec ? spec : json_object());
   if (j->idempotency_key)
     json_object_set_new(o, "idempotency_key", json_string(j->idempotency_key));
   return o;
@@ -768,8 +760,8 @@ int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const c
   return rc;
 }
 
-int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid, int64_t pid_start,
-                     const char *log_path) {
+int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
+                     int64_t pid_start, const char *log_path) {
   return db_rank_spawned(s->db, id, attempt, rank, pid, pid_start, log_path);
 }
 
