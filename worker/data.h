@@ -22,6 +22,13 @@
  * ranks and micro-steps never share a window. A step's windows depend only
  * on (seed, step): the data position to resume from is the step.
  *
+ * Format jsonl: the rows of worker/data_rows.h over the examples that
+ * worker/data_prepare.h tokenized into examples_path. The last n_eval =
+ * max(1, floor(E * eval_fraction)) of the E examples (none at 0) are held
+ * out whole for evaluation; the rest make the training rows, which take
+ * the place of the windows above (shuffled and split the same way). Their
+ * rows carry loss weights and positions (data_masked).
+ *
  * An empty path selects a built-in corpus (2^20 u32 ids of generated
  * "words"; see data.c), so that a spec without data.path still trains end
  * to end (smoke tests, the AReaL-style command line of DESIGN.md). */
@@ -46,6 +53,11 @@ typedef struct {
   int world_size, rank; /* 1, 0 for one rank */
   int micro_batch_size; /* windows per micro-batch per rank */
   int grad_accum;       /* micro-batches per step per rank */
+  /* Format jsonl only: */
+  const char *examples_path; /* the tokenized examples (examples.h); borrowed */
+  uint64_t examples_key;     /* the key they must have been built with */
+  bool packing;              /* several examples a row */
+  uint32_t pad_id;           /* the id of padding tokens */
 } data_config_t;
 
 typedef struct data_s data_t;
@@ -53,7 +65,7 @@ typedef struct data_s data_t;
 /* Opens cfg->path and lays out its windows. Fails (TY_EINVAL, with why and
  * how to fix it in msg) for a vocabulary under 256 with format text, a
  * u16/u32 file whose size is not a whole number of tokens, too few tokens
- * for one training window, or fewer training windows than one global
+ * for one training window, or fewer training windows (rows) than one global
  * batch; TY_ENOTFOUND when the file cannot be opened. *out is the caller's,
  * freed with data_free. */
 int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen);
@@ -61,6 +73,11 @@ int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen);
 void data_free(data_t *d);
 
 int64_t data_num_tokens(const data_t *d);
+/* jsonl: examples in the file, those cut to seq_len + 1 tokens, and those
+ * left out for counting no target (0 for token files). */
+int64_t data_num_examples(const data_t *d);
+int64_t data_num_truncated(const data_t *d);
+int64_t data_num_skipped(const data_t *d);
 int64_t data_num_train_windows(const data_t *d);
 int64_t data_num_eval_windows(const data_t *d);
 /* G, windows per global step. */
