@@ -11,7 +11,8 @@
   X("mkmodel", cmd_mkmodel, "write a random Llama checkpoint (config.json + safetensors)") \
   X("load", cmd_load, "start local ranks that only load their shards; print each rank's figures") \
   X("train", cmd_train, "run a training job's ranks locally in the foreground") \
-  X("eval", cmd_eval, "mean next-token loss of a model (and adapter) on a token file")
+  X("eval", cmd_eval, "mean next-token loss of a model (and adapter) on a token file") \
+  X("tokenize", cmd_tokenize, "text to token ids (or back) with a model's tokenizer.json")
 
 #ifdef TRAINYARD_WITH_CLIENT
 #define TY_COMMANDS_CLIENT(X)                                                        \
