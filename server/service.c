@@ -584,14 +584,15 @@ static void report_from_json(const json_t *o, db_report_t *r, ty_errlist_t *errs
     else
       *reals[i].dst = json_number_value(v);
   }
-  static const char *const phases[] = {"starting", "loading", "training", "saving", "done",
-                                       "failed"};
+  static const char *const phases[] = {"starting", "loading", "training",  "saving",
+                                       "done",     "failed",  "tokenizing"};
   const char *ph = json_string_value(json_object_get(o, "phase"));
   bool ok = false;
-  for (size_t i = 0; ph && i < 6; i++) ok |= !strcmp(ph, phases[i]);
+  for (size_t i = 0; ph && i < 7; i++) ok |= !strcmp(ph, phases[i]);
   if (!ok)
     ty_errlist_add(errs, "phase",
-                   "required, one of starting, loading, training, saving, done, failed");
+                   "required, one of starting, tokenizing, loading, training, saving, done, "
+                   "failed");
   else
     snprintf(r->phase, sizeof r->phase, "%s", ph);
   const char *m = json_string_value(json_object_get(o, "message"));

@@ -22,7 +22,7 @@
 #include "worker/worker_env.h"
 
 /* One report. job_id, attempt, rank and world_size come from the rank
- * given to report_open; phase is one of "starting", "loading",
+ * given to report_open; phase is one of "starting", "tokenizing", "loading",
  * "training", "saving", "done", "failed". loss is NaN while unknown (sent as
  * null). message (may be NULL) says why, for "failed". */
 typedef struct {

@@ -166,8 +166,13 @@ static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, s
 }
 
 /* The data layout of spec s for rank of world over a vocabulary of V. */
-static data_config_t data_config(const jobspec_t *s, int64_t V, int rank, int world) {
+static data_config_t data_config(const jobspec_t *s, const data_prepared_t *prep, int64_t V,
+                                 int rank, int world) {
   return (data_config_t){.path = s->data.path,
+                         .examples_path = prep && prep->path[0] ? prep->path : NULL,
+                         .examples_key = prep ? prep->key : 0,
+                         .pad_id = prep ? prep->pad_id : 0,
+                         .packing = s->data.packing,
                          .format = s->data.format,
                          .vocab_size = V,
                          .seq_len = s->data.seq_len,
@@ -179,9 +184,30 @@ static data_config_t data_config(const jobspec_t *s, int64_t V, int rank, int wo
                          .grad_accum = s->train.grad_accum};
 }
 
-int train_data_check(const jobspec_t *s, int64_t vocab_size, int rank, int world, char *err,
-                     size_t errlen) {
-  const data_config_t dc = data_config(s, vocab_size, rank, world);
+int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
+                       char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (s->data.format != JOBSPEC_DATA_JSONL) return 0;
+  const char *tokenizer = s->data.tokenizer[0] ? s->data.tokenizer : s->model_path;
+  if (!tokenizer[0])
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "data.format jsonl needs a tokenizer: set data.tokenizer (a folder with "
+                   "tokenizer.json, or the file) or model_path");
+  char dir[JOBSPEC_PATH_MAX + 16];
+  if (!cache_dir) snprintf(dir, sizeof dir, "%s/tokenized", s->output_dir);
+  const data_prepare_t p = {.path = s->data.path,
+                            .tokenizer = tokenizer,
+                            .kind = s->data.kind,
+                            .chat_template = s->data.chat_template,
+                            .loss_on = s->data.loss_on,
+                            .vocab_size = vocab_size};
+  return data_prepare(&p, cache_dir ? cache_dir : dir, progress, ctx, out, err, errlen);
+}
+
+int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
+                     int world, char *err, size_t errlen) {
+  const data_config_t dc = data_config(s, prep, vocab_size, rank, world);
   data_t *d = NULL;
   int rc = data_open(&d, &dc, err, errlen);
   data_free(d);
@@ -221,7 +247,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     return ty_errf(err, errlen, TY_EINTERNAL,
                    "the optimizer runs on the device for full training of one rank or of "
                    "shards, not for a replicated span");
-  const data_config_t dc = data_config(s, m->d.V, rank, world);
+  const data_config_t dc = data_config(s, a->data, m->d.V, rank, world);
   data_t *d = NULL;
   optim_t *o = NULL;
   int32_t *win = NULL, *pos = NULL;

@@ -21,6 +21,7 @@
 #include "api/jobspec.h"
 #include "worker/comm.h"
 #include "worker/data.h"
+#include "worker/data_prepare.h"
 #include "worker/fsdp.h"
 #include "worker/lora.h"
 #include "worker/model.h"
@@ -98,6 +99,8 @@ typedef struct {
   int64_t stop_at_step;
   /* Held-out windows evaluated at the start and the end (0: none). */
   int eval_windows;
+  /* data.format jsonl: the examples train_data_prepare made; else NULL. */
+  const data_prepared_t *data;
 } train_args_t;
 
 /* What a run measured. */
@@ -110,12 +113,21 @@ typedef struct {
   double eval_loss_end;   /* after the last (NAN if none) */
 } train_result_t;
 
+/* For data.format jsonl: s's examples tokenized into cache_dir (NULL:
+ * <output_dir>/tokenized) with the tokenizer of data.tokenizer, else of
+ * model_path (data_prepare; progress while it runs, here or in another
+ * rank). For a token file there is nothing to do: out->path is "". */
+int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
+                       char *err, size_t errlen);
+
 /* Whether spec s's data can train a model of vocab_size tokens as rank of
  * world: what train_run's data_open checks (the file, its format, a whole
- * global batch of windows), without a model, so that a rank can fail before
- * it loads one. 0, or the reason in err. */
-int train_data_check(const jobspec_t *s, int64_t vocab_size, int rank, int world, char *err,
-                     size_t errlen);
+ * global batch of windows or rows), without a model, so that a rank can
+ * fail before it loads one. prep: train_data_prepare's result for jsonl
+ * (else NULL). 0, or the reason in err. */
+int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
+                     int world, char *err, size_t errlen);
 
 /* Runs the loop from step 0, or from the newest complete checkpoint under
  * spec->output_dir/checkpoints when one exists (its data position must
