@@ -1,6 +1,7 @@
 /* train.c - the training loop of one rank; see train.h. */
 #include "worker/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/xalloc.h"
+#include "common/fsutil.h"
 #include "worker/checkpoint.h"
+#include "worker/model_io.h"
 #include "worker/optim.h"
 #include "worker/train_state.h"
 
@@ -203,6 +206,28 @@ int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache
                             .loss_on = s->data.loss_on,
                             .vocab_size = vocab_size};
   return data_prepare(&p, cache_dir ? cache_dir : dir, progress, ctx, out, err, errlen);
+}
+
+void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
+  llama_config_t cfg;
+  char err[2048];
+  if (s->init_from_scratch)
+    cfg = s->model;
+  else if (llama_config_init(&cfg), model_io_read_config(s->model_path, &cfg, err, sizeof err))
+    return; /* the checkpoint's own rules name what is wrong with it */
+  const char *tmp = getenv("TMPDIR");
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/trainyard-check-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    ty_errlist_add(errs, "data.path", "cannot make a scratch folder to tokenize %s in: %s",
+                   s->data.path, strerror(errno));
+    return;
+  }
+  data_prepared_t prep;
+  int rc = train_data_prepare(s, cfg.vocab_size, dir, NULL, NULL, &prep, err, sizeof err);
+  if (!rc) rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, err, sizeof err);
+  if (rc) ty_errlist_add(errs, "data.path", "%s", err);
+  ty_rmtree(dir, NULL, 0);
 }
 
 int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,

@@ -121,6 +121,15 @@ int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache
                        data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
                        char *err, size_t errlen);
 
+/* Rule data-holds-a-batch for a JSONL file (jobspec_jsonl_check's value in
+ * the programs that validate with paths): the examples tokenized into a
+ * scratch folder that is removed afterwards, with the model's vocabulary
+ * (spec.model's, or model_path's config.json), and laid out as rank 0
+ * would: each problem (a bad line, a template error, a tokenizer that does
+ * not fit, too few rows for a global batch) is added to errs under
+ * data.path. Nothing is left behind. */
+void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs);
+
 /* Whether spec s's data can train a model of vocab_size tokens as rank of
  * world: what train_run's data_open checks (the file, its format, a whole
  * global batch of windows or rows), without a model, so that a rank can
