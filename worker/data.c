@@ -94,8 +94,8 @@ static int open_rows(data_t *d, char *msg, size_t msglen) {
   int rc = examples_open(&d->ex, cfg->examples_path, cfg->examples_key, msg, msglen);
   if (rc) return rc;
   const int64_t E = examples_count(d->ex);
-  int64_t n_eval = 0;
-  if (cfg->eval_fraction > 0 && E > 0) {
+  int64_t n_eval = cfg->eval_all ? E : 0;
+  if (!cfg->eval_all && cfg->eval_fraction > 0 && E > 0) {
     n_eval = (int64_t)((double)E * cfg->eval_fraction);
     if (n_eval < 1) n_eval = 1;
   }
@@ -108,6 +108,7 @@ static int open_rows(data_t *d, char *msg, size_t msglen) {
   d->num_tokens = examples_tokens(d->ex);
   d->n_train = data_rows_count(d->train_rows);
   d->n_eval = data_rows_count(d->eval_rows);
+  if (cfg->eval_all) return 0;
   if (d->n_train < d->global_batch || d->n_train > UINT32_MAX)
     return ty_errf(msg, msglen, TY_EINVAL,
                    "data file %s holds %lld examples: %lld training rows of seq_len+1 = %d tokens "

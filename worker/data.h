@@ -58,6 +58,8 @@ typedef struct {
   uint64_t examples_key;     /* the key they must have been built with */
   bool packing;              /* several examples a row */
   uint32_t pad_id;           /* the id of padding tokens */
+  bool eval_all; /* every example is an evaluation row, in the file's order (trainyard eval);
+                  * no training rows, no batch to hold */
 } data_config_t;
 
 typedef struct data_s data_t;
