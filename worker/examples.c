@@ -119,6 +119,9 @@ void examples_abort(examples_writer_t *w) {
 int examples_commit(examples_writer_t *w, uint64_t key, uint64_t source_bytes, char *err,
                     size_t errlen) {
   int rc = flush(w, err, errlen);
+  static const uint32_t pad = 0; /* the offsets start 8-byte aligned */
+  if (!rc && (w->tokens % 2) && write_all(w->fd, &pad, sizeof pad, -1))
+    rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "writing %s: %s", w->tmp, strerror(errno));
   if (!rc && write_all(w->fd, w->offsets, w->n_off * sizeof *w->offsets, -1))
     rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "writing %s: %s", w->tmp, strerror(errno));
   uint64_t h[8] = {0, key, (uint64_t)w->n_off - 1, w->tokens, source_bytes, 0, 0, 0};
@@ -168,11 +171,11 @@ int examples_open(examples_t **out, const char *path, uint64_t key, char *err, s
                  MAGIC);
   else if (h[1] != key)
     rc = ty_errf(err, errlen, TY_EPRECONDITION, "%s was built from other data or settings", path);
-  else if (N > size / 4 || E > size / 8 || size != HEADER_BYTES + N * 4 + (E + 1) * 8)
+  else if (N > size / 4 || E > size / 8 || size != HEADER_BYTES + (N + N % 2) * 4 + (E + 1) * 8)
     rc = ty_errf(err, errlen, TY_EDATALOSS,
                  "%s holds %llu bytes, not the %llu examples and %llu tokens its header names",
                  path, (unsigned long long)size, (unsigned long long)E, (unsigned long long)N);
-  const uint64_t *off = (const uint64_t *)((const char *)map + HEADER_BYTES + N * 4);
+  const uint64_t *off = (const uint64_t *)((const char *)map + HEADER_BYTES + (N + N % 2) * 4);
   for (uint64_t e = 0; !rc && e < E; e++)
     if (off[e] > off[e + 1] || off[e + 1] > N || off[0] != 0)
       rc = ty_errf(err, errlen, TY_EDATALOSS, "%s: example %llu's token range is out of order",

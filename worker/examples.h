@@ -6,8 +6,9 @@
  * name and renamed onto its name, so that a reader finds it complete or not
  * at all):
  *   header   64 bytes: magic "TYEXMPL1", u64 key, u64 examples E, u64
- *            tokens N, u64 source bytes, u64 truncated 0 (reserved), u64 0, u64 0
- *   tokens   u32 [N]: the id in bits 0..30, bit 31 set when counted
+ *            tokens N, u64 source bytes, three u64 0 (reserved)
+ *   tokens   u32 [N]: the id in bits 0..30, bit 31 set when counted, then
+ *            one u32 0 when N is odd (the offsets are 8-byte aligned)
  *   offsets  u64 [E + 1]: example e is tokens [offsets[e], offsets[e+1])
  * The key names what the file was built from (the source's identity, the
  * tokenizer, the template and the options): a file whose key differs is

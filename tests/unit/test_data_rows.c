@@ -76,7 +76,7 @@ static void test_examples_round_trip(void **state) {
   /* Another key: stale. */
   assert_int_equal(examples_open(&x, g_path, 43, err, sizeof err), TY_EPRECONDITION);
   /* A cut file: refused as not whole. */
-  assert_int_equal(truncate(g_path, 64 + 4 * 8), 0);
+  assert_int_equal(truncate(g_path, 64 + 4 * 8), 0); /* tokens, no offsets */
   assert_int_equal(examples_open(&x, g_path, 42, err, sizeof err), TY_EDATALOSS);
   assert_non_null(strstr(err, "not the 3 examples and 8 tokens its header names"));
   /* An aborted write leaves no file. */
