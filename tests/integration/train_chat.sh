@@ -107,4 +107,7 @@ fi
 grep -q 'name a built-in template in data.chat_template' "$tmp/tmpl.out" ||
   { cat "$tmp/tmpl.out"; fail "the template refusal does not say what to do"; }
 ls "$tmp" | grep -q '^trainyard-check' && fail "validate left its scratch folder"
+# The README's spec is a valid one.
+"$ty" validate --no-check-paths "$src/examples/chat-lora.json" >/dev/null ||
+  fail "examples/chat-lora.json does not validate"
 echo "train_chat: ok"
