@@ -10,9 +10,10 @@ set -euo pipefail
 
 group=${1:-build}
 
-# libpcre2-dev: the tokenizer's Unicode regular expressions (text/; the worker tokenizes).
+# libpcre2-dev, libutf8proc-dev: the tokenizer's Unicode regular expressions and
+# normalization forms (text/; the worker tokenizes).
 worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev
-             libpcre2-dev)
+             libpcre2-dev libutf8proc-dev)
 # nodejs + npm: the build installs the web page's chart library with npm ci.
 build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
             libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)

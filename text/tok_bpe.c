@@ -22,11 +22,17 @@ typedef struct {
   uint32_t rank, id;
 } merge_slot_t;
 
+/* A vocabulary slot: the id + 1 (0: empty) and the high half of the
+ * string's hash, so that a probe past another string rarely reads it. */
+typedef struct {
+  uint32_t id1, tag;
+} vocab_slot_t;
+
 struct tok_bpe_s {
   char **str;    /* (vocab_end) id -> token, NUL-terminated; NULL for a hole */
   uint32_t *len; /* (vocab_end) */
   uint32_t vocab_end;
-  uint32_t *vslots; /* (vmask + 1) id + 1, 0: empty */
+  vocab_slot_t *vslots; /* (vmask + 1) */
   uint64_t vmask;
   merge_slot_t *mslots; /* (mmask + 1) */
   uint64_t mmask;
@@ -38,11 +44,12 @@ struct tok_bpe_s {
 
 int64_t tok_bpe_lookup(const tok_bpe_t *m, const char *s, size_t n) {
   uint64_t h = tok_hash(s, n);
+  uint32_t tag = (uint32_t)(h >> 32);
   for (uint64_t i = h & m->vmask;; i = (i + 1) & m->vmask) {
-    uint32_t v = m->vslots[i];
-    if (!v) return -1;
-    uint32_t id = v - 1;
-    if (m->len[id] == n && !memcmp(m->str[id], s, n)) return id;
+    vocab_slot_t v = m->vslots[i];
+    if (!v.id1) return -1;
+    uint32_t id = v.id1 - 1;
+    if (v.tag == tag && m->len[id] == n && !memcmp(m->str[id], s, n)) return id;
   }
 }
 
@@ -215,7 +222,7 @@ int tok_bpe_encode(const tok_bpe_t *m, const char *s, size_t n, tok_ids_t *ids, 
   if (cacheable && tok_cache_get(m->cache, s, n, ids)) return 0;
   size_t first = ids->n;
   bpe_word(m, s, n, ids);
-  if (cacheable) tok_cache_put(m->cache, s, n, ids->v + first, ids->n - first);
+  if (cacheable) tok_cache_put(m->cache, s, n, ids->v ? ids->v + first : NULL, ids->n - first);
   return 0;
 }
 
@@ -224,8 +231,8 @@ int tok_bpe_encode(const tok_bpe_t *m, const char *s, size_t n, tok_ids_t *ids, 
 static void vocab_insert(tok_bpe_t *m, uint32_t id) {
   uint64_t h = tok_hash(m->str[id], m->len[id]);
   uint64_t i = h & m->vmask;
-  while (m->vslots[i]) i = (i + 1) & m->vmask;
-  m->vslots[i] = id + 1;
+  while (m->vslots[i].id1) i = (i + 1) & m->vmask;
+  m->vslots[i] = (vocab_slot_t){id + 1, (uint32_t)(h >> 32)};
 }
 
 static int merge_insert(tok_bpe_t *m, const char *a, size_t al, const char *b, size_t bl,

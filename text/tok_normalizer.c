@@ -1,6 +1,9 @@
-/* tok_normalizer.c - tokenizer.json normalizers: Sequence, Prepend, Replace.
+/* tok_normalizer.c - tokenizer.json normalizers: Sequence, Prepend, Replace,
+ * and the Unicode normalization forms NFC, NFD, NFKC, NFKD (utf8proc).
  * One loader per "type" in a table; any other type is refused by name. */
 #include <string.h>
+
+#include <utf8proc.h>
 
 #include "api/errors.h"
 #include "common/xalloc.h"
@@ -81,6 +84,61 @@ static void replace_free(tok_normalizer_t *nz) {
   free(r);
 }
 
+/* ---- NFC, NFD, NFKC, NFKD ---- */
+
+typedef struct {
+  tok_normalizer_t base;
+  utf8proc_option_t options;
+} norm_unicode_t;
+
+static int unicode_apply(const tok_normalizer_t *nz, tok_scratch_t *sc, const char *s, size_t n,
+                         tok_buf_t *out, char *err, size_t errlen) {
+  const norm_unicode_t *u = (const norm_unicode_t *)nz;
+  size_t i = 0;
+  while (i < n && !((unsigned char)s[i] & 0x80)) i++;
+  if (i == n) { /* ASCII is its own normal form, in all four */
+    tok_buf_append(out, s, n);
+    return 0;
+  }
+  utf8proc_uint8_t *dst = NULL;
+  utf8proc_ssize_t r =
+      utf8proc_map((const utf8proc_uint8_t *)s, (utf8proc_ssize_t)n, &dst, u->options);
+  if (r < 0) /* cannot happen: the text was made valid UTF-8 first */
+    return ty_errf(err, errlen, TY_EINTERNAL, "tokenizer: Unicode normalization: %s",
+                   utf8proc_errmsg(r));
+  tok_buf_append(out, dst, (size_t)r);
+  free(dst);
+  return 0;
+}
+
+static void unicode_free(tok_normalizer_t *nz) {
+  free(nz);
+}
+
+static int load_unicode(utf8proc_option_t options, tok_normalizer_t **out) {
+  norm_unicode_t *u = xcalloc(1, sizeof *u);
+  u->base.apply = unicode_apply;
+  u->base.free = unicode_free;
+  u->options = UTF8PROC_STABLE | options;
+  *out = &u->base;
+  return 0;
+}
+
+static int load_nfc(json_t *j, tok_normalizer_t **out, char *err, size_t errlen) {
+  return load_unicode(UTF8PROC_COMPOSE, out);
+}
+static int load_nfd(json_t *j, tok_normalizer_t **out, char *err, size_t errlen) {
+  return load_unicode(UTF8PROC_DECOMPOSE, out);
+}
+static int load_nfkc(json_t *j, tok_normalizer_t **out, char *err, size_t errlen) {
+  return load_unicode(UTF8PROC_COMPOSE | UTF8PROC_COMPAT, out);
+}
+static int load_nfkd(json_t *j, tok_normalizer_t **out, char *err, size_t errlen) {
+  return load_unicode(UTF8PROC_DECOMPOSE | UTF8PROC_COMPAT, out);
+}
+
+/* ---- loaders ---- */
+
 static int load_sequence(json_t *j, tok_normalizer_t **out, char *err, size_t errlen) {
   json_t *arr = json_object_get(j, "normalizers");
   if (!json_is_array(arr))
@@ -144,9 +202,9 @@ static const struct {
   const char *type;
   int (*load)(json_t *j, tok_normalizer_t **out, char *err, size_t errlen);
 } normalizer_types[] = {
-    {"Sequence", load_sequence},
-    {"Prepend", load_prepend},
-    {"Replace", load_replace},
+    {"Sequence", load_sequence}, {"Prepend", load_prepend}, {"Replace", load_replace},
+    {"NFC", load_nfc},           {"NFD", load_nfd},         {"NFKC", load_nfkc},
+    {"NFKD", load_nfkd},
 };
 
 int tok_normalizer_load(json_t *j, tok_normalizer_t **out, char *err, size_t errlen) {

@@ -21,17 +21,107 @@ struct tok_match_s {
   pcre2_jit_stack *stack;
 };
 
+/* tokenizer.json's patterns are written for Oniguruma (the Rust library's
+ * engine), whose shorthands differ from PCRE2's: \s is White_Space (PCRE2
+ * adds U+180E), \w is Alphabetic, marks, decimal digits and connector
+ * punctuation (plus a few Latin-1 digits), \h is a hexadecimal digit.
+ * Rewrites those into explicit classes, as the reference does, copying
+ * \Q...\E and every other escape as it is. \W and \H inside a class have
+ * no simple rewrite and are refused. */
+#define ONIG_WORD "\\p{Alphabetic}\\p{M}\\p{Nd}\\p{Pc}\\x{B2}\\x{B3}\\x{B9}\\x{BC}-\\x{BE}"
+static int onig_rewrite(const char *p, size_t n, tok_buf_t *out, char *err, size_t errlen) {
+  int in_class = 0;
+  size_t literal_close = (size_t)-1; /* where a ']' would be literal: first in its class */
+  for (size_t i = 0; i < n; i++) {
+    char c = p[i];
+    if (c == '[') {
+      in_class++;
+      literal_close = i + 1 < n && p[i + 1] == '^' ? i + 2 : i + 1;
+    } else if (c == ']' && in_class && i != literal_close) {
+      in_class--;
+    }
+    if (c != '\\' || i + 1 >= n) {
+      tok_buf_append(out, &c, 1);
+      continue;
+    }
+    char e = p[++i];
+    const char *rep = NULL;
+    switch (e) {
+      case 's':
+        rep = in_class ? "\\p{White_Space}" : "[\\p{White_Space}]";
+        break;
+      case 'S':
+        rep = in_class ? "\\P{White_Space}" : "[^\\p{White_Space}]";
+        break;
+      case 'w':
+        rep = in_class ? ONIG_WORD : "[" ONIG_WORD "]";
+        break;
+      case 'W':
+        rep = in_class ? NULL : "[^" ONIG_WORD "]";
+        break;
+      case 'h':
+        rep = in_class ? "0-9A-Fa-f" : "[0-9A-Fa-f]";
+        break;
+      case 'H':
+        rep = in_class ? NULL : "[^0-9A-Fa-f]";
+        break;
+      case 'Q': { /* literal up to \E */
+        const char *end = NULL;
+        for (size_t k = i + 1; k + 1 < n; k++)
+          if (p[k] == '\\' && p[k + 1] == 'E') {
+            end = p + k + 2;
+            break;
+          }
+        size_t stop = end ? (size_t)(end - p) : n;
+        tok_buf_append(out, p + i - 1, stop - (i - 1));
+        i = stop - 1;
+        continue;
+      }
+      default:
+        break;
+    }
+    if (!rep && (e == 'W' || e == 'H'))
+      return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                     "tokenizer.json: pattern '%.*s': \\%c inside a character class is not "
+                     "supported",
+                     (int)(n > 200 ? 200 : n), p, e);
+    if (rep) {
+      tok_buf_append(out, rep, strlen(rep));
+    } else {
+      tok_buf_append(out, p + i - 1, 2); /* any other escape, as it is */
+      if (e == '[' || e == ']') continue;
+    }
+  }
+  tok_buf_append(out, "", 0);
+  return 0;
+}
+
 int tok_regex_compile(const char *pattern, size_t len, int literal, tok_regex_t **out, char *err,
                       size_t errlen) {
+  tok_buf_t rw = {0};
+  if (!literal) {
+    int rc = onig_rewrite(pattern, len, &rw, err, errlen);
+    if (rc) {
+      tok_buf_free(&rw);
+      return rc;
+    }
+  }
+  const char *given = pattern;
+  size_t given_len = len;
+  if (!literal) {
+    pattern = rw.s;
+    len = rw.len;
+  }
   int ec;
   PCRE2_SIZE eo;
   uint32_t opts = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);
   pcre2_code *code = pcre2_compile((PCRE2_SPTR)pattern, len, opts, &ec, &eo, NULL);
+  tok_buf_free(&rw);
   if (!code) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(ec, msg, sizeof msg);
-    return ty_errf(err, errlen, TY_EINVAL, "tokenizer.json: pattern '%.*s': %s at offset %zu",
-                   (int)(len > 200 ? 200 : len), pattern, (const char *)msg, (size_t)eo);
+    return ty_errf(err, errlen, TY_EINVAL, "tokenizer.json: pattern '%.*s': %s",
+                   (int)(given_len > 200 ? 200 : given_len), given, (const char *)msg);
   }
   tok_regex_t *re = xcalloc(1, sizeof *re);
   re->code = code;

@@ -90,6 +90,15 @@ static void load_config(tok_t *t, json_t *c) {
     t->add_eos = json_is_true(ae);
   }
   t->clean_up_spaces = json_is_true(json_object_get(c, "clean_up_tokenization_spaces"));
+  /* additional_special_tokens count as special (skipped on decode) too */
+  json_t *extra = json_object_get(c, "additional_special_tokens"), *v;
+  size_t k, ti;
+  json_array_foreach(extra, k, v) {
+    json_t *name = json_is_object(v) ? json_object_get(v, "content") : v;
+    if (json_is_string(name) &&
+        tok_added_set_exact(t->added_all, json_string_value(name), json_string_length(name), &ti))
+      t->added[ti].special = 1;
+  }
   json_t *ct = json_object_get(c, "chat_template");
   if (json_is_string(ct)) {
     t->chat_template = xstrdup(json_string_value(ct));

