@@ -9,7 +9,8 @@
  * lstrip_blocks on, one trailing newline dropped, the {% generation %} tag
  * ignored); expressions with literals, lists, dicts, attributes, subscripts,
  * slices, arithmetic, ~, comparisons, and/or/not, in, tests, the ternary,
- * the filters, methods and functions of the tables in chat_template_lib.c.
+ * the filters, tests, methods and functions of the tables in
+ * chat_template_filters.c and chat_template_lib.c.
  * Anything else is refused when parsed, naming the construct and the line:
  * "chat template line 3: filter 'wordcount' is not supported".
  *
@@ -39,7 +40,9 @@ void tmpl_free(tmpl_t *t);
  * others the template reads. *out becomes the malloc'd NUL-terminated text
  * (the caller frees it). 0; TY_EINVAL for a template error or a
  * raise_exception() (err holds its message after "chat template line N: ");
- * TY_EEXHAUSTED when a limit below is passed. *out is NULL on failure. */
+ * TY_EEXHAUSTED when a limit below is passed. *out is NULL on failure.
+ * A render shares t's literals by reference count, so a tmpl_t serves one
+ * thread at a time: parse one per thread. */
 int tmpl_render(const tmpl_t *t, const json_t *context, char **out, char *err, size_t errlen);
 
 /* The source text of a built-in template: "llama3", "llama2", "chatml" or
