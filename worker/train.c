@@ -225,16 +225,26 @@ void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
   }
   data_prepared_t prep;
   int rc = train_data_prepare(s, cfg.vocab_size, dir, NULL, NULL, &prep, err, sizeof err);
-  if (!rc) rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, err, sizeof err);
+  if (!rc)
+    rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, NULL, 0, err, sizeof err);
   if (rc) ty_errlist_add(errs, "data.path", "%s", err);
   ty_rmtree(dir, NULL, 0);
 }
 
 int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
-                     int world, char *err, size_t errlen) {
+                     int world, char *note, size_t notelen, char *err, size_t errlen) {
   const data_config_t dc = data_config(s, prep, vocab_size, rank, world);
   data_t *d = NULL;
   int rc = data_open(&d, &dc, err, errlen);
+  if (note && notelen) note[0] = '\0';
+  if (!rc && note && data_masked(d))
+    snprintf(note, notelen,
+             "%s: %lld examples (%lld tokens) in %lld training and %lld held-out rows of %d "
+             "tokens%s; %lld cut to seq_len+1, %lld with no counted token left out",
+             s->data.path, (long long)data_num_examples(d), (long long)data_num_tokens(d),
+             (long long)data_num_train_windows(d), (long long)data_num_eval_windows(d),
+             s->data.seq_len + 1, s->data.packing ? ", packed" : "",
+             (long long)data_num_truncated(d), (long long)data_num_skipped(d));
   data_free(d);
   return rc;
 }

@@ -134,9 +134,11 @@ void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs);
  * world: what train_run's data_open checks (the file, its format, a whole
  * global batch of windows or rows), without a model, so that a rank can
  * fail before it loads one. prep: train_data_prepare's result for jsonl
- * (else NULL). 0, or the reason in err. */
+ * (else NULL). 0, or the reason in err. note (may be NULL) receives, for
+ * JSONL examples, what the rows are made of: examples, rows, examples cut
+ * to seq_len + 1 tokens, examples left out. */
 int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
-                     int world, char *err, size_t errlen);
+                     int world, char *note, size_t notelen, char *err, size_t errlen);
 
 /* Runs the loop from step 0, or from the newest complete checkpoint under
  * spec->output_dir/checkpoints when one exists (its data position must

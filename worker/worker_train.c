@@ -274,9 +274,12 @@ int worker_train_main(const worker_env_t *e) {
                             sizeof err);
   }
   const data_prepared_t *prepared = spec.data.format == JOBSPEC_DATA_JSONL ? &prep : NULL;
+  char note[512] = "";
   if (!rc)
     rc = train_data_check(&spec, prepared, cfg.vocab_size, comm_rank(comm), comm_world_size(comm),
-                          err, sizeof err);
+                          note, sizeof note, err, sizeof err);
+  if (!rc && note[0] && comm_rank(comm) == 0)
+    fprintf(stderr, "[rank 0/%d] data %s\n", comm_world_size(comm), note);
   if (!rc) {
     emit(&rep, "loading", 0, NAN, 0, NULL,
          spec.init_from_scratch ? "initialising" : spec.model_path);
