@@ -137,6 +137,46 @@ static void check_identity(const char *key, const json_t *v, const char *path, t
 /* Hugging Face keys outside our table that change what the model computes.
  * A config.json may carry them only with the value our Llama implements;
  * anything else would load and silently compute a different model. */
+/* rope_scaling: null, or Llama 3.1's "llama3" rotary scaling into c. */
+static void parse_rope_scaling(const json_t *v, llama_config_t *c, const char *path,
+                               ty_errlist_t *errs) {
+  if (json_is_null(v)) return;
+  json_t *type = json_object_get(v, "rope_type");
+  if (!type) type = json_object_get(v, "type");
+  if (!json_is_object(v) || !json_is_string(type) || strcmp(json_string_value(type), "llama3")) {
+    ty_errlist_add(errs, path,
+                   "rotary scaling %s%s%s is not supported (trainyard implements rope_type "
+                   "\"llama3\" of Llama 3.1 and later); use a checkpoint whose rope_scaling is "
+                   "null or of rope_type llama3",
+                   json_is_string(type) ? "\"" : "",
+                   json_is_string(type) ? json_string_value(type) : "without a rope_type",
+                   json_is_string(type) ? "\"" : "");
+    return;
+  }
+  const char *keys[] = {"factor", "low_freq_factor", "high_freq_factor",
+                        "original_max_position_embeddings"};
+  double x[4];
+  for (int i = 0; i < 4; i++) {
+    json_t *f = json_object_get(v, keys[i]);
+    x[i] = json_is_number(f) ? json_number_value(f) : NAN;
+    if (!(x[i] > 0) || !isfinite(x[i])) {
+      ty_errlist_add(errs, path, "rope_scaling.%s must be a positive number (rope_type llama3)",
+                     keys[i]);
+      return;
+    }
+  }
+  if (!(x[2] > x[1])) {
+    ty_errlist_add(errs, path,
+                   "rope_scaling.high_freq_factor (%g) must be above low_freq_factor (%g)", x[2],
+                   x[1]);
+    return;
+  }
+  c->rope_llama3.factor = x[0];
+  c->rope_llama3.low_freq_factor = x[1];
+  c->rope_llama3.high_freq_factor = x[2];
+  c->rope_llama3.original_max_position_embeddings = (int64_t)x[3];
+}
+
 static void check_semantics(const char *key, const json_t *v, const char *path,
                             ty_errlist_t *errs) {
   if (!strcmp(key, "hidden_act")) {
@@ -145,11 +185,6 @@ static void check_semantics(const char *key, const json_t *v, const char *path,
                      "only \"silu\" (SwiGLU) is supported, got %s; this checkpoint is not a "
                      "Llama model trainyard can train",
                      json_is_string(v) ? json_string_value(v) : ty_json_kind(v));
-  } else if (!strcmp(key, "rope_scaling")) {
-    if (!json_is_null(v))
-      ty_errlist_add(errs, path,
-                     "rotary scaling (Llama 3.1+ \"rope_type\" variants) is not supported; "
-                     "use a checkpoint whose rope_scaling is null");
   } else if (!strcmp(key, "attention_bias") || !strcmp(key, "mlp_bias")) {
     if (json_is_true(v))
       ty_errlist_add(errs, path,
@@ -179,6 +214,10 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
     if (!r) {
       if (!strcmp(key, "model_type") || !strcmp(key, "architectures")) {
         if (strict) check_identity(key, v, path, errs);
+        continue;
+      }
+      if (!strict && !strcmp(key, "rope_scaling")) {
+        parse_rope_scaling(v, c, path, errs);
         continue;
       }
       if (!strict) {
@@ -279,6 +318,14 @@ json_t *llama_config_to_json(const llama_config_t *c) {
     }
     json_object_set_new(o, r->key, v);
   }
+  if (c->rope_llama3.factor > 0)
+    json_object_set_new(
+        o, "rope_scaling",
+        json_pack("{s:s, s:f, s:f, s:f, s:I}", "rope_type", "llama3", "factor",
+                  c->rope_llama3.factor, "low_freq_factor", c->rope_llama3.low_freq_factor,
+                  "high_freq_factor", c->rope_llama3.high_freq_factor,
+                  "original_max_position_embeddings",
+                  (json_int_t)c->rope_llama3.original_max_position_embeddings));
   return o;
 }
 

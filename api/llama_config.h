@@ -25,6 +25,12 @@ typedef struct {
   double rope_theta;               /* default 10000 */
   bool tie_word_embeddings;        /* default false */
   ty_dtype_t torch_dtype;          /* default float32 */
+  /* rope_scaling of rope_type "llama3" (Llama 3.1 and later; a config.json
+   * only, never a job spec's inline model): factor 0 when there is none. */
+  struct {
+    double factor, low_freq_factor, high_freq_factor;
+    int64_t original_max_position_embeddings;
+  } rope_llama3;
 } llama_config_t;
 
 /* Fills the defaults above; sizes are 0 (unset). */

@@ -271,12 +271,12 @@ __global__ void k_rope(float *x, const float *cs, const float *sn, const int *po
 }
 
 extern "C" int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS,
-                                double theta) {
+                                double theta, const double *llama3) {
   (void)b;
   size_t n = (size_t)T * (HS / 2);
   float *h = (float *)malloc(2 * n * sizeof(float) + 1);
   if (!h) return TY_EEXHAUSTED;
-  cpu_rope_tables(h, h + n, T, HS, theta);
+  cpu_rope_tables(h, h + n, T, HS, theta, llama3);
   cudaError_t e = cudaMemcpy(cos_t, h, n * sizeof(float), cudaMemcpyHostToDevice);
   if (e == cudaSuccess) e = cudaMemcpy(sin_t, h + n, n * sizeof(float), cudaMemcpyHostToDevice);
   free(h);

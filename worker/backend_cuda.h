@@ -74,7 +74,8 @@ void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight, const
 
 /* Uploads the rotary tables of cpu_rope_tables (computed on the host in
  * double) into cos_t, sin_t (T, HS/2). Returns 0 or TY_EINTERNAL. */
-int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS, double theta);
+int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS, double theta,
+                     const double *llama3);
 /* pos (B*T) device ints or NULL, as cpu_rope_forward's. */
 void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t, const float *sin_t,
                        const int *pos, int B, int T, int NX, int HS);

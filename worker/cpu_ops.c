@@ -105,11 +105,23 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
   pool_for((size_t)N, ROWS_MIN(C), rmsnorm_bwd_rows, &k);
 }
 
-void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta) {
+/* Llama 3.1's scaling of one inverse frequency (see cpu_rope_tables). */
+static double llama3_scaled(double inv_freq, const double *s) {
+  const double factor = s[0], low = s[1], high = s[2], orig = s[3];
+  const double wavelen = 2.0 * M_PI / inv_freq;
+  if (wavelen < orig / high) return inv_freq;
+  if (wavelen > orig / low) return inv_freq / factor;
+  const double smooth = (orig / wavelen - low) / (high - low);
+  return (1.0 - smooth) * inv_freq / factor + smooth * inv_freq;
+}
+
+void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta,
+                     const double *llama3) {
   int half = HS / 2;
   for (int t = 0; t < T; t++)
     for (int i = 0; i < half; i++) {
       double inv_freq = 1.0 / pow(theta, (2.0 * i) / HS);
+      if (llama3) inv_freq = llama3_scaled(inv_freq, llama3);
       double a = t * inv_freq;
       cos_t[(size_t)t * half + i] = (float)cos(a);
       sin_t[(size_t)t * half + i] = (float)sin(a);

@@ -32,8 +32,13 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
                           const float *inp, const float *weight, const float *rstd, int N, int C);
 
 /* Rotary tables for positions 0..T-1: cos, sin (T, HS/2), angle
- * pos * theta^(-2i/HS) (Hugging Face's inv_freq), computed in double. */
-void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta);
+ * pos * theta^(-2i/HS) (Hugging Face's inv_freq), computed in double.
+ * llama3 (NULL: none) is Llama 3.1's rope_scaling {factor, low_freq_factor,
+ * high_freq_factor, original_max_position_embeddings}: frequencies whose
+ * wavelength is past original / low are divided by factor, those below
+ * original / high kept, and those between blended (transformers'
+ * _compute_llama3_parameters). */
+void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta, const double *llama3);
 /* In place on x (B, T, NX*HS), NX heads per token, rotate-half convention:
  * x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, x1/x2 the two halves; the
  * angle of token (b, t) is that of position pos[b*T + t] (its place in its

@@ -51,6 +51,10 @@ int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err
   d->V = (int)cfg->vocab_size;
   d->eps = (float)cfg->rms_norm_eps;
   d->rope_theta = cfg->rope_theta;
+  d->rope_llama3[0] = cfg->rope_llama3.factor;
+  d->rope_llama3[1] = cfg->rope_llama3.low_freq_factor;
+  d->rope_llama3[2] = cfg->rope_llama3.high_freq_factor;
+  d->rope_llama3[3] = (double)cfg->rope_llama3.original_max_position_embeddings;
   d->tied = cfg->tie_word_embeddings;
   return 0;
 }
@@ -153,7 +157,8 @@ static int acts_create(model_t *m, bool recompute) {
   MODEL_ACTS(TY_X)
 #undef TY_X
   assert(p == a->block + floats);
-  cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta);
+  cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta,
+                  d->rope_llama3[0] > 0 ? d->rope_llama3 : NULL);
   m->logits = a->logits;
   return 0;
 }

@@ -41,6 +41,9 @@ typedef struct {
   int C, L, NH, NKV, HS, FF, V;
   float eps;         /* rms_norm_eps */
   double rope_theta; /* rotary base */
+  /* Llama 3.1's rope_scaling {factor, low_freq_factor, high_freq_factor,
+   * original_max_position_embeddings}; factor (rope_llama3[0]) 0: none. */
+  double rope_llama3[4];
   bool tied;         /* lm_head is embed_tokens */
 } model_dims_t;
 

@@ -285,7 +285,9 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
       cudaMemset(m->lg, 0, NP * sizeof(float)) != cudaSuccess ||
       (m->gbase && cudaMemset(m->gbase, 0, base->bytes) != cudaSuccess))
     rc = TY_EINTERNAL;
-  if (!rc) rc = cuda_rope_tables(cb, m->rope_cos, m->rope_sin, T, d->HS, d->rope_theta);
+  if (!rc)
+    rc = cuda_rope_tables(cb, m->rope_cos, m->rope_sin, T, d->HS, d->rope_theta,
+                          d->rope_llama3[0] > 0 ? d->rope_llama3 : NULL);
   /* A sharded base's norms are copied as their units come by; full
    * training reads them from the base. */
   for (int i = 0; i <= 2 * L && !rc && !m->units && lo; i++) rc = copy_norm(m, i);

@@ -161,9 +161,9 @@ static int test_rmsnorm(cuda_backend_t *b) {
 static int test_rope(cuda_backend_t *b) {
   const size_t half = HS / 2, n = (size_t)N * QD;
   float *cs = hbuf(T * half, 0, 0), *sn = hbuf(T * half, 0, 0), *x = hbuf(n, 13, 1);
-  cpu_rope_tables(cs, sn, T, HS, 500000.0);
+  cpu_rope_tables(cs, sn, T, HS, 500000.0, NULL);
   float *d_cs = gpu_dup(NULL, F(T * half)), *d_sn = gpu_dup(NULL, F(T * half));
-  int bad = cuda_rope_tables(b, d_cs, d_sn, T, HS, 500000.0) != 0;
+  int bad = cuda_rope_tables(b, d_cs, d_sn, T, HS, 500000.0, NULL) != 0;
   bad |= check_dev("rope_tables cos", d_cs, cs, T * half, 0.0f);
   float *d_x = gpu_dup(x, F(n));
   cpu_rope_forward(x, cs, sn, NULL, B, T, NH, HS);

@@ -98,6 +98,14 @@ int main(int argc, char **argv) {
   cfg.rms_norm_eps = json_number_value(json_object_get(cj, "rms_norm_eps"));
   cfg.rope_theta = json_number_value(json_object_get(cj, "rope_theta"));
   cfg.tie_word_embeddings = json_is_true(json_object_get(cj, "tie_word_embeddings"));
+  json_t *rs = json_object_get(cj, "rope_scaling");
+  if (json_is_object(rs)) {
+    cfg.rope_llama3.factor = json_number_value(json_object_get(rs, "factor"));
+    cfg.rope_llama3.low_freq_factor = json_number_value(json_object_get(rs, "low_freq_factor"));
+    cfg.rope_llama3.high_freq_factor = json_number_value(json_object_get(rs, "high_freq_factor"));
+    cfg.rope_llama3.original_max_position_embeddings =
+        (int64_t)json_number_value(json_object_get(rs, "original_max_position_embeddings"));
+  }
   int B = (int)jint(cj, "batch"), T = (int)jint(cj, "seq"), R = (int)jint(cj, "lora_rank");
   double alpha = json_number_value(json_object_get(cj, "lora_alpha"));
   unsigned targets = (unsigned)jint(cj, "lora_targets");

@@ -137,6 +137,16 @@ def forward(cfg, w, lora, tokens, targets, weights=None, pos=None):
     nh, nkv, hs = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, scale = cfg["rms_norm_eps"], cfg["lora_alpha"] / cfg["lora_rank"]
     inv_freq = 1.0 / (cfg["rope_theta"] ** (torch.arange(0, hs, 2, dtype=torch.float64) / hs))
+    rs = cfg.get("rope_scaling")
+    if rs:  # transformers' _compute_llama3_parameters (Llama 3.1 and later)
+        factor, low, high = rs["factor"], rs["low_freq_factor"], rs["high_freq_factor"]
+        orig = rs["original_max_position_embeddings"]
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > orig / low, inv_freq / factor, inv_freq)
+        smooth = (orig / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < orig / high) & ~(wavelen > orig / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
     if pos is None:
         pos = torch.arange(T).expand(B, T)
     freqs = pos.to(torch.float64)[..., None] * inv_freq  # (B, T, HS/2)
@@ -294,6 +304,13 @@ def main():
                                          "masked": True, "packed": True}
     cases["mqa_tied_masked"] = {**cases["mqa_tied"], "masked": True}
     cases["mqa_tied_packed"] = {**cases["mqa_tied"], "batch": 4, "seq": 17, "packed": True}
+    # Llama 3.1's rotary scaling, its three bands all present at head_dim 16
+    # (wavelengths 6.3 .. 2.8e4 against 32/4 = 8 and 32/1 = 32), packed.
+    cases["gqa_llama3_rope_packed"] = {
+        **cases["gqa_untied"], "rope_theta": 500000.0, "batch": 3, "seq": 13, "packed": True,
+        "masked": True, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 32}}
     ok = True
     for i, (name, cfg) in enumerate(cases.items()):
         ok &= run_case(driver, work, name, cfg, 1000 + i)

@@ -58,15 +58,20 @@ static void test_hf_config_lenient(void **state) {
 }
 
 /* Keys that would change what the model computes are refused with the
- * value that is supported, never ignored: a Llama 3.1 config (rope_scaling),
- * a GELU model, projection biases. */
+ * value that is supported, never ignored: rotary scaling other than Llama
+ * 3.1's "llama3" (or llama3 without its figures), a GELU model, projection
+ * biases. */
 static void test_lenient_refuses_semantic_changes(void **state) {
   (void)state;
   static const struct {
     const char *json, *field, *says;
   } cases[] = {
+      {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"yarn\", \"factor\": 4.0}}",
+       "rope_scaling",
+       "rotary scaling \"yarn\" is not supported (trainyard implements rope_type "
+       "\"llama3\""},
       {"{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0}}",
-       "rope_scaling", "not supported"},
+       "rope_scaling", "rope_scaling.low_freq_factor must be a positive number"},
       {"{\"hidden_size\": 64, \"hidden_act\": \"gelu\"}", "hidden_act", "only \"silu\""},
       {"{\"hidden_size\": 64, \"attention_bias\": true}", "attention_bias", "biases"},
       {"{\"hidden_size\": 64, \"mlp_bias\": true}", "mlp_bias", "biases"},
@@ -91,6 +96,24 @@ static void test_lenient_refuses_semantic_changes(void **state) {
       "\"attention_bias\": false, \"mlp_bias\": false}");
   assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
   json_decref(j);
+  /* Llama 3.1's scaling is read, and written back by llama_config_to_json. */
+  llama_config_init(&c);
+  j = load(
+      "{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": "
+      "32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+      "\"original_max_position_embeddings\": 8192}}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  json_decref(j);
+  assert_true(c.rope_llama3.factor == 32.0 && c.rope_llama3.high_freq_factor == 4.0);
+  assert_int_equal(c.rope_llama3.original_max_position_embeddings, 8192);
+  json_t *back = llama_config_to_json(&c);
+  llama_config_t c2;
+  llama_config_init(&c2);
+  llama_config_from_json(back, &c2, "", false, &e); /* its unset sizes are refused: not ours */
+  assert_false(tu_has(&e, "rope_scaling", ""));
+  assert_memory_equal(&c.rope_llama3, &c2.rope_llama3, sizeof c.rope_llama3);
+  json_decref(back);
+  ty_errlist_clear(&e);
 }
 
 static void test_newer_dtype_key_and_nulls(void **state) {
