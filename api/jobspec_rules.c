@@ -4,6 +4,8 @@
 #include "api/jobspec.h"
 
 #include <ctype.h>
+#include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdint.h>
@@ -16,6 +18,8 @@
 #include <jansson.h>
 
 #include "api/jobspec_internal.h"
+#include "common/beneath.h"
+#include "common/json_util.h"
 
 /* ---- allocation_mode: "static" or AReaL's training form "fsdp:d<N>" ---- */
 
@@ -232,7 +236,7 @@ static void check_warmup(const vctx_t *v, ty_errlist_t *errs) {
 static int64_t checkpoint_max_positions(const char *model_path) {
   char path[JOBSPEC_PATH_MAX + 16];
   snprintf(path, sizeof path, "%s/config.json", model_path);
-  json_t *cfg = json_load_file(path, 0, NULL);
+  json_t *cfg = ty_json_load_file(path, 0, NULL, 0);
   json_t *v = json_object_get(cfg, "max_position_embeddings");
   int64_t n = json_is_integer(v) ? (int64_t)json_integer_value(v) : 0;
   json_decref(cfg);
@@ -317,13 +321,31 @@ int jobspec_data_split(const jobspec_data_layout_t *l, const char *path, uint64_
   return 0;
 }
 
+/* stat(2) of path, inside the process's roots where it has them
+ * (common/beneath.h): 0, -1 where it does not exist or cannot be reached,
+ * 1 where it lies outside the roots or leads out of them (the rule
+ * paths-in-roots names that, with the root). */
+static int path_stat(const char *path, struct stat *st) {
+  if (ty_beneath_stat(path, st, NULL, 0) == 0) return 0;
+  return errno == EXDEV || errno == ELOOP ? 1 : -1;
+}
+
+/* Whether this process may read path (inside the roots where it has them). */
+static bool readable(const char *path) {
+  int fd = ty_beneath_open(path, O_RDONLY, 0, NULL, 0);
+  if (fd < 0) return false;
+  close(fd);
+  return true;
+}
+
 /* The data file, where paths are checked, holds a global batch: a job that
  * could not take one step is refused at validate and submit, not when its
  * ranks start. */
 static void check_data_batch(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   struct stat st;
-  if (!v->check_paths || !s->data.path[0] || stat(s->data.path, &st) != 0 || !S_ISREG(st.st_mode))
+  if (!v->check_paths || !s->data.path[0] || path_stat(s->data.path, &st) != 0 ||
+      !S_ISREG(st.st_mode))
     return; /* paths-exist names a missing file; no path: the built-in corpus */
   if (s->data.format == JOBSPEC_DATA_JSONL) {
     if (jobspec_jsonl_check) jobspec_jsonl_check(s, errs); /* the examples, tokenized */
@@ -373,7 +395,10 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
   struct stat st;
   if (!v->check_paths) return;
   if (s->model_path[0]) {
-    if (stat(s->model_path, &st) != 0)
+    int rc = path_stat(s->model_path, &st);
+    if (rc == 1) {
+      /* outside the roots: paths-in-roots says so */
+    } else if (rc != 0)
       ty_errlist_add(errs, "model_path", "%s does not exist; give the checkpoint's directory",
                      s->model_path);
     else if (!S_ISDIR(st.st_mode))
@@ -383,9 +408,12 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
                      s->model_path);
   }
   if (s->data.path[0]) {
-    if (stat(s->data.path, &st) != 0)
+    int rc = path_stat(s->data.path, &st);
+    if (rc == 1) {
+      /* outside the roots: paths-in-roots says so */
+    } else if (rc != 0)
       ty_errlist_add(errs, "data.path", "%s does not exist", s->data.path);
-    else if (!S_ISREG(st.st_mode) || access(s->data.path, R_OK) != 0)
+    else if (!S_ISREG(st.st_mode) || !readable(s->data.path))
       ty_errlist_add(errs, "data.path", "%s is not a readable file", s->data.path);
   }
   /* output_dir, or the nearest part of it that exists, must be a folder:
@@ -393,7 +421,9 @@ static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
   char part[JOBSPEC_PATH_MAX];
   snprintf(part, sizeof part, "%s", s->output_dir);
   for (char *slash; part[0];) {
-    if (stat(part, &st) == 0) {
+    int rc = path_stat(part, &st);
+    if (rc == 1) break; /* outside the roots: paths-in-roots says so */
+    if (rc == 0) {
       if (!S_ISDIR(st.st_mode))
         ty_errlist_add(errs, "output_dir",
                        "%s cannot be a folder: %s is a file; give a folder that exists or can "
@@ -499,7 +529,9 @@ static const rule_t g_rules[] = {
      check_output_not_model},
     {"paths-in-roots", "model_path, data.path, output_dir", "submit",
      "no reading or writing outside the server's configured roots (symbolic links and .. "
-     "followed)",
+     "followed; the paths are stored resolved); a file of the model folder, or an entry of the "
+     "output folder down to checkpoints/step-N's files, that is a link leading out of its root "
+     "is refused too, as its ranks, which open every file beneath the roots, would fail",
      NULL},
     {"output-dir-free", "output_dir", "submit",
      "no two unfinished jobs write one output folder: they would overwrite each other's "

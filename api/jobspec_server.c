@@ -16,7 +16,9 @@
 #include <jansson.h>
 
 #include "api/llama_config.h"
+#include "common/beneath.h"
 #include "common/dtype.h"
+#include "common/json_util.h"
 
 /* See jobspec.h. A missing part that holds "." or ".." could still step
  * out once created, hence -1; -2 also covers a link in a loop. */
@@ -136,7 +138,16 @@ static void check_one_root(const char *field, const char *path, bool write,
     return;
   }
   bool ok = inside_any(res, r->write) || (!write && inside_any(res, r->read));
-  if (ok) return;
+  if (ok) {
+    /* What the job's ranks will open inside it (a model's files, the
+     * checkpoints under an output folder) must not lead out either: they
+     * open it beneath the roots, and would fail there. */
+    char why[2048];
+    if (ty_beneath_confined() &&
+        ty_beneath_check_tree(res, write, write ? 3 : 1, why, sizeof why) != 0)
+      ty_errlist_add(errs, field, "%s", why);
+    return;
+  }
   roots_list(list, sizeof list, write ? NULL : r->read, r->write);
   ty_errlist_add(errs, field,
                  "%s resolves to %s, outside the server's %s roots (%s); move it "
@@ -193,7 +204,7 @@ static int64_t model_params(const jobspec_t *s) {
   if (!s->model_path[0]) return 0;
   char path[JOBSPEC_PATH_MAX + 16];
   snprintf(path, sizeof path, "%s/config.json", s->model_path);
-  json_t *root = json_load_file(path, 0, NULL);
+  json_t *root = ty_json_load_file(path, 0, NULL, 0);
   llama_config_t c;
   llama_config_init(&c);
   ty_errlist_t errs = TY_ERRLIST_INIT;

@@ -7,6 +7,7 @@
 
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/job_progress.h"
 #include "cli/grpc_client.h"
 #include "common/json_util.h"
 #include "common/numbers.h"
@@ -22,12 +23,14 @@ static void usage(FILE *f) {
 
 static void print_row(json_t *j) {
   const char *created = json_string_value(json_object_get(j, "created_at"));
-  printf("%-20s %-24.24s %-10s %7lld %5lld  %-19.19s  %s\n",
+  char progress[96];
+  cli_progress_text(j, "", progress, sizeof progress);
+  printf("%-20s %-24.24s %-10s %7lld %5lld  %-19.19s  %-40.40s  %s\n",
          json_string_value(json_object_get(j, "id")), json_string_value(json_object_get(j, "name")),
          json_string_value(json_object_get(j, "state")),
          (long long)json_integer_value(json_object_get(j, "attempt")),
          (long long)json_integer_value(json_object_get(j, "world_size")), created ? created : "",
-         json_string_value(json_object_get(j, "reason")));
+         progress, json_string_value(json_object_get(j, "reason")));
 }
 
 int cmd_list(int argc, char **argv) {
@@ -84,8 +87,8 @@ int cmd_list(int argc, char **argv) {
       return rc == 2 ? 2 : 1;
     }
     if (!as_json && !*token) /* the first page came: the table's header */
-      printf("%-20s %-24s %-10s %7s %5s  %-19s  %s\n", "ID", "NAME", "STATE", "ATTEMPT", "RANKS",
-             "CREATED", "REASON");
+      printf("%-20s %-24s %-10s %7s %5s  %-19s  %-40s  %s\n", "ID", "NAME", "STATE", "ATTEMPT",
+             "RANKS", "CREATED", "PROGRESS", "REASON");
     size_t i;
     json_t *j;
     json_array_foreach(json_object_get(page, "jobs"), i, j) {

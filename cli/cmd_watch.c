@@ -14,6 +14,7 @@
 
 #include "cli/client.h"
 #include "cli/commands.h"
+#include "cli/job_progress.h"
 #include "cli/grpc_client.h"
 #include "common/xalloc.h"
 
@@ -40,6 +41,7 @@ typedef struct {
   size_t len;
   char last_id[32];
   bool final;
+  char job[128]; /* the job's progress in words (cli_progress_text) */
 } watch_t;
 
 static void bar(char *out, double frac) {
@@ -86,13 +88,14 @@ static void draw(watch_t *w) {
   if (!w->tty) return;
   if (w->drawn) printf("\033[%dA", w->drawn);
   printf("\033[2K%s attempt %d: %.200s\n", w->state, w->attempt, w->reason);
+  if (w->job[0]) printf("\033[2Kjob %s\n", w->job);
   int n = w->world < MAX_RANKS ? w->world : MAX_RANKS;
   for (int r = 0; r < n; r++) {
     char line[400];
     rank_line(w, r, line, sizeof line);
     printf("\033[2K%s\n", line);
   }
-  w->drawn = n + 1;
+  w->drawn = n + 1 + (w->job[0] != '\0');
   fflush(stdout);
 }
 
@@ -131,6 +134,13 @@ static void on_event(watch_t *w, const char *type, json_t *ev) {
   v->btotal = json_integer_value(json_object_get(d, "bytes_total"));
   v->host_peak = json_integer_value(json_object_get(d, "host_peak_bytes"));
   snprintf(v->note, sizeof v->note, "%s", json_string_value(json_object_get(d, "message")));
+  if (json_object_get(d, "job_progress_phase")) {
+    char job[sizeof w->job];
+    cli_progress_text(d, "job_", job, sizeof job);
+    /* Without a terminal, a line each time the words change. */
+    if (!w->tty && strcmp(job, w->job)) printf("job %s\n", job);
+    snprintf(w->job, sizeof w->job, "%s", job);
+  }
   if (!w->tty) {
     char line[400];
     rank_line(w, r, line, sizeof line);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
+#include "common/beneath.h"
 
 int ty_mkdirs(const char *dir, char *err, size_t errlen) {
   char path[PATH_MAX];
@@ -103,11 +104,12 @@ int ty_flock_try(int fd) {
 }
 
 int ty_dir_lock(const char *dir, char *err, size_t errlen) {
-  int rc = ty_mkdirs(dir, err, errlen);
+  int rc = ty_beneath_mkdirs(dir, err, errlen);
   if (rc) return rc;
-  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  char why[1024];
+  int fd = ty_beneath_open(dir, O_RDONLY | O_DIRECTORY, 0, why, sizeof why);
   if (fd < 0) {
-    if (err) snprintf(err, errlen, "cannot open directory %s: %s", dir, strerror(errno));
+    if (err) snprintf(err, errlen, "cannot open the directory: %s", why);
     return TY_EPERM;
   }
   rc = ty_flock_try(fd);

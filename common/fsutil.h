@@ -23,9 +23,9 @@ int ty_rmtree(const char *dir, char *err, size_t errlen);
 int ty_flock_try(int fd);
 
 /* Takes an exclusive advisory lock (flock) on directory dir, creating it and
- * its parents when missing, for as long as the returned descriptor stays
- * open: close it to release (the kernel releases it when the process ends,
- * however it ends). The descriptor is close-on-exec, so processes started
+ * its parents when missing (inside the process's roots, common/beneath.h),
+ * for as long as the returned descriptor stays open: close it to release (the kernel releases it
+ * when the process ends, however it ends). The descriptor is close-on-exec, so processes started
  * meanwhile do not hold the lock. Returns the descriptor (>= 0);
  * TY_EPRECONDITION when another open of dir holds the lock (another run
  * writes there); TY_EPERM or TY_EINVAL, with a message in err (may be

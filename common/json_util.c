@@ -1,11 +1,14 @@
 /* json_util.c - small jansson helpers; see json_util.h. */
 #include "common/json_util.h"
 
+#include "api/errors.h"
+#include "common/beneath.h"
 #include "common/partial.h"
 #include "common/xalloc.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -127,23 +130,45 @@ int ty_json_dumpf(const json_t *j, FILE *f, size_t flags) {
 }
 
 int ty_json_dump_file(const json_t *j, const char *path, size_t flags) {
+  return ty_json_write_file(j, path, flags, NULL, 0) ? -1 : 0;
+}
+
+int ty_json_write_file(const json_t *j, const char *path, size_t flags, char *err, size_t errlen) {
   char partial[PATH_MAX];
   if (snprintf(partial, sizeof partial, "%s.partial", path) >= (int)sizeof partial) {
+    if (err) snprintf(err, errlen, "%.64s...: path too long", path);
     errno = ENAMETOOLONG;
-    return -1;
+    return TY_EINVAL;
   }
   const int slot = ty_partial_track(partial);
-  FILE *f = fopen(partial, "w");
+  FILE *f = ty_beneath_fopen(partial, "w", err, errlen);
+  int rc = f ? 0 : TY_EPERM;
   if (f) {
     int wrote = ty_json_dumpf(j, f, flags);
-    if (fclose(f) == 0 && wrote == 0 && rename(partial, path) == 0) {
+    if (fclose(f) != 0 || wrote != 0) {
+      if (err) snprintf(err, errlen, "%s: cannot write: %s", partial, strerror(errno));
+      rc = TY_EUNAVAILABLE;
+    } else if ((rc = ty_beneath_rename(partial, path, err, errlen)) == 0) {
       ty_partial_untrack(slot);
       return 0;
     }
   }
   int e = errno;
-  unlink(partial);
+  ty_beneath_remove(partial, false, NULL, 0);
   ty_partial_untrack(slot);
   errno = e;
-  return -1;
+  return rc;
+}
+
+json_t *ty_json_load_file(const char *path, size_t flags, char *err, size_t errlen) {
+  int fd = ty_beneath_open(path, O_RDONLY, 0, err, errlen);
+  if (fd < 0) return NULL;
+  json_error_t je;
+  json_t *j = json_loadfd(fd, flags, &je);
+  close(fd);
+  if (!j) {
+    if (err) snprintf(err, errlen, "%s: not valid JSON (line %d: %s)", path, je.line, je.text);
+    errno = EINVAL;
+  }
+  return j;
 }

@@ -28,4 +28,17 @@ int ty_json_dumpf(const json_t *j, FILE *f, size_t flags);
  * set and path as it was. */
 int ty_json_dump_file(const json_t *j, const char *path, size_t flags);
 
+/* ty_json_dump_file inside the process's roots (common/beneath.h): the
+ * part is made, and renamed, only through folders inside a write root.
+ * 0, or a negative TY_E* code with a message naming path (and, for one
+ * that leads out, its root) in err (may be NULL). ty_json_dump_file is
+ * this without the message. */
+int ty_json_write_file(const json_t *j, const char *path, size_t flags, char *err, size_t errlen);
+
+/* json_load_file inside the process's roots: NULL with a message naming
+ * path in err (may be NULL) where it cannot be opened (errno: the reason;
+ * ENOENT where it does not exist) or is not valid JSON ("not valid JSON
+ * (line N: ...)", errno EINVAL). */
+json_t *ty_json_load_file(const char *path, size_t flags, char *err, size_t errlen);
+
 #endif

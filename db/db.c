@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -107,10 +108,23 @@ double db_now(void) {
 }
 
 int dbi_err(db_t *db, int rc, const char *what) {
-  ty_error("sqlite: %s: %s (%d)", what, sqlite3_errmsg(db->conn), rc);
-  if (rc == SQLITE_BUSY || rc == SQLITE_LOCKED) return TY_EUNAVAILABLE;
-  if (rc == SQLITE_FULL || rc == SQLITE_IOERR) return TY_EUNAVAILABLE;
-  if (rc == SQLITE_CORRUPT) return TY_EDATALOSS;
+  /* Said once while it lasts: a write retried every few seconds against a
+   * full disk must not fill the log with the same line. */
+  char text[sizeof db->last_err];
+  snprintf(text, sizeof text, "%s (%d)", sqlite3_errmsg(db->conn), rc);
+  if (strcmp(text, db->last_err)) ty_error("sqlite: %s: %s", what, text);
+  snprintf(db->last_err, sizeof db->last_err, "%s", text);
+  switch (rc & 0xff) {
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+    case SQLITE_FULL:
+    case SQLITE_IOERR:
+    case SQLITE_READONLY:
+    case SQLITE_CANTOPEN:
+      return TY_EUNAVAILABLE; /* the disk or the file, not the request */
+    case SQLITE_CORRUPT:
+      return TY_EDATALOSS;
+  }
   return TY_EINTERNAL;
 }
 
@@ -189,6 +203,8 @@ int dbi_exec(db_t *db, const char *sql) {
 }
 
 int dbi_run(db_t *db, const char *sql) {
+  /* A failed COMMIT (disk full, I/O error) has already rolled back. */
+  if (!strcmp(sql, "ROLLBACK") && sqlite3_get_autocommit(db->conn)) return 0;
   sqlite3_stmt *st;
   int rc = dbi_prepare(db, sql, &st);
   if (rc) return rc;
@@ -197,7 +213,14 @@ int dbi_run(db_t *db, const char *sql) {
   }
   rc = s == SQLITE_DONE ? 0 : dbi_err(db, s, sql);
   dbi_finish(db, st);
+  if (!rc && !strcmp(sql, "COMMIT")) db->last_err[0] = '\0';
   return rc;
+}
+
+void db_last_error(db_t *db, char *buf, size_t size) {
+  pthread_mutex_lock(&db->lock);
+  snprintf(buf, size, "%s", db->last_err[0] ? db->last_err : "no error recorded");
+  pthread_mutex_unlock(&db->lock);
 }
 
 char *dbi_text_dup(sqlite3_stmt *st, int col) {
@@ -280,45 +303,129 @@ static int migrate(db_t *db, char *msg, size_t msgsz) {
   return 0;
 }
 
-/* Makes the database this open's alone: an exclusive flock on <path>-owner
- * (not on the database file, whose POSIX locks SQLite's own would lose when
- * another descriptor of it closed), which then names this process. Two
+/* The pid that holds a flock on the file (dev, ino), from /proc/locks; 0
+ * when none is listed. */
+static long lock_holder(dev_t dev, ino_t ino) {
+  FILE *f = fopen("/proc/locks", "r");
+  if (!f) return 0;
+  char line[256];
+  long pid = 0, any = 0;
+  while (fgets(line, sizeof line, f)) {
+    char kind[16];
+    long who;
+    unsigned maj, min;
+    unsigned long long inode;
+    if (sscanf(line, "%*[^:]: %15s %*s %*s %ld %x:%x:%llu", kind, &who, &maj, &min, &inode) != 5 ||
+        strcmp(kind, "FLOCK") || inode != (unsigned long long)ino)
+      continue;
+    /* Overlay file systems may list another device number: an inode
+     * match alone is the fallback. */
+    if (maj == major(dev) && min == minor(dev)) pid = who;
+    if (!any) any = who;
+  }
+  fclose(f);
+  return pid ? pid : any;
+}
+
+/* Makes the database this open's alone: an exclusive flock on the database
+ * file itself (flock, not the POSIX locks SQLite uses and would lose when
+ * another descriptor of the file closed), so that whatever name reaches the
+ * file (a symlink, a hard link, another spelling) finds it held. Two
  * servers on one database would each take the other's running ranks for
- * leftovers of a crash and stop them. */
+ * leftovers of a crash and stop them. <path>-owner names the holder's pid
+ * for people; the lock is the file's. */
 static int take_owner(db_t *db, const char *path, char *msg, size_t msgsz) {
   char owner[PATH_MAX];
-  if (snprintf(owner, sizeof owner, "%s-owner", path) >= (int)sizeof owner) {
+  if (snprintf(owner, sizeof owner, "%s-owner", path) >= (int)sizeof owner ||
+      strlen(path) >= sizeof db->path) {
     if (msg) snprintf(msg, msgsz, "database path too long: %.64s...", path);
     return TY_EINVAL;
   }
-  db->owner_fd = open(owner, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-  if (db->owner_fd < 0) {
-    if (msg) snprintf(msg, msgsz, "cannot open %s: %s", owner, strerror(errno));
+  snprintf(db->path, sizeof db->path, "%s", path);
+  db->lock_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  struct stat st;
+  if (db->lock_fd < 0 || fstat(db->lock_fd, &st)) {
+    if (msg) snprintf(msg, msgsz, "cannot open database %s: %s", path, strerror(errno));
     return TY_EUNAVAILABLE;
   }
-  int rc = ty_flock_try(db->owner_fd);
+  db->dev = st.st_dev;
+  db->ino = st.st_ino;
+  int rc = ty_flock_try(db->lock_fd);
   if (rc == TY_EPRECONDITION) {
     char pid[32] = "";
-    ssize_t n = pread(db->owner_fd, pid, sizeof pid - 1, 0);
-    pid[n > 0 ? n : 0] = '\0';
-    pid[strcspn(pid, "\n")] = '\0';
+    long holder = lock_holder(st.st_dev, st.st_ino);
+    if (holder > 0) {
+      snprintf(pid, sizeof pid, "%ld", holder);
+    } else {
+      int fd = open(owner, O_RDONLY | O_CLOEXEC);
+      ssize_t n = fd >= 0 ? pread(fd, pid, sizeof pid - 1, 0) : -1;
+      if (fd >= 0) close(fd);
+      pid[n > 0 ? n : 0] = '\0';
+      pid[strcspn(pid, "\n")] = '\0';
+    }
     if (msg)
       snprintf(msg, msgsz,
-               "database %s is in use by another trainyardd (pid %s, holding %s); one "
-               "database takes one server, or each would stop the other's ranks: stop that "
-               "server first, or give this one another --db",
-               path, *pid ? pid : "unknown", owner);
+               "database %s is in use by another trainyardd (pid %s, holding a lock on the "
+               "file, device %u:%u inode %llu, by whatever name it was given); one database "
+               "takes one server, or each would stop the other's ranks: stop that server "
+               "first, or give this one another --db",
+               path, *pid ? pid : "unknown", major(st.st_dev), minor(st.st_dev),
+               (unsigned long long)st.st_ino);
     return rc;
   }
   if (rc) {
-    if (msg) snprintf(msg, msgsz, "cannot lock %s: %s", owner, strerror(errno));
+    if (msg) snprintf(msg, msgsz, "cannot lock %s: %s", path, strerror(errno));
     return TY_EUNAVAILABLE;
   }
+  db->owner_fd = open(owner, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   char pid[32];
   int len = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
-  if (ftruncate(db->owner_fd, 0) || pwrite(db->owner_fd, pid, (size_t)len, 0) != len)
+  if (db->owner_fd < 0 || ftruncate(db->owner_fd, 0) ||
+      pwrite(db->owner_fd, pid, (size_t)len, 0) != len)
     ty_warn("cannot write this process's id into %s: %s", owner, strerror(errno));
   return 0;
+}
+
+int db_file_check(db_t *db, char *msg, size_t msgsz) {
+  struct stat now, held;
+  bool gone = stat(db->path, &now) != 0;
+  if (!gone && now.st_dev == db->dev && now.st_ino == db->ino &&
+      (fstat(db->lock_fd, &held) || held.st_nlink > 0))
+    return 0;
+  if (msg)
+    snprintf(msg, msgsz,
+             "the database file %s was %s while this server ran: what it writes now no longer "
+             "reaches that name; stop this trainyardd and put the file back (or restart it on "
+             "the new one)",
+             db->path, gone ? "deleted" : "deleted or replaced by another file");
+  return TY_EDATALOSS;
+}
+
+/* PRAGMA quick_check: a damaged database is refused at start, naming what
+ * SQLite found, instead of failing later in the middle of a job's life. */
+static int check_integrity(db_t *db, const char *path, char *msg, size_t msgsz) {
+  sqlite3_stmt *st = NULL;
+  int rc = sqlite3_prepare_v2(db->conn, "PRAGMA quick_check(3)", -1, &st, NULL);
+  char found[600] = "";
+  size_t used = 0;
+  int s = rc;
+  if (rc == SQLITE_OK) {
+    while ((s = sqlite3_step(st)) == SQLITE_ROW) {
+      const char *t = (const char *)sqlite3_column_text(st, 0);
+      if (t && strcmp(t, "ok") && used < sizeof found)
+        used += (size_t)snprintf(found + used, sizeof found - used, "%s%s", used ? "; " : "", t);
+    }
+  }
+  if (s != SQLITE_DONE && !found[0]) snprintf(found, sizeof found, "%s", sqlite3_errmsg(db->conn));
+  sqlite3_finalize(st);
+  if (!found[0]) return 0;
+  if (msg)
+    snprintf(msg, msgsz,
+             "database %s is damaged (PRAGMA quick_check: %s); trainyardd will not run on it: "
+             "restore it from a backup, or move it (with its -wal and -shm files) aside to "
+             "start with an empty one",
+             path, found);
+  return TY_EDATALOSS;
 }
 
 int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
@@ -326,7 +433,7 @@ int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
   int rc = make_parent_dir(path, msg, msgsz);
   if (rc) return rc;
   db_t *db = xcalloc(1, sizeof *db);
-  db->owner_fd = -1;
+  db->owner_fd = db->lock_fd = -1;
   pthread_mutex_init(&db->lock, NULL);
   if ((rc = take_owner(db, path, msg, msgsz))) {
     db_close(db);
@@ -334,13 +441,17 @@ int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
   }
   int src = sqlite3_open_v2(path, &db->conn,
                             SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                            NULL);
+                            dbi_faults_vfs());
   if (src != SQLITE_OK) {
     if (msg) snprintf(msg, msgsz, "cannot open database %s: %s", path, sqlite3_errstr(src));
     db_close(db);
     return TY_EUNAVAILABLE;
   }
   sqlite3_busy_timeout(db->conn, 5000);
+  if ((rc = check_integrity(db, path, msg, msgsz))) {
+    db_close(db);
+    return rc;
+  }
   /* WAL: readers never block the writer; synchronous=NORMAL keeps every
    * committed transaction across a crash of the process (only a power loss
    * can drop the newest ones). */
@@ -364,7 +475,8 @@ void db_close(db_t *db) {
   if (db->conn) dbi_flush(db);
   dbi_cache_clear(db);
   if (db->conn) sqlite3_close_v2(db->conn);
-  if (db->owner_fd >= 0) close(db->owner_fd); /* after SQLite: the next owner finds it whole */
+  if (db->owner_fd >= 0) close(db->owner_fd);
+  if (db->lock_fd >= 0) close(db->lock_fd); /* after SQLite: the next owner finds it whole */
   pthread_mutex_destroy(&db->lock);
   free(db);
 }

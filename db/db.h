@@ -68,12 +68,22 @@ void db_jobs_free(db_job_t **jobs, size_t n);
 
 /* Opens (creating when missing, with its parent directory) and migrates the
  * database at path, for this open alone until db_close: an exclusive flock
- * on "<path>-owner", which holds the opener's pid, so that a second open
- * (another trainyardd) fails with TY_EPRECONDITION, naming that pid, and
- * touches nothing. On failure returns a TY_E* code and, when msg is not
- * NULL, a description in msg (msgsz bytes). */
+ * on the database file itself, so that a second open (another trainyardd)
+ * by any name of the file (symlink, hard link) fails with TY_EPRECONDITION,
+ * naming the holder's pid (also written to "<path>-owner"), and touches
+ * nothing. A database that PRAGMA quick_check finds damaged is
+ * TY_EDATALOSS, naming the damage. On failure returns a TY_E* code and,
+ * when msg is not NULL, a description in msg (msgsz bytes). */
 int db_open(const char *path, db_t **out, char *msg, size_t msgsz);
 void db_close(db_t *db);
+/* Whether the name the database was opened by still reaches the file this
+ * open holds (device and inode): 0, or TY_EDATALOSS with the reason in msg
+ * when the file was deleted or another file put in its place, so that what
+ * is written no longer lands where a restart would look. */
+int db_file_check(db_t *db, char *msg, size_t msgsz);
+/* The last SQLite error ("message (code)"; cleared once a later write
+ * commits), or "no error recorded". */
+void db_last_error(db_t *db, char *buf, size_t size);
 /* The schema version this build applies (the last migration). */
 int db_schema_version(void);
 
@@ -154,6 +164,13 @@ typedef struct {
   int64_t bytes_loaded, bytes_total, host_peak_bytes, device_peak_bytes;
   double load_seconds;
   char message[512];
+  /* The job's figures once this report is in (server/progress.h), which
+   * its "progress" event carries as job_progress, job_progress_phase,
+   * job_eta_seconds (null when NaN) and job_tokens_per_s; only when
+   * has_job_progress. */
+  bool has_job_progress;
+  double job_progress, job_eta_seconds, job_tokens_per_s;
+  char job_progress_phase[16];
 } db_report_t;
 
 /* Writes a report into the rank's row; appends a metrics point when the
@@ -173,11 +190,16 @@ int db_flush(db_t *db);
  * (their end is still to be recorded). */
 int db_job_unfinished_ranks(db_t *db, const char *id, int *n);
 
-/* The live ranks of every job in starting or running (for recovery): calls
- * fn once per rank row without a finish, with its pid and pid_start. */
+/* For recovery: calls fn once per rank row without a finish, of any job
+ * (a cancelled or failed one whose ranks were still stopping included) and
+ * any attempt, with its pid and pid_start (0 when never started). */
 typedef void (*db_live_rank_fn)(const char *id, int attempt, int rank, int pid,
                                 int64_t pid_start, void *ctx);
 int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx);
+/* For recovery: closes (as failed, with reason) every attempt left open
+ * that is not the open attempt of a job in starting or running; *n
+ * receives how many. */
+int db_attempts_close_stale(db_t *db, const char *reason, int *n);
 
 /* JSON views (new objects, the caller's). */
 /* {"job_id","attempt","ranks":[{rank, state, phase, step, ...}]}: the

@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 #include <stdbool.h>
+#include <sys/types.h>
 
 #include <sqlite3.h>
 
@@ -21,7 +22,12 @@ typedef struct {
 
 struct db {
   sqlite3 *conn;
-  int owner_fd;         /* holds the flock of <path>-owner while open; -1 */
+  int owner_fd;    /* <path>-owner, which names this process's pid; -1 */
+  int lock_fd;     /* the database file itself, flock'ed while open; -1 */
+  char path[4096]; /* the name it was opened by */
+  dev_t dev;       /* ... and the file that name reached then */
+  ino_t ino;
+  char last_err[512];   /* the last SQLite error logged; "" after a commit */
   pthread_mutex_t lock; /* one statement sequence or transaction at a time */
   dbi_cached_t cache[DBI_CACHE];
   /* Reports are committed in batches (group commit): a transaction opened
@@ -68,5 +74,9 @@ int64_t dbi_event_append(db_t *db, const char *id, const char *type, json_t *dat
 /* The "state" event of a new job (from null to queued), written by
  * db_job_insert inside its transaction; same shape as a transition's. */
 int dbi_created_event(db_t *db, const char *id, const char *reason);
+
+/* The name of the fault-injecting VFS (db_faults.c) when the environment
+ * asks for it (tests only), else NULL: SQLite's default. */
+const char *dbi_faults_vfs(void);
 
 #endif

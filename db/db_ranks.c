@@ -67,22 +67,30 @@ int db_rank_finished(db_t *db, const char *id, int attempt, int rank, const char
     json_decref(ev);
     if (seq < 0) rc = (int)seq;
   }
-  dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
+  int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
+  if (!rc) rc = end; /* a COMMIT that failed wrote nothing */
 out:
   pthread_mutex_unlock(&db->lock);
   return rc;
 }
 
 static json_t *report_json(const db_report_t *r) {
-  return json_pack("{s:i, s:i, s:i, s:s, s:I, s:I, s:o, s:f, s:I, s:I, s:I, s:I, s:f, s:s}",
-                   "attempt", r->attempt, "rank", r->rank, "world_size", r->world_size, "phase",
-                   r->phase, "step", (json_int_t)r->step, "total_steps",
-                   (json_int_t)r->total_steps, "loss",
-                   isfinite(r->loss) ? json_real(r->loss) : json_null(), "tokens_per_s",
-                   r->tokens_per_s, "bytes_loaded", (json_int_t)r->bytes_loaded, "bytes_total",
-                   (json_int_t)r->bytes_total, "host_peak_bytes", (json_int_t)r->host_peak_bytes,
-                   "device_peak_bytes", (json_int_t)r->device_peak_bytes, "load_seconds",
-                   r->load_seconds, "message", r->message);
+  json_t *o = json_pack(
+      "{s:i, s:i, s:i, s:s, s:I, s:I, s:o, s:f, s:I, s:I, s:I, s:I, s:f, s:s}", "attempt",
+      r->attempt, "rank", r->rank, "world_size", r->world_size, "phase", r->phase, "step",
+      (json_int_t)r->step, "total_steps", (json_int_t)r->total_steps, "loss",
+      isfinite(r->loss) ? json_real(r->loss) : json_null(), "tokens_per_s", r->tokens_per_s,
+      "bytes_loaded", (json_int_t)r->bytes_loaded, "bytes_total", (json_int_t)r->bytes_total,
+      "host_peak_bytes", (json_int_t)r->host_peak_bytes, "device_peak_bytes",
+      (json_int_t)r->device_peak_bytes, "load_seconds", r->load_seconds, "message", r->message);
+  if (o && r->has_job_progress) {
+    json_object_set_new(o, "job_progress", json_real(r->job_progress));
+    json_object_set_new(o, "job_progress_phase", json_string(r->job_progress_phase));
+    json_object_set_new(o, "job_eta_seconds",
+                        isfinite(r->job_eta_seconds) ? json_real(r->job_eta_seconds) : json_null());
+    json_object_set_new(o, "job_tokens_per_s", json_real(r->job_tokens_per_s));
+  }
+  return o;
 }
 
 /* ev_text: the report's "progress" event, rendered before the lock. */
@@ -224,10 +232,8 @@ int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx) {
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
   int rc = dbi_prepare(db,
-                       "SELECT r.job_id, r.attempt, r.rank, coalesce(r.pid, 0),"
-                       " coalesce(r.pid_start, 0) FROM ranks r JOIN jobs j"
-                       " ON j.id = r.job_id AND j.attempt = r.attempt"
-                       " WHERE j.state IN ('starting', 'running') AND r.finished_at IS NULL",
+                       "SELECT job_id, attempt, rank, coalesce(pid, 0), coalesce(pid_start, 0)"
+                       " FROM ranks WHERE finished_at IS NULL ORDER BY job_id, attempt, rank",
                        &st);
   if (!rc) {
     while (sqlite3_step(st) == SQLITE_ROW) {
@@ -386,6 +392,28 @@ int db_rank_log_path(db_t *db, const char *id, int attempt, int rank, char **out
     else
       rc = TY_ENOTFOUND;
     dbi_finish(db, st);
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
+int db_attempts_close_stale(db_t *db, const char *reason, int *n) {
+  *n = 0;
+  pthread_mutex_lock(&db->lock);
+  sqlite3_stmt *st;
+  int rc = dbi_flush(db);
+  if (!rc)
+    rc = dbi_prepare(db,
+                     "UPDATE attempts SET state = 'failed', reason = ?, finished_at = ?"
+                     " WHERE finished_at IS NULL AND NOT EXISTS (SELECT 1 FROM jobs j"
+                     " WHERE j.id = attempts.job_id AND j.attempt = attempts.attempt"
+                     " AND j.state IN ('starting', 'running'))",
+                     &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, reason, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 2, db_now());
+    rc = step_done(db, st, "close stale attempts");
+    if (!rc) *n = sqlite3_changes(db->conn);
   }
   pthread_mutex_unlock(&db->lock);
   return rc;

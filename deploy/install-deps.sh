@@ -13,12 +13,17 @@ group=${1:-build}
 # libpcre2-dev, libutf8proc-dev: the tokenizer's Unicode regular expressions and
 # normalization forms (text/; the worker tokenizes).
 worker_pkgs=(cmake make gcc pkg-config libjansson-dev libopenblas-dev libcurl4-openssl-dev
-             libpcre2-dev libutf8proc-dev)
+             libprotobuf-c-dev protobuf-c-compiler libpcre2-dev libutf8proc-dev)
 # nodejs + npm: the build installs the web page's chart library with npm ci.
-build_pkgs=("${worker_pkgs[@]}" libgrpc-dev libprotobuf-c-dev protobuf-c-compiler
-            libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm)
+# g++ + libgloo-dev: the Gloo comm for CPU ranks on several hosts (optional in
+# the build; installed so that it is built and tested).
+build_pkgs=("${worker_pkgs[@]}" libgrpc-dev
+            libmicrohttpd-dev libsqlite3-dev libcmocka-dev nodejs npm g++ libgloo-dev)
 test_pkgs=("${build_pkgs[@]}" clang python3 python3-numpy python3-torch python3-grpcio
-           python3-protobuf protobuf-compiler python3-requests python3-yaml curl procps chromium)
+           python3-protobuf protobuf-compiler python3-prometheus-client python3-requests python3-yaml
+           curl procps chromium slurmctld slurmd slurm-client munge)
+# slurmctld, slurmd, slurm-client, munge: deploy/slurm-cluster.sh's two-node
+# test cluster (integration/slurm_cluster).
 # wrk + nginx: tests/bench/api.py measures trainyardd beside nginx.
 bench_pkgs=("${test_pkgs[@]}" wrk nginx-light)
 

@@ -2,9 +2,12 @@
  * config.h. */
 #include "server/config.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -198,10 +201,38 @@ int srv_config_load(srv_config_t *c, int argc, char **argv, bool *help, char *ms
   return 0;
 }
 
+static bool addr_loopback(const struct sockaddr *sa) {
+  if (sa->sa_family == AF_INET)
+    return (ntohl(((const struct sockaddr_in *)sa)->sin_addr.s_addr) >> 24) == 127;
+  if (sa->sa_family != AF_INET6) return false;
+  const struct in6_addr *a = &((const struct sockaddr_in6 *)sa)->sin6_addr;
+  if (IN6_IS_ADDR_LOOPBACK(a)) return true;
+  return IN6_IS_ADDR_V4MAPPED(a) && a->s6_addr[12] == 127;
+}
+
+bool srv_listen_is_loopback(const char *listen, srv_resolver_t resolve) {
+  char host[256];
+  if (listen[0] == '[') {
+    const char *end = strchr(listen, ']');
+    if (!end) return false;
+    snprintf(host, sizeof host, "%.*s", (int)(end - listen - 1), listen + 1);
+  } else {
+    const char *colon = strrchr(listen, ':');
+    snprintf(host, sizeof host, "%.*s", colon ? (int)(colon - listen) : (int)strlen(listen),
+             listen);
+  }
+  if (!*host) return false; /* every address */
+  struct addrinfo hints = {0}, *res = NULL;
+  hints.ai_socktype = SOCK_STREAM;
+  if (resolve(host, NULL, &hints, &res) || !res) return false;
+  bool all = true;
+  for (const struct addrinfo *ai = res; ai; ai = ai->ai_next) all &= addr_loopback(ai->ai_addr);
+  freeaddrinfo(res);
+  return all;
+}
+
 bool srv_config_is_loopback(const char *listen) {
-  if (!strncmp(listen, "[::1]:", 6) || !strcmp(listen, "[::1]")) return true;
-  if (!strncmp(listen, "localhost:", 10) || !strcmp(listen, "localhost")) return true;
-  return !strncmp(listen, "127.", 4);
+  return srv_listen_is_loopback(listen, getaddrinfo);
 }
 
 /* What an option's 0 means where it counts CPUs. */
@@ -216,8 +247,9 @@ int srv_config_check(srv_config_t *c, char *msg, size_t msgsz) {
     if (*p != ',' && *p != ' ') has_token = true;
   if (!srv_config_is_loopback(c->listen) && !has_token) {
     snprintf(msg, msgsz,
-             "refusing to listen on %s without an API token: set --tokens (or TRAINYARD_TOKENS), "
-             "or listen on a loopback address such as 127.0.0.1:8080",
+             "refusing to listen on %s without an API token: not every address it resolves "
+             "to is a loopback one; set --tokens (or TRAINYARD_TOKENS), or listen on a "
+             "loopback address such as 127.0.0.1:8080",
              c->listen);
     return TY_EINVAL;
   }

@@ -46,6 +46,12 @@
     "largest request head (line + headers) in bytes")                                      \
   X(max_connections, INT, "512", 4, 65536, "TRAINYARD_MAX_CONNECTIONS",                    \
     "concurrent client connections (429 above it)")                                     \
+  X(max_connections_per_ip, INT, "64", 0, 65536, "TRAINYARD_MAX_CONNECTIONS_PER_IP",       \
+    "concurrent connections from one client address, refused above it (0: no cap; behind " \
+    "a proxy, all clients share its address)")                                             \
+  X(request_timeout, SEC, "5", 0.1, 3600, "TRAINYARD_REQUEST_TIMEOUT",                     \
+    "seconds a client has to send a whole request (head and body), from connecting or "    \
+    "from its previous answer; slower ones are cut off")                                   \
   X(http_threads, INT, "0", 0, 1024, "TRAINYARD_HTTP_THREADS",                             \
     "threads serving REST connections, each many at once (0: the number of online CPUs)")  \
   X(sse_keepalive, SEC, "15", 0.1, 60, "TRAINYARD_SSE_KEEPALIVE",                         \
@@ -87,8 +93,18 @@ int srv_config_load(srv_config_t *c, int argc, char **argv, bool *help, char *ms
  * resolved. 0 or TY_EINVAL with msg. */
 int srv_config_check(srv_config_t *c, char *msg, size_t msgsz);
 
-/* True when the host part of a listen address is a loopback address. */
+/* True when every address the host part of a listen address resolves to
+ * is a loopback address (127.0.0.0/8, ::1, ::ffff:127.0.0.0/104); a name
+ * that does not resolve, an empty host and the wildcards are not. Names
+ * are resolved (getaddrinfo), never judged by their spelling: "127.lan"
+ * may name any host. */
 bool srv_config_is_loopback(const char *listen);
+/* The same with another resolver (getaddrinfo's contract; its results are
+ * freed with freeaddrinfo), for tests. */
+struct addrinfo;
+typedef int (*srv_resolver_t)(const char *node, const char *service, const struct addrinfo *hints,
+                              struct addrinfo **res);
+bool srv_listen_is_loopback(const char *listen, srv_resolver_t resolve);
 
 /* --help, generated from the table. */
 void srv_config_usage(FILE *f);

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "api/errors.h"
+#include "common/beneath.h"
 #include "common/log.h"
 #include "common/xalloc.h"
 
@@ -77,6 +78,14 @@ static void *pump_main(void *arg) {
   return NULL;
 }
 
+/* "name=value", allocated. */
+static char *env_kv(const char *name, const char *value) {
+  size_t n = strlen(name) + strlen(value) + 2;
+  char *kv = xmalloc(n);
+  snprintf(kv, n, "%s=%s", name, value);
+  return kv;
+}
+
 int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, size_t msgsz) {
   memset(out, 0, sizeof *out);
   if (access(sp->worker, X_OK)) {
@@ -120,13 +129,22 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   extern char **environ;
   size_t nenv = 0;
   while (environ[nenv]) nenv++;
-  char **envp = xcalloc(nenv + 13, sizeof *envp);
+  char **envp = xcalloc(nenv + 16, sizeof *envp);
   size_t k = 0;
   for (size_t i = 0; i < nenv; i++)
     if (strncmp(environ[i], "TRAINYARD_", 10) &&
         (sp->gpu < 0 || strncmp(environ[i], "CUDA_VISIBLE_DEVICES=", 21)))
       envp[k++] = environ[i];
   for (int i = 0; i < n_own; i++) envp[k++] = env_buf[i];
+  /* The roots, as long as they are (up to 32 of PATH_MAX each). */
+  char *roots[3] = {NULL, NULL, NULL};
+  if (ty_beneath_confined()) { /* this server's roots (svc_open) are the rank's, even none */
+    roots[0] = env_kv("TRAINYARD_READ_ROOTS", ty_beneath_roots(false));
+    roots[1] = env_kv("TRAINYARD_WRITE_ROOTS", ty_beneath_roots(true));
+  }
+  if (ty_beneath_walks()) roots[2] = xstrdup("TRAINYARD_BENEATH_WALK=1");
+  for (int i = 0; i < 3; i++)
+    if (roots[i]) envp[k++] = roots[i];
   envp[k] = NULL;
   char *argv[] = {(char *)sp->worker, NULL};
 
@@ -134,6 +152,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   if (pid < 0) {
     snprintf(msg, msgsz, "fork: %s", strerror(errno));
     free(envp);
+    for (int i = 0; i < 3; i++) free(roots[i]);
     close(fds[0]);
     close(fds[1]);
     close(logfd);
@@ -158,6 +177,7 @@ int dispatch_start(const dispatch_spec_t *sp, dispatch_rank_t *out, char *msg, s
   /* Both sides set the group, so no signal can race the child's setpgid. */
   setpgid(pid, pid);
   free(envp);
+  for (int i = 0; i < 3; i++) free(roots[i]);
   close(fds[1]);
   out->pid = pid;
   out->start_ticks = dispatch_start_ticks(pid);

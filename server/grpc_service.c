@@ -33,10 +33,10 @@ static ProtobufCMessage *to_message(const json_t *j, const ProtobufCMessageDescr
 }
 
 /* The trainyard.v1.Job of a job row: the REST API's JSON of the job
- * (svc_job_json) as a message. The caller frees it with
+ * (svc_job_view) as a message. The caller frees it with
  * trainyard__v1__job__free_unpacked. */
-static Trainyard__V1__Job *job_pb(const db_job_t *j, char *msg, size_t msgsz) {
-  json_t *o = svc_job_json(j);
+static Trainyard__V1__Job *job_pb(svc_t *svc, const db_job_t *j, char *msg, size_t msgsz) {
+  json_t *o = svc_job_view(svc, j);
   Trainyard__V1__Job *m =
       (Trainyard__V1__Job *)to_message(o, &trainyard__v1__job__descriptor, msg, msgsz);
   json_decref(o);
@@ -44,8 +44,9 @@ static Trainyard__V1__Job *job_pb(const db_job_t *j, char *msg, size_t msgsz) {
 }
 
 /* Packs a job row as a bare Job (GetJob, CancelJob, DeleteJob). */
-static int job_reply(const db_job_t *j, grpc_byte_buffer **resp, char *msg, size_t msgsz) {
-  Trainyard__V1__Job *m = job_pb(j, msg, msgsz);
+static int job_reply(svc_t *svc, const db_job_t *j, grpc_byte_buffer **resp, char *msg,
+                     size_t msgsz) {
+  Trainyard__V1__Job *m = job_pb(svc, j, msg, msgsz);
   if (!m) return TY_EINTERNAL;
   *resp = gwire_pack(&m->base);
   trainyard__v1__job__free_unpacked(m, NULL);
@@ -83,7 +84,7 @@ static int m_submit(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
   int rc = svc_submit(svc, &spec, req->idempotency_key, &job, &created, errs, msg, msgsz);
   if (rc) return rc;
   Trainyard__V1__SubmitJobResponse out = TRAINYARD__V1__SUBMIT_JOB_RESPONSE__INIT;
-  out.job = job_pb(job, msg, msgsz);
+  out.job = job_pb(svc, job, msg, msgsz);
   out.has_existing = true;
   out.existing = !created;
   db_job_free(job);
@@ -118,7 +119,7 @@ static int m_get(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **resp
   db_job_t *job;
   int rc = svc_get(svc, req->job_id, &job, msg, msgsz);
   if (rc) return rc;
-  rc = job_reply(job, resp, msg, msgsz);
+  rc = job_reply(svc, job, resp, msg, msgsz);
   db_job_free(job);
   return rc;
 }
@@ -155,7 +156,7 @@ static int m_list(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **res
   Trainyard__V1__ListJobsResponse out = TRAINYARD__V1__LIST_JOBS_RESPONSE__INIT;
   out.jobs = n ? xcalloc(n, sizeof *out.jobs) : NULL;
   for (size_t i = 0; i < n && !rc; i++) {
-    out.jobs[i] = job_pb(jobs[i], msg, msgsz);
+    out.jobs[i] = job_pb(svc, jobs[i], msg, msgsz);
     if (!out.jobs[i])
       rc = TY_EINTERNAL;
     else
@@ -177,7 +178,7 @@ static int m_cancel(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
   db_job_t *job = NULL;
   int rc = svc_cancel(svc, req->job_id, req->reason, &job, errs, msg, msgsz);
   if (rc) return rc;
-  rc = job_reply(job, resp, msg, msgsz);
+  rc = job_reply(svc, job, resp, msg, msgsz);
   db_job_free(job);
   return rc;
 }
@@ -189,7 +190,7 @@ static int m_delete(svc_t *svc, const ProtobufCMessage *rq, grpc_byte_buffer **r
   db_job_t *job = NULL;
   int rc = svc_delete(svc, req->job_id, &job, msg, msgsz);
   if (rc) return rc;
-  rc = job_reply(job, resp, msg, msgsz);
+  rc = job_reply(svc, job, resp, msg, msgsz);
   db_job_free(job);
   return rc;
 }

@@ -14,6 +14,7 @@
 #include "api/google_rpc.pb-c.h"
 #include "api/jobspec_pb.h"
 #include "common/xalloc.h"
+#include "server/pb_strings.h"
 
 int gwire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, size_t max,
                  ProtobufCMessage **out, char *msg, size_t msgsz) {
@@ -35,13 +36,23 @@ int gwire_unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d, size
     grpc_byte_buffer_reader_destroy(&r);
   }
   *out = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(all), GRPC_SLICE_START_PTR(all));
-  grpc_slice_unref(all);
   if (!*out) {
+    grpc_slice_unref(all);
     if (msg)
       snprintf(msg, msgsz, "the request is not a valid %s message (protobuf decoding failed)",
                d->name);
     return TY_EINVAL;
   }
+  char field[128];
+  if (pbstr_find_nul(d, GRPC_SLICE_START_PTR(all), GRPC_SLICE_LENGTH(all), field, sizeof field)) {
+    if (msg)
+      snprintf(msg, msgsz, "field %s holds a NUL byte; no string of this API may hold one", field);
+    protobuf_c_message_free_unpacked(*out, NULL);
+    *out = NULL;
+    grpc_slice_unref(all);
+    return TY_EINVAL;
+  }
+  grpc_slice_unref(all);
   return 0;
 }
 

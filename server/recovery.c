@@ -2,6 +2,8 @@
  * see recovery.h. */
 #include "server/recovery.h"
 
+#include <dirent.h>
+#include <limits.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +11,9 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/fsutil.h"
 #include "common/log.h"
+#include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "server/dispatch.h"
 #include "server/service.h"
@@ -49,6 +53,85 @@ static int any_alive(live_list_t *l) {
   return n;
 }
 
+/* Whether job id is in l (the jobs whose ranks were left unfinished). */
+static bool listed(const live_list_t *l, const char *id) {
+  for (size_t i = 0; i < l->n; i++)
+    if (!strcmp(l->items[i].id, id)) return true;
+  return false;
+}
+
+/* The shared-memory segments of this database's attempts: after the ranks
+ * above are stopped, every one is dead, and a segment one of them left
+ * (rank 0 creates it; the last rank to join unlinks it, so a crash during
+ * the rendezvous leaves it) would stay in /dev/shm until reboot. Segments of
+ * jobs this database does not know belong to someone else. */
+static int remove_segments(svc_t *svc) {
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    char id[DB_ID_MAX], rdv[300];
+    int attempt;
+    db_job_brief_t b;
+    if (!ty_shm_server_parse(e->d_name, id, sizeof id, &attempt) ||
+        db_job_brief(svc_db(svc), id, &b))
+      continue;
+    ty_shm_server_rendezvous(id, attempt, rdv, sizeof rdv);
+    if (ty_shm_remove(rdv) == 0) {
+      ty_info("recovery: removed /dev/shm/%s, left by attempt %d of job %s", e->d_name, attempt,
+              id);
+      n++;
+    }
+  }
+  closedir(d);
+  return n;
+}
+
+/* What a dead attempt of job id left half made: the NCCL rendezvous files
+ * of its attempt folders, and in its output folder a checkpoint it was
+ * writing (checkpoints/step-N.tmp), when no other run holds that folder. */
+static void remove_leftovers(svc_t *svc, const srv_config_t *cfg, const char *id) {
+  char dir[PATH_MAX], path[PATH_MAX + 300], err[PATH_MAX + 128];
+  snprintf(dir, sizeof dir, "%s/jobs/%s", cfg->state_dir, id);
+  DIR *d = opendir(dir);
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (strncmp(e->d_name, "attempt-", 8)) continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    DIR *a = opendir(path);
+    for (struct dirent *f; a && (f = readdir(a));) {
+      if (strncmp(f->d_name, "nccl.id", 7)) continue;
+      char file[sizeof path + 300];
+      snprintf(file, sizeof file, "%s/%s", path, f->d_name);
+      unlink(file);
+    }
+    if (a) closedir(a);
+  }
+  if (d) closedir(d);
+  db_job_t *j = NULL;
+  if (db_job_get(svc_db(svc), id, &j) || !j->output_dir[0] || access(j->output_dir, F_OK)) {
+    db_job_free(j);
+    return;
+  }
+  int lock = ty_dir_lock(j->output_dir, NULL, 0);
+  snprintf(path, sizeof path, "%s/checkpoints", j->output_dir);
+  DIR *c = lock >= 0 ? opendir(path) : NULL;
+  for (struct dirent *e; c && (e = readdir(c));) {
+    size_t len = strlen(e->d_name);
+    if (strncmp(e->d_name, "step-", 5) || len < 9 || strcmp(e->d_name + len - 4, ".tmp")) continue;
+    char tmp[sizeof path + 300];
+    snprintf(tmp, sizeof tmp, "%s/%s", path, e->d_name);
+    if (ty_rmtree(tmp, err, sizeof err))
+      ty_warn("recovery: job %s: %s", id, err);
+    else
+      ty_info("recovery: job %s: removed %s, a checkpoint its dead attempt left unfinished", id,
+              tmp);
+  }
+  if (c) closedir(c);
+  if (lock >= 0) close(lock);
+  db_job_free(j);
+}
+
 int recovery_run(svc_t *svc, const srv_config_t *cfg) {
   live_list_t l = {0};
   int rc = db_live_ranks_each(svc_db(svc), collect, &l);
@@ -76,6 +159,9 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg) {
     }
     usleep(20000);
   }
+  /* Every unfinished row gets its end, whatever its job's state (a
+   * cancelled or failed job whose ranks were still stopping): otherwise its
+   * event streams never end and it can never be deleted. */
   for (size_t i = 0; i < l.n; i++) {
     live_t *x = &l.items[i];
     bool had_pid = x->pid > 0;
@@ -83,7 +169,6 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg) {
                       had_pid ? "trainyardd restarted: the rank was stopped"
                               : "trainyardd restarted before the rank was started");
   }
-  free(l.items);
 
   db_job_t **jobs;
   size_t n;
@@ -107,8 +192,19 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg) {
                j->attempt, j->max_restarts);
     }
     svc_transition(svc, j->id, DB_MASK_ACTIVE, to, reason, NULL, NULL);
+    if (!listed(&l, j->id)) remove_leftovers(svc, cfg, j->id);
   }
   db_jobs_free(jobs, n);
+  for (size_t i = 0; i < l.n; i++)
+    if (i == 0 || strcmp(l.items[i].id, l.items[i - 1].id))
+      remove_leftovers(svc, cfg, l.items[i].id);
+  free(l.items);
+  int stale = 0;
+  if (!db_attempts_close_stale(svc_db(svc), "trainyardd restarted: the attempt was left open",
+                               &stale) &&
+      stale)
+    ty_info("recovery: %d attempt%s left open closed", stale, stale == 1 ? "" : "s");
+  remove_segments(svc);
   if (n) ty_info("recovery: %zu job%s left running by the previous trainyardd reconciled", n, n == 1 ? "" : "s");
   return (int)n;
 }

@@ -9,12 +9,18 @@
 
 typedef struct svc svc_t;
 
-/* Before the scheduler starts: every rank process of a job in starting or
- * running that is still alive (same pid and start time) gets SIGTERM, then
- * SIGKILL after the grace period; every such rank is recorded as stopped,
- * with the reason. Each such job is queued again while its max_restarts
- * allows, else failed, each change an event with its reason. Queued jobs
- * stay queued. Returns the number of jobs recovered, or a TY_E* code. */
+/* Before the scheduler starts: every rank whose end is not recorded, of any
+ * job (a cancelled or failed one whose ranks were still stopping included),
+ * that is still alive (same pid and start time) gets SIGTERM, then SIGKILL
+ * after the grace period; every such rank is recorded as stopped, with the
+ * reason, which ends the job's event streams and lets it be deleted. Each
+ * job left starting or running is queued again while its max_restarts
+ * allows, else failed, each change an event with its reason; attempts left
+ * open are closed. What the dead attempts left is removed: their
+ * /dev/shm segments (of jobs this database knows), NCCL rendezvous files
+ * and unfinished checkpoints (checkpoints/step-N.tmp, where no other run
+ * holds the output folder). Queued jobs stay queued. Returns the number of
+ * jobs left starting or running that were reconciled, or a TY_E* code. */
 int recovery_run(svc_t *svc, const srv_config_t *cfg);
 
 #endif

@@ -5,6 +5,7 @@
 #include "server/rest_internal.h"
 
 #include <arpa/inet.h>
+#include <ctype.h>
 #include <netdb.h>
 #include <pthread.h>
 #include <stdarg.h>
@@ -16,6 +17,9 @@
 #include "common/log.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
+#include "db/db_obs.h"
+#include "server/prom_jobs.h"
+#include "server/rest_deadline.h"
 #include "server/service.h"
 
 /* How long shutdown waits for open event streams to end cleanly. */
@@ -232,10 +236,72 @@ static enum MHD_Result no_route(struct MHD_Connection *c, rest_req_t *q, const c
                          NULL);
 }
 
+typedef struct {
+  char *name; /* the first argument found with a NUL byte */
+  size_t size;
+  bool found;
+} nul_find_t;
+
+static enum MHD_Result nul_arg(void *cls, enum MHD_ValueKind kind, const char *key, size_t key_size,
+                               const char *value, size_t value_size) {
+  (void)kind;
+  nul_find_t *f = cls;
+  if ((key && (strlen(key) != key_size || strstr(key, "%00"))) ||
+      (value && (strlen(value) != value_size || strstr(value, "%00")))) {
+    snprintf(f->name, f->size, "%.*s", (int)strnlen(key ? key : "", 48), key ? key : "");
+    f->found = true;
+    return MHD_NO;
+  }
+  return MHD_YES;
+}
+
+/* Whether a query argument's name or value holds a NUL byte (left as "%00"
+ * by unescape below; "state=%00" would read as no filter at all); name
+ * receives it. */
+static bool query_has_nul(struct MHD_Connection *c, char *name, size_t size) {
+  name[0] = '\0';
+  nul_find_t f = {name, size, false};
+  MHD_get_connection_values_n(c, MHD_GET_ARGUMENT_KIND, nul_arg, &f);
+  return f.found;
+}
+
+static int hexval(char ch) {
+  return ch >= '0' && ch <= '9' ? ch - '0' : ch >= 'a' && ch <= 'f' ? ch - 'a' + 10 : ch - 'A' + 10;
+}
+
+/* Percent-decoding of the path and the query (MHD_OPTION_UNESCAPE_CALLBACK),
+ * as libmicrohttpd's own except that "%00" stays as it is: decoded, the NUL
+ * would cut a job id short without a word ("/v1/jobs/<id>%00x" would be
+ * <id>); first_call refuses it instead. */
+static size_t unescape(void *cls, struct MHD_Connection *c, char *s) {
+  (void)cls;
+  (void)c;
+  if (!strstr(s, "%00")) return MHD_http_unescape(s);
+  char *w = s;
+  for (const char *p = s; *p;) {
+    if (p[0] == '%' && isxdigit((unsigned char)p[1]) && isxdigit((unsigned char)p[2]) &&
+        (p[1] != '0' || p[2] != '0')) {
+      *w++ = (char)(hexval(p[1]) * 16 + hexval(p[2]));
+      p += 3;
+    } else {
+      *w++ = *p++;
+    }
+  }
+  *w = '\0';
+  return (size_t)(w - s);
+}
+
 /* The first call of a request: route, auth and Content-Length checks. An
  * error is queued at once (MHD then skips the body). */
 static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_t *q,
                                   const char *url, const char *method) {
+  if (strstr(url, "%00")) {
+    ty_errlist_t errs = TY_ERRLIST_INIT;
+    ty_errlist_add(&errs, "path", "holds a NUL byte (%%00); no value of this API may hold one");
+    enum MHD_Result ret = rest_send_error(c, q, TY_EINVAL, "invalid path", &errs);
+    ty_errlist_clear(&errs);
+    return ret;
+  }
   for (size_t i = 0; i < N_ROUTES && !q->route; i++)
     if (method_ok(&g_routes[i], method) && rest_route_match(g_routes[i].pattern, url, q->params))
       q->route = &g_routes[i];
@@ -247,6 +313,14 @@ static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_
                              tok ? "the bearer token is not valid for this server"
                                  : "this server needs 'Authorization: Bearer <token>'",
                              "WWW-Authenticate", "Bearer realm=\"trainyard\"", NULL);
+  }
+  char bad[64];
+  if (query_has_nul(c, bad, sizeof bad)) {
+    ty_errlist_t errs = TY_ERRLIST_INIT;
+    ty_errlist_add(&errs, bad, "holds a NUL byte (%%00); no value of this API may hold one");
+    enum MHD_Result ret = rest_send_error(c, q, TY_EINVAL, "invalid query string", &errs);
+    ty_errlist_clear(&errs);
+    return ret;
   }
   int64_t limit = q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit;
   const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -265,6 +339,21 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_ctx
                           enum MHD_ConnectionNotificationCode code) {
   rest_t *r = cls;
   atomic_fetch_add(&r->connections, code == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+  if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    *socket_ctx = ci ? rdl_opened(r->deadlines, ci->connect_fd) : NULL;
+  } else {
+    rdl_closed(r->deadlines, *socket_ctx);
+    *socket_ctx = NULL;
+  }
+}
+
+/* The connection's deadline handle (rest_deadline.h), or NULL. */
+static rdl_conn_t *conn_deadline(struct MHD_Connection *c) {
+  const union MHD_ConnectionInfo *ci =
+      MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+  return ci ? ci->socket_context : NULL;
 }
 
 static enum MHD_Result too_many(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
@@ -308,11 +397,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
              (long long)(q->route->body_limit < 0 ? r->cfg->max_body : q->route->body_limit));
     return send_too_large(c, q, msg);
   }
+  rdl_answering(r->deadlines, conn_deadline(c)); /* read whole in time */
   return q->route->fn(r, c, q);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe) {
+  rest_t *r = cls;
+  rdl_answered(r->deadlines, conn_deadline(c));
   rest_req_t *q = *con_cls;
   if (!q) return;
   count_request(q->route, q->status ? q->status : 500);
@@ -325,6 +417,9 @@ static enum MHD_Result h_healthz(rest_t *r, struct MHD_Connection *c, rest_req_t
   svc_stats_t st;
   if (svc_stats(r->svc, &st))
     return rest_send_error(c, q, TY_EUNAVAILABLE, "the database cannot be read", NULL);
+  char why[1024];
+  if (!svc_health(r->svc, why, sizeof why))
+    return rest_send_error(c, q, TY_EUNAVAILABLE, why, NULL);
   return rest_send_json(c, q, 200, json_pack("{s:s, s:i}", "status", "ok", "schema_version",
                                              db_schema_version()));
 }
@@ -382,6 +477,14 @@ static enum MHD_Result h_prometheus(rest_t *r, struct MHD_Connection *c, rest_re
              i < N_ROUTES ? g_routes[i].method : "", i < N_ROUTES ? g_routes[i].pattern : "other",
              status, (long long)atomic_load_explicit(&g_counts[i][k].count, memory_order_relaxed));
     }
+  db_rank_figures_t *ranks = NULL;
+  size_t nranks = 0;
+  if (db_rank_figures(svc_db(r->svc), NULL, &ranks, &nranks) == 0) {
+    char *jobs = prom_jobs_text(ranks, nranks, db_now());
+    append(&b, &len, &cap, "%s", jobs);
+    free(jobs);
+  }
+  free(ranks);
   return rest_send_text(c, q, 200, "text/plain; version=0.0.4", b);
 }
 
@@ -440,25 +543,32 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
    * blocks (event streams suspend their connection while idle). */
   unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_EPOLL | MHD_USE_TURBO |
                    MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG | (v6 ? MHD_USE_IPv6 : 0);
-  if (rest_events_start(r)) {
-    snprintf(msg, msgsz, "cannot start the event stream thread");
+  if (!(r->deadlines = rdl_start(cfg->request_timeout))) {
+    snprintf(msg, msgsz, "cannot start the request deadline thread");
     free(r);
     return TY_EINTERNAL;
   }
-  r->mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER,
-                            mhd_log, r, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads,
-                            MHD_OPTION_SOCK_ADDR, &ss,
-                            MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem,
-                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)cfg->max_connections + 64,
-                            MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
-                            MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
+  if (rest_events_start(r)) {
+    snprintf(msg, msgsz, "cannot start the event stream thread");
+    rdl_stop(r->deadlines);
+    free(r);
+    return TY_EINTERNAL;
+  }
+  r->mhd = MHD_start_daemon(
+      flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, r,
+      MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads, MHD_OPTION_SOCK_ADDR, &ss,
+      MHD_OPTION_CONNECTION_MEMORY_LIMIT, mem, MHD_OPTION_CONNECTION_LIMIT,
+      (unsigned)cfg->max_connections + 64, MHD_OPTION_PER_IP_CONNECTION_LIMIT,
+      (unsigned)cfg->max_connections_per_ip, MHD_OPTION_NOTIFY_CONNECTION, on_connection, r,
+      MHD_OPTION_CONNECTION_TIMEOUT, IDLE_TIMEOUT_S, MHD_OPTION_UNESCAPE_CALLBACK, unescape, NULL,
+      MHD_OPTION_NOTIFY_COMPLETED, on_completed, r, MHD_OPTION_END);
   if (!r->mhd) {
     snprintf(msg, msgsz, "cannot listen on %s (address in use, or not this host's?)",
              cfg->listen);
     atomic_store(&r->stopping, true);
     rest_events_release(r, 0);
     rest_events_join(r);
+    rdl_stop(r->deadlines);
     free(r);
     return TY_EUNAVAILABLE;
   }
@@ -474,5 +584,6 @@ void rest_stop(rest_t *r) {
   rest_events_release(r, STREAM_END_S);
   MHD_stop_daemon(r->mhd);
   rest_events_join(r);
+  rdl_stop(r->deadlines); /* after the daemon: every connection has closed */
   free(r);
 }

@@ -8,6 +8,7 @@
  * waiting list; one waker thread resumes the waiting streams when the
  * service's event generation moves, when a stream is due a keepalive
  * (--sse_keepalive seconds without a write), and at shutdown. */
+#include <errno.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -194,8 +195,9 @@ enum MHD_Result rest_h_events(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   const char *last_id = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Last-Event-ID");
   if (last_id && *last_id) {
     char *end;
+    errno = 0;
     long long v = strtoll(last_id, &end, 10);
-    if (*end || v < 0)
+    if (*end || v < 0 || errno == ERANGE || end == last_id)
       ty_errlist_add(&errs, "Last-Event-ID", "must be an event id sent by this server, got '%s'",
                      last_id);
     else

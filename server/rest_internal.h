@@ -47,6 +47,7 @@ struct rest {
   struct MHD_Daemon *mhd;
   atomic_bool stopping;
   atomic_int connections;  /* open client connections */
+  struct rdl *deadlines;   /* each request's deadline (rest_deadline.c) */
   /* Event streams with nothing to send, their connections suspended, and
    * the thread that resumes them (rest_events.c). */
   pthread_mutex_t sse_lock;

@@ -1,6 +1,7 @@
 /* rest_jobs.c - REST handlers for jobs and the internal report endpoint:
  * decode the request, call server/service, encode the answer. */
 #include <fcntl.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,8 +13,11 @@
 #include "common/xalloc.h"
 #include "server/rest_internal.h"
 #include "server/service.h"
+#include "server/thin.h"
 
 #define MSG_MAX 512
+/* The most points per rank one metrics answer may ask for. */
+#define METRICS_MAX_POINTS 1000000
 
 /* Parses the request body as a job spec; false when it is not one (errs
  * holds why). */
@@ -50,7 +54,7 @@ enum MHD_Result rest_h_submit(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   } else {
     char location[128];
     snprintf(location, sizeof location, "/v1/jobs/%s", job->id);
-    json_t *body = svc_job_json(job);
+    json_t *body = svc_job_view(r->svc, job);
     char *text = ty_json_dumps(body, JSON_COMPACT);
     json_decref(body);
     struct MHD_Response *resp =
@@ -101,7 +105,7 @@ enum MHD_Result rest_h_list(rest_t *r, struct MHD_Connection *c, rest_req_t *q) 
     ret = send_rc(c, q, rc, *msg ? msg : "invalid list request (see details)", &errs);
   } else {
     json_t *arr = json_array();
-    for (size_t i = 0; i < n; i++) json_array_append_new(arr, svc_job_json(jobs[i]));
+    for (size_t i = 0; i < n; i++) json_array_append_new(arr, svc_job_view(r->svc, jobs[i]));
     json_t *body = json_pack("{s:o}", "jobs", arr);
     json_object_set_new(body, "next_page_token", next ? json_string(next) : json_null());
     ret = rest_send_json(c, q, 200, body);
@@ -152,7 +156,7 @@ enum MHD_Result rest_h_cancel(rest_t *r, struct MHD_Connection *c, rest_req_t *q
     rc = svc_cancel(r->svc, q->params[0], reason, &job, &errs, msg, sizeof msg);
   json_decref(o);
   enum MHD_Result ret =
-      rc ? send_rc(c, q, rc, msg, &errs) : rest_send_json(c, q, 200, svc_job_json(job));
+      rc ? send_rc(c, q, rc, msg, &errs) : rest_send_json(c, q, 200, svc_job_view(r->svc, job));
   ty_errlist_clear(&errs);
   db_job_free(job);
   return ret;
@@ -164,7 +168,7 @@ enum MHD_Result rest_h_delete(rest_t *r, struct MHD_Connection *c, rest_req_t *q
   char msg[MSG_MAX] = "";
   int rc = svc_delete(r->svc, q->params[0], &job, msg, sizeof msg);
   enum MHD_Result ret =
-      rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, svc_job_json(job));
+      rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, svc_job_view(r->svc, job));
   db_job_free(job);
   return ret;
 }
@@ -195,8 +199,31 @@ enum MHD_Result rest_h_ranks(rest_t *r, struct MHD_Connection *c, rest_req_t *q)
   return send_attempt_view(r, c, q, svc_ranks);
 }
 
+/* GET /v1/jobs/{id}/metrics?attempt&from_step&to_step&max_points. */
 enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
-  return send_attempt_view(r, c, q, svc_metrics);
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  int64_t attempt = 0, from = 0, to = INT64_MAX, max_points = 0;
+  bool ok = rest_query_int(c, "attempt", 1, 1000000, &attempt, &errs);
+  ok &= rest_query_int(c, "from_step", 0, INT64_MAX, &from, &errs);
+  ok &= rest_query_int(c, "to_step", 0, INT64_MAX, &to, &errs);
+  ok &= rest_query_int(c, "max_points", THIN_MIN_POINTS, METRICS_MAX_POINTS, &max_points, &errs);
+  if (ok && to < from) {
+    ty_errlist_add(&errs, "to_step", "must not be below from_step (%lld), got %lld",
+                   (long long)from, (long long)to);
+    ok = false;
+  }
+  enum MHD_Result ret;
+  if (!ok) {
+    ret = rest_send_error(c, q, TY_EINVAL, "invalid metrics request (see details)", &errs);
+  } else {
+    json_t *out;
+    char msg[MSG_MAX] = "";
+    int rc = svc_metrics_range(r->svc, q->params[0], (int)attempt, from, to, max_points, &out, msg,
+                               sizeof msg);
+    ret = rc ? send_rc(c, q, rc, msg, NULL) : rest_send_json(c, q, 200, out);
+  }
+  ty_errlist_clear(&errs);
+  return ret;
 }
 
 enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {

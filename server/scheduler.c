@@ -18,10 +18,10 @@
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "server/dispatch.h"
 #include "server/service.h"
-#include "worker/comm.h"
 
 #define TICK_S 0.1
 
@@ -72,6 +72,8 @@ struct sched {
   cancel_req_t *cancels;
   int64_t cpu_used, gpu_used;
   uint64_t gpu_busy;       /* bit g: GPU g is held by a rank (gpus <= 64) */
+  double start_backoff;    /* seconds; 0 while starts are written */
+  double start_at;         /* ty_mono_s() before which no start is tried again */
 };
 
 /* The default worker: trainyard-worker in the directory of this binary (an
@@ -257,8 +259,6 @@ static void write_spec_file(const char *path, const char *spec) {
   fclose(f);
 }
 
-/* Starts the job's next attempt; false when it could not be moved to
- * starting (cancelled meanwhile). */
 /* How often a rank repeats its last report while it computes
  * (TRAINYARD_HEARTBEAT_MS): four times per heartbeat_timeout, so that a load
  * or a step longer than the timeout is not taken for a dead rank, while one
@@ -268,14 +268,35 @@ static int heartbeat_ms(const srv_config_t *cfg) {
   return ms < 10 ? 10 : (int)ms;
 }
 
-static bool start_attempt(sched_t *s, const db_job_t *j) {
+/* The start of a job could not be written: no start is tried again before
+ * a backoff (0.1 s doubling to 5 s), and the server says why it is not
+ * healthy, once. */
+static void start_failed(sched_t *s, const db_job_t *j, int rc) {
+  s->start_backoff = s->start_backoff ? s->start_backoff * 2 : 0.1;
+  if (s->start_backoff > 5) s->start_backoff = 5;
+  s->start_at = ty_mono_s() + s->start_backoff;
+  char err[512], cause[800];
+  db_last_error(svc_db(s->svc), err, sizeof err);
+  snprintf(cause, sizeof cause,
+           "queued jobs cannot be started: the start of job %s could not be written (%s: %s); "
+           "retrying",
+           j->id, ty_err_name(rc), err);
+  svc_start_blocked(s->svc, cause);
+}
+
+/* Starts the job's next attempt; TY_EPRECONDITION when it could not be moved
+ * to starting (cancelled meanwhile), another error when that could not be
+ * written (nothing started). */
+static int start_attempt(sched_t *s, const db_job_t *j) {
   int attempt;
   char why[128];
   snprintf(why, sizeof why, "%d %s slot%s free: starting the ranks", j->world_size,
            !strcmp(j->device, "cuda") ? "GPU" : "CPU", j->world_size == 1 ? "" : "s");
-  if (svc_transition(s->svc, j->id, DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, why, NULL,
-                     &attempt))
-    return false;
+  int moved = svc_transition_now(s->svc, j->id, DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, why, NULL,
+                                 &attempt);
+  if (moved) return moved;
+  s->start_backoff = 0;
+  svc_start_blocked(s->svc, NULL);
   run_t *r = xcalloc(1, sizeof *r);
   snprintf(r->id, sizeof r->id, "%s", j->id);
   r->attempt = attempt;
@@ -299,7 +320,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
   if (r->gpu)
     snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
   else
-    snprintf(rdv, sizeof r->rdv, "shm:ty-%s-%d", j->id, attempt);
+    ty_shm_server_rendezvous(j->id, attempt, rdv, sizeof r->rdv);
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
     for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
@@ -343,7 +364,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
       char reason[2700];
       snprintf(reason, sizeof reason, "cannot start rank %d: %s", i, msg);
       fail_attempt(s, r, reason);
-      return true;
+      return 0;
     }
     srank_t *k = &r->ranks[i];
     k->started = true;
@@ -351,7 +372,7 @@ static bool start_attempt(sched_t *s, const db_job_t *j) {
     snprintf(k->phase, sizeof k->phase, "starting");
     svc_rank_spawned(s->svc, j->id, attempt, i, k->proc.pid, k->proc.start_ticks, log_path);
   }
-  return true;
+  return 0;
 }
 
 /* Whether an attempt of job id still has ranks to stop or reap (the caller
@@ -376,19 +397,30 @@ bool sched_has_run(sched_t *s, const char *id) {
  * again after a failed attempt waits until that attempt's ranks are gone:
  * they may still be writing its output folder. */
 static void start_queued(sched_t *s) {
+  if (s->start_backoff && ty_mono_s() < s->start_at) return;
   for (;;) {
     db_job_t **jobs;
     size_t n;
     if (db_job_list_fifo(svc_db(s->svc), DB_MASK(DB_JOB_QUEUED), 0, 1, &jobs, &n)) return;
     if (n == 0) {
       db_jobs_free(jobs, n);
+      if (s->start_backoff) {
+        s->start_backoff = 0; /* nothing left to start */
+        svc_start_blocked(s->svc, NULL);
+      }
       return;
     }
     db_job_t *j = jobs[0];
     bool gpu = !strcmp(j->device, "cuda");
     int64_t free_slots = gpu ? s->cfg->gpus - s->gpu_used : s->cfg->cpu_slots - s->cpu_used;
     bool go = j->world_size <= free_slots && !job_has_run(s, j->id);
-    if (go) start_attempt(s, j);
+    int rc = go ? start_attempt(s, j) : 0;
+    /* A start that could not be written is tried again after a backoff,
+     * never at once: the job is still queued and first in line. */
+    if (rc && rc != TY_EPRECONDITION && rc != TY_ENOTFOUND) {
+      start_failed(s, j, rc);
+      go = false;
+    }
     db_jobs_free(jobs, n);
     if (!go) return;
   }
@@ -472,6 +504,7 @@ static void handle_cancels(sched_t *s) {
 static void tick(sched_t *s) {
   /* Reports are group-committed; none waits longer than a tick. */
   db_flush(svc_db(s->svc));
+  svc_tick(s->svc);
   handle_cancels(s);
   reap(s);
   double now = ty_mono_s();
@@ -500,7 +533,7 @@ static void tick(sched_t *s) {
         if (r->ranks[i].started) dispatch_release(&r->ranks[i].proc);
       /* Ranks unlink the segment once all have joined; one that died
        * before that leaves it, so the attempt's end removes it. */
-      if (!r->gpu) comm_shm_remove(r->rdv);
+      if (!r->gpu) ty_shm_remove(r->rdv);
       if (r->out_lock >= 0) close(r->out_lock);
     }
     pthread_mutex_lock(&s->lock);

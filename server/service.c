@@ -2,6 +2,7 @@
  * state change passes through svc_transition (db_job_transition). */
 #include "server/service.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -15,11 +16,16 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/beneath.h"
+#include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/json_util.h"
 #include "common/log.h"
+#include "common/numbers.h"
 #include "common/xalloc.h"
 #include "server/gpu_info.h"
+#include "server/health.h"
+#include "server/pending.h"
 #include "server/scheduler.h"
 
 #define PAGE_DEFAULT 50
@@ -51,6 +57,9 @@ struct svc {
   job_cache_t cache[JOB_CACHE];
   uint64_t host_mem_total; /* MemTotal, read once: what CPU jobs must fit */
   uint64_t gpu_mem_total;  /* the largest GPU's memory (NVML), or 0: what GPU ranks must fit */
+  health_t *health;        /* what keeps the server from its work now (/healthz) */
+  pend_t *pend;            /* state changes kept until the database takes them */
+  double file_checked_at;  /* ty_mono_s() of the last db_file_check */
 };
 
 /* Splits a colon-separated list in place into list (NULL-terminated, at
@@ -86,6 +95,8 @@ static void gpu_memory(svc_t *s, const srv_config_t *cfg) {
             gi.count == 1 ? "" : "s");
 }
 
+static void on_written(void *ctx, const pend_op_t *op);
+
 int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   svc_t *s = xcalloc(1, sizeof *s);
   s->cfg = cfg;
@@ -103,6 +114,18 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   size_t nw = split_roots(s->out_roots_buf, s->write_roots, ROOTS_MAX);
   for (size_t i = 0; i < nw; i++) s->read_roots[nr + i] = s->write_roots[i];
   s->read_roots[nr + nw] = NULL;
+  /* Jobs' files are reached only from handles on these roots, here and in
+   * the ranks (common/beneath.h); a root made later counts after a restart. */
+  long walk = 0;
+  int brc = ty_env_long("TRAINYARD_BENEATH_WALK", 0, 1,
+                        "1 opens files inside the roots by the O_NOFOLLOW walk, not openat2", &walk,
+                        msg, msgsz);
+  if (!brc) brc = ty_beneath_set_roots(cfg->roots, cfg->output_roots, true, msg, msgsz);
+  if (brc) {
+    svc_close(s);
+    return brc;
+  }
+  ty_beneath_force_walk(walk == 1);
   s->host_mem_total = jobspec_host_memory();
   if (cfg->gpus > 0) gpu_memory(s, cfg);
   /* A root that does not exist holds nothing until it does: say so now,
@@ -110,20 +133,27 @@ int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   for (size_t i = 0; i < nr + nw; i++) {
     char real[PATH_MAX];
     if (!realpath(s->read_roots[i], real))
-      ty_warn("root %s does not exist (%s): no job path lies inside it until it does",
-              s->read_roots[i], strerror(errno));
+      ty_warn(
+          "root %s does not exist (%s): no job path lies inside it until it does and "
+          "trainyardd is restarted",
+          s->read_roots[i], strerror(errno));
   }
   int rc = db_open(cfg->db, &s->db, msg, msgsz);
   if (rc) {
     svc_close(s);
     return rc;
   }
+  s->health = health_new();
+  s->pend = pend_new(s->db, s->health, on_written, s);
   *out = s;
   return 0;
 }
 
 void svc_close(svc_t *s) {
   if (!s) return;
+  if (s->pend) pend_retry(s->pend, true);
+  pend_free(s->pend);
+  health_free(s->health);
   db_close(s->db);
   pthread_mutex_destroy(&s->ev_lock);
   pthread_mutex_destroy(&s->cache_lock);
@@ -187,6 +217,16 @@ static void absolutize(char *path, size_t size) {
   if (strlen(joined) < size) memcpy(path, joined, strlen(joined) + 1);
 }
 
+/* Replaces path with its resolved form (jobspec_resolve_path: links and
+ * '..' followed): with partly true, also one whose end does not exist yet
+ * (an output folder to be made); else only one that exists whole. */
+static void resolve(char *path, size_t size, bool partly) {
+  char res[PATH_MAX];
+  if (!*path) return;
+  if (partly ? jobspec_resolve_path(path, NULL, res) != 0 : !realpath(path, res)) return;
+  if (strlen(res) < size) memcpy(path, res, strlen(res) + 1);
+}
+
 /* "cpu" or "cuda": what device auto means on this host. */
 static const char *resolve_device(const svc_t *s, const jobspec_t *spec) {
   if (spec->device == JOBSPEC_DEVICE_CUDA) return "cuda";
@@ -200,14 +240,26 @@ static const char *resolve_device(const svc_t *s, const jobspec_t *spec) {
  * which a job's folder is stored, even when other fields are invalid, so
  * that validate names every problem at once. */
 static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_dir) {
+  /* The rules read the files the ranks will read, as they will: resolved. */
+  resolve(spec->model_path, sizeof spec->model_path, false);
+  resolve(spec->data.path, sizeof spec->data.path, false);
   if (jobspec_validate(spec, true, errs) == 0) {
     /* Paths are checked and stored absolute: ranks may run elsewhere. */
     absolutize(spec->model_path, sizeof spec->model_path);
     absolutize(spec->data.path, sizeof spec->data.path);
     absolutize(spec->data.tokenizer, sizeof spec->data.tokenizer);
     absolutize(spec->output_dir, sizeof spec->output_dir);
+    size_t before = errs->len;
     jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL, out_dir};
     jobspec_check_roots(spec, &roots, errs);
+    /* ...and stored resolved: a link made or swapped after this submit
+     * is met by the ranks, which open these paths beneath the roots and
+     * follow no link out of them. */
+    if (errs->len == before) {
+      resolve(spec->model_path, sizeof spec->model_path, true);
+      resolve(spec->data.path, sizeof spec->data.path, true);
+      resolve(spec->output_dir, sizeof spec->output_dir, true);
+    }
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     const char *device = resolve_device(s, spec);
     if (!strcmp(device, "cpu")) {
@@ -290,8 +342,14 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
   check_spec(s, spec, errs, out_dir);
   int rc = invalid(errs, before, msg, msgsz);
   if (rc) return rc;
-  if (idempotency_key && strlen(idempotency_key) > 255) {
-    ty_errlist_add(errs, "Idempotency-Key", "at most 255 characters");
+  char why[1024];
+  if (!svc_health(s, why, sizeof why)) {
+    set_msg(msg, msgsz, "this server cannot take jobs now: %s", why);
+    return TY_EUNAVAILABLE;
+  }
+  if (idempotency_key && strlen(idempotency_key) > SVC_IDEMPOTENCY_KEY_MAX) {
+    ty_errlist_add(errs, "Idempotency-Key", "at most %d characters, got %zu",
+                   SVC_IDEMPOTENCY_KEY_MAX, strlen(idempotency_key));
     set_msg(msg, msgsz, "the Idempotency-Key header is too long");
     return TY_EINVAL;
   }
@@ -382,7 +440,7 @@ int svc_get_text(svc_t *s, const char *id, char **text, size_t *len, char *msg, 
   db_job_t *j;
   int rc = svc_get(s, id, &j, msg, msgsz);
   if (rc) return rc;
-  json_t *o = svc_job_json(j);
+  json_t *o = svc_job_view(s, j);
   db_job_free(j);
   char *body = ty_json_dumps(o, JSON_COMPACT);
   json_decref(o);
@@ -435,9 +493,13 @@ int svc_list(svc_t *s, const char *states, int64_t page_size, const char *page_t
                    (long long)page_size);
   int64_t before = 0;
   if (page_token && *page_token) {
-    char *end;
-    long long v = page_token[0] == 'p' ? strtoll(page_token + 1, &end, 16) : -1;
-    if (v <= 0 || *end)
+    char *end = NULL;
+    errno = 0;
+    /* "p" and at most 16 hex digits: a longer one would overflow. */
+    long long v = page_token[0] == 'p' && strlen(page_token) <= 17 && isxdigit(page_token[1])
+                      ? strtoll(page_token + 1, &end, 16)
+                      : -1;
+    if (v <= 0 || errno == ERANGE || !end || *end)
       ty_errlist_add(errs, "page_token",
                      "not a page token of this server (pass next_page_token unchanged)");
     before = v;
@@ -474,8 +536,8 @@ int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_
   char why[SVC_CANCEL_REASON_MAX + 32];
   snprintf(why, sizeof why, "cancelled by a client%s%s", n ? ": " : "", n ? reason : "");
   int cur;
-  int rc = svc_transition(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED, why,
-                          &cur, NULL);
+  int rc = svc_transition_now(s, id, DB_MASK(DB_JOB_QUEUED) | DB_MASK_ACTIVE, DB_JOB_CANCELLED, why,
+                              &cur, NULL);
   if (rc == TY_ENOTFOUND) {
     set_msg(msg, msgsz, "no job with id '%s'", id);
     return rc;
@@ -486,7 +548,12 @@ int svc_cancel(svc_t *s, const char *id, const char *reason, db_job_t **out, ty_
             db_state_name(cur));
     return rc;
   }
-  if (rc) return rc;
+  if (rc) {
+    char err[512];
+    db_last_error(s->db, err, sizeof err);
+    set_msg(msg, msgsz, "the cancel could not be written (%s); nothing changed: try again", err);
+    return rc;
+  }
   if ((DB_MASK_ACTIVE & DB_MASK(cur)) && s->sched) sched_cancel(s->sched, id);
   return out ? db_job_get(s->db, id, out) : 0;
 }
@@ -499,7 +566,9 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
   /* The scheduler lets go of an attempt only after its ranks are reaped,
    * recorded and their log pumps joined; db_job_delete checks the state
    * again, in its transaction. */
-  if (!rc && db_state_final(b.state) && s->sched && sched_has_run(s->sched, id))
+  bool stopping = false;
+  if (!rc && db_state_final(b.state) &&
+      ((stopping = s->sched && sched_has_run(s->sched, id)) || pend_has_job(s->pend, id)))
     rc = TY_EUNAVAILABLE;
   if (!rc) {
     cache_invalidate(s, id);
@@ -513,7 +582,10 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
             "job %s is %s; only a job that has ended (succeeded, failed or cancelled) can be "
             "deleted: cancel it first",
             id, db_state_name(b.state));
-  if (rc == TY_EUNAVAILABLE)
+  char why[1024];
+  if (rc == TY_EUNAVAILABLE && !stopping && !svc_health(s, why, sizeof why))
+    set_msg(msg, msgsz, "job %s cannot be deleted now: %s; delete it again later", id, why);
+  else if (rc == TY_EUNAVAILABLE)
     set_msg(msg, msgsz,
             "job %s has ended but its ranks are still being stopped (at most the %.0f s grace "
             "period); delete it again once they have",
@@ -633,6 +705,7 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     goto out;
   }
   bool progressed = false;
+  svc_report_progress(s, id, j->state, &r);
   rc = db_report_ingest(s->db, id, &r, &progressed);
   if (rc == TY_ENOTFOUND) {
     ty_errlist_add(errs, "rank", "job %s has ranks 0..%d", id, j->world_size - 1);
@@ -648,7 +721,10 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
     svc_transition(s, id, DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING, why, NULL, NULL);
   }
-  if (progressed) notify(s);
+  if (progressed) {
+    cache_invalidate(s, id); /* the job's view shows its progress */
+    notify(s);
+  }
 out:
   atomic_fetch_add(rc ? &s->reports_bad : &s->reports_ok, 1);
   return rc;
@@ -687,12 +763,6 @@ int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, si
   db_job_brief_t b;
   int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
   return rc ? rc : db_ranks_json(s->db, id, attempt, out);
-}
-
-int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz) {
-  db_job_brief_t b;
-  int rc = known_attempt(s, id, attempt, &b, msg, msgsz);
-  return rc ? rc : db_metrics_json(s->db, id, attempt, out);
 }
 
 int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
@@ -747,28 +817,83 @@ int svc_stats(svc_t *s, svc_stats_t *out) {
   return db_job_count_by_state(s->db, out->jobs);
 }
 
+/* Called by the pending queue once a write has landed (now or later). */
+static void on_written(void *ctx, const pend_op_t *op) {
+  svc_t *s = ctx;
+  if (op->kind == PEND_TRANSITION) {
+    cache_invalidate(s, op->id);
+    ty_info("job %s -> %s: %s", op->id, db_state_name(op->to), op->text);
+  }
+  if (op->kind != PEND_SPAWNED) notify(s);
+}
+
+static pend_op_t transition_op(const char *id, unsigned from_mask, int to, const char *reason) {
+  pend_op_t op = {.kind = PEND_TRANSITION, .from_mask = from_mask, .to = to, .text = reason};
+  snprintf(op.id, sizeof op.id, "%s", id);
+  return op;
+}
+
 int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
                    int *cur, int *attempt) {
+  if (!db_state_name(to)) return TY_EINVAL;
+  pend_op_t op = transition_op(id, from_mask, to, reason ? reason : "");
   /* Before and after: a render that read the old row between the two is
    * never stored. */
   cache_invalidate(s, id);
-  int rc = db_job_transition(s->db, id, from_mask, to, reason, cur, attempt);
+  int rc = pend_write(s->pend, &op, cur, attempt);
   cache_invalidate(s, id);
-  if (rc == 0) {
-    ty_info("job %s -> %s: %s", id, db_state_name(to), reason);
-    notify(s);
-  }
+  return rc == 1 ? 0 : rc;
+}
+
+int svc_transition_now(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
+                       int *cur, int *attempt) {
+  if (!db_state_name(to)) return TY_EINVAL;
+  pend_op_t op = transition_op(id, from_mask, to, reason ? reason : "");
+  cache_invalidate(s, id);
+  int rc = pend_write_now(s->pend, &op, cur, attempt);
+  cache_invalidate(s, id);
   return rc;
 }
 
 int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
                      int64_t pid_start, const char *log_path) {
-  return db_rank_spawned(s->db, id, attempt, rank, pid, pid_start, log_path);
+  pend_op_t op = {.kind = PEND_SPAWNED,
+                  .attempt = attempt,
+                  .rank = rank,
+                  .pid = pid,
+                  .pid_start = pid_start,
+                  .text = log_path};
+  snprintf(op.id, sizeof op.id, "%s", id);
+  int rc = pend_write(s->pend, &op, NULL, NULL);
+  return rc == 1 ? 0 : rc;
 }
 
 int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const char *state,
                       int exit_code, const char *message) {
-  int rc = db_rank_finished(s->db, id, attempt, rank, state, exit_code, message);
-  if (rc == 0) notify(s);
-  return rc;
+  pend_op_t op = {.kind = PEND_FINISHED,
+                  .attempt = attempt,
+                  .rank = rank,
+                  .exit_code = exit_code,
+                  .text = message};
+  snprintf(op.id, sizeof op.id, "%s", id);
+  snprintf(op.state, sizeof op.state, "%s", state);
+  int rc = pend_write(s->pend, &op, NULL, NULL);
+  return rc == 1 ? 0 : rc;
+}
+
+bool svc_health(svc_t *s, char *why, size_t size) {
+  return health_ok(s->health, why, size);
+}
+
+void svc_tick(svc_t *s) {
+  pend_retry(s->pend, false);
+  double now = ty_mono_s();
+  if (now - s->file_checked_at < SVC_FILE_CHECK_S) return;
+  s->file_checked_at = now;
+  char why[PATH_MAX + 256];
+  health_set(s->health, HEALTH_DB_FILE, db_file_check(s->db, why, sizeof why) ? why : NULL);
+}
+
+void svc_start_blocked(svc_t *s, const char *cause) {
+  health_set(s->health, HEALTH_DB_START, cause);
 }

@@ -46,6 +46,7 @@ int svc_validate(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *msg, size_
  * spec TY_EEXISTS. The output folder check is made as the job is stored,
  * so of two submits racing for one folder only one is stored (TY_EINVAL,
  * field output_dir, for the other). */
+#define SVC_IDEMPOTENCY_KEY_MAX 128 /* as api/openapi.yaml says */
 int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t **out,
                bool *created, ty_errlist_t *errs, char *msg, size_t msgsz);
 
@@ -105,7 +106,14 @@ uint64_t svc_event_generation(svc_t *s);
 uint64_t svc_wait_events(svc_t *s, uint64_t seen, double timeout_s);
 
 int svc_ranks(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz);
-int svc_metrics(svc_t *s, const char *id, int attempt, json_t **out, char *msg, size_t msgsz);
+/* The curves of an attempt (the newest when attempt <= 0) over steps
+ * [from_step, to_step] (INT64_MAX: to the end), per rank, each thinned to
+ * at most max_points (server/thin.h; 0: every point): {"job_id",
+ * "attempt", "from_step", "to_step" (null: open), "max_points" (null),
+ * "ranks":[{"rank", "points" (in the range, before thinning), "steps",
+ * "loss", "tokens_per_s", "t"}]}. The caller checks the range. */
+int svc_metrics_range(svc_t *s, const char *id, int attempt, int64_t from_step, int64_t to_step,
+                      int64_t max_points, json_t **out, char *msg, size_t msgsz);
 /* The path of a rank's log file (a new string). */
 int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, char *msg,
                  size_t msgsz);
@@ -114,6 +122,14 @@ int svc_log_path(svc_t *s, const char *id, int attempt, int rank, char **out, ch
  * world_size, device, max_restarts, times (RFC 3339, null when unset) and
  * the normalized spec. */
 json_t *svc_job_json(const db_job_t *j);
+
+/* svc_job_json with the job's progress, progress_phase, eta_seconds and
+ * tokens_per_s (server/progress.h) from its ranks' last reports: the view
+ * every API answer gives of a job. */
+json_t *svc_job_view(svc_t *s, const db_job_t *j);
+/* Fills r's job_* figures: the progress of job id (in state) once report
+ * r is taken in, which its "progress" event carries. */
+void svc_report_progress(svc_t *s, const char *id, int state, db_report_t *r);
 
 /* Figures for /metrics. */
 typedef struct {
@@ -125,10 +141,32 @@ typedef struct {
 int svc_stats(svc_t *s, svc_stats_t *out);
 
 /* For the scheduler: THE job state change (db_job_transition) followed by a
- * wake-up of every event waiter. */
+ * wake-up of every event waiter. A change the database cannot take now is
+ * kept in memory and retried in order until it is written (server/pending.h;
+ * 0 is returned, and *cur and *attempt are left unset); a refusal of the
+ * change itself (TY_EPRECONDITION, TY_ENOTFOUND) is returned. */
 int svc_transition(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
                    int *cur, int *attempt);
-/* For the scheduler: a rank's process started or finished (with an event). */
+/* The same, written now or not at all (TY_EUNAVAILABLE while the database
+ * takes no writes, or while earlier changes are still kept): for a change
+ * that a caller can try again (a client's cancel, a job's start). */
+int svc_transition_now(svc_t *s, const char *id, unsigned from_mask, int to, const char *reason,
+                       int *cur, int *attempt);
+/* True when nothing keeps the server from its work; otherwise false with
+ * the causes in why (size bytes): writes kept for retry, jobs that cannot
+ * be started, a database file deleted or replaced. Submissions are refused
+ * (TY_EUNAVAILABLE) meanwhile. */
+bool svc_health(svc_t *s, char *why, size_t size);
+/* For the scheduler, every tick: retries kept writes whose backoff is due,
+ * and every SVC_FILE_CHECK_S checks that the database file is still the one
+ * opened (db_file_check). */
+#define SVC_FILE_CHECK_S 1.0
+void svc_tick(svc_t *s);
+/* For the scheduler: queued jobs cannot be started, because cause (NULL:
+ * they can again). */
+void svc_start_blocked(svc_t *s, const char *cause);
+/* For the scheduler: a rank's process started or finished (with an event);
+ * kept and retried as svc_transition's changes are. */
 int svc_rank_spawned(svc_t *s, const char *id, int attempt, int rank, int pid,
                      int64_t pid_start, const char *log_path);
 int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const char *state,

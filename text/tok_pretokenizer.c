@@ -36,20 +36,54 @@ const tok_bytelevel_t *tok_bytelevel(void) {
 static const char gpt2_pattern[] =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
 
-/* Appends the pieces of s[0..n) that re splits off, delimiters kept as
- * their own pieces (Isolated) or dropped (Removed). An empty match splits
- * there too (so "x*" cuts between every two characters) and the search
- * moves on one character, as the reference's matchAll loop does. */
+/* Split's behaviors, as tokenizer.json names them. */
+typedef enum {
+  SPLIT_ISOLATED,
+  SPLIT_REMOVED,
+  SPLIT_MERGED_WITH_PREVIOUS,
+  SPLIT_MERGED_WITH_NEXT,
+  SPLIT_CONTIGUOUS
+} split_behavior_t;
+
+static const char *const split_behaviors[] = {"Isolated", "Removed", "MergedWithPrevious",
+                                              "MergedWithNext", "Contiguous"};
+
+typedef struct {
+  size_t s, e;
+  int match;
+} span_t;
+
+typedef struct {
+  span_t *v;
+  size_t n, cap;
+} spans_t;
+
+static void span_push(spans_t *a, size_t s, size_t e, int match) {
+  if (a->n == a->cap) {
+    a->cap = a->cap ? a->cap * 2 : 32;
+    a->v = xrealloc(a->v, a->cap * sizeof *a->v);
+  }
+  a->v[a->n++] = (span_t){s, e, match};
+}
+
+/* Cuts s[0..n) into the spans between and of re's matches (an empty match
+ * cuts there too, and the search moves on one character, as the
+ * reference's matchAll loop does), then joins or drops them as behavior
+ * says, and appends the non-empty pieces to out. invert makes the spans
+ * between the matches the delimiters. */
 static int regex_split(const tok_regex_t *re, tok_match_t *m, const char *s, size_t n,
-                       int keep_matches, tok_pieces_t *out, char *err, size_t errlen) {
+                       split_behavior_t behavior, int invert, tok_pieces_t *out, char *err,
+                       size_t errlen) {
+  spans_t sp = {0};
   size_t prev = 0, from = 0;
+  int rc = 0;
   while (from <= n) {
     size_t ms, me;
-    int rc = tok_regex_find(re, m, s, n, from, &ms, &me, err, errlen);
-    if (rc < 0) return rc;
+    rc = tok_regex_find(re, m, s, n, from, &ms, &me, err, errlen);
+    if (rc < 0) goto done;
     if (rc == 0) break;
-    if (ms > prev) tok_pieces_push(out, s + prev, ms - prev);
-    if (me > ms && keep_matches) tok_pieces_push(out, s + ms, me - ms);
+    if (ms > prev) span_push(&sp, prev, ms, invert);
+    span_push(&sp, ms, me, !invert);
     prev = me;
     if (me > ms) {
       from = me;
@@ -59,8 +93,45 @@ static int regex_split(const tok_regex_t *re, tok_match_t *m, const char *s, siz
       from = me + (cl ? cl : 1);
     }
   }
-  if (prev < n) tok_pieces_push(out, s + prev, n - prev);
-  return 0;
+  rc = 0;
+  if (prev < n) span_push(&sp, prev, n, invert);
+  /* join: each rule says when a span extends the piece before it */
+  spans_t pieces = {0};
+  int previous_match = 0;
+  if (behavior == SPLIT_MERGED_WITH_NEXT) { /* a delimiter starts the piece after it */
+    for (size_t i = sp.n; i-- > 0;) {
+      span_t x = sp.v[i];
+      if (x.match && !previous_match && pieces.n)
+        pieces.v[pieces.n - 1].s = x.s;
+      else
+        span_push(&pieces, x.s, x.e, 0);
+      previous_match = x.match;
+    }
+    for (size_t i = pieces.n; i-- > 0;)
+      if (pieces.v[i].e > pieces.v[i].s)
+        tok_pieces_push(out, s + pieces.v[i].s, pieces.v[i].e - pieces.v[i].s);
+  } else {
+    for (size_t i = 0; i < sp.n; i++) {
+      span_t x = sp.v[i];
+      int join = (behavior == SPLIT_MERGED_WITH_PREVIOUS && x.match && !previous_match) ||
+                 (behavior == SPLIT_CONTIGUOUS && i > 0 && x.match == previous_match);
+      if (behavior == SPLIT_REMOVED && x.match) {
+        /* dropped */
+      } else if (join && pieces.n) {
+        pieces.v[pieces.n - 1].e = x.e;
+      } else {
+        span_push(&pieces, x.s, x.e, 0);
+      }
+      previous_match = x.match;
+    }
+    for (size_t i = 0; i < pieces.n; i++)
+      if (pieces.v[i].e > pieces.v[i].s)
+        tok_pieces_push(out, s + pieces.v[i].s, pieces.v[i].e - pieces.v[i].s);
+  }
+  free(pieces.v);
+done:
+  free(sp.v);
+  return rc;
 }
 
 /* ---- Sequence ---- */
@@ -111,7 +182,8 @@ static void sequence_free(tok_pretok_t *pt) {
 typedef struct {
   tok_pretok_t base;
   tok_regex_t *re;
-  int keep_matches; /* Isolated: 1, Removed: 0 */
+  split_behavior_t behavior;
+  int invert;
 } pt_split_t;
 
 static int split_apply(const tok_pretok_t *pt, tok_scratch_t *sc, const tok_pieces_t *in,
@@ -120,7 +192,7 @@ static int split_apply(const tok_pretok_t *pt, tok_scratch_t *sc, const tok_piec
   for (size_t i = 0; i < in->n; i++) {
     size_t len;
     const char *p = tok_piece(in, i, &len);
-    int rc = regex_split(q->re, sc->match, p, len, q->keep_matches, out, err, errlen);
+    int rc = regex_split(q->re, sc->match, p, len, q->behavior, q->invert, out, err, errlen);
     if (rc) return rc;
   }
   return 0;
@@ -175,7 +247,7 @@ static int bytelevel_apply(const tok_pretok_t *pt, tok_scratch_t *sc, const tok_
       continue;
     }
     tok_pieces_clear(&split);
-    rc = regex_split(q->re, sc->match, p, len, 1, &split, err, errlen);
+    rc = regex_split(q->re, sc->match, p, len, SPLIT_ISOLATED, 0, &split, err, errlen);
     for (size_t k = 0; k < split.n && rc == 0; k++) {
       size_t sl;
       const char *sp = tok_piece(&split, k, &sl);
@@ -271,19 +343,14 @@ static int load_sequence(json_t *j, tok_pretok_t **out, char *err, size_t errlen
 
 static int load_split(json_t *j, tok_pretok_t **out, char *err, size_t errlen) {
   const char *behavior = json_string_value(json_object_get(j, "behavior"));
-  int keep;
-  if (behavior && !strcmp(behavior, "Isolated"))
-    keep = 1;
-  else if (behavior && !strcmp(behavior, "Removed"))
-    keep = 0;
-  else
+  size_t k = 0, nb = sizeof split_behaviors / sizeof *split_behaviors;
+  while (behavior && k < nb && strcmp(behavior, split_behaviors[k])) k++;
+  if (!behavior || k == nb)
     return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
                    "tokenizer.json: pre_tokenizer Split behavior '%s' is not supported "
-                   "(supported: Isolated, Removed)",
+                   "(supported: Isolated, Removed, MergedWithPrevious, MergedWithNext, "
+                   "Contiguous)",
                    behavior ? behavior : "(none)");
-  if (json_is_true(json_object_get(j, "invert")))
-    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
-                   "tokenizer.json: pre_tokenizer Split with \"invert\": true is not supported");
   tok_regex_t *re;
   int rc =
       tok_regex_from_json(json_object_get(j, "pattern"), "pre_tokenizer Split", &re, err, errlen);
@@ -292,7 +359,8 @@ static int load_split(json_t *j, tok_pretok_t **out, char *err, size_t errlen) {
   q->base.apply = split_apply;
   q->base.free = split_free;
   q->re = re;
-  q->keep_matches = keep;
+  q->behavior = (split_behavior_t)k;
+  q->invert = json_is_true(json_object_get(j, "invert"));
   *out = &q->base;
   return 0;
 }

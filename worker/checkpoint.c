@@ -15,6 +15,8 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/beneath.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 
 static void set_entry(ckpt_tensor_t *t, ckpt_kind_t kind, int layer, const char *name, int64_t rows,
@@ -94,8 +96,9 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 /* Folds bytes [0, n) of path into *h; 0 or the read's error. */
 static int fold_file(uint64_t *h, const char *path, uint64_t n, char *err, size_t errlen) {
-  int fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
+  char why[1024];
+  int fd = ty_beneath_open(path, O_RDONLY, 0, why, sizeof why);
+  if (fd < 0) return ty_errf(err, errlen, fd, "%s", why);
   char buf[65536];
   int rc = 0;
   for (uint64_t off = 0; off < n && !rc;) {
@@ -117,8 +120,9 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
   struct stat st;
-  if (stat(path, &st) != 0)
-    return ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
+  char why[1024];
+  int e = ty_beneath_stat(path, &st, why, sizeof why);
+  if (e) return ty_errf(err, errlen, e, "%s", why);
   int rc = fold_file(&h, path, (uint64_t)st.st_size, err, errlen);
   st_ckpt_t *c = NULL;
   if (!rc) rc = st_open(dir, &c, err, errlen);
@@ -139,18 +143,15 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
 int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {
   char path[4096];
   snprintf(path, sizeof path, "%s/config.json", dir);
-  json_error_t jerr;
-  json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+  char why[1024];
+  json_t *root = ty_json_load_file(path, JSON_REJECT_DUPLICATES, why, sizeof why);
   if (!root) {
-    FILE *f = fopen(path, "r");
-    if (!f)
+    if (errno == ENOENT)
       return ty_errf(err, errlen, TY_ENOTFOUND,
                      "%s: missing (a checkpoint directory holds config.json and "
                      "model.safetensors)",
                      path);
-    fclose(f);
-    return ty_errf(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", path, jerr.line,
-                   jerr.text);
+    return ty_errf(err, errlen, errno == EINVAL ? TY_EINVAL : TY_EPERM, "%s", why);
   }
   llama_config_init(cfg);
   ty_errlist_t errs = TY_ERRLIST_INIT;

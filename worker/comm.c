@@ -64,6 +64,16 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
       }
     } else if (!strncmp(rendezvous, "shm:", 4)) {
       rc = comm_shm_open(c, rendezvous + 4, err, errlen);
+    } else if (!strncmp(rendezvous, "gloo:", 5)) {
+#ifdef TRAINYARD_HAVE_GLOO
+      rc = comm_gloo_open(c, rendezvous + 5, err, errlen);
+#else
+      ty_errf(err, errlen, 0,
+              "rendezvous '%s' needs Gloo, and this trainyard-worker was built without it "
+              "(install libgloo-dev and rebuild)",
+              rendezvous);
+      rc = TY_EUNIMPLEMENTED;
+#endif
     } else if (!strncmp(rendezvous, "nccl:", 5)) {
 #ifdef TRAINYARD_HAVE_NCCL
       rc = comm_nccl_open(c, rendezvous + 5, err, errlen);
@@ -74,7 +84,9 @@ int comm_open(comm_t **out, const char *rendezvous, int rank, int world_size, ch
       rc = TY_EUNIMPLEMENTED;
 #endif
     } else {
-      ty_errf(err, errlen, 0, "unknown rendezvous '%s' (use self, shm:<name> or nccl:file:<path>)",
+      ty_errf(err, errlen, 0,
+              "unknown rendezvous '%s' (use self, shm:<name>, gloo:file:<dir> or "
+              "nccl:file:<path>)",
               rendezvous);
       rc = TY_EINVAL;
     }

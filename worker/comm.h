@@ -4,6 +4,13 @@
  *   self         one rank; every collective is a copy or nothing
  *   shm:<name>   CPU ranks on one host, through one POSIX shared-memory
  *                segment (/dev/shm/trainyard-<name>) and futex barriers
+ *   gloo:file:<dir>
+ *                CPU ranks on several hosts, over Gloo's TCP transport;
+ *                the ranks exchange addresses through files in <dir>, which
+ *                every rank must see (a shared file system). Each listens on
+ *                TRAINYARD_GLOO_HOST (unset: the machine's hostname). Sums
+ *                are made as shm makes them, so results are bitwise equal.
+ *                Only where trainyard was built with Gloo.
  *   nccl:file:<path>
  *                GPU ranks (NCCL); rank 0 publishes the NCCL unique id in
  *                <path>, which every rank must see (a shared file system
@@ -45,7 +52,7 @@ typedef struct comm comm_t;
 #define COMM_TIMEOUT_MS_DEFAULT 300000
 
 /* Opens rank `rank` of `world_size` on `rendezvous` ("self", "shm:<name>",
- * "nccl:file:<path>"); blocks until every rank has joined (or the timeout).
+ * "gloo:file:<dir>", "nccl:file:<path>"); blocks until every rank has joined (or the timeout).
  * "self" requires world_size 1. A shm name is 1-200 characters of
  * [A-Za-z0-9._-]. On success *out is the caller's (comm_close). On failure
  * returns a TY_E* code and, when err is not NULL, writes a message naming
@@ -65,7 +72,7 @@ void comm_close(comm_t *c);
 
 int comm_rank(const comm_t *c);
 int comm_world_size(const comm_t *c);
-/* "self", "shm" or "nccl". */
+/* "self", "shm", "gloo" or "nccl". */
 const char *comm_backend(const comm_t *c);
 /* Why the last call failed ("" when none did); valid until the next call. */
 const char *comm_error(const comm_t *c);

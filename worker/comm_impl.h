@@ -1,5 +1,5 @@
 /* comm_impl.h - what the comm backends (comm_self.c, comm_shm.c,
- * comm_nccl.c) share with the dispatcher in comm.c. Not for other modules:
+ * comm_gloo.cc, comm_nccl.c) share with the dispatcher in comm.c. Not for other modules:
  * they use comm.h. */
 #ifndef TY_WORKER_COMM_IMPL_H
 #define TY_WORKER_COMM_IMPL_H
@@ -49,6 +49,9 @@ struct comm {
  * "nccl:" prefix. */
 int comm_self_open(comm_t *c, char *err, size_t errlen);
 int comm_shm_open(comm_t *c, const char *arg, char *err, size_t errlen);
+#ifdef TRAINYARD_HAVE_GLOO
+int comm_gloo_open(comm_t *c, const char *arg, char *err, size_t errlen);
+#endif
 #ifdef TRAINYARD_HAVE_NCCL
 int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen);
 #endif

@@ -26,6 +26,7 @@
 
 #include "api/errors.h"
 #include "common/numbers.h"
+#include "common/shm_name.h"
 #include "common/xalloc.h"
 
 #define SHM_MAGIC 0x48435954u /* "TYCH" */
@@ -35,38 +36,11 @@
 #define SHM_CHECK_MS 20 /* how often a waiter checks its peers */
 
 int comm_shm_path(const char *rendezvous, char *out, size_t outlen, char *err, size_t errlen) {
-  if (!rendezvous || strncmp(rendezvous, "shm:", 4)) {
-    return ty_errf(err, errlen, TY_EINVAL, "rendezvous '%s' is not shm:<name>",
-                   rendezvous ? rendezvous : "");
-  }
-  const char *name = rendezvous + 4;
-  size_t n = strlen(name);
-  if (n < 1 || n > 200) {
-    return ty_errf(err, errlen, TY_EINVAL, "shm rendezvous name '%s' must be 1-200 characters",
-                   name);
-  }
-  for (size_t i = 0; i < n; i++) {
-    char ch = name[i];
-    if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
-          ch == '.' || ch == '_' || ch == '-')) {
-      return ty_errf(
-          err, errlen, TY_EINVAL,
-          "shm rendezvous name '%s' has '%c' at %zu: use only letters, digits, '.', '_', '-'", name,
-          ch, i);
-    }
-  }
-  if ((size_t)snprintf(out, outlen, "/trainyard-%s", name) >= outlen) {
-    return ty_errf(err, errlen, TY_EINVAL, "shm rendezvous name '%s' is too long", name);
-  }
-  return 0;
+  return ty_shm_path(rendezvous, out, outlen, err, errlen);
 }
 
 int comm_shm_remove(const char *rendezvous) {
-  char path[256];
-  int rc = comm_shm_path(rendezvous, path, sizeof path, NULL, 0);
-  if (rc) return rc;
-  if (shm_unlink(path) == 0) return 0;
-  return errno == ENOENT ? 1 : TY_EINTERNAL;
+  return ty_shm_remove(rendezvous);
 }
 
 static long futex(_Atomic uint32_t *addr, int op, uint32_t val, const struct timespec *ts) {

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "common/beneath.h"
 #include "common/xalloc.h"
 #include "worker/data_rows.h"
 #include "worker/examples.h"
@@ -175,12 +176,13 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
              (long long)cfg->vocab_size);
     return TY_EINVAL;
   }
+  char why[1024];
   int fd = cfg != cfg_in ? builtin_corpus(cfg->vocab_size, msg, msglen)
-                         : open(cfg->path, O_RDONLY | O_CLOEXEC);
+                         : ty_beneath_open(cfg->path, O_RDONLY, 0, why, sizeof why);
   if (fd < 0 && cfg != cfg_in) return TY_EUNAVAILABLE;
   if (fd < 0) {
-    snprintf(msg, msglen, "cannot open data file %s: %s", cfg->path, strerror(errno));
-    return TY_ENOTFOUND;
+    snprintf(msg, msglen, "cannot open the data file: %s", why);
+    return fd == TY_ENOTFOUND ? TY_ENOTFOUND : TY_EPERM;
   }
   struct stat st;
   if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -23,6 +23,7 @@
 
 #include "api/errors.h"
 #include "common/clock.h"
+#include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "worker/comm.h"
 
@@ -62,8 +63,9 @@ static void set_reason(launch_result_t *res, const char *fmt, ...) {
 }
 
 static int is_contract_var(const char *kv) {
-  static const char *names[] = {"SPEC=",       "MODE=",       "JOB_ID=",     "ATTEMPT=", "RANK=",
-                                "WORLD_SIZE=", "RENDEZVOUS=", "REPORT_URL=", "TOKEN="};
+  static const char *names[] = {
+      "SPEC=",       "MODE=",       "JOB_ID=", "ATTEMPT=",    "RANK=",       "WORLD_SIZE=",
+      "RENDEZVOUS=", "REPORT_URL=", "TOKEN=",  "READ_ROOTS=", "WRITE_ROOTS="};
   if (strncmp(kv, "TRAINYARD_", 10)) return 0;
   for (size_t i = 0; i < sizeof names / sizeof *names; i++)
     if (!strncmp(kv + 10, names[i], strlen(names[i]))) return 1;
@@ -104,6 +106,8 @@ static char **build_env(const launch_opts_t *o, const launch_result_t *res, int 
   env[k++] = fmt_kv("TRAINYARD_RENDEZVOUS", "%s", rdv);
   if (o->report_url) env[k++] = fmt_kv("TRAINYARD_REPORT_URL", "%s", o->report_url);
   if (o->token) env[k++] = fmt_kv("TRAINYARD_TOKEN", "%s", o->token);
+  if (o->read_roots) env[k++] = fmt_kv("TRAINYARD_READ_ROOTS", "%s", o->read_roots);
+  if (o->write_roots) env[k++] = fmt_kv("TRAINYARD_WRITE_ROOTS", "%s", o->write_roots);
   for (size_t i = 0; i < extra; i++) env[k++] = xstrdup(o->env[i]);
   env[k] = NULL;
   return env;
@@ -458,6 +462,7 @@ int launch_run(const launch_opts_t *o, launch_result_t *res) {
   }
   int is_shm = !strncmp(rdv, "shm:", 4);
   if (is_shm) comm_shm_remove(rdv); /* a dead attempt's, should one be left */
+  if (is_shm) ty_shm_sweep_local(); /* and those of launchers killed during a rendezvous */
 
   launch_t L = {.o = o, .res = res, .world = o->world_size};
   L.grace_ms = o->grace_ms ? o->grace_ms : LAUNCH_GRACE_MS_DEFAULT;

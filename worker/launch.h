@@ -53,6 +53,8 @@ typedef struct {
   const char *rendezvous;  /* NULL: "self" for one rank, else "shm:<job_id>-<attempt>" */
   const char *report_url;  /* TRAINYARD_REPORT_URL; NULL: reports on stdout */
   const char *token;       /* TRAINYARD_TOKEN; NULL: not set */
+  const char *read_roots;  /* TRAINYARD_READ_ROOTS, TRAINYARD_WRITE_ROOTS: the folders the */
+  const char *write_roots; /* ranks open files in (common/beneath.h); both NULL: anywhere */
   const char *const *env;  /* more "NAME=value" for every rank, NULL-terminated; NULL: none */
   int grace_ms;            /* SIGTERM to SIGKILL; 0: 2000 */
   int progress_timeout_ms; /* fail a rank whose reports show no progress this long; 0: never */

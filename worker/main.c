@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/beneath.h"
 #include "common/partial.h"
 #include "worker/worker_load.h"
 #include "worker/worker_train.h"
@@ -18,6 +19,13 @@ int main(int argc, char **argv) {
   /* Stopped mid-save (a cancel, a failed peer), a rank removes the part of
    * the checkpoint or output it was writing. */
   ty_partial_cleanup_on_signals();
+  /* Every model, data and output file is opened inside the roots the
+   * launcher names (none: no confinement), before anything is read. */
+  char why[1024];
+  if (ty_beneath_roots_from_env(why, sizeof why) != 0) {
+    fprintf(stderr, "trainyard-worker: %s\n", why);
+    return 2;
+  }
   const char *mode = getenv("TRAINYARD_MODE");
   if (mode && !strcmp(mode, "load")) return wload_main();
   const char *spec = getenv("TRAINYARD_SPEC");

@@ -11,7 +11,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
-#include "common/fsutil.h"
+#include "common/beneath.h"
 #include "common/json_util.h"
 #include "common/xalloc.h"
 #include "worker/safetensors.h"
@@ -29,7 +29,7 @@ __attribute__((format(printf, 2, 3))) static void pathf(char *out, const char *f
 
 int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_model, char *err,
                           size_t errlen) {
-  int rc = ty_mkdirs(dir, err, errlen);
+  int rc = ty_beneath_mkdirs(dir, err, errlen);
   if (rc) return rc;
   char path[PATH_MAX];
   json_t *targets = json_array();
@@ -42,8 +42,8 @@ int outputs_write_adapter(const char *dir, const lora_t *lo, const char *base_mo
                           targets, "bias", "none", "fan_in_fan_out", 0, "inference_mode", 1,
                           "use_rslora", 0, "modules_to_save", "layers_to_transform");
   pathf(path, "%s/%s", dir, OUTPUTS_ADAPTER_CONFIG);
-  if (!cfg || ty_json_dump_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
-    snprintf(err, errlen, "cannot write %s", path);
+  if (!cfg || ty_json_write_file(cfg, path, JSON_INDENT(2) | JSON_SORT_KEYS, err, errlen) != 0) {
+    if (!cfg) snprintf(err, errlen, "cannot write %s", path);
     json_decref(cfg);
     return TY_EPERM;
   }
@@ -117,10 +117,10 @@ int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *
   *out = NULL;
   char path[PATH_MAX];
   pathf(path, "%s/%s", dir, OUTPUTS_ADAPTER_CONFIG);
-  json_error_t je;
-  json_t *cfg = json_load_file(path, 0, &je);
+  char why[1024];
+  json_t *cfg = ty_json_load_file(path, 0, why, sizeof why);
   if (!cfg) {
-    snprintf(err, errlen, "adapter %s: cannot read %s: %s", dir, OUTPUTS_ADAPTER_CONFIG, je.text);
+    snprintf(err, errlen, "adapter %s: cannot read %s: %s", dir, OUTPUTS_ADAPTER_CONFIG, why);
     return TY_ENOTFOUND;
   }
   int rc = 0;
@@ -182,15 +182,15 @@ int outputs_read_adapter(const char *dir, const model_t *m, lora_t **out, char *
 }
 
 int outputs_write_config(const char *dir, const llama_config_t *cfg, char *err, size_t errlen) {
-  int rc = ty_mkdirs(dir, err, errlen);
+  int rc = ty_beneath_mkdirs(dir, err, errlen);
   if (rc) return rc;
   char path[PATH_MAX];
   llama_config_t c = *cfg;
   c.torch_dtype = TY_DTYPE_F32; /* what model.safetensors holds */
   json_t *j = llama_config_to_json(&c);
   pathf(path, "%s/config.json", dir);
-  if (!j || ty_json_dump_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS) != 0) {
-    snprintf(err, errlen, "cannot write %s", path);
+  if (!j || ty_json_write_file(j, path, JSON_INDENT(2) | JSON_SORT_KEYS, err, errlen) != 0) {
+    if (!j) snprintf(err, errlen, "cannot write %s", path);
     json_decref(j);
     return TY_EPERM;
   }

@@ -16,6 +16,8 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/beneath.h"
+#include "common/json_util.h"
 #include "common/xalloc.h"
 
 /* Largest element count accepted for one tensor: keeps nelem x 4 far from
@@ -220,10 +222,13 @@ static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off) {
 static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char *err,
                     size_t errlen) {
   f->path = xstrdup(path);
-  f->fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (f->fd < 0)
-    return ty_errf(err, errlen, errno == ENOENT ? TY_ENOTFOUND : TY_EPERM, "%s: cannot open: %s",
-                   path, strerror(errno));
+  char why[1024];
+  f->fd = ty_beneath_open(path, O_RDONLY, 0, why, sizeof why);
+  if (f->fd < 0) {
+    const int rc = f->fd;
+    f->fd = -1;
+    return ty_errf(err, errlen, rc, "cannot open: %s", why);
+  }
   struct stat sb;
   if (fstat(f->fd, &sb) || !S_ISREG(sb.st_mode))
     return ty_errf(err, errlen, TY_EINVAL, "%s: not a regular file", path);
@@ -297,11 +302,9 @@ static char *join_path(const char *dir, const char *name) {
 }
 
 static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t errlen) {
-  json_error_t jerr;
-  json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-  if (!root)
-    return ty_errf(err, errlen, TY_EINVAL, "%s: not valid JSON (line %d: %s)", index_path,
-                   jerr.line, jerr.text);
+  char why[1024];
+  json_t *root = ty_json_load_file(index_path, JSON_REJECT_DUPLICATES, why, sizeof why);
+  if (!root) return ty_errf(err, errlen, errno == EINVAL ? TY_EINVAL : TY_EPERM, "%s", why);
   int rc = 0;
   char *dir = xstrdup(index_path);
   char *slash = strrchr(dir, '/');
@@ -381,14 +384,22 @@ int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
   st_ckpt_t *c = xcalloc(1, sizeof *c);
   struct stat sb;
   int rc = 0;
-  if (stat(path, &sb)) {
-    rc = ty_errf(err, errlen, TY_ENOTFOUND, "%s: %s", path, strerror(errno));
+  char why[1024];
+  if ((rc = ty_beneath_stat(path, &sb, why, sizeof why))) {
+    rc = ty_errf(err, errlen, rc == TY_ENOTFOUND ? rc : TY_EPERM, "%s", why);
   } else if (S_ISDIR(sb.st_mode)) {
+    /* Inside the roots: a name that leads out is an error, not a miss. */
     char *idx = join_path(path, ST_INDEX_NAME);
     char *one = join_path(path, ST_SINGLE_NAME);
-    if (!access(idx, F_OK)) {
+    int has_idx = ty_beneath_stat(idx, &sb, why, sizeof why), has_one = TY_ENOTFOUND;
+    if (has_idx == TY_ENOTFOUND) has_one = ty_beneath_stat(one, &sb, why, sizeof why);
+    if (has_idx && has_idx != TY_ENOTFOUND) {
+      rc = ty_errf(err, errlen, TY_EPERM, "%s", why);
+    } else if (has_one && has_one != TY_ENOTFOUND) {
+      rc = ty_errf(err, errlen, TY_EPERM, "%s", why);
+    } else if (!has_idx) {
       rc = open_index(c, idx, err, errlen);
-    } else if (!access(one, F_OK)) {
+    } else if (!has_one) {
       st_header_t h = {0};
       rc = open_one(one, 0, add_file(c), &h, err, errlen);
       if (!rc) take_tensors(c, &h);

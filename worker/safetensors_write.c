@@ -11,6 +11,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
+#include "common/beneath.h"
 #include "common/partial.h"
 #include "common/xalloc.h"
 #include "worker/safetensors.h"
@@ -32,7 +33,7 @@ struct st_writer {
 static void writer_free(st_writer_t *w, bool remove_partial) {
   if (!w) return;
   if (w->f) fclose(w->f);
-  if (remove_partial) unlink(w->partial);
+  if (remove_partial) ty_beneath_remove(w->partial, false, NULL, 0);
   ty_partial_untrack(w->slot);
   free(w->path);
   free(w->partial);
@@ -90,13 +91,13 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
   memcpy(w->partial + pl, ".partial", sizeof ".partial");
   w->total = off;
   w->slot = ty_partial_track(w->partial);
-  w->f = fopen(w->partial, "wb");
+  char why[1024];
+  w->f = ty_beneath_fopen(w->partial, "wb", why, sizeof why);
   if (!w->f) {
     int e = errno;
     free(hdr);
     writer_free(w, false);
-    return ty_errf(err, errlen, e == ENOENT ? TY_ENOTFOUND : TY_EPERM, "%s: cannot create: %s",
-                   path, strerror(e));
+    return ty_errf(err, errlen, e == ENOENT ? TY_ENOTFOUND : TY_EPERM, "cannot create: %s", why);
   }
   w->buf = xmalloc(1u << 20);
   setvbuf(w->f, w->buf, _IOFBF, 1u << 20);
@@ -137,9 +138,9 @@ int st_writer_close(st_writer_t *w, char *err, size_t errlen) {
   if (fclose(f) && !rc)
     rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: closing: %s (disk full?)", w->path,
                  strerror(errno));
-  if (!rc && rename(w->partial, w->path))
-    rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: cannot replace it: %s", w->path,
-                 strerror(errno));
+  char why[1024];
+  if (!rc && ty_beneath_rename(w->partial, w->path, why, sizeof why))
+    rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "%s: cannot replace it: %s", w->path, why);
   writer_free(w, rc != 0);
   return rc;
 }

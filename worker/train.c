@@ -348,6 +348,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
 
   rc = held_out(a, d, &res->eval_loss_start, err, errlen);
   if (rc) goto out;
+  if (a->held_out_done && isfinite(res->eval_loss_start))
+    a->held_out_done(a->progress_ctx, start, res->eval_loss_start);
 
   win = xmalloc((size_t)B * (T + 1) * sizeof *win);
   inputs = xmalloc((size_t)B * T * sizeof *inputs);
@@ -454,6 +456,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     }
   }
   rc = held_out(a, d, &res->eval_loss_end, err, errlen);
+  if (!rc && a->held_out_done && isfinite(res->eval_loss_end))
+    a->held_out_done(a->progress_ctx, res->steps_done > start ? res->steps_done : start,
+                     res->eval_loss_end);
   /* The outputs are written from the host's span. */
   if (!rc && dev_opt) rc = dev->state_to_host(dev->ctx, params, o->m, o->v, n, err, errlen);
 

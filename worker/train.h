@@ -94,6 +94,9 @@ typedef struct {
   const train_device_t *device;
   train_progress_fn progress; /* may be NULL */
   void *progress_ctx;
+  /* Optional: each held-out loss as it is measured (before the first step
+   * and after the last), with the step it was measured at; progress_ctx. */
+  void (*held_out_done)(void *ctx, int64_t step, double loss);
   /* Stop (after writing a checkpoint) once this many steps are done, as an
    * interrupted run would; 0 runs to spec->train.steps. For tests. */
   int64_t stop_at_step;

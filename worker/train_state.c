@@ -16,7 +16,7 @@
 #include <jansson.h>
 
 #include "api/errors.h"
-#include "common/fsutil.h"
+#include "common/beneath.h"
 #include "common/json_util.h"
 #include "worker/safetensors.h"
 
@@ -36,16 +36,16 @@ __attribute__((format(printf, 2, 3))) static void pathf(char *out, const char *f
  * (state*), then the directory (rmdir fails, harmlessly, if a user put
  * anything else in). */
 static void remove_ckpt_dir(const char *dir) {
-  DIR *dh = opendir(dir);
+  DIR *dh = ty_beneath_opendir(dir, NULL, 0);
   struct dirent *e;
   char p[PATH_MAX];
   while (dh && (e = readdir(dh))) {
     if (strncmp(e->d_name, "state", 5) != 0) continue;
     pathf(p, "%s/%s", dir, e->d_name);
-    unlink(p);
+    ty_beneath_remove(p, false, NULL, 0);
   }
   if (dh) closedir(dh);
-  rmdir(dir);
+  ty_beneath_remove(dir, true, NULL, 0);
 }
 
 /* The tensor file of a rank: state.safetensors when the span is replicated,
@@ -85,8 +85,9 @@ static int64_t parse_step_name(const char *name, bool tmp) {
 }
 
 static int write_json(const char *path, json_t *obj, char *err, size_t errlen) {
-  int rc = ty_json_dump_file(obj, path, JSON_INDENT(2) | JSON_SORT_KEYS);
-  if (rc) snprintf(err, errlen, "cannot write %s: %s", path, strerror(errno));
+  char why[1024];
+  int rc = ty_json_write_file(obj, path, JSON_INDENT(2) | JSON_SORT_KEYS, why, sizeof why);
+  if (rc) snprintf(err, errlen, "cannot write: %s", why);
   return rc ? TY_EPERM : 0;
 }
 
@@ -139,7 +140,7 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
   int rc = 0;
   if (rank == 0) {
     remove_ckpt_dir(tmp); /* left by a run that died while writing */
-    rc = ty_mkdirs(tmp, err, errlen);
+    rc = ty_beneath_mkdirs(tmp, err, errlen);
   }
   if ((rc = agree(comm, rc, what, err, errlen))) return rc;
   if (sharded || rank == 0) {
@@ -151,17 +152,14 @@ int train_state_save(const char *output_dir, comm_t *comm, const data_t *d, cons
     rc = write_json_state(tmp, d, o, n, step, world, sharded, base, err, errlen);
     if (!rc) {
       remove_ckpt_dir(final);
-      if (rename(tmp, final) != 0) {
-        snprintf(err, errlen, "cannot rename %s to %s: %s", tmp, final, strerror(errno));
-        rc = TY_EPERM;
-      }
+      if (ty_beneath_rename(tmp, final, err, errlen) != 0) rc = TY_EPERM;
     }
     if (rc) {
       remove_ckpt_dir(tmp);
     } else {
       /* Only the newest complete checkpoint is needed to resume; a save
        * that a killed run left unfinished (step-N.tmp) is never needed. */
-      DIR *dh = opendir(root);
+      DIR *dh = ty_beneath_opendir(root, NULL, 0);
       struct dirent *e;
       while (dh && (e = readdir(dh))) {
         int64_t s = parse_step_name(e->d_name, false);
@@ -216,8 +214,13 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
   *step = 0;
   char root[PATH_MAX], dir[PATH_MAX], path[PATH_MAX];
   pathf(root, "%s/checkpoints", output_dir);
-  DIR *dh = opendir(root);
-  if (!dh) return 0; /* nothing to resume from */
+  char why[1024];
+  DIR *dh = ty_beneath_opendir(root, why, sizeof why);
+  if (!dh && errno == ENOENT) return 0; /* nothing to resume from */
+  if (!dh) {
+    snprintf(err, errlen, "cannot read the checkpoints to resume from: %s", why);
+    return TY_EPERM;
+  }
   int64_t best = -1;
   struct dirent *e;
   while ((e = readdir(dh))) {
@@ -228,13 +231,12 @@ int train_state_resume(const char *output_dir, comm_t *comm, const data_t *d, op
   if (best < 0) return 0;
   pathf(dir, "%s/step-%08lld", root, (long long)best);
   pathf(path, "%s/%s", dir, STATE_JSON);
-  json_error_t je;
-  json_t *j = json_load_file(path, 0, &je);
+  json_t *j = ty_json_load_file(path, 0, why, sizeof why);
   if (!j) {
     snprintf(err, errlen,
              "checkpoint %s: cannot read %s: %s (remove the directory to start "
              "over)",
-             dir, STATE_JSON, je.text);
+             dir, STATE_JSON, why);
     return TY_EDATALOSS;
   }
   const json_t *jd = json_object_get(j, "data");

@@ -19,6 +19,7 @@
 #include "worker/model_io.h"
 #include "worker/outputs.h"
 #include "worker/report.h"
+#include "worker/run_metrics.h"
 #include "worker/train.h"
 #ifdef TRAINYARD_HAVE_CUDA
 #include "worker/placement_cuda.h"
@@ -35,7 +36,44 @@ typedef struct {
   const loader_stats_t *loaded; /* once the weights are in: every later
                                  * report carries the load's figures */
   double tokens_per_s;          /* the last step's, for the saving and done reports */
+  run_metrics_t *curves;        /* rank 0: metrics.jsonl and TensorBoard; else NULL */
 } reporter_t;
+
+/* Rank 0's curves: one point per step into the output_dir's metrics.jsonl
+ * and TensorBoard events. A write that fails (a full disk) is said once in
+ * the log and stops the curves, not the training. */
+static void curves_write(reporter_t *r, const run_point_t *p) {
+  if (!r->curves) return;
+  char err[512];
+  if (run_metrics_write(r->curves, p, err, sizeof err) == 0) return;
+  fprintf(stderr, "[rank %d/%d] %s; no more curves are written for this attempt\n", r->rank,
+          r->world, err);
+  run_metrics_close(r->curves);
+  r->curves = NULL;
+}
+
+static void on_held_out(void *ctx, int64_t step, double loss) {
+  reporter_t *r = ctx;
+  run_point_t p = run_point_empty(step);
+  p.eval_loss = loss;
+  curves_write(r, &p);
+}
+
+/* A training step's point: the job's tokens/s is this rank's times the
+ * ranks, which step together. */
+static void on_step_curves(reporter_t *r, const train_progress_t *tp) {
+  if (!r->curves) return;
+  memstat_t ms;
+  memstat_read(&ms);
+  run_point_t p = run_point_empty(tp->step);
+  p.loss = tp->loss;
+  p.lr = tp->lr;
+  p.grad_norm = tp->grad_norm;
+  p.tokens_per_s = tp->tokens_per_s * r->world;
+  p.host_peak_bytes = (double)ms.hwm_bytes;
+  if (r->loaded) p.device_peak_bytes = (double)r->loaded->device_peak_bytes;
+  curves_write(r, &p);
+}
 
 static void emit(reporter_t *r, const char *phase, int64_t step, double loss, double tps,
                  const loader_stats_t *ls, const char *message) {
@@ -66,6 +104,7 @@ static int on_progress(void *ctx, const train_progress_t *p) {
     snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
              p->eval_loss);
   if (p->tokens_per_s > 0) r->tokens_per_s = p->tokens_per_s;
+  if (!strcmp(p->phase, "training")) on_step_curves(r, p);
   /* A save keeps the rate of the steps before it, as the done report does. */
   double tps = strcmp(p->phase, "saving") ? p->tokens_per_s : r->tokens_per_s;
   emit(r, p->phase, p->step, p->loss, tps, NULL, msg);
@@ -228,7 +267,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, const l
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0};
+  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0, NULL};
   comm_t *comm = NULL;
   model_t *m = NULL;
   fsdp_t *f = NULL;
@@ -315,9 +354,13 @@ int worker_train_main(const worker_env_t *e) {
                       .device = cuda ? &dev : NULL,
                       .progress = on_progress,
                       .progress_ctx = &rep,
+                      .held_out_done = on_held_out,
                       .eval_windows = 16,
                       .data = prepared};
-    rc = train_run(&a, &res, err, sizeof err);
+    /* Rank 0 keeps the job's curves in its output_dir; a folder that cannot
+     * take them fails the job before its first step. */
+    if (comm_rank(comm) == 0) rc = run_metrics_open(&rep.curves, spec.output_dir, err, sizeof err);
+    if (!rc) rc = train_run(&a, &res, err, sizeof err);
   }
   if (!rc) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
@@ -340,6 +383,7 @@ int worker_train_main(const worker_env_t *e) {
     emit(&rep, "failed", 0, NAN, 0, NULL, err);
     ty_error("%s", err);
   }
+  run_metrics_close(rep.curves);
   lora_free(lo);
 #ifdef TRAINYARD_HAVE_CUDA
   train_cuda_free(tc);

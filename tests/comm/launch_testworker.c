@@ -161,6 +161,15 @@ int main(void) {
   report("starting", "env ok");
   const char *what = getenv("TY_TESTWORKER") ? getenv("TY_TESTWORKER") : "ok";
   if (!strcmp(what, "ok")) return run_ok();
+  if (!strcmp(what, "roots")) { /* the roots it was given, into TY_TESTWORKER_ROOTS_FILE */
+    FILE *f = fopen(getenv("TY_TESTWORKER_ROOTS_FILE"), "w");
+    if (!f) return 2;
+    const char *r = getenv("TRAINYARD_READ_ROOTS"), *w = getenv("TRAINYARD_WRITE_ROOTS");
+    fprintf(f, "read=%s write=%s", r ? r : "(unset)", w ? w : "(unset)");
+    fclose(f);
+    report("done", "roots written");
+    return 0;
+  }
   if (!strcmp(what, "fail")) return run_fail(0);
   if (!strcmp(what, "stubborn")) return run_fail(1);
   if (!strcmp(what, "sigint")) return run_sigint();

@@ -24,7 +24,7 @@
 # The build needs CMake, a C compiler, the CUDA toolkit (nvcc, cuBLAS), NCCL
 # ($NCCL_HOME's, the toolkit's, the system's, or else the nvidia-nccl wheel
 # of the python3 on PATH, as PyTorch's environments have it) and the
-# worker's libraries: jansson, OpenBLAS and libcurl with pkg-config. A host
+# worker's libraries: jansson, OpenBLAS, libcurl and protobuf-c (with protoc-c) with pkg-config. A host
 # without them (an image with the toolkit only) can take them as .deb files:
 # TY_DEPS_DEBS=DIR unpacks every DIR/*.deb into a private prefix first
 # (tests/gpu/fetch-debs.sh DIR gathers them on a Debian machine with apt).
@@ -64,7 +64,7 @@ unset NVIDIA_TF32_OVERRIDE
   cmake --version 2>&1 | head -1
   cc --version 2>&1 | head -1
   command -v ninja >/dev/null && echo "ninja: $(ninja --version)"
-  command -v pkg-config >/dev/null && for p in jansson openblas libcurl cmocka; do
+  command -v pkg-config >/dev/null && for p in jansson openblas libcurl libprotobuf-c cmocka; do
     echo "pkg-config $p: $(pkg-config --modversion $p 2>&1)"
   done
   echo "nccl: $(ls /usr/local/cuda/lib64/libnccl.so* /usr/lib/x86_64-linux-gnu/libnccl.so* 2>/dev/null | tr '\n' ' ')"

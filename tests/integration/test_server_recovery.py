@@ -2,14 +2,19 @@
 restart: no acknowledged job is lost, none stays in a non-final state it
 cannot leave, surviving ranks are stopped, each change an event with its
 reason. Also a clean shutdown (SIGTERM) with a running job, and a second
-trainyardd on the same database, which is refused rather than taking the
-first one's ranks for leftovers of a crash."""
+trainyardd on the same database (by any name of the file), which is refused
+rather than taking the first one's ranks for leftovers of a crash; a
+database file replaced under a running server, and a damaged one at
+start."""
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 import unittest
+
+import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
 from tyserver import BIN, Server, free_port, group_alive  # noqa: E402
@@ -56,6 +61,76 @@ class Recovery(unittest.TestCase):
         finally:
             srv.cleanup()
 
+    def check_wedge_free(self, srv, job_id, pids):
+        """After a restart: no rank of the job runs, every rank row has its
+        end, the event stream and `trainyard watch` end, DELETE works."""
+        self.assertFalse([p for p in pids if group_alive(p)], "old ranks still running")
+        for attempt in range(1, srv.get("/v1/jobs/" + job_id).json()["attempt"] + 1):
+            ranks = srv.get("/v1/jobs/%s/ranks?attempt=%d" % (job_id, attempt)).json()["ranks"]
+            self.assertFalse([r for r in ranks if r["state"] in ("starting", "running")], ranks)
+        events = srv.get("/v1/jobs/%s/events" % job_id, timeout=10).text
+        self.assertIn("trainyardd restarted: the rank was stopped", events)
+        env = dict(os.environ, TRAINYARD_SERVER=srv.url)
+        env.pop("TRAINYARD_TOKEN", None)
+        w = subprocess.run([os.path.join(BIN, "cli", "trainyard"), "watch", job_id], env=env,
+                           capture_output=True, text=True, timeout=20)
+        self.assertNotIn("Traceback", w.stderr)
+        r = requests.delete(srv.url + "/v1/jobs/" + job_id, timeout=10)
+        self.assertEqual(r.status_code, 200, r.text)
+
+    def test_cancel_and_kill_9_at_once(self):
+        srv = Server(extra=["--grace", "3"])
+        stray = "/dev/shm/trainyard-ty-j-00000000deadbeef-1"
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="ignoreterm-nopipe-slow", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            self.assertEqual(srv.post("/v1/jobs/%s:cancel" % job["id"]).status_code, 200)
+            srv.stop(signal.SIGKILL)
+            self.assertTrue(all(group_alive(p) for p in pids), "ranks should still be stopping")
+            # What a crash during the ranks' rendezvous leaves: the attempt's
+            # segment (and one of a job this database does not know), and a
+            # checkpoint being written.
+            ours = "/dev/shm/trainyard-ty-%s-1" % job["id"]
+            for path in (ours, stray):
+                with open(path, "wb") as f:
+                    f.write(b"\0" * 64)
+            tmp = os.path.join(srv.dir, "runs", "ignoreterm-nopipe-slow", "checkpoints",
+                               "step-00000003.tmp")
+            os.makedirs(tmp)
+            with open(os.path.join(tmp, "model.safetensors"), "wb") as f:
+                f.write(b"x")
+            srv.start()
+            self.assertFalse(os.path.exists(ours), "the attempt's shm segment is left")
+            self.assertTrue(os.path.exists(stray), "another database's segment was removed")
+            self.assertFalse(os.path.exists(tmp), "the unfinished checkpoint is left")
+            self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "cancelled")
+            self.check_wedge_free(srv, job["id"], pids)
+        finally:
+            if os.path.exists(stray):
+                os.unlink(stray)
+            srv.cleanup()
+
+    def test_kill_9_while_a_failed_attempt_stops(self):
+        srv = Server(extra=["--grace", "3"])
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="fail0at3-ignoreterm-nopipe-slow",
+                                                steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            srv.wait_state(job["id"], ["failed"])
+            srv.stop(signal.SIGKILL)
+            self.assertTrue(group_alive(pids[1]), "rank 1 should still be stopping")
+            srv.start()
+            j = srv.get("/v1/jobs/" + job["id"]).json()
+            self.assertEqual(j["state"], "failed")
+            self.assertIn("rank 0 failed", j["reason"])
+            self.check_wedge_free(srv, job["id"], pids)
+        finally:
+            srv.cleanup()
+
     def test_second_server_on_one_database_is_refused(self):
         srv = Server()
         try:
@@ -80,6 +155,82 @@ class Recovery(unittest.TestCase):
             self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "cancelled")
         finally:
             srv.cleanup()
+
+    def test_second_server_by_another_name_is_refused(self):
+        """The lock is the file's: a symlink or a hard link to the database
+        reaches the same lock, and the first server's ranks run on."""
+        srv = Server()
+        try:
+            srv.start()
+            job = srv.post("/v1/jobs", srv.spec(name="slow-linked", steps=300)).json()
+            srv.wait_state(job["id"], ["running"])
+            pids = [r["pid"] for r in srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"]]
+            db = os.path.join(srv.dir, "var", "ty.db")
+            os.symlink(db, os.path.join(srv.dir, "sym.db"))
+            os.link(db, os.path.join(srv.dir, "hard.db"))
+            for name in ("sym.db", "hard.db", "./var/../var/ty.db"):
+                args = srv.args()
+                args[args.index("--listen") + 1] = "127.0.0.1:%d" % free_port()
+                args[args.index("--db") + 1] = name
+                p = subprocess.run(args, cwd=srv.dir, capture_output=True, text=True, timeout=30)
+                self.assertEqual(p.returncode, 1, p.stderr)
+                self.assertIn("in use by another trainyardd (pid %d, " % srv.proc.pid, p.stderr)
+            self.assertTrue(all(group_alive(pid) for pid in pids))
+            self.assertEqual(srv.get("/v1/jobs/" + job["id"]).json()["state"], "running")
+            srv.post("/v1/jobs/%s:cancel" % job["id"])
+        finally:
+            srv.cleanup()
+
+    def test_database_replaced_under_the_server(self):
+        srv = Server()
+        try:
+            srv.start()
+            db = os.path.join(srv.dir, "var", "ty.db")
+            os.rename(db, db + ".moved")
+            deadline = time.time() + 10
+            r = None
+            while time.time() < deadline:
+                r = srv.get("/healthz")
+                if r.status_code == 503:
+                    break
+                time.sleep(0.1)
+            self.assertEqual(r.status_code, 503, r.text)
+            self.assertIn("was deleted while this server ran", r.json()["error"]["message"])
+            r = srv.post("/v1/jobs", srv.spec(name="refused"))
+            self.assertEqual(r.status_code, 503, r.text)
+            self.assertIn("deleted", r.json()["error"]["message"])
+            # Put back, the server is healthy again.
+            os.rename(db + ".moved", db)
+            deadline = time.time() + 10
+            while time.time() < deadline and srv.get("/healthz").status_code != 200:
+                time.sleep(0.1)
+            self.assertEqual(srv.get("/healthz").status_code, 200)
+            self.assertEqual(srv.post("/v1/jobs", srv.spec(name="taken", steps=2)).status_code,
+                             201)
+        finally:
+            srv.cleanup()
+
+    def test_damaged_database_is_refused_at_start(self):
+        srv = Server()
+        try:
+            srv.start()
+            for i in range(40):
+                srv.post("/v1/jobs", srv.spec(name="fill%d" % i, steps=1, world_size=1,
+                                              model_path="models/tiny" + "/." * 200))
+            srv.stop()
+            db = os.path.join(srv.dir, "var", "ty.db")
+            self.assertGreater(os.path.getsize(db), 4 * 4096)
+            with open(db, "r+b") as f:
+                f.seek(2 * 4096)
+                f.write(bytes((i * 7 + 13) % 256 for i in range(4096)))
+            p = subprocess.run(srv.args(), cwd=srv.dir, capture_output=True, text=True,
+                               timeout=30)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            self.assertIn("is damaged (PRAGMA quick_check: ", p.stderr)
+            self.assertIn("restore it from a backup", p.stderr)
+        finally:
+            srv.log.close()
+            shutil.rmtree(srv.dir, ignore_errors=True)
 
     def test_logs_follow_rides_out_a_restart(self):
         srv = Server()

@@ -387,12 +387,43 @@ static void test_bad_options(void **state) {
   assert_non_null(strstr(res.reason, "world_size"));
 }
 
+/* The roots reach the ranks only as the caller gives them: one in the
+ * launcher's own environment is not passed on. */
+static void test_roots(void **state) {
+  (void)state;
+  char file[300], text[256] = {0};
+  snprintf(file, sizeof file, "/tmp/ty-launch-roots-%d", (int)getpid());
+  setenv("TY_TESTWORKER_ROOTS_FILE", file, 1);
+  setenv("TRAINYARD_READ_ROOTS", "/inherited", 1);
+  for (int given = 0; given < 2; given++) {
+    seen_t seen;
+    char job[64];
+    snprintf(job, sizeof job, "roots-%d-%d", (int)getpid(), given);
+    launch_opts_t o = opts_for(1, "roots", &seen, job);
+    if (given) o.read_roots = "/srv/models:/srv/data", o.write_roots = "/srv/runs";
+    launch_result_t res;
+    fresh_piddir();
+    assert_int_equal(launch_run(&o, &res), 0);
+    check_pids_gone(5000);
+    FILE *f = fopen(file, "r");
+    assert_non_null(f);
+    assert_non_null(fgets(text, sizeof text, f));
+    fclose(f);
+    assert_string_equal(
+        text, given ? "read=/srv/models:/srv/data write=/srv/runs" : "read=(unset) write=(unset)");
+  }
+  unlink(file);
+  unsetenv("TRAINYARD_READ_ROOTS");
+  unsetenv("TY_TESTWORKER_ROOTS_FILE");
+}
+
 int main(void) {
   setup_bin();
   /* The tests kill(getpid(), SIGINT) only while launch_run has it blocked. */
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_bad_options),
       cmocka_unit_test(test_success),
+      cmocka_unit_test(test_roots),
       cmocka_unit_test(test_rank_fails),
       cmocka_unit_test(test_rank_fails_others_ignore_sigterm),
       cmocka_unit_test(test_sigchld_ignored),

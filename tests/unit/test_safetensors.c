@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -364,13 +365,55 @@ static void test_stopped_mid_write(void **state) {
   assert_non_null(st_find(c, "w"));
   st_close(c);
   unlink(p);
-  /* Every slot taken: a file past them is written untracked, as before. */
+  /* Every slot taken: a file past them is written untracked, as before;
+   * so is one whose folder cannot be opened (its part cannot be made). */
+  char x[600];
+  path_of(x, sizeof x, "x.partial");
   int slots[16], n = 0;
-  while (n < 16 && (slots[n] = ty_partial_track("/nonexistent/x.partial")) >= 0) n++;
+  while (n < 16 && (slots[n] = ty_partial_track(x)) >= 0) n++;
   assert_true(n > 0 && n < 16);
   for (int i = 0; i < n; i++) ty_partial_untrack(slots[i]);
-  assert_int_equal(ty_partial_track("/nonexistent/x.partial"), slots[0]);
+  assert_int_equal(ty_partial_track(x), slots[0]);
   ty_partial_untrack(slots[0]);
+  assert_int_equal(ty_partial_track("/nonexistent/x.partial"), -1);
+}
+
+/* A part is removed where it was made: when a link has replaced its folder
+ * since (here a decoy folder holding a file of the same name), the decoy's
+ * file stays and the real part goes. */
+static void test_stopped_after_a_swap(void **state) {
+  (void)state;
+  char sub[512], moved[512], decoy[600], p[600], q[700];
+  path_of(sub, sizeof sub, "swap");
+  path_of(moved, sizeof moved, "swap-moved");
+  snprintf(decoy, sizeof decoy, "%s/decoy", g_dir);
+  assert_int_equal(mkdir(sub, 0755), 0);
+  assert_int_equal(mkdir(decoy, 0755), 0);
+  snprintf(q, sizeof q, "%s/x.safetensors.partial", decoy);
+  FILE *f = fopen(q, "w");
+  assert_non_null(f);
+  fclose(f);
+  snprintf(p, sizeof p, "%s/x.safetensors", sub);
+  pid_t pid = fork();
+  assert_true(pid >= 0);
+  if (pid == 0) {
+    ty_partial_cleanup_on_signals();
+    st_desc_t d[1] = {{"w", TY_DTYPE_F32, 1, {4}}};
+    const float x[4] = {1, 2, 3, 4};
+    st_writer_t *w;
+    char err[256];
+    if (st_writer_open(p, d, 1, NULL, &w, err, sizeof err) ||
+        st_writer_write(w, x, 8, err, sizeof err) || rename(sub, moved) || symlink(decoy, sub))
+      _exit(3);
+    raise(SIGTERM);
+    _exit(5);
+  }
+  int status = 0;
+  assert_int_equal(waitpid(pid, &status, 0), pid);
+  assert_true(WIFSIGNALED(status));
+  assert_int_equal(access(q, F_OK), 0);
+  snprintf(q, sizeof q, "%s/x.safetensors.partial", moved);
+  assert_int_equal(access(q, F_OK), -1);
 }
 
 int main(void) {
@@ -380,6 +423,7 @@ int main(void) {
       cmocka_unit_test(test_lying_lengths_and_truncation),
       cmocka_unit_test(test_sharded),
       cmocka_unit_test(test_stopped_mid_write),
+      cmocka_unit_test(test_stopped_after_a_swap),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

@@ -356,6 +356,50 @@ static void pre_tokenizers(void **state) {
   tok_free(t);
 }
 
+/* Split's five behaviors on "a-b--c" split by "-" (and inverted). */
+static void split_behaviors(void **state) {
+  static const struct {
+    const char *behavior;
+    int invert;
+    const char *want; /* the pieces, joined by '|' */
+  } cases[] = {
+      {"Isolated", 0, "a|-|b|-|-|c"},         {"Removed", 0, "a|b|c"},
+      {"MergedWithPrevious", 0, "a-|b-|-|c"}, {"MergedWithNext", 0, "a|-b|-|-c"},
+      {"Contiguous", 0, "a|-|b|--|c"},        {"Removed", 1, "-|-|-"},
+      {"Isolated", 1, "a|-|b|-|-|c"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+    char json[256], err[256];
+    snprintf(json, sizeof json,
+             "{\"type\": \"Split\", \"pattern\": {\"String\": \"-\"}, \"behavior\": \"%s\", "
+             "\"invert\": %s}",
+             cases[i].behavior, cases[i].invert ? "true" : "false");
+    json_t *j = json_loads(json, 0, NULL);
+    tok_pretok_t *pt;
+    assert_int_equal(tok_pretok_load(j, &pt, err, sizeof err), 0);
+    tok_scratch_t sc = {0};
+    sc.match = tok_match_new();
+    tok_pieces_t in = {0}, out = {0};
+    tok_pieces_push(&in, "a-b--c", 6);
+    tok_pieces_clear(&out);
+    assert_int_equal(pt->apply(pt, &sc, &in, &out, 0, err, sizeof err), 0);
+    char got[64] = "";
+    for (size_t k = 0; k < out.n; k++) {
+      size_t len;
+      const char *p = tok_piece(&out, k, &len);
+      snprintf(got + strlen(got), sizeof got - strlen(got), "%s%.*s", k ? "|" : "", (int)len, p);
+    }
+    if (strcmp(got, cases[i].want))
+      fail_msg("%s%s: '%s', wanted '%s'", cases[i].behavior, cases[i].invert ? " inverted" : "",
+               got, cases[i].want);
+    tok_pieces_free(&in);
+    tok_pieces_free(&out);
+    tok_match_free(sc.match);
+    tok_pretok_free(pt);
+    json_decref(j);
+  }
+}
+
 static void byte_level(void **state) {
   /* ByteLevel maps every byte to a character: the vocabulary of a GPT-2
    * style tokenizer. A space is "Ġ" (U+0120), 0xC3 "Ã" (U+00C3), 0xA9 "©". */
@@ -547,8 +591,7 @@ static void refusals(void **state) {
       {"model_unigram.json", "model type 'Unigram'"},
       {"post_processor_roberta.json", "post_processor type 'RobertaProcessing'"},
       {"decoder_wordpiece.json", "decoder type 'WordPiece'"},
-      {"split_merged_with_previous.json", "Split behavior 'MergedWithPrevious'"},
-      {"split_invert.json", "\"invert\": true"},
+      {"split_behavior.json", "Split behavior 'Shuffled' is not supported"},
       {"bpe_dropout.json", "BPE option 'dropout'"},
       {"bpe_continuing_subword_prefix.json", "BPE option 'continuing_subword_prefix'"},
       {"added_single_word.json", "\"single_word\": true"},
@@ -602,14 +645,23 @@ static void malformed(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(bpe_merge_order),   cmocka_unit_test(bpe_ties_leftmost),
-      cmocka_unit_test(bpe_ignore_merges), cmocka_unit_test(bpe_byte_fallback_and_unk),
-      cmocka_unit_test(utf8_lossy),        cmocka_unit_test(regex_oniguruma),
-      cmocka_unit_test(added_tokens),      cmocka_unit_test(normalizers),
-      cmocka_unit_test(pre_tokenizers),    cmocka_unit_test(byte_level),
-      cmocka_unit_test(decoders),          cmocka_unit_test(config),
-      cmocka_unit_test(load_paths),        cmocka_unit_test(threads),
-      cmocka_unit_test(refusals),          cmocka_unit_test(malformed),
+      cmocka_unit_test(bpe_merge_order),
+      cmocka_unit_test(bpe_ties_leftmost),
+      cmocka_unit_test(bpe_ignore_merges),
+      cmocka_unit_test(bpe_byte_fallback_and_unk),
+      cmocka_unit_test(utf8_lossy),
+      cmocka_unit_test(regex_oniguruma),
+      cmocka_unit_test(added_tokens),
+      cmocka_unit_test(normalizers),
+      cmocka_unit_test(pre_tokenizers),
+      cmocka_unit_test(split_behaviors),
+      cmocka_unit_test(byte_level),
+      cmocka_unit_test(decoders),
+      cmocka_unit_test(config),
+      cmocka_unit_test(load_paths),
+      cmocka_unit_test(threads),
+      cmocka_unit_test(refusals),
+      cmocka_unit_test(malformed),
   };
   return cmocka_run_group_tests(tests, tmpdir_setup, tmpdir_teardown);
 }

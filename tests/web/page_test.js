@@ -185,6 +185,10 @@ async function main() {
     assert.match(await page.textContent('#mem-note'), /full model: 2\.00 MiB/,
                  'peaks are drawn against the full model (2 ranks x 1 MiB read each)');
     assert.ok(await page.locator('#timeline li.state').count() >= 2, 'state changes are on the timeline');
+    // The job's own progress (the server's figures, moved by each event).
+    await waitFor('the job progress bar while training', async () =>
+      /^training \d+% · eta \d+(m\d\ds|s|h\d\dm) · .*tok\/s$/.test(
+          (await page.textContent('#job-progress .label')).trim()));
     await waitFor('the rank log', async () => /\[rank 0\/2\]|rank 0/.test(await page.textContent('#log')));
 
     // 3. The stream resumes after drops (Last-Event-ID) without gaps.

@@ -7,13 +7,16 @@
 
 import {api, followEvents, ApiError} from './api.js';
 import { RankChart, rankColor } from './charts.js';
-import {el, bar, badge, fmtBytes, fmtNum, fmtRate, fmtTime, isFinal, debounce, setFlash, ACTIVE_STATES} from './util.js';
+import {el, bar, badge, fmtBytes, fmtNum, fmtRate, fmtTime, isFinal, debounce, jobProgress, setFlash, ACTIVE_STATES} from './util.js';
 
 const LOG_REFRESH_MS = 3000;
 const DELETE_RETRY_MS = 500;  // while a cancelled job's ranks still stop (503)
 const DELETE_TRIES = 120;
 const LOG_KEEP = 256 * 1024; // bytes of a log shown (its tail)
 const DTYPE_BYTES = { float32: 4, bfloat16: 2, float16: 2 };
+// The charts' first fill: each rank's curve thinned by the server to at
+// most this many points (its extremes kept), however long the job.
+const CHART_POINTS = 2000;
 
 // Bytes of a Llama model's weights from its config (the spec's "model").
 function modelBytesFromConfig(m, dtype) {
@@ -52,6 +55,7 @@ export function mountJob(root, id) {
   const logTabs = el('div', { class: 'chips', role: 'tablist' });
   const logPre = el('pre', { class: 'log', id: 'log', tabindex: 0 });
   const live = el('span', { class: 'live-dot', id: 'live' });
+  const progressHost = el('div', { class: 'job-progress', id: 'job-progress' });
 
   root.replaceChildren(
     head,
@@ -125,7 +129,7 @@ export function mountJob(root, id) {
            },
                                  'Delete job') :
                               null),
-        box, delBox, el('p', {class: 'reason', id: 'reason'}, j.reason || ''),
+        box, delBox, el('p', {class: 'reason', id: 'reason'}, j.reason || ''), progressHost,
         el('dl', {class: 'facts'}, fact('id', el('span', {class: 'mono'}, j.id)),
            fact(
                'attempt',
@@ -141,9 +145,18 @@ export function mountJob(root, id) {
                spec.fsdp && spec.fsdp.memory_efficient_load ? 'memory-efficient' : 'standard'),
            fact('created', fmtTime(j.created_at)), fact('started', fmtTime(j.started_at)),
            fact('finished', fmtTime(j.finished_at))));
+    renderProgress(j, '');
   }
 
   function fact(k, v) { return el('div', {}, el('dt', {}, k), el('dd', {}, v)); }
+
+  // The job's progress bar: from the job, then from each progress event's
+  // job figures (o and prefix as jobProgress takes them).
+  function renderProgress(o, prefix) {
+    const p = jobProgress(o, prefix);
+    progressHost.replaceChildren(bar(p.fraction, p.label,
+                                     job && ACTIVE_STATES.includes(job.state) ? 'live' : ''));
+  }
 
   async function doCancel(ev) {
     ev.target.disabled = true;
@@ -256,6 +269,8 @@ export function mountJob(root, id) {
     ranks.set(rep.rank, row);
     if (rep.bytes_total > 0) loadBytes.set(rep.rank, Math.max(loadBytes.get(rep.rank) || 0,
                                                                rep.bytes_total));
+    if (rep.job_progress_phase !== undefined && job && ACTIVE_STATES.includes(job.state))
+      renderProgress(rep, 'job_');
     if (rep.phase === 'training' && rep.step > 0) {
       lossChart.add(rep.rank, rep.step, rep.loss);
       tpsChart.add(rep.rank, rep.step, rep.tokens_per_s);
@@ -420,7 +435,7 @@ export function mountJob(root, id) {
   (async () => {
     try {
       job = await api('GET', base);
-      const [r, m] = await Promise.all([api('GET', base + '/ranks'), api('GET', base + '/metrics')]);
+      const [r, m] = await Promise.all([api('GET', base + '/ranks'), api('GET', base + '/metrics?max_points=' + CHART_POINTS)]);
       if (gone) return;
       attempt = r.attempt || job.attempt || 0;
       for (const row of r.ranks || []) ranks.set(row.rank, row);

@@ -2,27 +2,10 @@
 // server) and by name or id (here); refreshed every few seconds.
 
 import { api } from './api.js';
-import {el, bar, badge, fmtAge, isFinal, takeFlash, ACTIVE_STATES} from './util.js';
+import {el, bar, badge, fmtAge, jobProgress, takeFlash, ACTIVE_STATES} from './util.js';
 
 const STATES = ['queued', 'starting', 'running', 'succeeded', 'failed', 'cancelled'];
 const REFRESH_MS = 2000;
-
-// Progress of a job from its ranks: mean of step / total_steps. Final jobs
-// keep the figure they ended with (cached; it cannot change).
-const finalProgress = new Map();
-
-async function progressOf(job) {
-  if (job.state === 'queued') return 0;
-  if (job.state === 'succeeded') return 1;
-  if (isFinal(job.state) && finalProgress.has(job.id)) return finalProgress.get(job.id);
-  const r = await api('GET', '/v1/jobs/' + encodeURIComponent(job.id) + '/ranks');
-  const ranks = r.ranks || [];
-  let sum = 0;
-  for (const k of ranks) sum += k.total_steps > 0 ? Math.min(1, k.step / k.total_steps) : 0;
-  const p = ranks.length ? sum / ranks.length : 0;
-  if (isFinal(job.state)) finalProgress.set(job.id, p);
-  return p;
-}
 
 export function mountJobs(root, query) {
   let state = query.get('state') || '';
@@ -90,9 +73,6 @@ export function mountJobs(root, query) {
       if (gone) return;
       jobs = got;
       next = token;
-      const progress = await Promise.all(jobs.map((j) => progressOf(j).catch(() => null)));
-      if (gone) return;
-      jobs.forEach((j, i) => { j.progress = progress[i]; });
       status.textContent = 'updated ' + new Date().toLocaleTimeString(undefined, { hour12: false });
       render();
     } catch (e) {
@@ -113,14 +93,14 @@ export function mountJobs(root, query) {
       return;
     }
     tbody.replaceChildren(...shown.map((j) => {
-      const p = j.progress;
+      // The server's figures (server/progress.h): phase, percent, ETA, rate.
+      const p = jobProgress(j);
       const active = ACTIVE_STATES.includes(j.state);
       return el('tr', { dataset: { id: j.id, state: j.state } },
         el('td', {}, el('a', { href: '#/jobs/' + encodeURIComponent(j.id) }, j.name),
            el('div', { class: 'muted small mono' }, j.id)),
         el('td', {}, badge(j.state)),
-        el('td', { class: 'wide' }, bar(p, p === null ? '–' : Math.round(p * 100) + '%',
-                                         active ? 'live' : '')),
+        el('td', { class: 'wide' }, bar(p.fraction, p.label, active ? 'live' : '')),
         el('td', {}, j.world_size + ' × ' + j.device),
         el('td', { title: j.created_at }, fmtAge(j.created_at)));
     }));

@@ -56,6 +56,30 @@ export function fmtTime(iso) {
   return d.toLocaleString(undefined, { hour12: false });
 }
 
+// Seconds as "1m23s", "2h01m", "5s".
+export function fmtDuration(s) {
+  const t = Math.round(s);
+  const pad = (n) => String(n).padStart(2, '0');
+  if (t >= 3600) return Math.floor(t / 3600) + 'h' + pad(Math.floor(t / 60) % 60) + 'm';
+  if (t >= 60) return Math.floor(t / 60) + 'm' + pad(t % 60) + 's';
+  return t + 's';
+}
+
+// A job's progress as the server computes it (server/progress.h): from a
+// job (prefix '') or a progress event's data (prefix 'job_'). Returns
+// {fraction (null: unknown), label: 'training 45% · eta 1m23s · 2.0k tok/s'}.
+export function jobProgress(o, prefix = '') {
+  const phase = o[prefix + 'progress_phase'];
+  if (!phase) return { fraction: null, label: '–' };
+  const f = o[prefix + 'progress'] || 0;
+  let label = phase + ' ' + Math.floor(f * 100) + '%';
+  const eta = o[prefix + 'eta_seconds'];
+  if (eta > 0) label += ' · eta ' + fmtDuration(eta);
+  const tps = o[prefix + 'tokens_per_s'];
+  if (tps > 0) label += ' · ' + fmtRate(tps) + ' tok/s';
+  return { fraction: f, label };
+}
+
 // A progress bar: fraction in [0, 1] (null: unknown), with a text label.
 export function bar(fraction, label, cls = '') {
   const f = fraction === null || !isFinite(fraction) ? 0 : Math.max(0, Math.min(1, fraction));

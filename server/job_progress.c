@@ -1,0 +1,54 @@
+/* job_progress.c - the service's side of server/progress.h: a job's
+ * figures read from its ranks, in the job views and in each "progress"
+ * event; see service.h (svc_job_view, svc_report_progress). */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "db/db_obs.h"
+#include "server/progress.h"
+#include "server/service.h"
+
+/* The progress of job id in state, from its ranks' rows, with report r
+ * (optional) in place of its rank's row. */
+static void compute(svc_t *s, const char *id, int state, const db_report_t *r, progress_t *out) {
+  db_rank_figures_t *f = NULL;
+  size_t n = 0;
+  if (db_rank_figures(svc_db(s), id, &f, &n)) n = 0;
+  progress_rank_t *pr = calloc(n ? n : 1, sizeof *pr);
+  int attempt = 0;
+  for (size_t i = 0; pr && i < n; i++) {
+    attempt = f[i].attempt;
+    pr[i] = (progress_rank_t){f[i].phase,        f[i].step,         f[i].total_steps,
+                              f[i].tokens_per_s, f[i].bytes_loaded, f[i].bytes_total};
+    if (r && r->rank == f[i].rank && r->attempt == f[i].attempt)
+      pr[i] = (progress_rank_t){r->phase,        r->step,         r->total_steps,
+                                r->tokens_per_s, r->bytes_loaded, r->bytes_total};
+  }
+  int64_t steps[PROGRESS_RECENT_STEPS];
+  double t[PROGRESS_RECENT_STEPS];
+  int npts = 0;
+  if (n && db_recent_steps(svc_db(s), id, attempt, 0, PROGRESS_RECENT_STEPS, steps, t, &npts))
+    npts = 0;
+  progress_compute(state, pr, pr ? (int)n : 0, steps, t, npts, out);
+  free(pr);
+  free(f);
+}
+
+json_t *svc_job_view(svc_t *s, const db_job_t *j) {
+  json_t *o = svc_job_json(j);
+  progress_t p;
+  compute(s, j->id, j->state, NULL, &p);
+  progress_to_json(&p, "", o);
+  return o;
+}
+
+void svc_report_progress(svc_t *s, const char *id, int state, db_report_t *r) {
+  progress_t p;
+  compute(s, id, state, r, &p);
+  r->has_job_progress = true;
+  r->job_progress = p.progress;
+  r->job_eta_seconds = p.eta_seconds;
+  r->job_tokens_per_s = p.tokens_per_s;
+  snprintf(r->job_progress_phase, sizeof r->job_progress_phase, "%s", p.phase);
+}

@@ -1,0 +1,77 @@
+/* progress.c - a job's progress, ETA and throughput; see progress.h. */
+#include "server/progress.h"
+
+#include <math.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "db/db.h"
+
+/* Whether a rank is past loading: it has done a step or says so. */
+static bool past_loading(const progress_rank_t *r) {
+  return r->step > 0 || !strcmp(r->phase, "training") || !strcmp(r->phase, "saving") ||
+         !strcmp(r->phase, "done");
+}
+
+static bool stepping(const progress_rank_t *r) {
+  return !strcmp(r->phase, "training") || !strcmp(r->phase, "saving");
+}
+
+void progress_compute(int state, const progress_rank_t *ranks, int n, const int64_t *steps,
+                      const double *t, int npts, progress_t *out) {
+  *out = (progress_t){.progress = 0, .phase = "", .eta_seconds = NAN, .tokens_per_s = 0};
+  if (state == DB_JOB_SUCCEEDED) {
+    *out = (progress_t){.progress = 1, .phase = "done", .eta_seconds = 0, .tokens_per_s = 0};
+    return;
+  }
+  if (n <= 0) return;
+  const bool active = (DB_MASK_ACTIVE & DB_MASK(state)) != 0;
+  bool training = false;
+  for (int i = 0; i < n; i++) training |= past_loading(&ranks[i]);
+  if (!training) {
+    /* While a rank tokenizes a JSONL file, its bytes are the file's. */
+    bool tokenizing = false;
+    for (int i = 0; i < n; i++) tokenizing |= !strcmp(ranks[i].phase, "tokenizing");
+    int64_t done = 0, total = 0;
+    for (int i = 0; i < n; i++)
+      if (ranks[i].bytes_total > 0 && (!tokenizing || !strcmp(ranks[i].phase, "tokenizing")))
+        done += ranks[i].bytes_loaded, total += ranks[i].bytes_total;
+    if (total > 0) {
+      out->phase = tokenizing ? "tokenizing" : "loading";
+      out->progress = (double)done / (double)total;
+      if (out->progress > 1) out->progress = 1;
+    }
+    return;
+  }
+  int64_t slowest = ranks[0].step, total = 0;
+  for (int i = 0; i < n; i++) {
+    if (ranks[i].step < slowest) slowest = ranks[i].step;
+    if (ranks[i].total_steps > total) total = ranks[i].total_steps;
+    if (active && stepping(&ranks[i]) && isfinite(ranks[i].tokens_per_s))
+      out->tokens_per_s += ranks[i].tokens_per_s;
+  }
+  out->phase = "training";
+  if (total > 0) out->progress = slowest >= total ? 1 : (double)slowest / (double)total;
+  if (!active) return;
+  if (slowest >= total) {
+    out->eta_seconds = 0;
+    return;
+  }
+  if (npts >= 2 && t[npts - 1] > t[0] && steps[npts - 1] > steps[0]) {
+    double rate = (double)(steps[npts - 1] - steps[0]) / (t[npts - 1] - t[0]); /* steps/s */
+    out->eta_seconds = (double)(total - slowest) / rate;
+  }
+}
+
+void progress_to_json(const progress_t *p, const char *prefix, json_t *o) {
+  char key[64];
+  snprintf(key, sizeof key, "%sprogress", prefix);
+  json_object_set_new(o, key, json_real(p->progress));
+  snprintf(key, sizeof key, "%sprogress_phase", prefix);
+  json_object_set_new(o, key, json_string(p->phase));
+  snprintf(key, sizeof key, "%seta_seconds", prefix);
+  json_object_set_new(o, key, isfinite(p->eta_seconds) ? json_real(p->eta_seconds) : json_null());
+  snprintf(key, sizeof key, "%stokens_per_s", prefix);
+  json_object_set_new(o, key, json_real(p->tokens_per_s));
+}
