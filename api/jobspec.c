@@ -13,7 +13,9 @@
 #include "common/json_util.h"
 
 static const char *const g_device_names[] = {"auto", "cpu", "cuda", NULL};
-static const char *const g_format_names[] = {"text", "u16", "u32", NULL};
+static const char *const g_format_names[] = {"text", "u16", "u32", "jsonl", NULL};
+static const char *const g_kind_names[] = {"auto", "text", "prompt_completion", "messages", NULL};
+static const char *const g_loss_on_names[] = {"completion", "all", NULL};
 static const char *const g_dist_names[] = {"auto", "shm", "gloo", "nccl", NULL};
 
 #define OFF(m) offsetof(jobspec_t, m)
@@ -54,13 +56,23 @@ const jobspec_field_t jobspec_fields[] = {
      "keep one layer's activations, recompute the others in the backward pass"},
     {"data", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "training data"},
     {"data.path", JF_STRING, OFF(data.path), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
-     "token file"},
+     "token file, or JSONL file of examples"},
     {"data.format", JF_ENUM, OFF(data.format), 0, g_format_names, false, 0, 0, false,
-     "text (a byte per token), u16 or u32 (little-endian token ids)"},
+     "text (a byte per token), u16 or u32 (little-endian token ids), or jsonl (examples)"},
     {"data.seq_len", JF_INT, OFF(data.seq_len), 0, NULL, true, 1, 1 << 20, false,
      "tokens per training window"},
     {"data.eval_fraction", JF_DOUBLE, OFF(data.eval_fraction), 0, NULL, true, 0, 0.5, false,
-     "held-out tail of the data for evaluation"},
+     "held-out tail of the data for evaluation (jsonl: whole examples)"},
+    {"data.packing", JF_BOOL, OFF(data.packing), 0, NULL, false, 0, 0, false,
+     "jsonl: pack several examples into each row of seq_len tokens"},
+    {"data.tokenizer", JF_STRING, OFF(data.tokenizer), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
+     "jsonl: tokenizer folder or tokenizer.json; default model_path"},
+    {"data.kind", JF_ENUM, OFF(data.kind), 0, g_kind_names, false, 0, 0, false,
+     "jsonl: auto (by each line's keys), text, prompt_completion or messages"},
+    {"data.chat_template", JF_STRING, OFF(data.chat_template), JOBSPEC_TEMPLATE_MAX, NULL, false, 0,
+     0, false, "jsonl messages: llama3, llama2, chatml or mistral; default the tokenizer's"},
+    {"data.loss_on", JF_ENUM, OFF(data.loss_on), 0, g_loss_on_names, false, 0, 0, false,
+     "jsonl: completion (completions and assistant turns) or all"},
     {"train", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "optimization"},
     {"train.steps", JF_INT, OFF(train.steps), 0, NULL, true, 1, 1e9, false, "optimizer steps"},
     {"train.micro_batch_size", JF_INT, OFF(train.micro_batch_size), 0, NULL, true, 1, 65536, false,

@@ -32,7 +32,25 @@ typedef enum {
   JOBSPEC_DIST_GLOO,
   JOBSPEC_DIST_NCCL
 } jobspec_dist_backend_t;
-typedef enum { JOBSPEC_DATA_TEXT = 0, JOBSPEC_DATA_U16, JOBSPEC_DATA_U32 } jobspec_data_format_t;
+typedef enum {
+  JOBSPEC_DATA_TEXT = 0,
+  JOBSPEC_DATA_U16,
+  JOBSPEC_DATA_U32,
+  JOBSPEC_DATA_JSONL /* one JSON example a line, tokenized by the worker */
+} jobspec_data_format_t;
+/* What the examples of a JSONL file are: auto picks by each line's keys. */
+typedef enum {
+  JOBSPEC_KIND_AUTO = 0,
+  JOBSPEC_KIND_TEXT,              /* {"text"} */
+  JOBSPEC_KIND_PROMPT_COMPLETION, /* {"prompt", "completion"} */
+  JOBSPEC_KIND_MESSAGES           /* {"messages": [{"role", "content"}, ...]} */
+} jobspec_data_kind_t;
+/* Which tokens of an example the loss counts. */
+typedef enum {
+  JOBSPEC_LOSS_ON_COMPLETION = 0, /* the completion, or the assistant turns */
+  JOBSPEC_LOSS_ON_ALL             /* every token */
+} jobspec_loss_on_t;
+#define JOBSPEC_TEMPLATE_MAX 32
 
 /* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
 #define JOBSPEC_TARGETS(X)                                                           \
@@ -80,6 +98,11 @@ typedef struct {
     jobspec_data_format_t format; /* default text */
     int seq_len;                  /* default 128 */
     double eval_fraction;         /* held-out tail, default 0.05 */
+    bool packing;                 /* jsonl: several examples a row; default false */
+    char tokenizer[JOBSPEC_PATH_MAX];         /* jsonl: tokenizer folder or file; "": model_path */
+    jobspec_data_kind_t kind;                 /* jsonl: default auto */
+    char chat_template[JOBSPEC_TEMPLATE_MAX]; /* "": the tokenizer's; else a built-in name */
+    jobspec_loss_on_t loss_on;                /* default completion */
   } data;
   struct {
     int steps;            /* default 100 */
@@ -126,6 +149,11 @@ int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *pa
  * Returns 0 or TY_EINVAL. Filesystem checks (model_path exists, ...) are
  * made only when check_paths is true. */
 int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs);
+/* Rule data-holds-a-batch for a JSONL file needs the tokenizer, which the
+ * api library does not link: a program that does (the CLI, trainyardd)
+ * sets this to its check, which adds the file's problems to errs under
+ * data.path. NULL (the default): JSONL files are checked by the worker. */
+extern void (*jobspec_jsonl_check)(const jobspec_t *s, ty_errlist_t *errs);
 
 /* How a token file splits into windows of seq_len + 1 tokens (each
  * overlapping the next by one): a held-out tail of eval_fraction of them at

@@ -389,6 +389,10 @@ static void check_data_batch(const vctx_t *v, ty_errlist_t *errs) {
   if (!v->check_paths || !s->data.path[0] || path_stat(s->data.path, &st) != 0 ||
       !S_ISREG(st.st_mode))
     return; /* paths-exist names a missing file; no path: the built-in corpus */
+  if (s->data.format == JOBSPEC_DATA_JSONL) {
+    if (jobspec_jsonl_check) jobspec_jsonl_check(s, errs); /* the examples, tokenized */
+    return;
+  }
   const jobspec_data_layout_t l = {s->data.format, s->data.seq_len,           s->data.eval_fraction,
                                    s->world_size,  s->train.micro_batch_size, s->train.grad_accum};
   if (!layout_ok(&l)) return; /* rule ranges names the number */
@@ -404,6 +408,37 @@ static bool checkpoint_file(const char *path) {
   for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++)
     if (n > strlen(ext[i]) && !strcmp(path + n - strlen(ext[i]), ext[i])) return true;
   return false;
+}
+
+/* JSONL options: only with format jsonl, and a chat template that is one
+ * of the built-in ones when named. */
+static void check_jsonl_options(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  static const char *const templates[] = {"llama3", "llama2", "chatml", "mistral"};
+  if (s->data.chat_template[0]) {
+    bool known = false;
+    for (size_t i = 0; i < 4; i++) known |= !strcmp(s->data.chat_template, templates[i]);
+    if (!known)
+      ty_errlist_add(errs, "data.chat_template",
+                     "\"%s\" is not a built-in chat template; use llama3, llama2, chatml or "
+                     "mistral, or leave it unset for the tokenizer's own",
+                     s->data.chat_template);
+  }
+  if (s->data.format == JOBSPEC_DATA_JSONL) return;
+  const struct {
+    const char *field;
+    bool set;
+  } opts[] = {{"data.packing", s->data.packing},
+              {"data.tokenizer", s->data.tokenizer[0] != '\0'},
+              {"data.kind", s->data.kind != JOBSPEC_KIND_AUTO},
+              {"data.chat_template", s->data.chat_template[0] != '\0'},
+              {"data.loss_on", s->data.loss_on != JOBSPEC_LOSS_ON_COMPLETION}};
+  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+    if (opts[i].set)
+      ty_errlist_add(errs, opts[i].field,
+                     "applies to examples of a JSONL file only; set data.format to jsonl or "
+                     "remove %s",
+                     opts[i].field);
 }
 
 static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
@@ -529,6 +564,11 @@ static const rule_t g_rules[] = {
      "config.json where paths are checked, and so is Mistral's sliding_window, which data.seq_len "
      "must not exceed (no sliding-window attention: within the window the model is Llama's)",
      check_seq_len},
+    {"jsonl-options", "data.packing, data.tokenizer, data.kind, data.chat_template, data.loss_on",
+     "spec",
+     "the options of JSONL examples mean nothing for a token file; a named chat template must "
+     "be one trainyard has built in",
+     check_jsonl_options},
     {"paths-exist", "model_path, data.path, output_dir", "paths",
      "fail early, not in a worker: model_path is a directory or one checkpoint file (.safetensors, "
      ".bin, .pt, .pth), data.path a readable file, "
@@ -540,7 +580,10 @@ static const rule_t g_rules[] = {
      "paths",
      "a job whose data file is a partial token short, or holds fewer training windows than one "
      "global batch, could not take a step: refused before it is stored, and again by each rank "
-     "before it loads a weight",
+     "before it loads a weight. A JSONL file is tokenized (where the program links the "
+     "tokenizer: trainyard and trainyardd): it needs a tokenizer whose vocabulary fits the "
+     "model's, and a malformed line, a missing key, an unknown role or a template error is "
+     "refused naming the file and the line",
      check_data_batch},
     {"output-not-model", "output_dir, model_path, use_lora", "paths",
      "training every weight writes config.json and model.safetensors into output_dir: into "
@@ -590,6 +633,8 @@ const char *jobspec_rule_stage(const char *id) {
     if (!strcmp(g_rules[i].id, id)) return g_rules[i].stage;
   return NULL;
 }
+
+void (*jobspec_jsonl_check)(const jobspec_t *s, ty_errlist_t *errs);
 
 int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs) {
   size_t before = errs->len;

@@ -160,6 +160,7 @@ int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_err
   char res[PATH_MAX];
   check_one_root("model_path", s->model_path, false, roots, errs, res);
   check_one_root("data.path", s->data.path, false, roots, errs, res);
+  check_one_root("data.tokenizer", s->data.tokenizer, false, roots, errs, res);
   check_one_root("output_dir", s->output_dir, true, roots, errs,
                  roots->output_resolved ? roots->output_resolved : res);
   return errs->len > before ? TY_EINVAL : 0;

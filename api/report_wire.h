@@ -15,12 +15,13 @@
 #include "api/errors.h"
 
 /* X(id, name): the phases of a rank, in the order a rank passes them. */
-#define REPORT_PHASES(X)  \
-  X(STARTING, "starting") \
-  X(LOADING, "loading")   \
-  X(TRAINING, "training") \
-  X(SAVING, "saving")     \
-  X(DONE, "done")         \
+#define REPORT_PHASES(X)      \
+  X(STARTING, "starting")     \
+  X(TOKENIZING, "tokenizing") \
+  X(LOADING, "loading")       \
+  X(TRAINING, "training")     \
+  X(SAVING, "saving")         \
+  X(DONE, "done")             \
   X(FAILED, "failed")
 
 typedef enum {
@@ -61,7 +62,8 @@ typedef struct {
   X("attempt", SMALL, attempt, true, "the attempt the rank belongs to, from 1")             \
   X("rank", SMALL, rank, true, "the rank, from 0")                                          \
   X("world_size", SMALL, world_size, true, "the job's ranks")                               \
-  X("phase", PHASE, phase, true, "starting, loading, training, saving, done or failed")     \
+  X("phase", PHASE, phase, true,                                                            \
+    "starting, tokenizing, loading, training, saving, done or failed")                      \
   X("step", COUNT, step, false, "optimizer steps done")                                     \
   X("total_steps", COUNT, total_steps, false, "steps the job runs")                         \
   X("loss", REAL, loss, false, "the last step's training loss; null while unknown")         \

@@ -3,12 +3,17 @@
  *
  * Window i is tokens [i*T, (i+1)*T] (T+1 tokens: inputs, then the same
  * shifted by one as targets), in order from the start of the file. Prints
- * {"loss": L, "tokens": K}, K = N*T predicted tokens. */
+ * {"loss": L, "tokens": K}, K = N*T predicted tokens. With --format jsonl
+ * the file's examples are tokenized as a job's (data.* options) into a
+ * scratch folder removed afterwards, and the first N rows are evaluated:
+ * L is the mean over the counted targets (completions, assistant turns),
+ * K their number. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli/commands.h"
+#include "common/fsutil.h"
 #include "common/numbers.h"
 #include "worker/data.h"
 #include "worker/lora.h"
@@ -20,9 +25,15 @@
 static void eval_usage(FILE *f) {
   fprintf(f,
           "usage: trainyard eval --model_path DIR [--adapter DIR] --data FILE\n"
-          "                      [--format text|u16|u32] --seq_len T --batches N\n"
+          "                      [--format text|u16|u32|jsonl] --seq_len T --batches N\n"
+          "                      [--tokenizer PATH] [--kind K] [--chat_template NAME]\n"
+          "                      [--loss_on completion|all] [--packing true|false]\n"
           "Prints {\"loss\": L, \"tokens\": K}: the mean next-token loss over N windows of T+1\n"
-          "tokens taken in order from the start of FILE (window i = tokens [i*T, (i+1)*T]).\n");
+          "tokens taken in order from the start of FILE (window i = tokens [i*T, (i+1)*T]).\n"
+          "With --format jsonl: over the first N rows of FILE's examples, tokenized as a job's\n"
+          "data.* options say (tokenizer: --tokenizer, else the model's); L is the mean loss\n"
+          "over the counted targets (the completions and assistant turns, or all with\n"
+          "--loss_on all) and K their number.\n");
 }
 
 /* A positive int flag value, or -1 after an error naming the flag. */
@@ -47,6 +58,8 @@ static int window_at(void *vctx, int64_t i, int32_t *tokens, char *err, size_t e
 int cmd_eval(int argc, char **argv) {
   const char *model_path = NULL, *adapter = NULL, *data_path = NULL, *format = "text";
   long T = -1, N = -1;
+  jobspec_t js; /* the data.* options of --format jsonl, as a job's */
+  jobspec_init(&js);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -70,6 +83,17 @@ int cmd_eval(int argc, char **argv) {
       if ((T = parse_positive(a, v)) < 0) return 2;
     } else if (!strcmp(a, "--batches")) {
       if ((N = parse_positive(a, v)) < 0) return 2;
+    } else if (!strcmp(a, "--tokenizer") || !strcmp(a, "--kind") || !strcmp(a, "--chat_template") ||
+               !strcmp(a, "--loss_on") || !strcmp(a, "--packing")) {
+      char path[64];
+      snprintf(path, sizeof path, "data.%s", a + 2);
+      ty_errlist_t errs = TY_ERRLIST_INIT;
+      if (jobspec_set_flag(&js, path, v, &errs)) {
+        for (size_t k = 0; k < errs.len; k++)
+          fprintf(stderr, "trainyard eval: %s: %s\n", a, errs.items[k].message);
+        ty_errlist_clear(&errs);
+        return 2;
+      }
     } else {
       fprintf(stderr, "trainyard eval: unknown option %s\n", a);
       eval_usage(stderr);
@@ -83,8 +107,10 @@ int cmd_eval(int argc, char **argv) {
     fmt = JOBSPEC_DATA_U16;
   else if (!strcmp(format, "u32"))
     fmt = JOBSPEC_DATA_U32;
+  else if (!strcmp(format, "jsonl"))
+    fmt = JOBSPEC_DATA_JSONL;
   else {
-    fprintf(stderr, "trainyard eval: --format %s: use text, u16 or u32\n", format);
+    fprintf(stderr, "trainyard eval: --format %s: use text, u16, u32 or jsonl\n", format);
     return 2;
   }
   if (!model_path || !data_path || T < 1 || N < 1) {
@@ -106,8 +132,29 @@ int cmd_eval(int argc, char **argv) {
   if (!rc) rc = model_create(&m, &cfg, B, (int)T, MODEL_EVAL, err, sizeof err);
   if (!rc) rc = model_io_load(m, model_path, NULL, NULL, NULL, err, sizeof err);
   if (!rc && adapter) rc = outputs_read_adapter(adapter, m, &lo, err, sizeof err);
+  char scratch[4096] = "";
+  data_prepared_t prep = {0};
+  if (!rc && fmt == JOBSPEC_DATA_JSONL) {
+    const char *tmp = getenv("TMPDIR");
+    snprintf(scratch, sizeof scratch, "%s/trainyard-eval-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(scratch)) {
+      snprintf(err, sizeof err, "cannot make a scratch folder to tokenize %s in", data_path);
+      scratch[0] = '\0';
+      rc = -1;
+    }
+    snprintf(js.data.path, sizeof js.data.path, "%s", data_path);
+    snprintf(js.model_path, sizeof js.model_path, "%s", model_path);
+    js.data.format = fmt;
+    if (!rc)
+      rc = train_data_prepare(&js, cfg.vocab_size, scratch, NULL, NULL, &prep, err, sizeof err);
+  }
   if (!rc) {
     data_config_t dc = {.path = data_path,
+                        .examples_path = prep.path[0] ? prep.path : NULL,
+                        .examples_key = prep.key,
+                        .pad_id = prep.pad_id,
+                        .packing = js.data.packing,
+                        .eval_all = true,
                         .format = fmt,
                         .vocab_size = cfg.vocab_size,
                         .seq_len = (int)T,
@@ -119,14 +166,21 @@ int cmd_eval(int argc, char **argv) {
                         .grad_accum = 1};
     rc = data_open(&d, &dc, err, sizeof err);
   }
-  if (!rc && data_num_tokens(d) < N * T + 1) {
+  if (!rc && fmt == JOBSPEC_DATA_JSONL && data_num_eval_windows(d) < N) {
+    snprintf(err, sizeof err, "%s holds %lld rows of seq_len %ld; --batches asks for %ld",
+             data_path, (long long)data_num_eval_windows(d), T, N);
+    rc = -1;
+  }
+  if (!rc && fmt != JOBSPEC_DATA_JSONL && data_num_tokens(d) < N * T + 1) {
     snprintf(err, sizeof err, "%s holds %lld tokens; %ld windows of seq_len %ld need %ld",
              data_path, (long long)data_num_tokens(d), N, T, N * T + 1);
     rc = -1;
   }
   double loss = 0;
   int64_t tokens = 0;
-  if (!rc) {
+  if (!rc && fmt == JOBSPEC_DATA_JSONL) {
+    rc = train_eval_data(m, lo, d, N, &loss, &tokens, err, sizeof err);
+  } else if (!rc) {
     window_ctx_t ctx = {d, (int)T};
     rc = train_eval(m, lo, (int)T, N, window_at, &ctx, &loss, &tokens, err, sizeof err);
   }
@@ -135,6 +189,7 @@ int cmd_eval(int argc, char **argv) {
   else
     fprintf(stderr, "trainyard eval: %s\n", err);
   data_free(d);
+  if (scratch[0]) ty_rmtree(scratch, NULL, 0);
   lora_free(lo);
   model_free(m);
   return rc ? 1 : 0;

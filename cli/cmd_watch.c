@@ -60,6 +60,10 @@ static void progress_line(const watch_t *w, int r, char *out, size_t size) {
     bar(b, (double)v->loaded / (double)v->btotal);
     snprintf(out, size, "[rank %d/%d] load  [%s] %.1f/%.1f MiB  host-peak %.0f MiB", r, w->world,
              b, v->loaded / mib, v->btotal / mib, v->host_peak / mib);
+  } else if (!strcmp(v->phase, "tokenizing") && v->btotal > 0) {
+    bar(b, (double)v->loaded / (double)v->btotal);
+    snprintf(out, size, "[rank %d/%d] tokenize [%s] %.1f/%.1f MiB of the data", r, w->world, b,
+             v->loaded / mib, v->btotal / mib);
   } else if (!strcmp(v->phase, "training") || !strcmp(v->phase, "saving") ||
              !strcmp(v->phase, "done")) {
     bar(b, v->total ? (double)v->step / (double)v->total : 0);

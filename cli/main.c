@@ -3,6 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
+#include "worker/train.h"
 
 typedef struct {
   const char *name;
@@ -24,6 +25,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+  /* validate and train check a JSONL file's examples with the tokenizer. */
+  jobspec_jsonl_check = train_jsonl_check;
   if (argc < 2) {
     usage(stderr);
     return 2;

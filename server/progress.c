@@ -30,11 +30,15 @@ void progress_compute(int state, const progress_rank_t *ranks, int n, const int6
   bool training = false;
   for (int i = 0; i < n; i++) training |= past_loading(&ranks[i]);
   if (!training) {
+    /* While a rank tokenizes a JSONL file, its bytes are the file's. */
+    bool tokenizing = false;
+    for (int i = 0; i < n; i++) tokenizing |= !strcmp(ranks[i].phase, "tokenizing");
     int64_t done = 0, total = 0;
     for (int i = 0; i < n; i++)
-      if (ranks[i].bytes_total > 0) done += ranks[i].bytes_loaded, total += ranks[i].bytes_total;
+      if (ranks[i].bytes_total > 0 && (!tokenizing || !strcmp(ranks[i].phase, "tokenizing")))
+        done += ranks[i].bytes_loaded, total += ranks[i].bytes_total;
     if (total > 0) {
-      out->phase = "loading";
+      out->phase = tokenizing ? "tokenizing" : "loading";
       out->progress = (double)done / (double)total;
       if (out->progress > 1) out->progress = 1;
     }

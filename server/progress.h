@@ -4,6 +4,8 @@
  * these figures.
  *
  *   progress        0..1 of the phase the job is in (progress_phase):
+ *                   "tokenizing", the bytes of the JSONL file tokenized
+ *                   (while any rank tokenizes it);
  *                   "loading", the bytes loaded over all ranks' bytes to
  *                   load; "training", the slowest rank's steps done over
  *                   total_steps; "done" (succeeded) is 1; "" before any

@@ -246,6 +246,7 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
     /* Paths are checked and stored absolute: ranks may run elsewhere. */
     absolutize(spec->model_path, sizeof spec->model_path);
     absolutize(spec->data.path, sizeof spec->data.path);
+    absolutize(spec->data.tokenizer, sizeof spec->data.tokenizer);
     absolutize(spec->output_dir, sizeof spec->output_dir);
     size_t before = errs->len;
     jobspec_roots_t roots = {s->read_roots, s->write_roots, NULL, out_dir};

@@ -22,6 +22,10 @@ static __device__ float dot_hs(const float *a, const float *b, int HS) {
   return s;
 }
 
+/* The first key query row t of batch row bb may see: its document's first
+ * token with positions (pos, B*T, or NULL: one document a row). */
+#define FIRST_KEY(t) (pos ? (t)-pos[bb * T + (t)] : 0)
+
 /* The place of a row kernel's block: query row t of head h (kv head kvh)
  * of batch row bb, its q/dout/out offset qo, its kv head's k and v rows. */
 #define ROW_PLACE                                                                              \
@@ -48,14 +52,15 @@ static __device__ void row_accum(float *dst, const float *w, const float *rows, 
  * max and sum (log-sum-exp); pass 2: out = sum_j p_j v_j by tiles, each
  * thread owning its d's of the output row. */
 __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                           int T, int NH, int NKV, int HS) {
+                           const int *pos, int T, int NH, int NKV, int HS) {
   TY_DYN_SHARED(float, sh);
   float *sq = sh, *sp = sh + HS;
   ROW_PLACE;
+  const int js = FIRST_KEY(t);
   for (int d = threadIdx.x; d < HS; d += nt) sq[d] = q[qo + d];
   __syncthreads();
   float mx = -INFINITY, sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += nt) {
+  for (int j = js + threadIdx.x; j <= t; j += nt) {
     float s = dot_hs(sq, kb + (size_t)j * KVD, HS) * scale;
     if (s > mx)
       sum = sum * expf(mx - s) + 1.0f, mx = s;
@@ -68,7 +73,7 @@ __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *
   if (threadIdx.x == 0) lse[row] = l;
   float *ot = out + qo;
   for (int d = threadIdx.x; d < HS; d += nt) ot[d] = 0.0f;
-  for (int j0 = 0; j0 <= t; j0 += nt) {
+  for (int j0 = js; j0 <= t; j0 += nt) {
     int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
     const float p = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
     __syncthreads(); /* every thread's reads of sq and of the last tile's sp done */
@@ -83,10 +88,11 @@ __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *
  * dout (2 * HS floats) and one tile's score gradients (blockDim.x). */
 __global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const float *out,
                              const float *lse, const float *q, const float *k, const float *v,
-                             int T, int NH, int NKV, int HS) {
+                             const int *pos, int T, int NH, int NKV, int HS) {
   TY_DYN_SHARED(float, sh);
   float *sq = sh, *sd = sh + HS, *sds = sh + 2 * HS;
   ROW_PLACE;
+  const int js = FIRST_KEY(t);
   float part = 0.0f;
   for (int d = threadIdx.x; d < HS; d += nt) {
     sq[d] = q[qo + d], sd[d] = dout[qo + d];
@@ -96,7 +102,7 @@ __global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const fl
   if (threadIdx.x == 0) dsum[row] = D;
   float *dqt = dq + qo;
   for (int d = threadIdx.x; d < HS; d += nt) dqt[d] = 0.0f;
-  for (int j0 = 0; j0 <= t; j0 += nt) {
+  for (int j0 = js; j0 <= t; j0 += nt) {
     int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
     float ds = 0.0f;
     if (j <= t) {
@@ -120,7 +126,7 @@ __global__ void k_attn_bwd_q(float *dq, float *dsum, const float *dout, const fl
  * probabilities and score gradients (2 * blockDim.x). */
 __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dout, const float *dsum,
                               const float *lse, const float *q, const float *k, const float *v,
-                              int T, int NH, int NKV, int HS) {
+                              const int *pos, int T, int NH, int NKV, int HS) {
   TY_DYN_SHARED(float, sh);
   const int nt = blockDim.x;
   float *skj = sh, *svj = sh + HS, *sp = sh + 2 * HS, *sds = sh + 2 * HS + nt;
@@ -140,7 +146,7 @@ __global__ void k_attn_bwd_kv(float *dk, float *dv, const float *dout, const flo
   for (int x0 = 0; x0 < pairs; x0 += nt) {
     int x = x0 + threadIdx.x, n = pairs - x0 < nt ? pairs - x0 : nt;
     float p = 0.0f, ds = 0.0f;
-    if (x < pairs) {
+    if (x < pairs && j >= FIRST_KEY(j + x % rows)) {
       const size_t qi = PAIR_Q(x), ri = (bb * NH + kvh * G + x / rows) * (size_t)T + j + x % rows;
       p = expf(dot_hs(q + qi, skj, HS) * scale - lse[ri]);
       ds = p * (dot_hs(dout + qi, svj, HS) - dsum[ri]);
@@ -263,12 +269,13 @@ static __device__ float row_max(float v) {
  * (online softmax), then out += p v. Shared: q tile, k then v tile, p. */
 template <int DPT, int TL>
 __global__ void k_flash_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
-                            int T, int NH, int NKV, int HS) {
+                            const int *pos, int T, int NH, int NKV, int HS) {
   constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR, P = TL + 1;
   TY_DYN_SHARED(float, sh);
   float *sq = sh, *skv = sh + TL * S, *sp = sh + 2 * TL * S;
   ATT_PLACE(NH, true); /* the causal rows at the end do the most work */
   const int h = (int)(hr % NH), kvh = h / (NH / NKV), t = r0 + r;
+  const int js = t < T ? FIRST_KEY(t) : 0;
   const size_t kvo = bb * T * KVD + (size_t)kvh * HS;
   const int kend = r0 + TL < T ? r0 + TL : T;
   att_load<DPT, TL>(sq, q + bb * T * QD + (size_t)h * HS, QD, r0, T, HS);
@@ -284,7 +291,7 @@ __global__ void k_flash_fwd(float *out, float *lse, const float *q, const float 
     TY_UNROLL
     for (int i = 0; i < KPT; i++) {
       const int j = j0 + c + i * ATT_TPR;
-      s[i] = t < T && j <= t ? s[i] * scale : -INFINITY;
+      s[i] = t < T && j <= t && j >= js ? s[i] * scale : -INFINITY;
       mt = fmaxf(mt, s[i]);
     }
     const float mn = fmaxf(m, row_max(mt));
@@ -315,13 +322,14 @@ __global__ void k_flash_fwd(float *out, float *lse, const float *q, const float 
 template <int DPT, int TL>
 __global__ void k_flash_bwd_q(float *dq, float *dsum, const float *dout, const float *out,
                               const float *lse, const float *q, const float *k, const float *v,
-                              int T, int NH, int NKV, int HS) {
+                              const int *pos, int T, int NH, int NKV, int HS) {
   constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR, P = TL + 1;
   TY_DYN_SHARED(float, sh);
   float *sq = sh, *sdo = sh + TL * S, *sk = sh + 2 * TL * S, *sv = sh + 3 * TL * S;
   float *sds = sh + 4 * TL * S;
   ATT_PLACE(NH, true);
   const int h = (int)(hr % NH), kvh = h / (NH / NKV), t = r0 + r;
+  const int js = t < T ? FIRST_KEY(t) : 0;
   const size_t qo = bb * T * QD + (size_t)h * HS, kvo = bb * T * KVD + (size_t)kvh * HS;
   const int kend = r0 + TL < T ? r0 + TL : T;
   att_load<DPT, TL>(sq, q + qo, QD, r0, T, HS);
@@ -347,7 +355,8 @@ __global__ void k_flash_bwd_q(float *dq, float *dsum, const float *dout, const f
     TY_UNROLL
     for (int i = 0; i < KPT; i++) {
       const int j = j0 + c + i * ATT_TPR;
-      sds[r * P + c + i * ATT_TPR] = t < T && j <= t ? expf(s[i] * scale - L) * (dp[i] - D) : 0.0f;
+      sds[r * P + c + i * ATT_TPR] =
+          t < T && j <= t && j >= js ? expf(s[i] * scale - L) * (dp[i] - D) : 0.0f;
     }
     __syncthreads();
     att_accum<DPT>(acc, sds + r * P, sk + c, kend - j0 < TL ? kend - j0 : TL);
@@ -362,7 +371,7 @@ __global__ void k_flash_bwd_q(float *dq, float *dsum, const float *dout, const f
 template <int DPT, int TL>
 __global__ void k_flash_bwd_kv(float *dk, float *dv, const float *dout, const float *dsum,
                                const float *lse, const float *q, const float *k, const float *v,
-                               int T, int NH, int NKV, int HS) {
+                               const int *pos, int T, int NH, int NKV, int HS) {
   constexpr int S = att_stride(DPT), KPT = TL / ATT_TPR, P = TL + 1;
   TY_DYN_SHARED(float, sh);
   float *sk = sh, *sv = sh + TL * S, *sq = sh + 2 * TL * S, *sdo = sh + 3 * TL * S;
@@ -393,7 +402,7 @@ __global__ void k_flash_bwd_kv(float *dk, float *dv, const float *dout, const fl
       TY_UNROLL
       for (int i = 0; i < KPT; i++) {
         const int x = c + i * ATT_TPR, tt = q0 + x;
-        const float p = tt < T && j <= tt ? expf(s[i] * scale - sl[x]) : 0.0f;
+        const float p = tt < T && j <= tt && j >= FIRST_KEY(tt) ? expf(s[i] * scale - sl[x]) : 0.0f;
         sp[r * P + x] = p, sds[r * P + x] = p * (dp[i] - sd[x]);
       }
       __syncthreads();
@@ -412,28 +421,30 @@ __global__ void k_flash_bwd_kv(float *dk, float *dv, const float *dout, const fl
 /* Launches of the tiled kernels for one DPT. */
 template <int DPT>
 static void flash_forward(float *out, float *lse, const float *q, const float *k, const float *v,
-                          int B, int T, int NH, int NKV, int HS) {
+                          const int *pos, int B, int T, int NH, int NKV, int HS) {
   constexpr int TL = att_tile(DPT, 2);
-  void (*k_fwd)(float *, float *, const float *, const float *, const float *, int, int, int, int) =
-      k_flash_fwd<DPT, TL>;
+  void (*k_fwd)(float *, float *, const float *, const float *, const float *, const int *, int,
+                int, int, int) = k_flash_fwd<DPT, TL>;
   const size_t blocks = (size_t)(T + TL - 1) / TL * B * NH;
   TY_LAUNCH(k_fwd, (unsigned)blocks, TL * ATT_TPR, att_smem(DPT, TL, 2))
-  (out, lse, q, k, v, T, NH, NKV, HS);
+  (out, lse, q, k, v, pos, T, NH, NKV, HS);
 }
 template <int DPT>
 static void flash_backward(float *dq, float *dk, float *dv, float *dsum, const float *dout,
                            const float *out, const float *lse, const float *q, const float *k,
-                           const float *v, int B, int T, int NH, int NKV, int HS) {
+                           const float *v, const int *pos, int B, int T, int NH, int NKV, int HS) {
   constexpr int TL = att_tile(DPT, 4);
   void (*k_bwd_q)(float *, float *, const float *, const float *, const float *, const float *,
-                  const float *, const float *, int, int, int, int) = k_flash_bwd_q<DPT, TL>;
+                  const float *, const float *, const int *, int, int, int, int) =
+      k_flash_bwd_q<DPT, TL>;
   void (*k_bwd_kv)(float *, float *, const float *, const float *, const float *, const float *,
-                   const float *, const float *, int, int, int, int) = k_flash_bwd_kv<DPT, TL>;
+                   const float *, const float *, const int *, int, int, int, int) =
+      k_flash_bwd_kv<DPT, TL>;
   const size_t tiles = (size_t)(T + TL - 1) / TL;
   TY_LAUNCH(k_bwd_q, (unsigned)(tiles * B * NH), TL * ATT_TPR, att_smem(DPT, TL, 4))
-  (dq, dsum, dout, out, lse, q, k, v, T, NH, NKV, HS);
+  (dq, dsum, dout, out, lse, q, k, v, pos, T, NH, NKV, HS);
   TY_LAUNCH(k_bwd_kv, (unsigned)(tiles * B * NKV), TL * ATT_TPR, att_smem(DPT, TL, 4))
-  (dk, dv, dout, dsum, lse, q, k, v, T, NH, NKV, HS);
+  (dk, dv, dout, dsum, lse, q, k, v, pos, T, NH, NKV, HS);
 }
 
 /* The tiled kernels' DPT for a head size: the least power of two >=
@@ -508,16 +519,17 @@ static int tc_gemm(cuda_backend_t *b, const float **arr, int count, int per_b, c
 /* Row x of pair e of a forward chunk (one block a row, its n x r1 scores
  * at S + (e * n + x) * r1): the causal row t = r0 + x's log-sum-exp into
  * lse, and its probabilities in place (0 past t). */
-__global__ void k_tc_softmax(float *S, float *lse, int n, int r1, int r0, int T) {
-  const size_t row = blockIdx.x, e = row / n;
-  const int t = r0 + (int)(row % n), nt = blockDim.x;
+__global__ void k_tc_softmax(float *S, float *lse, const int *pos, int n, int r1, int r0, int T,
+                             int NH) {
+  const size_t row = blockIdx.x, e = row / n, bb = e / NH;
+  const int t = r0 + (int)(row % n), nt = blockDim.x, js = FIRST_KEY(t);
   float *s = S + row * r1;
   float mx = -INFINITY, sum = 0.0f;
-  for (int j = threadIdx.x; j <= t; j += nt) mx = fmaxf(mx, s[j]);
+  for (int j = js + threadIdx.x; j <= t; j += nt) mx = fmaxf(mx, s[j]);
   const float M = block_max(mx);
-  for (int j = threadIdx.x; j <= t; j += nt) sum += expf(s[j] - M);
+  for (int j = js + threadIdx.x; j <= t; j += nt) sum += expf(s[j] - M);
   const float l = M + logf(block_sum(sum));
-  for (int j = threadIdx.x; j < r1; j += nt) s[j] = j <= t ? expf(s[j] - l) : 0.0f;
+  for (int j = threadIdx.x; j < r1; j += nt) s[j] = j <= t && j >= js ? expf(s[j] - l) : 0.0f;
   if (threadIdx.x == 0) lse[e * T + t] = l;
 }
 
@@ -537,13 +549,13 @@ __global__ void k_tc_dsum(float *dsum, const float *dout, const float *out, int 
 
 /* A backward chunk's scores S (scaled) and dP = dout v^T, elementwise: S
  * becomes P, dP becomes dS = P (dP - D). */
-__global__ void k_tc_dsoft(float *S, float *dP, const float *lse, const float *dsum, int n, int r1,
-                           int r0, int T, size_t total) {
+__global__ void k_tc_dsoft(float *S, float *dP, const float *lse, const float *dsum, const int *pos,
+                           int n, int r1, int r0, int T, int NH, size_t total) {
   const size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
-  const size_t row = i / r1, e = row / n;
+  const size_t row = i / r1, e = row / n, bb = e / NH;
   const int j = (int)(i % r1), t = r0 + (int)(row % n);
-  const float p = j <= t ? expf(S[i] - lse[e * T + t]) : 0.0f;
+  const float p = j <= t && j >= FIRST_KEY(t) ? expf(S[i] - lse[e * T + t]) : 0.0f;
   S[i] = p;
   dP[i] = p * (dP[i] - dsum[e * T + t]);
 }
@@ -642,8 +654,8 @@ static int tc_scores_t_by_rows(const tc_chunk_t *c, int i, float alpha, const fl
 }
 
 static int tc_forward(cuda_backend_t *b, void *ws, size_t cap, float *out, float *lse,
-                      const float *q, const float *k, const float *v, int B, int T, int NH, int NKV,
-                      int HS) {
+                      const float *q, const float *k, const float *v, const int *pos, int B, int T,
+                      int NH, int NKV, int HS) {
   tc_chunk_t c = tc_start(b, ws, B, T, NH, NKV, HS);
   float *S = c.S;
   int rc = 0;
@@ -651,7 +663,8 @@ static int tc_forward(cuda_backend_t *b, void *ws, size_t cap, float *out, float
     tc_next(&c, r0, cap);
     rc = tc_rows_by_keys(&c, c.scale, q, k, S);
     if (rc) break;
-    TY_LAUNCH(k_tc_softmax, (unsigned)((size_t)B * NH * c.n), 128, 0)(S, lse, c.n, c.r1, r0, T);
+    TY_LAUNCH(k_tc_softmax, (unsigned)((size_t)B * NH * c.n), 128, 0)
+    (S, lse, pos, c.n, c.r1, r0, T, NH);
     rc = tc_scores_by_kv(&c, 1.0f, S, v, out); /* out = P v */
   }
   return rc;
@@ -659,8 +672,8 @@ static int tc_forward(cuda_backend_t *b, void *ws, size_t cap, float *out, float
 
 static int tc_backward(cuda_backend_t *b, void *ws, size_t cap, float *dq, float *dk, float *dv,
                        float *dsum, const float *dout, const float *out, const float *lse,
-                       const float *q, const float *k, const float *v, int B, int T, int NH,
-                       int NKV, int HS) {
+                       const float *q, const float *k, const float *v, const int *pos, int B, int T,
+                       int NH, int NKV, int HS) {
   tc_chunk_t c = tc_start(b, ws, B, T, NH, NKV, HS);
   const size_t count = (size_t)B * NH, rows = count * T;
   const float scale = c.scale;
@@ -677,7 +690,7 @@ static int tc_backward(cuda_backend_t *b, void *ws, size_t cap, float *dq, float
     if (rc) break;
     const size_t total = count * c.chunk;
     TY_LAUNCH(k_tc_dsoft, cb_blocks(total), CB_THREADS, 0)
-    (S, dP, lse, dsum, c.n, c.r1, r0, T, total);
+    (S, dP, lse, dsum, pos, c.n, c.r1, r0, T, NH, total);
     rc = tc_scores_by_kv(&c, scale, dP, k, dq); /* dq = scale dS k */
     for (int i = 0; !rc && i < c.G; i++) {
       rc = tc_scores_t_by_rows(&c, i, 1.0f, S, dout, dv);         /* dv += P^T dout */
@@ -694,14 +707,14 @@ static unsigned row_threads(int width) {
 
 extern "C" int cuda_attention_forward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *out,
                                       float *lse, const float *q, const float *k, const float *v,
-                                      int B, int T, int NH, int NKV, int HS) {
+                                      const int *pos, int B, int T, int NH, int NKV, int HS) {
   size_t rows = (size_t)B * NH * T;
   if (!rows) return 0;
   const size_t cap = tc_cap(ws, ws_bytes, B, T, NH, 1);
-  if (cap) return tc_forward(b, ws, cap, out, lse, q, k, v, B, T, NH, NKV, HS);
-#define FLASH_FWD(dpt)                                        \
-  case dpt:                                                   \
-    flash_forward<dpt>(out, lse, q, k, v, B, T, NH, NKV, HS); \
+  if (cap) return tc_forward(b, ws, cap, out, lse, q, k, v, pos, B, T, NH, NKV, HS);
+#define FLASH_FWD(dpt)                                             \
+  case dpt:                                                        \
+    flash_forward<dpt>(out, lse, q, k, v, pos, B, T, NH, NKV, HS); \
     return 0
   switch (flash_dpt(b, HS)) {
     FLASH_FWD(2);
@@ -713,23 +726,24 @@ extern "C" int cuda_attention_forward(cuda_backend_t *b, void *ws, size_t ws_byt
 #undef FLASH_FWD
   unsigned nt = row_threads(T);
   TY_LAUNCH(k_attn_fwd, (unsigned)rows, nt, (HS + nt) * sizeof(float))
-  (out, lse, q, k, v, T, NH, NKV, HS);
+  (out, lse, q, k, v, pos, T, NH, NKV, HS);
   return 0;
 }
 
 extern "C" int cuda_attention_backward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *dq,
                                        float *dk, float *dv, float *scratch, const float *dout,
                                        const float *out, const float *lse, const float *q,
-                                       const float *k, const float *v, int B, int T, int NH,
-                                       int NKV, int HS) {
+                                       const float *k, const float *v, const int *pos, int B, int T,
+                                       int NH, int NKV, int HS) {
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
   if (!rows) return 0;
   const size_t cap = tc_cap(ws, ws_bytes, B, T, NH, 2);
   if (cap)
-    return tc_backward(b, ws, cap, dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, HS);
-#define FLASH_BWD(dpt)                                                                    \
-  case dpt:                                                                               \
-    flash_backward<dpt>(dq, dk, dv, scratch, dout, out, lse, q, k, v, B, T, NH, NKV, HS); \
+    return tc_backward(b, ws, cap, dq, dk, dv, scratch, dout, out, lse, q, k, v, pos, B, T, NH, NKV,
+                       HS);
+#define FLASH_BWD(dpt)                                                                         \
+  case dpt:                                                                                    \
+    flash_backward<dpt>(dq, dk, dv, scratch, dout, out, lse, q, k, v, pos, B, T, NH, NKV, HS); \
     return 0
   switch (flash_dpt(b, HS)) {
     FLASH_BWD(2);
@@ -741,8 +755,8 @@ extern "C" int cuda_attention_backward(cuda_backend_t *b, void *ws, size_t ws_by
 #undef FLASH_BWD
   unsigned nt = row_threads(T);
   TY_LAUNCH(k_attn_bwd_q, (unsigned)rows, nt, (2 * HS + nt) * sizeof(float))
-  (dq, scratch, dout, out, lse, q, k, v, T, NH, NKV, HS);
+  (dq, scratch, dout, out, lse, q, k, v, pos, T, NH, NKV, HS);
   TY_LAUNCH(k_attn_bwd_kv, (unsigned)kvrows, nt, (2 * HS + 2 * nt) * sizeof(float))
-  (dk, dv, dout, scratch, lse, q, k, v, T, NH, NKV, HS);
+  (dk, dv, dout, scratch, lse, q, k, v, pos, T, NH, NKV, HS);
   return 0;
 }

@@ -255,14 +255,14 @@ extern "C" void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dwe
 
 /* ---- RoPE (rotate-half) ---- */
 
-__global__ void k_rope(float *x, const float *cs, const float *sn, int T, int NX, int HS,
-                       size_t total, float sign) {
+__global__ void k_rope(float *x, const float *cs, const float *sn, const int *pos, int T, int NX,
+                       int HS, size_t total, float sign) {
   size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= total) return;
   int half = HS / 2;
   int j = (int)(i % half);
   size_t head = i / half; /* (b*T + t) * NX + h */
-  size_t t = (head / NX) % T;
+  size_t t = pos ? (size_t)pos[head / NX] : (head / NX) % T;
   float *v = x + head * HS;
   float c = cs[t * half + j], s = sign * sn[t * half + j];
   float x1 = v[j], x2 = v[j + half];
@@ -284,19 +284,21 @@ extern "C" int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, i
 }
 
 extern "C" void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t,
-                                  const float *sin_t, int B, int T, int NX, int HS) {
+                                  const float *sin_t, const int *pos, int B, int T, int NX,
+                                  int HS) {
   (void)b;
   size_t total = (size_t)B * T * NX * (HS / 2);
-  if (total)
-    TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)(x, cos_t, sin_t, T, NX, HS, total, 1.0f);
+  if (total) TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)
+  (x, cos_t, sin_t, pos, T, NX, HS, total, 1.0f);
 }
 
 extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t,
-                                   const float *sin_t, int B, int T, int NX, int HS) {
+                                   const float *sin_t, const int *pos, int B, int T, int NX,
+                                   int HS) {
   (void)b;
   size_t total = (size_t)B * T * NX * (HS / 2);
-  if (total)
-    TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)(dx, cos_t, sin_t, T, NX, HS, total, -1.0f);
+  if (total) TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)
+  (dx, cos_t, sin_t, pos, T, NX, HS, total, -1.0f);
 }
 
 /* ---- SwiGLU ---- */
@@ -379,7 +381,10 @@ extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const 
 
 /* ---- cross-entropy ---- */
 
-__global__ void k_ce_fwd(float *losses, const float *logits, const int *targets, int V) {
+/* weights (N) or NULL: a row of weight 0 gets loss 0 (its logits are not
+ * read past the max and sum, which every row computes alike). */
+__global__ void k_ce_fwd(float *losses, const float *logits, const int *targets,
+                         const float *weights, int V) {
   const float *l = logits + (size_t)blockIdx.x * V;
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
@@ -387,9 +392,14 @@ __global__ void k_ce_fwd(float *losses, const float *logits, const int *targets,
   double sum = 0.0;
   for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
   sum = block_sum(sum);
-  if (threadIdx.x == 0) losses[blockIdx.x] = (float)(log(sum) + mx - l[targets[blockIdx.x]]);
+  if (threadIdx.x == 0)
+    losses[blockIdx.x] = weights && weights[blockIdx.x] == 0.0f
+                             ? 0.0f
+                             : (float)(log(sum) + mx - l[targets[blockIdx.x]]);
 }
-__global__ void k_ce_bwd(float *logits, const int *targets, int V, float dloss) {
+__global__ void k_ce_bwd(float *logits, const int *targets, const float *weights, int V,
+                         float dloss) {
+  if (weights) dloss *= weights[blockIdx.x];
   float *l = logits + (size_t)blockIdx.x * V;
   float mx = -INFINITY;
   for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
@@ -419,18 +429,19 @@ static int fetch_sum(cuda_backend_t *b, const float *x, size_t n, int squares, d
   return e == cudaSuccess ? 0 : TY_EINTERNAL;
 }
 extern "C" int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
-                                         const int *targets, int N, int V, double *sum) {
+                                         const int *targets, const float *weights, int N, int V,
+                                         double *sum) {
   if (N <= 0) {
     if (sum) *sum = 0.0;
     return 0;
   }
-  TY_LAUNCH(k_ce_fwd, N, CB_THREADS, 0)(losses, logits, targets, V);
+  TY_LAUNCH(k_ce_fwd, N, CB_THREADS, 0)(losses, logits, targets, weights, V);
   return sum ? fetch_sum(b, losses, (size_t)N, 0, sum) : 0;
 }
 extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
-                                           int N, int V, float dloss) {
+                                           const float *weights, int N, int V, float dloss) {
   (void)b;
-  if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, V, dloss);
+  if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, weights, V, dloss);
 }
 extern "C" int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out) {
   return fetch_sum(b, x, n, 0, out);

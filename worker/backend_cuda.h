@@ -77,12 +77,14 @@ void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight, const
  * double) into cos_t, sin_t (T, HS/2). Returns 0 or TY_EINTERNAL. */
 int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS, double theta,
                      const llama_rope_scaling_t *scaling);
-void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t, const float *sin_t, int B,
-                       int T, int NX, int HS);
-void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const float *sin_t, int B,
-                        int T, int NX, int HS);
+/* pos (B*T) device ints or NULL, as cpu_rope_forward's. */
+void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t, const float *sin_t,
+                       const int *pos, int B, int T, int NX, int HS);
+void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const float *sin_t,
+                        const int *pos, int B, int T, int NX, int HS);
 
-/* Causal GQA attention, as cpu_attention_forward: out (B, T, NH*HS) and
+/* Causal GQA attention, as cpu_attention_forward (pos (B*T) device ints or
+ * NULL: the block-diagonal mask of documents packed in a row): out (B, T, NH*HS) and
  * lse (B, NH, T), each scaled score row's log-sum-exp, from which the
  * backward pass rebuilds the probabilities. Two paths:
  *  - fp32 on CUDA cores (ws NULL), exact up to summation order: tiles of
@@ -97,15 +99,15 @@ void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const 
  * A ws too small for this call's B and T takes the fp32 path. Return 0, or
  * TY_EINTERNAL (cuBLAS refused a product). */
 int cuda_attention_forward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *out, float *lse,
-                           const float *q, const float *k, const float *v, int B, int T, int NH,
-                           int NKV, int HS);
+                           const float *q, const float *k, const float *v, const int *pos, int B,
+                           int T, int NH, int NKV, int HS);
 /* dq, dk, dv written from dout and the forward's out and lse (the same
  * path's); scratch holds B*NH*T floats (each row's dout . out). dk and dv
  * are summed without atomics, in a fixed order. */
 int cuda_attention_backward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *dq, float *dk,
                             float *dv, float *scratch, const float *dout, const float *out,
-                            const float *lse, const float *q, const float *k, const float *v, int B,
-                            int T, int NH, int NKV, int HS);
+                            const float *lse, const float *q, const float *k, const float *v,
+                            const int *pos, int B, int T, int NH, int NKV, int HS);
 /* Bytes of workspace for the tensor-core path at up to B x T tokens: its
  * pointer arrays and two buffers of scores, together about `budget` bytes
  * (the more, the fewer and larger the chunks), but at least 16 query rows'
@@ -123,13 +125,14 @@ void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens, co
 void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout, const int *tokens,
                              int N, int C);
 
-/* losses (N) = -log softmax(logits)[target]. With sum (host) non-NULL,
- * waits and stores the sum of the losses (in double); returns 0 or
- * TY_EINTERNAL. */
+/* losses (N) = -log softmax(logits)[target], 0 where weights (N device
+ * floats, 0 or 1; NULL: all 1) is 0. With sum (host) non-NULL, waits and
+ * stores the sum of the losses (in double); returns 0 or TY_EINTERNAL. */
 int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
-                              const int *targets, int N, int V, double *sum);
-void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets, int N, int V,
-                                float dloss);
+                              const int *targets, const float *weights, int N, int V, double *sum);
+/* dlogits = (softmax - onehot) * dloss * weights[r] (NULL: 1), in place. */
+void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
+                                const float *weights, int N, int V, float dloss);
 
 /* --- LoRA (PEFT): out (n, OUT) += scale * (x (n, IN) @ A^T) @ B^T, with
  * A (R, IN), B (OUT, R); xa (n, R) saves x @ A^T for the backward pass. */

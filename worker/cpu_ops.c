@@ -34,7 +34,7 @@ void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const f
 typedef struct {
   float *out, *rstd, *dinp, *dweight, *x, *dx;
   const float *inp, *weight, *dout, *dresid, *srstd, *cos_t, *sin_t, *a, *b;
-  const int *tokens;
+  const int *tokens, *pos; /* pos: tokens' positions in their documents, or NULL */
   int N, C, T, NX, HS, V;
   float eps, scale;
 } rows_t;
@@ -122,7 +122,7 @@ static void rope_rows(void *p, size_t r0, size_t r1) {
   const rows_t *k = p;
   const int half = k->HS / 2;
   for (size_t bt = r0; bt < r1; bt++) {
-    size_t t = bt % (size_t)k->T;
+    size_t t = k->pos ? (size_t)k->pos[bt] : bt % (size_t)k->T;
     const float *cs = k->cos_t + t * half, *sn = k->sin_t + t * half;
     for (int h = 0; h < k->NX; h++) {
       float *v = k->x + (bt * k->NX + h) * k->HS;
@@ -135,53 +135,71 @@ static void rope_rows(void *p, size_t r0, size_t r1) {
   }
 }
 
-static void rope_apply(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,
-                       int HS, float sign) {
-  rows_t k = {.x = x, .cos_t = cos_t, .sin_t = sin_t, .T = T, .NX = NX, .HS = HS, .scale = sign};
+static void rope_apply(float *x, const float *cos_t, const float *sin_t, const int *pos, int B,
+                       int T, int NX, int HS, float sign) {
+  rows_t k = {.x = x,
+              .cos_t = cos_t,
+              .sin_t = sin_t,
+              .pos = pos,
+              .T = T,
+              .NX = NX,
+              .HS = HS,
+              .scale = sign};
   pool_for((size_t)B * T, ROWS_MIN(NX * HS), rope_rows, &k);
 }
 
-void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,
-                      int HS) {
-  rope_apply(x, cos_t, sin_t, B, T, NX, HS, 1.0f);
+void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, const int *pos, int B,
+                      int T, int NX, int HS) {
+  rope_apply(x, cos_t, sin_t, pos, B, T, NX, HS, 1.0f);
 }
 
-void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, int T, int NX,
-                       int HS) {
-  rope_apply(dx, cos_t, sin_t, B, T, NX, HS, -1.0f);
+void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, const int *pos, int B,
+                       int T, int NX, int HS) {
+  rope_apply(dx, cos_t, sin_t, pos, B, T, NX, HS, -1.0f);
 }
 
-/* Row i of the scores k->x (T, T): softmax over j <= i, 0 above; k->out[i]
- * receives the row's log-sum-exp, from which the backward pass rebuilds
- * the probabilities instead of keeping a (T, T) matrix per head. */
+/* The first key query row i may see: its document's first token
+ * (i - pos[i]), or 0 without positions (one document a row). */
+static size_t first_key(const rows_t *k, size_t i) {
+  return k->pos ? i - (size_t)k->pos[i] : 0;
+}
+
+/* Row i of the scores k->x (T, T): softmax over j in [first_key, i], 0
+ * elsewhere; k->out[i] receives the row's log-sum-exp, from which the
+ * backward pass rebuilds the probabilities instead of keeping a (T, T)
+ * matrix per head. */
 static void causal_softmax_rows(void *p, size_t r0, size_t r1) {
   const rows_t *k = p;
   const size_t T = (size_t)k->T;
   for (size_t i = r0; i < r1; i++) {
     float *row = k->x + i * T;
-    float mx = row[0];
-    for (size_t j = 1; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
+    const size_t j0 = first_key(k, i);
+    float mx = row[j0];
+    for (size_t j = j0 + 1; j <= i; j++) mx = row[j] > mx ? row[j] : mx;
     float sum = 0.0f;
-    for (size_t j = 0; j <= i; j++) {
+    for (size_t j = j0; j <= i; j++) {
       row[j] = expf(row[j] - mx);
       sum += row[j];
     }
     float inv = 1.0f / sum;
-    for (size_t j = 0; j <= i; j++) row[j] *= inv;
+    for (size_t j = 0; j < j0; j++) row[j] = 0.0f;
+    for (size_t j = j0; j <= i; j++) row[j] *= inv;
     for (size_t j = i + 1; j < T; j++) row[j] = 0.0f;
     k->out[i] = mx + logf(sum);
   }
 }
 
 /* Row i of the probabilities rebuilt from the scores k->x and the saved
- * log-sum-exp k->a: exp(s - lse) for j <= i, 0 above. */
+ * log-sum-exp k->a: exp(s - lse) for j in [first_key, i], 0 elsewhere. */
 static void causal_probs_rows(void *p, size_t r0, size_t r1) {
   const rows_t *k = p;
   const size_t T = (size_t)k->T;
   for (size_t i = r0; i < r1; i++) {
     float *row = k->x + i * T;
     const float lse = k->a[i];
-    for (size_t j = 0; j <= i; j++) row[j] = expf(row[j] - lse);
+    const size_t j0 = first_key(k, i);
+    for (size_t j = 0; j < j0; j++) row[j] = 0.0f;
+    for (size_t j = j0; j <= i; j++) row[j] = expf(row[j] - lse);
     for (size_t j = i + 1; j < T; j++) row[j] = 0.0f;
   }
 }
@@ -208,7 +226,7 @@ static void softmax_bwd_rows(void *p, size_t r0, size_t r1) {
 #define ATT_ROWS 64
 
 void cpu_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
-                           const float *v, int B, int T, int NH, int NKV, int HS) {
+                           const float *v, const int *pos, int B, int T, int NH, int NKV, int HS) {
   const int QD = NH * HS, KVD = NKV * HS, group = NH / NKV;
   const float scale = 1.0f / sqrtf((float)HS);
   float *P = scratch; /* (T, T); row i is written for columns < its block's end */
@@ -223,7 +241,10 @@ void cpu_attention_forward(float *out, float *lse, float *scratch, const float *
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, HS, scale,
                     qh + (size_t)i0 * QD, QD, kh, KVD, 0.0f, P + (size_t)i0 * T, T);
       }
-      rows_t sk = {.x = P, .out = lse + ((size_t)b * NH + h) * T, .T = T};
+      rows_t sk = {.x = P,
+                   .out = lse + ((size_t)b * NH + h) * T,
+                   .pos = pos ? pos + (size_t)b * T : NULL,
+                   .T = T};
       pool_for((size_t)T, ROWS_MIN(T), causal_softmax_rows, &sk);
       /* out_h[i0:i1] (HS wide) = P[i0:i1, 0:i1] @ v_h[0:i1] */
       float *oh = out + (size_t)b * T * QD + (size_t)h * HS;
@@ -236,8 +257,8 @@ void cpu_attention_forward(float *out, float *lse, float *scratch, const float *
 }
 
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *lse, const float *q, const float *k, const float *v, int B,
-                            int T, int NH, int NKV, int HS) {
+                            const float *lse, const float *q, const float *k, const float *v,
+                            const int *pos, int B, int T, int NH, int NKV, int HS) {
   const int QD = NH * HS, KVD = NKV * HS, group = NH / NKV;
   const float scale = 1.0f / sqrtf((float)HS);
   float *P = scratch, *dS = scratch + (size_t)T * T; /* (T, T) each */
@@ -258,7 +279,10 @@ void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, con
         cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, i1 - i0, i1, HS, 1.0f, dout + qr, QD,
                     v + kvoff, KVD, 0.0f, dS + (size_t)i0 * T, T);
       }
-      rows_t pk = {.x = P, .a = lse + ((size_t)b * NH + h) * T, .T = T};
+      rows_t pk = {.x = P,
+                   .a = lse + ((size_t)b * NH + h) * T,
+                   .pos = pos ? pos + (size_t)b * T : NULL,
+                   .T = T};
       pool_for((size_t)T, ROWS_MIN(T), causal_probs_rows, &pk);
       rows_t sk = {.x = dS, .a = P, .T = T};
       pool_for((size_t)T, ROWS_MIN(T), softmax_bwd_rows, &sk);
@@ -360,7 +384,8 @@ double cpu_crossentropy_forward(float *losses, const float *logits, const int *t
   return total;
 }
 
-/* k->x logits -> dlogits in place, k->tokens targets, k->scale dloss. */
+/* k->x logits -> dlogits in place, k->tokens targets, k->scale dloss,
+ * k->a each row's loss weight (NULL: 1). */
 static void ce_bwd_rows(void *p, size_t r0, size_t r1) {
   const rows_t *k = p;
   const int V = k->V;
@@ -373,13 +398,15 @@ static void ce_bwd_rows(void *p, size_t r0, size_t r1) {
       l[j] = expf(l[j] - mx);
       sum += l[j];
     }
-    float inv = (float)(1.0 / sum) * k->scale;
+    const float dl = k->a ? k->scale * k->a[r] : k->scale;
+    float inv = (float)(1.0 / sum) * dl;
     for (int j = 0; j < V; j++) l[j] *= inv;
-    l[k->tokens[r]] -= k->scale;
+    l[k->tokens[r]] -= dl;
   }
 }
 
-void cpu_crossentropy_backward(float *logits, const int *targets, int N, int V, float dloss) {
-  rows_t k = {.x = logits, .tokens = targets, .V = V, .scale = dloss};
+void cpu_crossentropy_backward(float *logits, const int *targets, const float *weights, int N,
+                               int V, float dloss) {
+  rows_t k = {.x = logits, .a = weights, .tokens = targets, .V = V, .scale = dloss};
   pool_for((size_t)N, ROWS_MIN(V), ce_bwd_rows, &k);
 }

@@ -40,25 +40,29 @@ void cpu_rmsnorm_backward(float *dinp, float *dweight, const float *dout, const 
 void cpu_rope_tables(float *cos_t, float *sin_t, int T, int HS, double theta,
                      const llama_rope_scaling_t *scaling);
 /* In place on x (B, T, NX*HS), NX heads per token, rotate-half convention:
- * x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, x1/x2 the two halves. */
-void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, int B, int T, int NX,
-                      int HS);
+ * x1' = x1 cos - x2 sin, x2' = x2 cos + x1 sin, x1/x2 the two halves; the
+ * angle of token (b, t) is that of position pos[b*T + t] (its place in its
+ * document, < T), or of t when pos is NULL. */
+void cpu_rope_forward(float *x, const float *cos_t, const float *sin_t, const int *pos, int B,
+                      int T, int NX, int HS);
 /* The transpose rotation, in place on dx (B, T, NX*HS). */
-void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, int B, int T, int NX,
-                       int HS);
+void cpu_rope_backward(float *dx, const float *cos_t, const float *sin_t, const int *pos, int B,
+                       int T, int NX, int HS);
 
 /* Causal grouped-query attention. q (B, T, NH*HS), k and v (B, T, NKV*HS);
- * query head h reads kv head h / (NH/NKV). out (B, T, NH*HS) receives the
- * mix, lse (B, NH, T) each score row's log-sum-exp: the backward pass
- * rebuilds the probabilities from it, so no (T, T) matrix per head is kept.
- * scratch holds T*T floats. */
+ * query head h reads kv head h / (NH/NKV). pos (B, T), or NULL: each
+ * token's position in its document (0 at a document's first token, then
+ * one more each token), making the mask block-diagonal causal: token t sees
+ * keys t - pos[t] .. t, never one of another document packed in the row. out (B, T, NH*HS) receives
+ * the mix, lse (B, NH, T) each score row's log-sum-exp: the backward pass rebuilds the
+ * probabilities from it, so no (T, T) matrix per head is kept. scratch holds T*T floats. */
 void cpu_attention_forward(float *out, float *lse, float *scratch, const float *q, const float *k,
-                           const float *v, int B, int T, int NH, int NKV, int HS);
+                           const float *v, const int *pos, int B, int T, int NH, int NKV, int HS);
 /* dq (B, T, NH*HS), dk and dv (B, T, NKV*HS) are written; scratch holds
  * 2*T*T floats. */
 void cpu_attention_backward(float *dq, float *dk, float *dv, float *scratch, const float *dout,
-                            const float *lse, const float *q, const float *k, const float *v, int B,
-                            int T, int NH, int NKV, int HS);
+                            const float *lse, const float *q, const float *k, const float *v,
+                            const int *pos, int B, int T, int NH, int NKV, int HS);
 
 /* h (n) = silu(gate) * up, elementwise over n = N*FF values. */
 void cpu_swiglu_forward(float *h, const float *gate, const float *up, size_t n);
@@ -74,9 +78,10 @@ void cpu_embedding_backward(float *dembed, const float *dout, const int *tokens,
  * added in double in row order. */
 double cpu_crossentropy_forward(float *losses, const float *logits, const int *targets, int N,
                                 int V);
-/* In place: logits (N, V) become dlogits = (softmax - onehot) * dloss,
- * dloss being the gradient of the objective with respect to each row's
- * loss. */
-void cpu_crossentropy_backward(float *logits, const int *targets, int N, int V, float dloss);
+/* In place: logits (N, V) become dlogits = (softmax - onehot) * dloss *
+ * weights[r], dloss being the gradient of the objective with respect to
+ * each counted row's loss; weights (N) 0 or 1 per row, NULL: all 1. */
+void cpu_crossentropy_backward(float *logits, const int *targets, const float *weights, int N,
+                               int V, float dloss);
 
 #endif

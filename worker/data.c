@@ -13,6 +13,8 @@
 
 #include "common/beneath.h"
 #include "common/xalloc.h"
+#include "worker/data_rows.h"
+#include "worker/examples.h"
 
 struct data_s {
   data_config_t cfg; /* cfg.path points at path below */
@@ -26,6 +28,9 @@ struct data_s {
   uint8_t *raw;       /* [(T+1) * elem] one window's bytes */
   uint32_t *perm;     /* [n_train] the permutation of perm_epoch */
   int64_t perm_epoch; /* -1: none computed yet */
+  /* Format jsonl: the examples and their rows (n_train, n_eval count rows). */
+  examples_t *ex;
+  data_rows_t *train_rows, *eval_rows;
 };
 
 /* The built-in corpus (data.path unset): DATA_BUILTIN_TOKENS u32 ids in an
@@ -84,6 +89,42 @@ static int builtin_corpus(int64_t vocab, char *msg, size_t msglen) {
   return fd;
 }
 
+/* The rows of a JSONL file's examples, into d (whose cfg is set). */
+static int open_rows(data_t *d, char *msg, size_t msglen) {
+  const data_config_t *cfg = &d->cfg;
+  int rc = examples_open(&d->ex, cfg->examples_path, cfg->examples_key, msg, msglen);
+  if (rc) return rc;
+  const int64_t E = examples_count(d->ex);
+  int64_t n_eval = cfg->eval_all ? E : 0;
+  if (!cfg->eval_all && cfg->eval_fraction > 0 && E > 0) {
+    n_eval = (int64_t)((double)E * cfg->eval_fraction);
+    if (n_eval < 1) n_eval = 1;
+  }
+  rc = data_rows_build(&d->train_rows, d->ex, 0, E - n_eval, cfg->seq_len, cfg->packing, msg,
+                       msglen);
+  if (!rc)
+    rc = data_rows_build(&d->eval_rows, d->ex, E - n_eval, n_eval, cfg->seq_len, cfg->packing, msg,
+                         msglen);
+  if (rc) return rc;
+  d->num_tokens = examples_tokens(d->ex);
+  d->n_train = data_rows_count(d->train_rows);
+  d->n_eval = data_rows_count(d->eval_rows);
+  if (cfg->eval_all) return 0;
+  if (d->n_train < d->global_batch || d->n_train > UINT32_MAX)
+    return ty_errf(msg, msglen, TY_EINVAL,
+                   "data file %s holds %lld examples: %lld training rows of seq_len+1 = %d tokens "
+                   "(%s; after %lld held-out examples, %lld examples with no counted target left "
+                   "out), %s one global batch of %lld rows (world_size %d x micro_batch_size %d x "
+                   "grad_accum %d); use more data, a smaller batch%s",
+                   cfg->path, (long long)E, (long long)d->n_train, cfg->seq_len + 1,
+                   cfg->packing ? "examples packed" : "one example a row", (long long)n_eval,
+                   (long long)(data_rows_skipped(d->train_rows) + data_rows_skipped(d->eval_rows)),
+                   d->n_train > UINT32_MAX ? "more than 2^32 rows, beyond" : "fewer than",
+                   (long long)d->global_batch, cfg->world_size, cfg->micro_batch_size,
+                   cfg->grad_accum, cfg->packing ? " or a smaller seq_len" : " or data.packing");
+  return 0;
+}
+
 int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msglen) {
   *out = NULL;
   data_config_t builtin;
@@ -105,6 +146,28 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
              cfg->seq_len, cfg->micro_batch_size, cfg->grad_accum, cfg->rank, cfg->world_size,
              cfg->eval_fraction);
     return TY_EINVAL;
+  }
+  if (cfg->format == JOBSPEC_DATA_JSONL) {
+    data_t *d = xcalloc(1, sizeof *d);
+    d->cfg = *cfg;
+    d->path = xstrdup(cfg->path);
+    d->cfg.path = d->path;
+    d->fd = -1;
+    d->global_batch = (int64_t)cfg->world_size * cfg->micro_batch_size * cfg->grad_accum;
+    d->perm_epoch = -1;
+    int rc = cfg->examples_path ? open_rows(d, msg, msglen)
+                                : ty_errf(msg, msglen, TY_EINTERNAL,
+                                          "data %s: its examples were not tokenized", cfg->path);
+    d->cfg.examples_path = NULL; /* borrowed only for the open */
+    if (!rc && !(d->perm = malloc((size_t)(d->n_train ? d->n_train : 1) * sizeof *d->perm)))
+      rc = ty_errf(msg, msglen, TY_EEXHAUSTED, "cannot allocate the shuffle order of %lld rows",
+                   (long long)d->n_train);
+    if (rc) {
+      data_free(d);
+      return rc;
+    }
+    *out = d;
+    return 0;
   }
   if (cfg->format == JOBSPEC_DATA_TEXT && cfg->vocab_size < 256) {
     snprintf(msg, msglen,
@@ -165,11 +228,23 @@ void data_free(data_t *d) {
   free(d->path);
   free(d->raw);
   free(d->perm);
+  data_rows_free(d->train_rows);
+  data_rows_free(d->eval_rows);
+  examples_close(d->ex);
   free(d);
 }
 
 int64_t data_num_tokens(const data_t *d) {
   return d->num_tokens;
+}
+int64_t data_num_examples(const data_t *d) {
+  return d->ex ? examples_count(d->ex) : 0;
+}
+int64_t data_num_truncated(const data_t *d) {
+  return d->ex ? data_rows_truncated(d->train_rows) + data_rows_truncated(d->eval_rows) : 0;
+}
+int64_t data_num_skipped(const data_t *d) {
+  return d->ex ? data_rows_skipped(d->train_rows) + data_rows_skipped(d->eval_rows) : 0;
 }
 int64_t data_num_train_windows(const data_t *d) {
   return d->n_train;
@@ -255,26 +330,82 @@ int data_read_window(data_t *d, int64_t first, int32_t *tokens, char *msg, size_
   return 0;
 }
 
-int data_train_micro_batch(data_t *d, int64_t step, int micro, int32_t *tokens, char *msg,
-                           size_t msglen) {
-  const int64_t T1 = (int64_t)d->cfg.seq_len + 1, B = d->cfg.micro_batch_size;
+/* The training window (row) at place g of the run's sequence. */
+static int64_t window_at(data_t *d, int64_t g) {
+  int64_t epoch = g / d->n_train;
+  if (epoch != d->perm_epoch) make_perm(d, epoch);
+  return d->perm[g % d->n_train];
+}
+
+/* Checks a row's ids against the vocabulary. */
+static int check_row(const data_t *d, const char *what, int64_t i, const int32_t *tokens, char *msg,
+                     size_t msglen) {
+  for (int t = 0; t <= d->cfg.seq_len; t++)
+    if (tokens[t] >= d->cfg.vocab_size)
+      return ty_errf(msg, msglen, TY_EINVAL,
+                     "token id %d in %s row %lld of %s is outside the vocabulary (vocab_size "
+                     "%lld); use the model's own tokenizer",
+                     tokens[t], what, (long long)i, d->path, (long long)d->cfg.vocab_size);
+  return 0;
+}
+
+int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float *weights,
+                     int32_t *pos, char *msg, size_t msglen) {
+  const int64_t T = d->cfg.seq_len, B = d->cfg.micro_batch_size;
   int64_t base = step * d->global_batch + ((int64_t)micro * d->cfg.world_size + d->cfg.rank) * B;
   for (int64_t b = 0; b < B; b++) {
-    int64_t g = base + b;
-    int64_t epoch = g / d->n_train;
-    if (epoch != d->perm_epoch) make_perm(d, epoch);
-    int64_t w = d->perm[g % d->n_train];
-    int rc = data_read_window(d, w * d->cfg.seq_len, tokens + b * T1, msg, msglen);
+    int64_t w = window_at(d, base + b);
+    int32_t *row = tokens + b * (T + 1);
+    int rc = 0;
+    if (d->ex) {
+      data_rows_fill(d->train_rows, w, d->cfg.pad_id, row, weights ? weights + b * T : NULL,
+                     pos ? pos + b * T : NULL);
+      rc = check_row(d, "training", w, row, msg, msglen);
+    } else {
+      rc = data_read_window(d, w * d->cfg.seq_len, row, msg, msglen);
+    }
     if (rc) return rc;
   }
   return 0;
 }
 
+int data_train_micro_batch(data_t *d, int64_t step, int micro, int32_t *tokens, char *msg,
+                           size_t msglen) {
+  return data_train_batch(d, step, micro, tokens, NULL, NULL, msg, msglen);
+}
+
 int data_eval_window(data_t *d, int64_t i, int32_t *tokens, char *msg, size_t msglen) {
-  if (i < 0 || i >= d->n_eval) {
-    snprintf(msg, msglen, "evaluation window %lld of %lld does not exist", (long long)i,
-             (long long)d->n_eval);
-    return TY_ERANGE;
+  return data_eval_row(d, i, tokens, NULL, NULL, msg, msglen);
+}
+
+int data_seq_len(const data_t *d) {
+  return d->cfg.seq_len;
+}
+
+bool data_masked(const data_t *d) {
+  return d->ex != NULL;
+}
+
+int64_t data_step_count(data_t *d, int64_t step) {
+  if (!d->ex) return d->global_batch * d->cfg.seq_len;
+  int64_t n = 0;
+  for (int64_t j = 0; j < d->global_batch; j++)
+    n += data_rows_counted(d->train_rows, window_at(d, step * d->global_batch + j));
+  return n;
+}
+
+int data_eval_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *msg,
+                  size_t msglen) {
+  if (i < 0 || i >= d->n_eval)
+    return ty_errf(msg, msglen, TY_ERANGE, "evaluation window %lld of %lld does not exist",
+                   (long long)i, (long long)d->n_eval);
+  if (d->ex) {
+    data_rows_fill(d->eval_rows, i, d->cfg.pad_id, tokens, weights, pos);
+    return check_row(d, "evaluation", i, tokens, msg, msglen);
+  }
+  for (int t = 0; t < d->cfg.seq_len; t++) {
+    if (weights) weights[t] = 1.0f;
+    if (pos) pos[t] = t;
   }
   return data_read_window(d, d->eval_start + i * d->cfg.seq_len, tokens, msg, msglen);
 }

@@ -22,6 +22,13 @@
  * ranks and micro-steps never share a window. A step's windows depend only
  * on (seed, step): the data position to resume from is the step.
  *
+ * Format jsonl: the rows of worker/data_rows.h over the examples that
+ * worker/data_prepare.h tokenized into examples_path. The last n_eval =
+ * max(1, floor(E * eval_fraction)) of the E examples (none at 0) are held
+ * out whole for evaluation; the rest make the training rows, which take
+ * the place of the windows above (shuffled and split the same way). Their
+ * rows carry loss weights and positions (data_masked).
+ *
  * An empty path selects a built-in corpus (2^20 u32 ids of generated
  * "words"; see data.c), so that a spec without data.path still trains end
  * to end (smoke tests, the AReaL-style command line of DESIGN.md). */
@@ -29,6 +36,7 @@
 #ifndef TY_WORKER_DATA_H
 #define TY_WORKER_DATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -45,6 +53,13 @@ typedef struct {
   int world_size, rank; /* 1, 0 for one rank */
   int micro_batch_size; /* windows per micro-batch per rank */
   int grad_accum;       /* micro-batches per step per rank */
+  /* Format jsonl only: */
+  const char *examples_path; /* the tokenized examples (examples.h); borrowed */
+  uint64_t examples_key;     /* the key they must have been built with */
+  bool packing;              /* several examples a row */
+  uint32_t pad_id;           /* the id of padding tokens */
+  bool eval_all; /* every example is an evaluation row, in the file's order (trainyard eval);
+                  * no training rows, no batch to hold */
 } data_config_t;
 
 typedef struct data_s data_t;
@@ -52,7 +67,7 @@ typedef struct data_s data_t;
 /* Opens cfg->path and lays out its windows. Fails (TY_EINVAL, with why and
  * how to fix it in msg) for a vocabulary under 256 with format text, a
  * u16/u32 file whose size is not a whole number of tokens, too few tokens
- * for one training window, or fewer training windows than one global
+ * for one training window, or fewer training windows (rows) than one global
  * batch; TY_ENOTFOUND when the file cannot be opened. *out is the caller's,
  * freed with data_free. */
 int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen);
@@ -60,10 +75,38 @@ int data_open(data_t **out, const data_config_t *cfg, char *msg, size_t msglen);
 void data_free(data_t *d);
 
 int64_t data_num_tokens(const data_t *d);
+/* jsonl: examples in the file, those cut to seq_len + 1 tokens, and those
+ * left out for counting no target (0 for token files). */
+int64_t data_num_examples(const data_t *d);
+int64_t data_num_truncated(const data_t *d);
+int64_t data_num_skipped(const data_t *d);
 int64_t data_num_train_windows(const data_t *d);
 int64_t data_num_eval_windows(const data_t *d);
 /* G, windows per global step. */
 int64_t data_global_batch(const data_t *d);
+
+/* T, the tokens a row feeds the model (rows hold T+1). */
+int data_seq_len(const data_t *d);
+/* Whether rows carry loss weights and document positions (data_train_batch,
+ * data_eval_row fill them): examples of a JSONL file; token windows of a
+ * text, u16 or u32 file count every target of one document a row. */
+bool data_masked(const data_t *d);
+/* The counted targets of step's whole global batch (all ranks, all
+ * micro-batches), which every rank knows without a collective: the
+ * denominator of the step's mean loss. G*T for unmasked data. */
+int64_t data_step_count(data_t *d, int64_t step);
+
+/* Reads this rank's micro-batch `micro` of `step` as data_train_micro_batch
+ * does, and where data_masked, each target's loss weight into weights [B,
+ * T] (0 or 1) and each input's position in its document into pos [B, T];
+ * weights and pos are not touched otherwise (and may then be NULL). */
+int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float *weights,
+                     int32_t *pos, char *msg, size_t msglen);
+/* Evaluation row i (< data_num_eval_windows) into tokens [T+1], with
+ * weights and pos [T] as data_train_batch's (filled when non-NULL: 1 and
+ * 0..T-1 for unmasked data). */
+int data_eval_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *msg,
+                  size_t msglen);
 
 /* Reads this rank's micro-batch `micro` (0 .. grad_accum-1) of `step` into
  * tokens [micro_batch_size, T+1]. Returns 0, TY_EINVAL for an id outside

@@ -229,12 +229,12 @@ static int no_passes(const fsdp_t *f, char *err, size_t errlen) {
                            "fsdp: this span's passes run on the device, not here");
 }
 
-int fsdp_forward(fsdp_t *f, const int *tokens, const int *targets, int b, int t, lora_t *lora,
-                 double *loss, char *err, size_t errlen) {
+int fsdp_forward(fsdp_t *f, const model_batch_t *batch, lora_t *lora, double *loss, char *err,
+                 size_t errlen) {
   model_t *m = f->m;
   int rc = no_passes(f, err, errlen);
   if (!rc) rc = gather(f, f->embed, f->unit, err, errlen);
-  if (!rc) rc = model_embed_forward(m, f->unit, tokens, targets, b, t, err, errlen);
+  if (!rc) rc = model_embed_forward_batch(m, f->unit, batch, err, errlen);
   for (int l = 0; l < m->d.L && !rc; l++) {
     rc = gather_layer(f, l, err, errlen);
     if (!rc) model_layer_forward(m, l, &f->lw, lora);

@@ -55,12 +55,12 @@ const loader_shard_t *fsdp_shard(const fsdp_t *f);
  * the span, for the optimizer's no-decay ranges. */
 void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n), void *ctx);
 
-/* Forward over the gathered units; the same contract as model_forward. A
+/* Forward over the gathered units; the same contract as model_forward_batch. A
  * failed collective returns its code with comm_error's text in err;
  * TY_EINTERNAL for an FSDP_SPAN (as for fsdp_backward). */
-int fsdp_forward(fsdp_t *f, const int *tokens, const int *targets, int b, int t, lora_t *lora,
-                 double *loss, char *err, size_t errlen);
-/* Backward of loss_scale * (mean loss) of the last forward: adapters'
+int fsdp_forward(fsdp_t *f, const model_batch_t *batch, lora_t *lora, double *loss, char *err,
+                 size_t errlen);
+/* Backward of loss_scale * (mean loss over the counted targets) of the last forward: adapters'
  * gradients (lora) are added locally; with full, every unit's gradients are
  * reduce-scattered (summed over ranks) and added into the gradient shards. */
 int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t errlen);

@@ -129,6 +129,8 @@ static void acts_free(model_acts_t *a) {
   if (!a) return;
   free(a->tokens);
   free(a->targets);
+  free(a->weights);
+  free(a->pos);
   free(a->block);
   free(a);
 }
@@ -146,10 +148,12 @@ static int acts_create(model_t *m, bool recompute) {
   a->res_slots = (int)RS;
   a->tokens = malloc(sizeof(int) * N);
   a->targets = malloc(sizeof(int) * N);
+  a->weights = malloc(sizeof(float) * N);
+  a->pos = malloc(sizeof(int) * N);
   const size_t floats = acts_floats(d, N, T, LS, RS, backward);
-  a->bytes = sizeof(float) * floats + 2 * sizeof(int) * N;
+  a->bytes = sizeof(float) * floats + 4 * sizeof(int) * N;
   a->block = malloc(sizeof(float) * floats);
-  if (!a->tokens || !a->targets || !a->block) return TY_EEXHAUSTED;
+  if (!a->tokens || !a->targets || !a->weights || !a->pos || !a->block) return TY_EEXHAUSTED;
   float *p = a->block;
 #define TY_X(field, n, bw) \
   if (!(bw) || backward) { \

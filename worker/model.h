@@ -194,6 +194,28 @@ void model_init_random(model_t *m, uint64_t seed, float std);
 /* Zeroes the gradient buffer (no-op without one). */
 void model_zero_grad(model_t *m);
 
+/* One micro-batch. weights and pos are what real training data adds to
+ * the token windows: a loss mask (prompt and padding targets count 0) and,
+ * for several documents packed in one row, each token's position in its
+ * document, which both restarts the rotary angle and confines attention to
+ * the token's own document. */
+typedef struct {
+  const int *tokens;    /* (b, t) input ids */
+  const int *targets;   /* (b, t) next-token ids, or NULL (logits only) */
+  const float *weights; /* (b, t) each target's loss weight, 0 or 1; NULL: every target counts */
+  const int *pos;       /* (b, t) 0 at a document's first token, then +1 a token; NULL:
+                         * 0 .. t-1 in every row (one document a row) */
+  int b, t;
+} model_batch_t;
+
+/* Checks a batch's shape against buffers of B x T tokens, its ids against
+ * [0, V), its weights (0 or 1) and positions (0, or the previous token's
+ * + 1); 0 or TY_EINVAL naming the row and position. */
+int model_batch_check(const model_batch_t *batch, int B, int T, int V, char *err, size_t errlen);
+
+/* Counted targets of a batch: the sum of its weights, or b*t. */
+int64_t model_batch_count(const model_batch_t *batch);
+
 /* --- Single-rank forward and backward over the model's own buffers. --- */
 
 /* tokens, targets (b, t) row-major token ids; targets may be NULL (logits
@@ -205,8 +227,12 @@ void model_zero_grad(model_t *m);
  * per model (and per lora). */
 int model_forward(model_t *m, const int *tokens, const int *targets, int b, int t, lora_t *lora,
                   double *loss, char *err, size_t errlen);
-/* Backward of loss_scale * (mean loss) of the last forward (which must
- * have had targets): adds into m->grads (MODEL_TRAIN_FULL) and into the
+/* The same for a batch with loss weights and positions: the loss is the
+ * mean over the counted targets (0 when none counts). */
+int model_forward_batch(model_t *m, const model_batch_t *batch, lora_t *lora, double *loss,
+                        char *err, size_t errlen);
+/* Backward of loss_scale * (mean loss over the counted targets) of the
+ * last forward (which must have had targets): adds into m->grads (MODEL_TRAIN_FULL) and into the
  * adapters' gradients (lora, when given and the mode is not MODEL_EVAL).
  * loss_scale is 1 for one micro-batch; 1/k to average k accumulated ones.
  * m->logits is overwritten with dlogits. */
@@ -219,9 +245,11 @@ void model_backward(model_t *m, lora_t *lora, float loss_scale);
 
 int model_embed_forward(model_t *m, const float *embed_tokens, const int *tokens,
                         const int *targets, int b, int t, char *err, size_t errlen);
+int model_embed_forward_batch(model_t *m, const float *embed_tokens, const model_batch_t *batch,
+                              char *err, size_t errlen);
 void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora);
 /* Final norm, LM head and (with targets) the loss; returns the mean loss
- * (0 without targets). */
+ * over the counted targets (0 without targets or counted targets). */
 double model_head_forward(model_t *m, const float *norm, const float *lm_head);
 void model_head_backward(model_t *m, const float *norm, const float *lm_head, float *dnorm,
                          float *dlm_head, float loss_scale);

@@ -81,8 +81,12 @@ struct model_cuda {
   float *gunit;          /* full training over a shard: one unit's whole gradients, laid out as
                           * the unit lies in a slot, reduce-scattered into gbase */
   int *tokens, *targets; /* device (B*T) */
-  uint16_t *xb;          /* bf16 scratch: an activation or gradient on its way to cuBLAS */
-  void *attws;           /* a bf16 base: attention's tensor-core workspace, else NULL */
+  int *pos;              /* device (B*T): the batch's positions, when has_pos */
+  float *weights;        /* device (B*T): its loss weights, when has_weights */
+  bool has_pos, has_weights;
+  int64_t count; /* the last forward's counted targets */
+  uint16_t *xb;  /* bf16 scratch: an activation or gradient on its way to cuBLAS */
+  void *attws;   /* a bf16 base: attention's tensor-core workspace, else NULL */
   size_t attws_bytes;
   size_t bytes;
 #define TY_X(field, n) float *field;
@@ -246,6 +250,8 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   if (!rc && !lo) rc = mc_alloc(m, (void **)&m->gbase, base->bytes);
   if (!rc && !lo && m->units) rc = mc_alloc(m, (void **)&m->gunit, prefetch_slot_bytes(base));
   if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
+  if (!rc) rc = mc_alloc(m, (void **)&m->pos, NA * sizeof(int));
+  if (!rc) rc = mc_alloc(m, (void **)&m->weights, NA * sizeof(float));
   if (!rc) rc = mc_alloc(m, (void **)&m->xb, xbn * sizeof(uint16_t));
 #define TY_X(field, n) \
   if (!rc) rc = mc_alloc(m, (void **)&m->field, (n) * sizeof(float));
@@ -296,6 +302,8 @@ void model_cuda_free(model_cuda_t *m) {
   free(m->order);
   mem_cuda_free(m->tokens);
   mem_cuda_free(m->targets);
+  mem_cuda_free(m->pos);
+  mem_cuda_free(m->weights);
   mem_cuda_free(m->gbase);
   mem_cuda_free(m->gunit);
   mem_cuda_free(m->xb);
@@ -419,11 +427,12 @@ static int layer_forward(model_cuda_t *m, int l) {
   int rc = proj_forward(m, l, TGT(Q), q, ln1, W(WQ), C, QD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(K), k, ln1, W(WK), C, KVD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
-  cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
-  cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
+  const int *pos = m->has_pos ? m->pos : NULL;
+  cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NH, d->HS);
+  cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NKV, d->HS);
   if (!rc)
-    rc = cuda_attention_forward(cb, m->attws, m->attws_bytes, atty, lse, q, k, v, m->b, m->t, d->NH,
-                                d->NKV, d->HS);
+    rc = cuda_attention_forward(cb, m->attws, m->attws_bytes, atty, lse, q, k, v, pos, m->b, m->t,
+                                d->NH, d->NKV, d->HS);
   cudaMemcpyAsync(mid, RES(l), sizeof(float) * n * C, cudaMemcpyDeviceToDevice, 0);
   if (!rc) rc = proj_forward(m, l, TGT(O), mid, atty, W(WO), QD, C, 1.0f);
   cuda_rmsnorm_forward(cb, ln2, LAYER(rstd2, 1), mid, norm_w(m, 2 * l + 1), n, C, d->eps);
@@ -453,27 +462,19 @@ static int layer_backward(model_cuda_t *m, int l) {
   cuda_rmsnorm_backward(cb, m->dmid, norm_dw(m, 2 * l + 1), m->dln, m->dres, mid,
                         norm_w(m, 2 * l + 1), LAYER(rstd2, 1), n, C);
   if (!rc) rc = proj_backward(m, l, TGT(O), m->datty, GW(WO), m->dmid, atty, W(WO), QD, C, 0.0f);
+  const int *pos = m->has_pos ? m->pos : NULL;
   if (!rc)
     rc = cuda_attention_backward(cb, m->attws, m->attws_bytes, m->dq, m->dk, m->dv, m->attscr,
-                                 m->datty, atty, lse, q, k, v, m->b, m->t, d->NH, d->NKV, d->HS);
-  cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, m->b, m->t, d->NH, d->HS);
-  cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, m->b, m->t, d->NKV, d->HS);
+                                 m->datty, atty, lse, q, k, v, pos, m->b, m->t, d->NH, d->NKV,
+                                 d->HS);
+  cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NH, d->HS);
+  cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NKV, d->HS);
   if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, GW(WQ), m->dq, ln1, W(WQ), C, QD, 0.0f);
   if (!rc) rc = proj_backward(m, l, TGT(K), m->dln, GW(WK), m->dk, ln1, W(WK), C, KVD, 1.0f);
   if (!rc) rc = proj_backward(m, l, TGT(V), m->dln, GW(WV), m->dv, ln1, W(WV), C, KVD, 1.0f);
   cuda_rmsnorm_backward(cb, m->dres, norm_dw(m, 2 * l), m->dln, m->dmid, RES(l), norm_w(m, 2 * l),
                         LAYER(rstd1, 1), n, C);
   return rc;
-}
-
-static int check_ids(const int *ids, int n, int V, const char *what, int t, char *err,
-                     size_t errlen) {
-  for (int i = 0; i < n; i++)
-    if (ids[i] < 0 || ids[i] >= V)
-      return ty_errf(err, errlen, TY_EINVAL,
-                     "%s id %d at batch row %d, position %d is outside the vocabulary [0, %d)",
-                     what, ids[i], i / t, i % t, V);
-  return 0;
 }
 
 /* Declares a pass over the units (forward: embedding, layers, head;
@@ -511,20 +512,24 @@ static int pass_end(model_cuda_t *m, int rc, bool msg, const char *pass, char *e
   return cuda_backend_sync(m->cb, err, errlen);
 }
 
-int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
-                       double *loss, char *err, size_t errlen) {
+int model_cuda_forward_batch(model_cuda_t *m, const model_batch_t *bt, double *loss, char *err,
+                             size_t errlen) {
   const model_dims_t *d = &m->d;
-  if (b < 1 || t < 1 || b > m->B || t > m->T)
-    return ty_errf(err, errlen, TY_EINVAL,
-                   "micro-batch %d x %d does not fit the model's buffers (%d x %d)", b, t, m->B,
-                   m->T);
-  const int n = b * t;
-  int rc = check_ids(tokens, n, d->V, "token", t, err, errlen);
-  if (!rc) rc = check_ids(targets, n, d->V, "target", t, err, errlen);
+  if (!bt->targets)
+    return ty_errf(err, errlen, TY_EINVAL, "model_cuda: a forward pass needs targets");
+  int rc = model_batch_check(bt, m->B, m->T, d->V, err, errlen);
   if (rc) return rc;
+  const int b = bt->b, t = bt->t, n = b * t;
   m->b = b, m->t = t;
-  if (cudaMemcpy(m->tokens, tokens, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
-      cudaMemcpy(m->targets, targets, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess)
+  m->has_pos = bt->pos != NULL;
+  m->has_weights = bt->weights != NULL;
+  m->count = model_batch_count(bt);
+  if (cudaMemcpy(m->tokens, bt->tokens, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(m->targets, bt->targets, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
+      (bt->pos &&
+       cudaMemcpy(m->pos, bt->pos, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess) ||
+      (bt->weights && cudaMemcpy(m->weights, bt->weights, sizeof(float) * n,
+                                 cudaMemcpyHostToDevice) != cudaSuccess))
     return ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: copying the batch to the device failed");
   const size_t NA = (size_t)m->B * m->T;
   bool msg = true; /* a failure of units_* has its reason in err */
@@ -543,13 +548,21 @@ int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, i
     msg = !(rc = head_logits(m, r0, rows));
     if (!rc)
       msg = !(rc = cuda_crossentropy_forward(m->cb, m->losses + r0, m->logits, m->targets + r0,
-                                             rows, d->V, NULL));
+                                             m->has_weights ? m->weights + r0 : NULL, rows, d->V,
+                                             NULL));
   }
   double sum = 0.0;
   if (!rc) msg = !(rc = cuda_sum(m->cb, m->losses, (size_t)n, &sum));
   rc = pass_end(m, rc, msg, "forward", err, errlen);
-  if (loss) *loss = sum / n;
+  /* The mean over the counted targets (the weighted rows' losses are 0). */
+  if (loss) *loss = !m->has_weights ? sum / n : m->count > 0 ? sum / (double)m->count : 0.0;
   return rc;
+}
+
+int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
+                       double *loss, char *err, size_t errlen) {
+  const model_batch_t bt = {.tokens = tokens, .targets = targets, .b = b, .t = t};
+  return model_cuda_forward_batch(m, &bt, loss, err, errlen);
 }
 
 /* Full training over a shard: unit u's gradients start at zero in the
@@ -584,7 +597,12 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
     int rows = n - r0 < m->hc ? n - r0 : m->hc;
     if (!m->logits_all) msg = !(rc = head_logits(m, r0, rows));
     if (rc) break;
-    cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, rows, d->V, loss_scale / n);
+    if (m->has_weights)
+      cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, m->weights + r0, rows, d->V,
+                                 m->count > 0 ? loss_scale / (float)m->count : 0.0f);
+    else
+      cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, NULL, rows, d->V,
+                                 loss_scale / n);
     msg = !(rc = proj_backward_rows(m, rows, 0, -1, m->dln + (size_t)r0 * d->C,
                                     gwt(m, CKPT_LM_HEAD, -1), m->logits, m->lnf + (size_t)r0 * d->C,
                                     wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f));

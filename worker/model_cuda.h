@@ -88,7 +88,12 @@ size_t model_cuda_attention_bytes(const model_cuda_t *m);
  * a failed gather's code (TY_EABORTED, TY_EDEADLINE) with comm's reason. */
 int model_cuda_forward(model_cuda_t *m, const int *tokens, const int *targets, int b, int t,
                        double *loss, char *err, size_t errlen);
-/* Backward of loss_scale * (mean loss) of the last forward into the
+/* The same for a batch with loss weights and positions (model.h's
+ * model_batch_t; targets required): the loss is the mean over the counted
+ * targets, attention block-diagonal over the documents of a row. */
+int model_cuda_forward_batch(model_cuda_t *m, const model_batch_t *batch, double *loss, char *err,
+                             size_t errlen);
+/* Backward of loss_scale * (mean loss over the counted targets) of the last forward into the
  * adapters' gradients (+=). */
 int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen);
 

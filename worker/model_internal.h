@@ -5,6 +5,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "worker/model.h"
 
@@ -55,6 +56,11 @@ struct model_acts {
   int *tokens;  /* (B, T) of the last forward */
   int *targets; /* (B, T) */
   bool has_targets;
+  float *weights; /* (B, T) of the last forward's batch, when has_weights */
+  bool has_weights;
+  int *pos; /* (B, T) of the last forward's batch, when has_pos */
+  bool has_pos;
+  int64_t count;   /* the last forward's counted targets */
   int layer_slots; /* LS */
   int res_slots;   /* RS */
   float *block;    /* the one allocation behind every buffer below */

@@ -184,6 +184,9 @@ static void human_line(const report_t *r) {
   if (r->phase == REPORT_PHASE_LOADING && r->bytes_total > 0)
     fprintf(stderr, "%s load  %.1f/%.1f MiB  host-peak %.0f MiB\n", head, r->bytes_loaded / mib,
             r->bytes_total / mib, r->host_peak_bytes / mib);
+  else if (r->phase == REPORT_PHASE_TOKENIZING && r->bytes_total > 0)
+    fprintf(stderr, "%s tokenize  %.1f/%.1f MiB of the data  host-peak %.0f MiB\n", head,
+            r->bytes_loaded / mib, r->bytes_total / mib, r->host_peak_bytes / mib);
   else if (r->phase == REPORT_PHASE_LOADING) /* before the byte count is known: what it loads */
     fprintf(stderr, "%s load  %s  host-peak %.0f MiB\n", head,
             r->message && *r->message ? r->message : "starting", r->host_peak_bytes / mib);

@@ -1,6 +1,7 @@
 /* train.c - the training loop of one rank; see train.h. */
 #include "worker/train.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -9,7 +10,9 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/xalloc.h"
+#include "common/fsutil.h"
 #include "worker/checkpoint.h"
+#include "worker/model_io.h"
 #include "worker/optim.h"
 #include "worker/train_state.h"
 
@@ -30,11 +33,11 @@ typedef struct {
   const train_device_t *dev;
 } passes_t;
 
-static int forward(const passes_t *p, const int *inputs, const int *targets, int b, int T,
-                   double *loss, char *err, size_t errlen) {
-  if (p->dev) return p->dev->forward(p->dev->ctx, inputs, targets, b, T, loss, err, errlen);
-  if (p->f) return fsdp_forward(p->f, inputs, targets, b, T, p->lora, loss, err, errlen);
-  return model_forward(p->m, inputs, targets, b, T, p->lora, loss, err, errlen);
+static int forward(const passes_t *p, const model_batch_t *bt, double *loss, char *err,
+                   size_t errlen) {
+  if (p->dev) return p->dev->forward(p->dev->ctx, bt, loss, err, errlen);
+  if (p->f) return fsdp_forward(p->f, bt, p->lora, loss, err, errlen);
+  return model_forward_batch(p->m, bt, p->lora, loss, err, errlen);
 }
 
 static int backward(const passes_t *p, float loss_scale, char *err, size_t errlen) {
@@ -44,7 +47,13 @@ static int backward(const passes_t *p, float loss_scale, char *err, size_t errle
   return 0;
 }
 
-static int eval_loop(const passes_t *p, int T, int64_t n, train_window_fn window, void *ctx,
+/* One row of an evaluation: tokens [T+1], and with masked, weights and pos
+ * [T] (else NULL). */
+typedef int (*eval_row_fn)(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos,
+                           char *err, size_t errlen);
+
+/* The mean loss over the counted targets of n rows, B at a time. */
+static int eval_loop(const passes_t *p, int T, int64_t n, eval_row_fn row, void *ctx, bool masked,
                      double *loss, int64_t *tokens_out, char *err, size_t errlen) {
   model_t *model = p->m;
   const int B = model->B;
@@ -56,39 +65,63 @@ static int eval_loop(const passes_t *p, int T, int64_t n, train_window_fn window
   int32_t *win = xmalloc((size_t)B * (T + 1) * sizeof *win);
   int *inputs = xmalloc((size_t)B * T * sizeof *inputs);
   int *targets = xmalloc((size_t)B * T * sizeof *targets);
+  float *weights = masked ? xmalloc((size_t)B * T * sizeof *weights) : NULL;
+  int32_t *pos = masked ? xmalloc((size_t)B * T * sizeof *pos) : NULL;
   double sum = 0; /* sum of per-token losses */
+  int64_t count = 0;
   int rc = 0;
   for (int64_t i = 0; i < n && !rc; i += B) {
     int b = (int)(n - i < B ? n - i : B);
     for (int j = 0; j < b && !rc; j++)
-      rc = window(ctx, i + j, win + (size_t)j * (T + 1), err, errlen);
+      rc = row(ctx, i + j, win + (size_t)j * (T + 1), masked ? weights + (size_t)j * T : NULL,
+               masked ? pos + (size_t)j * T : NULL, err, errlen);
     if (rc) break;
     split_windows(win, b, T, inputs, targets);
+    const model_batch_t bt = {inputs, targets, weights, pos, b, T};
+    const int64_t c = model_batch_count(&bt);
     double l = 0;
-    rc = forward(p, inputs, targets, b, T, &l, err, errlen);
-    sum += l * b * T;
+    rc = forward(p, &bt, &l, err, errlen);
+    sum += l * (double)c;
+    count += c;
   }
   free(win);
   free(inputs);
   free(targets);
+  free(weights);
+  free(pos);
   if (rc) return rc;
-  *loss = sum / ((double)n * T);
-  if (tokens_out) *tokens_out = n * T;
+  *loss = count > 0 ? sum / (double)count : 0.0;
+  if (tokens_out) *tokens_out = count;
   return 0;
+}
+
+typedef struct {
+  train_window_fn window;
+  void *ctx;
+} window_rows_t;
+
+static int window_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos,
+                      char *err, size_t errlen) {
+  (void)weights, (void)pos;
+  const window_rows_t *w = ctx;
+  return w->window(w->ctx, i, tokens, err, errlen);
 }
 
 int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
                double *loss, int64_t *tokens_out, char *err, size_t errlen) {
   passes_t p = {model, NULL, lora, NULL};
-  return eval_loop(&p, T, n, window, ctx, loss, tokens_out, err, errlen);
+  window_rows_t w = {window, ctx};
+  return eval_loop(&p, T, n, window_row, &w, false, loss, tokens_out, err, errlen);
 }
 
-typedef struct {
-  data_t *data;
-} eval_ctx_t;
+static int eval_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *err,
+                    size_t errlen);
 
-static int eval_window(void *ctx, int64_t i, int32_t *tokens, char *err, size_t errlen) {
-  return data_eval_window(((eval_ctx_t *)ctx)->data, i, tokens, err, errlen);
+int train_eval_data(model_t *model, lora_t *lora, data_t *d, int64_t n, double *loss,
+                    int64_t *tokens_out, char *err, size_t errlen) {
+  passes_t p = {model, NULL, lora, NULL};
+  return eval_loop(&p, data_seq_len(d), n, eval_row, d, data_masked(d), loss, tokens_out, err,
+                   errlen);
 }
 
 /* The trained span: the model's buffer or the adapters'. */
@@ -119,20 +152,30 @@ static int report(const train_args_t *a, const train_progress_t *p, char *err, s
   return TY_ECANCELLED;
 }
 
+static int eval_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *err,
+                    size_t errlen) {
+  return data_eval_row(ctx, i, tokens, weights, pos, err, errlen);
+}
+
 /* Held-out loss over up to eval_windows windows; NAN when there are none. */
 static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, size_t errlen) {
   *loss = NAN;
   int64_t n = data_num_eval_windows(d);
   if (a->eval_windows < n) n = a->eval_windows;
   if (n < 1) return 0;
-  eval_ctx_t ctx = {d};
   passes_t p = {a->model, a->fsdp, a->lora, a->device};
-  return eval_loop(&p, a->spec->data.seq_len, n, eval_window, &ctx, loss, NULL, err, errlen);
+  return eval_loop(&p, a->spec->data.seq_len, n, eval_row, d, data_masked(d), loss, NULL, err,
+                   errlen);
 }
 
 /* The data layout of spec s for rank of world over a vocabulary of V. */
-static data_config_t data_config(const jobspec_t *s, int64_t V, int rank, int world) {
+static data_config_t data_config(const jobspec_t *s, const data_prepared_t *prep, int64_t V,
+                                 int rank, int world) {
   return (data_config_t){.path = s->data.path,
+                         .examples_path = prep && prep->path[0] ? prep->path : NULL,
+                         .examples_key = prep ? prep->key : 0,
+                         .pad_id = prep ? prep->pad_id : 0,
+                         .packing = s->data.packing,
                          .format = s->data.format,
                          .vocab_size = V,
                          .seq_len = s->data.seq_len,
@@ -144,11 +187,64 @@ static data_config_t data_config(const jobspec_t *s, int64_t V, int rank, int wo
                          .grad_accum = s->train.grad_accum};
 }
 
-int train_data_check(const jobspec_t *s, int64_t vocab_size, int rank, int world, char *err,
-                     size_t errlen) {
-  const data_config_t dc = data_config(s, vocab_size, rank, world);
+int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
+                       char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (s->data.format != JOBSPEC_DATA_JSONL) return 0;
+  const char *tokenizer = s->data.tokenizer[0] ? s->data.tokenizer : s->model_path;
+  if (!tokenizer[0])
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "data.format jsonl needs a tokenizer: set data.tokenizer (a folder with "
+                   "tokenizer.json, or the file) or model_path");
+  char dir[JOBSPEC_PATH_MAX + 16];
+  if (!cache_dir) snprintf(dir, sizeof dir, "%s/tokenized", s->output_dir);
+  const data_prepare_t p = {.path = s->data.path,
+                            .tokenizer = tokenizer,
+                            .kind = s->data.kind,
+                            .chat_template = s->data.chat_template,
+                            .loss_on = s->data.loss_on,
+                            .vocab_size = vocab_size};
+  return data_prepare(&p, cache_dir ? cache_dir : dir, progress, ctx, out, err, errlen);
+}
+
+void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
+  llama_config_t cfg;
+  char err[2048];
+  if (s->init_from_scratch)
+    cfg = s->model;
+  else if (llama_config_init(&cfg), model_io_read_config(s->model_path, &cfg, err, sizeof err))
+    return; /* the checkpoint's own rules name what is wrong with it */
+  const char *tmp = getenv("TMPDIR");
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/trainyard-check-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    ty_errlist_add(errs, "data.path", "cannot make a scratch folder to tokenize %s in: %s",
+                   s->data.path, strerror(errno));
+    return;
+  }
+  data_prepared_t prep;
+  int rc = train_data_prepare(s, cfg.vocab_size, dir, NULL, NULL, &prep, err, sizeof err);
+  if (!rc)
+    rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, NULL, 0, err, sizeof err);
+  if (rc) ty_errlist_add(errs, "data.path", "%s", err);
+  ty_rmtree(dir, NULL, 0);
+}
+
+int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
+                     int world, char *note, size_t notelen, char *err, size_t errlen) {
+  const data_config_t dc = data_config(s, prep, vocab_size, rank, world);
   data_t *d = NULL;
   int rc = data_open(&d, &dc, err, errlen);
+  if (note && notelen) note[0] = '\0';
+  if (!rc && note && data_masked(d))
+    snprintf(note, notelen,
+             "%s: %lld examples (%lld tokens) in %lld training and %lld held-out rows of %d "
+             "tokens%s; %lld cut to seq_len+1, %lld with no counted token left out",
+             s->data.path, (long long)data_num_examples(d), (long long)data_num_tokens(d),
+             (long long)data_num_train_windows(d), (long long)data_num_eval_windows(d),
+             s->data.seq_len + 1, s->data.packing ? ", packed" : "",
+             (long long)data_num_truncated(d), (long long)data_num_skipped(d));
   data_free(d);
   return rc;
 }
@@ -186,11 +282,12 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     return ty_errf(err, errlen, TY_EINTERNAL,
                    "the optimizer runs on the device for full training of one rank or of "
                    "shards, not for a replicated span");
-  const data_config_t dc = data_config(s, m->d.V, rank, world);
+  const data_config_t dc = data_config(s, a->data, m->d.V, rank, world);
   data_t *d = NULL;
   optim_t *o = NULL;
-  int32_t *win = NULL;
+  int32_t *win = NULL, *pos = NULL;
   int *inputs = NULL, *targets = NULL;
+  float *weights = NULL;
   int rc = data_open(&d, &dc, err, errlen);
   if (rc) goto out;
 
@@ -257,21 +354,34 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   win = xmalloc((size_t)B * (T + 1) * sizeof *win);
   inputs = xmalloc((size_t)B * T * sizeof *inputs);
   targets = xmalloc((size_t)B * T * sizeof *targets);
-  const float loss_scale = 1.0f / (float)(A * world);
+  /* Loss weights and document positions, where the data has them. */
+  const bool masked = data_masked(d);
+  if (masked) {
+    weights = xmalloc((size_t)B * T * sizeof *weights);
+    pos = xmalloc((size_t)B * T * sizeof *pos);
+  }
   for (int64_t step = start; step < stop; step++) {
     double t0 = ty_mono_s();
     if (!dev) memset(grads, 0, n * sizeof *grads); /* host passes add into them */
     if (dev && (rc = dev->zero_grads(dev->ctx, err, errlen))) goto out;
-    double loss_sum = 0;
+    /* The objective is the mean loss over the counted targets of the whole
+     * global batch: every rank knows their number up front (the data's
+     * weights), so micro-batch k of c_k counted targets weighs c_k / C.
+     * Unmasked data counts every target: 1 / (A * world), as always. */
+    const int64_t counted = masked ? data_step_count(d, step) : 0;
+    double loss_sum = 0; /* this rank's share of the step's loss */
     for (int mb = 0; mb < A; mb++) {
-      rc = data_train_micro_batch(d, step, mb, win, err, errlen);
+      rc = data_train_batch(d, step, mb, win, weights, pos, err, errlen);
       if (rc) goto out;
       split_windows(win, B, T, inputs, targets);
+      const model_batch_t bt = {inputs, targets, weights, pos, B, T};
+      const double part = masked && counted > 0 ? (double)model_batch_count(&bt) / counted : 0.0;
+      const float loss_scale = masked ? (float)part : 1.0f / (float)(A * world);
       double l = 0;
-      rc = forward(&passes, inputs, targets, B, T, &l, err, errlen);
+      rc = forward(&passes, &bt, &l, err, errlen);
       if (!rc) rc = backward(&passes, loss_scale, err, errlen);
       if (rc) goto out;
-      loss_sum += l;
+      loss_sum += masked ? l * part : l;
     }
     double sumsq;
     if (dev_opt)
@@ -281,7 +391,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if (rc) goto out;
     /* lossbuf: this rank's share of the mean loss, then the squared norm
      * of its gradient shard when the span is sharded. */
-    float lossbuf[2] = {(float)(loss_sum * loss_scale), 0.0f};
+    const double share = masked ? loss_sum : loss_sum * (1.0f / (float)(A * world));
+    float lossbuf[2] = {(float)share, 0.0f};
     if (world > 1) {
       /* A replicated span sums every rank's gradients of its loss share:
        * the gradient of the mean loss over the global batch. Shards were
@@ -297,7 +408,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       else
         sumsq = optim_sumsq(grads, n);
     }
-    double loss = world > 1 ? (double)lossbuf[0] : loss_sum * loss_scale;
+    double loss = world > 1 ? (double)lossbuf[0] : share;
     double norm = sqrt(sumsq);
     if (!isfinite(loss) || !isfinite(norm)) {
       snprintf(err, errlen,
@@ -355,6 +466,8 @@ out:
   free(win);
   free(inputs);
   free(targets);
+  free(weights);
+  free(pos);
   optim_free(o);
   data_free(d);
   return rc;

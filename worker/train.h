@@ -22,6 +22,7 @@
 #include "api/report_wire.h"
 #include "worker/comm.h"
 #include "worker/data.h"
+#include "worker/data_prepare.h"
 #include "worker/fsdp.h"
 #include "worker/lora.h"
 #include "worker/model.h"
@@ -56,8 +57,8 @@ typedef int (*train_progress_fn)(void *ctx, const train_progress_t *p);
  * or a TY_E* code with the reason in err. */
 typedef struct {
   void *ctx;
-  int (*forward)(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
-                 char *err, size_t errlen);
+  /* The loss of model_forward_batch: the mean over the counted targets. */
+  int (*forward)(void *ctx, const model_batch_t *batch, double *loss, char *err, size_t errlen);
   /* Adds the gradients of loss_scale * (mean loss) of the last forward. */
   int (*backward)(void *ctx, float loss_scale, char *err, size_t errlen);
   int (*zero_grads)(void *ctx, char *err, size_t errlen);
@@ -102,6 +103,8 @@ typedef struct {
   int64_t stop_at_step;
   /* Held-out windows evaluated at the start and the end (0: none). */
   int eval_windows;
+  /* data.format jsonl: the examples train_data_prepare made; else NULL. */
+  const data_prepared_t *data;
 } train_args_t;
 
 /* What a run measured. */
@@ -114,12 +117,32 @@ typedef struct {
   double eval_loss_end;   /* after the last (NAN if none) */
 } train_result_t;
 
+/* For data.format jsonl: s's examples tokenized into cache_dir (NULL:
+ * <output_dir>/tokenized) with the tokenizer of data.tokenizer, else of
+ * model_path (data_prepare; progress while it runs, here or in another
+ * rank). For a token file there is nothing to do: out->path is "". */
+int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
+                       char *err, size_t errlen);
+
+/* Rule data-holds-a-batch for a JSONL file (jobspec_jsonl_check's value in
+ * the programs that validate with paths): the examples tokenized into a
+ * scratch folder that is removed afterwards, with the model's vocabulary
+ * (spec.model's, or model_path's config.json), and laid out as rank 0
+ * would: each problem (a bad line, a template error, a tokenizer that does
+ * not fit, too few rows for a global batch) is added to errs under
+ * data.path. Nothing is left behind. */
+void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs);
+
 /* Whether spec s's data can train a model of vocab_size tokens as rank of
  * world: what train_run's data_open checks (the file, its format, a whole
- * global batch of windows), without a model, so that a rank can fail before
- * it loads one. 0, or the reason in err. */
-int train_data_check(const jobspec_t *s, int64_t vocab_size, int rank, int world, char *err,
-                     size_t errlen);
+ * global batch of windows or rows), without a model, so that a rank can
+ * fail before it loads one. prep: train_data_prepare's result for jsonl
+ * (else NULL). 0, or the reason in err. note (may be NULL) receives, for
+ * JSONL examples, what the rows are made of: examples, rows, examples cut
+ * to seq_len + 1 tokens, examples left out. */
+int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
+                     int world, char *note, size_t notelen, char *err, size_t errlen);
 
 /* Runs the loop from step 0, or from the newest complete checkpoint under
  * spec->output_dir/checkpoints when one exists (its data position must
@@ -136,5 +159,10 @@ int train_run(const train_args_t *args, train_result_t *res, char *err, size_t e
 typedef int (*train_window_fn)(void *ctx, int64_t i, int32_t *tokens, char *err, size_t errlen);
 int train_eval(model_t *model, lora_t *lora, int T, int64_t n, train_window_fn window, void *ctx,
                double *loss, int64_t *tokens_out, char *err, size_t errlen);
+/* The same over the first n evaluation rows of d (data_eval_row), with
+ * their loss weights and document positions: the mean over the counted
+ * targets, whose number tokens_out (may be NULL) receives. */
+int train_eval_data(model_t *model, lora_t *lora, data_t *d, int64_t n, double *loss,
+                    int64_t *tokens_out, char *err, size_t errlen);
 
 #endif

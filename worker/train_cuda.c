@@ -52,10 +52,10 @@ static int span_check(const train_cuda_t *t, size_t n, char *err, size_t errlen)
                              t->name, t->n, n);
 }
 
-static int tc_forward(void *ctx, const int *inputs, const int *targets, int b, int t, double *loss,
-                      char *err, size_t errlen) {
+static int tc_forward(void *ctx, const model_batch_t *batch, double *loss, char *err,
+                      size_t errlen) {
   train_cuda_t *tc = ctx;
-  return model_cuda_forward(tc->mc, inputs, targets, b, t, loss, err, errlen);
+  return model_cuda_forward_batch(tc->mc, batch, loss, err, errlen);
 }
 
 static int tc_backward(void *ctx, float loss_scale, char *err, size_t errlen) {

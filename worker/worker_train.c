@@ -146,6 +146,17 @@ static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
   emit(p->rep, REPORT_PHASE_LOADING, 0, NAN, 0, &st, NULL);
 }
 
+/* Tokenizing a JSONL file (this rank or the one that builds the examples
+ * file): "tokenizing" reports of its bytes, at most one a second. */
+static int on_tokenize_progress(void *ctx, uint64_t done, uint64_t total) {
+  load_progress_t *p = ctx;
+  if (loader_progress_due(&p->last, done, total)) {
+    loader_stats_t st = {.bytes_read = done, .bytes_total = total};
+    emit(p->rep, REPORT_PHASE_TOKENIZING, 0, NAN, 0, &st, NULL);
+  }
+  return p->rep->stop ? TY_ECANCELLED : 0;
+}
+
 /* This rank's float32 shards of the checkpoint (or the seeded
  * initialisation) in host memory, by the loader's path the spec picks, as
  * an fsdp over m. */
@@ -295,9 +306,20 @@ int worker_train_main(const worker_env_t *e) {
    * before any weight is read: a job that cannot train fails in a moment,
    * not after loading a large checkpoint. */
   if (!rc) rc = job_config(&spec, &cfg, err, sizeof err);
+  data_prepared_t prep;
+  if (!rc && spec.data.format == JOBSPEC_DATA_JSONL) {
+    load_progress_t tp = {&rep, 0};
+    emit(&rep, REPORT_PHASE_TOKENIZING, 0, NAN, 0, NULL, spec.data.path);
+    rc = train_data_prepare(&spec, cfg.vocab_size, NULL, on_tokenize_progress, &tp, &prep, err,
+                            sizeof err);
+  }
+  const data_prepared_t *prepared = spec.data.format == JOBSPEC_DATA_JSONL ? &prep : NULL;
+  char note[512] = "";
   if (!rc)
-    rc = train_data_check(&spec, cfg.vocab_size, comm_rank(comm), comm_world_size(comm), err,
-                          sizeof err);
+    rc = train_data_check(&spec, prepared, cfg.vocab_size, comm_rank(comm), comm_world_size(comm),
+                          note, sizeof note, err, sizeof err);
+  if (!rc && note[0] && comm_rank(comm) == 0)
+    fprintf(stderr, "[rank 0/%d] data %s\n", comm_world_size(comm), note);
   if (!rc) {
     emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL,
          spec.init_from_scratch ? "initialising" : spec.model_path);
@@ -334,7 +356,8 @@ int worker_train_main(const worker_env_t *e) {
                       .progress = on_progress,
                       .progress_ctx = &rep,
                       .held_out_done = on_held_out,
-                      .eval_windows = 16};
+                      .eval_windows = 16,
+                      .data = prepared};
     /* Rank 0 keeps the job's curves in its output_dir; a folder that cannot
      * take them fails the job before its first step. */
     if (comm_rank(comm) == 0) rc = run_metrics_open(&rep.curves, spec.output_dir, err, sizeof err);

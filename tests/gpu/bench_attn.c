@@ -43,13 +43,14 @@ static int time_path(cuda_backend_t *cb, void *ws, size_t wsb, const attn_bufs_t
     if (cuda_backend_sync(cb, err, errlen)) return 1;
     double t0 = now_s();
     for (int it = 0; it < n; it++)
-      if (cuda_attention_forward(cb, ws, wsb, a->out, a->lse, a->q, a->k, a->v, B, T, NH, NKV, HS))
+      if (cuda_attention_forward(cb, ws, wsb, a->out, a->lse, a->q, a->k, a->v, NULL, B, T, NH, NKV,
+                                 HS))
         return snprintf(err, errlen, "cuBLAS refused a product of the forward pass"), 1;
     if (cuda_backend_sync(cb, err, errlen)) return 1;
     double t1 = now_s();
     for (int it = 0; it < n; it++)
       if (cuda_attention_backward(cb, ws, wsb, a->dq, a->dk, a->dv, a->scr, a->dout, a->out, a->lse,
-                                  a->q, a->k, a->v, B, T, NH, NKV, HS))
+                                  a->q, a->k, a->v, NULL, B, T, NH, NKV, HS))
         return snprintf(err, errlen, "cuBLAS refused a product of the backward pass"), 1;
     if (cuda_backend_sync(cb, err, errlen)) return 1;
     *fwd_ms = (t1 - t0) * 1e3 / n, *bwd_ms = (now_s() - t1) * 1e3 / n;

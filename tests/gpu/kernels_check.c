@@ -166,12 +166,23 @@ static int test_rope(cuda_backend_t *b) {
   int bad = cuda_rope_tables(b, d_cs, d_sn, T, HS, 500000.0, NULL) != 0;
   bad |= check_dev("rope_tables cos", d_cs, cs, T * half, 0.0f);
   float *d_x = gpu_dup(x, F(n));
-  cpu_rope_forward(x, cs, sn, B, T, NH, HS);
-  cuda_rope_forward(b, d_x, d_cs, d_sn, B, T, NH, HS);
+  cpu_rope_forward(x, cs, sn, NULL, B, T, NH, HS);
+  cuda_rope_forward(b, d_x, d_cs, d_sn, NULL, B, T, NH, HS);
   bad |= check_dev("rope_forward", d_x, x, n, RT);
-  cpu_rope_backward(x, cs, sn, B, T, NH, HS);
-  cuda_rope_backward(b, d_x, d_cs, d_sn, B, T, NH, HS);
+  cpu_rope_backward(x, cs, sn, NULL, B, T, NH, HS);
+  cuda_rope_backward(b, d_x, d_cs, d_sn, NULL, B, T, NH, HS);
   bad |= check_dev("rope_backward", d_x, x, n, RT);
+  /* Positions restarting inside rows, as packed documents have them. */
+  int pos[N];
+  for (int i = 0; i < N; i++) pos[i] = i % T < 5 ? i % T : (i % T - 5) % 3;
+  int *d_pos = gpu_dup(pos, sizeof pos);
+  cpu_rope_forward(x, cs, sn, pos, B, T, NH, HS);
+  cuda_rope_forward(b, d_x, d_cs, d_sn, d_pos, B, T, NH, HS);
+  bad |= check_dev("rope_forward with positions", d_x, x, n, RT);
+  cpu_rope_backward(x, cs, sn, pos, B, T, NH, HS);
+  cuda_rope_backward(b, d_x, d_cs, d_sn, d_pos, B, T, NH, HS);
+  bad |= check_dev("rope_backward with positions", d_x, x, n, RT);
+  cudaFree(d_pos);
   cudaFree(d_cs), cudaFree(d_sn), cudaFree(d_x), free(cs), free(sn), free(x);
   return bad;
 }
@@ -184,9 +195,11 @@ static int test_rope(cuda_backend_t *b) {
 
 /* One attention shape against the CPU: B, T, heads, kv heads, head size;
  * the tensor-core path's workspace for `budget` bytes of scores (small
- * budgets make many chunks of query rows). */
+ * budgets make many chunks of query rows); packed: documents of 1 to 40
+ * tokens packed in each row (positions restarting), so that attention is
+ * block-diagonal and whole tiles and chunks of keys are masked for a row. */
 static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, int HSn,
-                          size_t budget) {
+                          size_t budget, bool packed) {
   const size_t n = (size_t)Bn * Tn, qd = (size_t)NHn * HSn, kvd = (size_t)NKVn * HSn;
   const size_t nl = (size_t)Bn * NHn * Tn;
   float *q = hbuf(n * qd, 14, 1), *k = hbuf(n * kvd, 15, 1), *v = hbuf(n * kvd, 16, 1);
@@ -200,10 +213,21 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
   float *d_scr = gpu_dup(NULL, F(nl)); /* the backward pass's B*NH*T floats, no more */
   const size_t wsb = cuda_attention_tf32_bytes(Bn, Tn, NHn, budget);
   void *ws = gpu_dup(NULL, wsb);
+  int *pos = NULL, *d_pos = NULL;
+  if (packed) {
+    pos = malloc(n * sizeof *pos);
+    uint32_t x = 12345u;
+    for (int r = 0; r < Bn; r++)
+      for (int t = 0, left = 0, p = 0; t < Tn; t++, p++, left--) {
+        if (left <= 0) x = x * 1664525u + 1013904223u, left = 1 + (int)(x >> 16) % 40, p = 0;
+        pos[(size_t)r * Tn + t] = p;
+      }
+    d_pos = gpu_dup(pos, n * sizeof *pos);
+  }
   char what[160];
   int bad = 0;
-  cpu_attention_forward(out, lse, scratch, q, k, v, Bn, Tn, NHn, NKVn, HSn);
-  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, Bn, Tn, NHn, NKVn, HSn);
+  cpu_attention_forward(out, lse, scratch, q, k, v, pos, Bn, Tn, NHn, NKVn, HSn);
+  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, pos, Bn, Tn, NHn, NKVn, HSn);
   /* The tiled kernels (the per-row ones past head size 256), the per-row
    * ones, then the tensor-core path. */
   static const char *const paths[] = {"tiled", "per row", "tf32"};
@@ -217,11 +241,12 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
     cudaMemset(d_dv, 0xff, F(n * kvd));
     cudaMemset(d_scr, 0xff, F(nl));
     cudaMemset(ws, 0xff, wsb);
-    snprintf(what, sizeof what, "attention (B %d T %d NH %d NKV %d HS %d, %s)", Bn, Tn, NHn, NKVn,
-             HSn, paths[p]);
-    if (cuda_attention_forward(b, w, wsb, d_out, d_lse, d_q, d_k, d_v, Bn, Tn, NHn, NKVn, HSn) ||
+    snprintf(what, sizeof what, "attention (B %d T %d NH %d NKV %d HS %d, %s%s)", Bn, Tn, NHn, NKVn,
+             HSn, paths[p], packed ? ", packed" : "");
+    if (cuda_attention_forward(b, w, wsb, d_out, d_lse, d_q, d_k, d_v, d_pos, Bn, Tn, NHn, NKVn,
+                               HSn) ||
         cuda_attention_backward(b, w, wsb, d_dq, d_dk, d_dv, d_scr, d_dout, d_out, d_lse, d_q, d_k,
-                                d_v, Bn, Tn, NHn, NKVn, HSn)) {
+                                d_v, d_pos, Bn, Tn, NHn, NKVn, HSn)) {
       fprintf(stderr, "%s: cuBLAS refused a product\n", what);
       bad = 1;
       continue;
@@ -241,6 +266,8 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
   float *ptrs[] = {d_q, d_k, d_v, d_out, d_lse, d_dout, d_dq, d_dk, d_dv, d_scr};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);
   cudaFree(ws);
+  cudaFree(d_pos);
+  free(pos);
   free(q), free(k), free(v), free(out), free(lse), free(dout), free(dq), free(dk), free(dv);
   free(scratch);
   return bad;
@@ -260,11 +287,16 @@ static int attention_case(cuda_backend_t *b, int Bn, int Tn, int NHn, int NKVn, 
  * the least workspace (budget 0, 16 rows' worth: at T 70 backward 32, 16,
  * 16 and 6 rows). */
 static int test_attention(cuda_backend_t *b) {
-  int bad = attention_case(b, B, T, NH, NKV, HS, (size_t)1 << 30);
-  bad |= attention_case(b, 1, 300, 4, 1, 72, (size_t)512 << 10);
-  bad |= attention_case(b, 2, 70, 4, 2, 64, 0);
-  bad |= attention_case(b, 1, 41, 2, 2, 256, (size_t)1 << 30);
-  bad |= attention_case(b, 1, 270, 2, 1, 264, (size_t)256 << 10);
+  int bad = attention_case(b, B, T, NH, NKV, HS, (size_t)1 << 30, false);
+  bad |= attention_case(b, 1, 300, 4, 1, 72, (size_t)512 << 10, false);
+  bad |= attention_case(b, 2, 70, 4, 2, 64, 0, false);
+  bad |= attention_case(b, 1, 41, 2, 2, 256, (size_t)1 << 30, false);
+  bad |= attention_case(b, 1, 270, 2, 1, 264, (size_t)256 << 10, false);
+  /* Packed documents, in every layout and in chunks of the tf32 path. */
+  bad |= attention_case(b, B, T, NH, NKV, HS, (size_t)1 << 30, true);
+  bad |= attention_case(b, 1, 300, 4, 1, 72, (size_t)512 << 10, true);
+  bad |= attention_case(b, 2, 70, 4, 2, 64, 0, true);
+  bad |= attention_case(b, 1, 270, 2, 1, 264, (size_t)256 << 10, true);
   return bad;
 }
 
@@ -312,13 +344,26 @@ static int test_swiglu_embed_ce(cuda_backend_t *b) {
   float *lg = hbuf(N * V, 24, 6), *loss = hbuf(N, 0, 0);
   float *d_lg = gpu_dup(lg, F(N * V)), *d_loss = gpu_dup(NULL, F(N));
   double want = cpu_crossentropy_forward(loss, lg, tgt, N, V), got = 0.0;
-  bad |= cuda_crossentropy_forward(b, d_loss, d_lg, d_tgt, N, V, &got) != 0;
+  bad |= cuda_crossentropy_forward(b, d_loss, d_lg, d_tgt, NULL, N, V, &got) != 0;
   bad |= check_dev("crossentropy_forward", d_loss, loss, N, RT);
   float fg = (float)got, fw = (float)want;
   bad |= gpu_close("crossentropy_forward sum", &fg, &fw, 1, RT, AT);
-  cpu_crossentropy_backward(lg, tgt, N, V, 1.0f / N);
-  cuda_crossentropy_backward(b, d_lg, d_tgt, N, V, 1.0f / N);
+  cpu_crossentropy_backward(lg, tgt, NULL, N, V, 1.0f / N);
+  cuda_crossentropy_backward(b, d_lg, d_tgt, NULL, N, V, 1.0f / N);
   bad |= check_dev("crossentropy_backward", d_lg, lg, N * V, 1e-4f);
+  { /* a loss mask: rows of weight 0 lose nothing and get no gradient */
+    float wts[N], *lg2 = hbuf(N * V, 25, 6);
+    for (int i = 0; i < N; i++) wts[i] = i % 3 ? 1.0f : 0.0f;
+    float *d_w = gpu_dup(wts, sizeof wts), *d_lg2 = gpu_dup(lg2, F(N * V));
+    cpu_crossentropy_forward(loss, lg2, tgt, N, V);
+    for (int i = 0; i < N; i++) loss[i] *= wts[i];
+    bad |= cuda_crossentropy_forward(b, d_loss, d_lg2, d_tgt, d_w, N, V, NULL) != 0;
+    bad |= check_dev("crossentropy_forward masked", d_loss, loss, N, RT);
+    cpu_crossentropy_backward(lg2, tgt, wts, N, V, 0.25f);
+    cuda_crossentropy_backward(b, d_lg2, d_tgt, d_w, N, V, 0.25f);
+    bad |= check_dev("crossentropy_backward masked", d_lg2, lg2, N * V, 1e-4f);
+    cudaFree(d_w), cudaFree(d_lg2), free(lg2);
+  }
   void *ptrs[] = {d_g,   d_u,   d_h,  d_dh,   d_dg,  d_du, d_tok,
                   d_tgt, d_emb, d_eo, d_demb, d_deo, d_lg, d_loss};
   for (size_t i = 0; i < sizeof ptrs / sizeof *ptrs; i++) cudaFree(ptrs[i]);

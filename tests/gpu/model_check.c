@@ -13,7 +13,9 @@
  * again with the output head run over the tokens in chunks, and with
  * activation checkpointing on both sides; and the bf16 LoRA step once more
  * with attention in fp32 (TRAINYARD_CUDA_ATTN_MIB=0). A workspace bound or
- * head chunk that is not a whole number in range is refused by name. Exits
+ * head chunk that is not a whole number in range is refused by name. Then
+ * all of it with a loss mask and documents packed in the rows (positions
+ * restarting: block-diagonal attention, restarted rotary angles). Exits
  * 77 (a skip) where no CUDA device is visible. */
 #include <math.h>
 #include <stdbool.h>
@@ -74,6 +76,25 @@ typedef struct {
 /* Both sides keep one layer's activations and recompute the others in the
  * backward pass (gradient_checkpointing). */
 static bool g_recompute;
+/* Batches carry loss weights and packed documents' positions. */
+static bool g_masked;
+
+/* The batch of tok and tgt, with g_masked a loss mask (a third of the
+ * targets and the whole second row's tail count 0) and positions of
+ * documents of 4 and 7 tokens (row 0) and 2, 5 and 4 (row 1). */
+static model_batch_t batch_of(const int *tok, const int *tgt, float *w, int *pos) {
+  model_batch_t bt = {tok, tgt, NULL, NULL, B, T};
+  if (!g_masked) return bt;
+  static const int starts[B][3] = {{0, 4, 99}, {0, 2, 7}};
+  for (int r = 0; r < B; r++)
+    for (int t = 0, s = 0; t < T; t++) {
+      while (s < 2 && t >= starts[r][s + 1]) s++;
+      pos[r * T + t] = t - starts[r][s];
+      w[r * T + t] = (r * T + t) % 3 && !(r == 1 && t > 8) ? 1.0f : 0.0f;
+    }
+  bt.weights = w, bt.pos = pos;
+  return bt;
+}
 
 /* The CPU side: cfg's seeded weights in dt, a CPU model in mode. 0, or 1
  * with the failure printed. */
@@ -173,12 +194,15 @@ static int run(cuda_backend_t *cb, ty_dtype_t dt) {
   double lc, lg;
   lora_zero_grad(lo);
   int bad = 0;
-  if (model_forward(m, tok, tgt, B, T, lo, &lc, err, sizeof err)) {
+  float w[B * T];
+  int pos[B * T];
+  const model_batch_t bt = batch_of(tok, tgt, w, pos);
+  if (model_forward_batch(m, &bt, lo, &lc, err, sizeof err)) {
     printf("FAIL cpu forward: %s\n", err);
     return 1;
   }
   model_backward(m, lo, 1.0f);
-  if (model_cuda_forward(mc, tok, tgt, B, T, &lg, err, sizeof err) ||
+  if (model_cuda_forward_batch(mc, &bt, &lg, err, sizeof err) ||
       model_cuda_backward(mc, 1.0f, err, sizeof err)) {
     printf("FAIL gpu step: %s\n", err);
     return 1;
@@ -226,12 +250,15 @@ static int run_full(cuda_backend_t *cb, bool tied) {
   for (int i = 0; i < B * T; i++) tok[i] = (i * 17 + 5) % 61, tgt[i] = (i * 23 + 1) % 61;
   double lc, lg;
   memset(m->grads, 0, m->n_params * sizeof(float));
-  if (model_forward(m, tok, tgt, B, T, NULL, &lc, err, sizeof err)) {
+  float w[B * T];
+  int pos[B * T];
+  const model_batch_t bt = batch_of(tok, tgt, w, pos);
+  if (model_forward_batch(m, &bt, NULL, &lc, err, sizeof err)) {
     printf("FAIL cpu forward: %s\n", err);
     return 1;
   }
   model_backward(m, NULL, 1.0f);
-  if (model_cuda_forward(mc, tok, tgt, B, T, &lg, err, sizeof err) ||
+  if (model_cuda_forward_batch(mc, &bt, &lg, err, sizeof err) ||
       model_cuda_backward(mc, 1.0f, err, sizeof err)) {
     printf("FAIL gpu full step: %s\n", err);
     return 1;
@@ -316,6 +343,19 @@ int main(void) {
   setenv("TRAINYARD_CUDA_ATTN_MIB", "0", 1);
   bad |= run(cb, TY_DTYPE_BF16);
   unsetenv("TRAINYARD_CUDA_ATTN_MIB");
+  /* A loss mask and packed documents: the masked mean loss, block-diagonal
+   * attention and restarted positions on every path (fp32, tensor cores,
+   * full training), whole and in head chunks. */
+  printf("-- a loss mask and packed documents\n");
+  g_masked = true;
+  bad |= run_all(cb);
+  setenv("TRAINYARD_CUDA_HEAD_ROWS", "7", 1);
+  bad |= run_all(cb);
+  unsetenv("TRAINYARD_CUDA_HEAD_ROWS");
+  setenv("TRAINYARD_CUDA_ATTN_MIB", "0", 1);
+  bad |= run(cb, TY_DTYPE_BF16);
+  unsetenv("TRAINYARD_CUDA_ATTN_MIB");
+  g_masked = false;
   /* A bound or a chunk that is not a whole number in range is named. */
   printf("-- bad TRAINYARD_CUDA_ATTN_MIB and TRAINYARD_CUDA_HEAD_ROWS\n");
   bad |= run_refused(cb, "TRAINYARD_CUDA_ATTN_MIB", "128M",

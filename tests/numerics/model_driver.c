@@ -6,7 +6,10 @@
  *                                      lora_rank, lora_alpha, lora_targets
  *          CASE_DIR/input.safetensors  the weights (Hugging Face names), the
  *                                      adapters (PEFT names), "tokens" and
- *                                      "targets" (B, T) as F32 integers
+ *                                      "targets" (B, T) as F32 integers, and
+ *                                      optionally "weights" (B, T) (the loss
+ *                                      mask) and "pos" (B, T) (positions in
+ *                                      packed documents)
  *   writes CASE_DIR/output.safetensors "logits", "loss", "grad/<name>" for
  *                                      every base tensor (full training),
  *                                      then "lora/logits", "lora/loss" and
@@ -118,14 +121,25 @@ int main(int argc, char **argv) {
   for (int i = 0; i < B * T; i++) tokens[i] = (int)tmp[i];
   if (read_f32(ck, "targets", tmp, (size_t)B * T, err, sizeof err)) die("targets", err);
   for (int i = 0; i < B * T; i++) tgts[i] = (int)tmp[i];
+  float *weights = NULL;
+  int *pos = NULL;
+  if (st_find(ck, "weights")) {
+    weights = malloc(sizeof(float) * B * T);
+    if (read_f32(ck, "weights", weights, (size_t)B * T, err, sizeof err)) die("weights", err);
+  }
+  if (st_find(ck, "pos")) {
+    pos = malloc(sizeof(int) * B * T);
+    if (read_f32(ck, "pos", tmp, (size_t)B * T, err, sizeof err)) die("pos", err);
+    for (int i = 0; i < B * T; i++) pos[i] = (int)tmp[i];
+  }
+  const model_batch_t batch = {tokens, tgts, weights, pos, B, T};
 
   /* Full training: every base tensor gets a gradient. */
   model_t *full, *lm;
   if (model_create(&full, &cfg, B, T, MODEL_TRAIN_FULL, err, sizeof err)) die("model", err);
   if (model_fill(full, fill_from_st, ck, err, sizeof err)) die("fill", err);
   double loss_full, loss_lora;
-  if (model_forward(full, tokens, tgts, B, T, NULL, &loss_full, err, sizeof err))
-    die("forward", err);
+  if (model_forward_batch(full, &batch, NULL, &loss_full, err, sizeof err)) die("forward", err);
   float *logits_full = malloc(sizeof(float) * B * T * cfg.vocab_size);
   memcpy(logits_full, full->logits, sizeof(float) * B * T * cfg.vocab_size);
   model_zero_grad(full);
@@ -148,7 +162,7 @@ int main(int argc, char **argv) {
     if (read_f32(ck, lo->tensors[i].name, lo->tensors[i].data, lo->tensors[i].numel, err,
                  sizeof err))
       die(lo->tensors[i].name, err);
-  if (model_forward(lm, tokens, tgts, B, T, lo, &loss_lora, err, sizeof err)) die("forward", err);
+  if (model_forward_batch(lm, &batch, lo, &loss_lora, err, sizeof err)) die("forward", err);
   float *logits_lora = malloc(sizeof(float) * B * T * cfg.vocab_size);
   memcpy(logits_lora, lm->logits, sizeof(float) * B * T * cfg.vocab_size);
   lora_zero_grad(lo);
@@ -172,6 +186,8 @@ int main(int argc, char **argv) {
   free(tokens);
   free(tgts);
   free(tmp);
+  free(weights);
+  free(pos);
   free(logits_full);
   free(logits_lora);
   lora_free(lo);

@@ -11,6 +11,13 @@ its logits, loss and every gradient (all base tensors for full training,
 all adapter tensors with the base frozen) with the reference computed in
 float64 from the same fp32 values.
 
+Cases marked "masked" also carry a loss weight per target (0 or 1: the
+loss is the mean over the counted targets, as for prompt and padding
+tokens), and cases marked "packed" several documents per row: each token's
+position in its document (0 at its first token) sets its rotary angle,
+and attention never crosses a document boundary (Hugging Face's packing
+with position_ids, as DataCollatorWithFlattening feeds it).
+
 Error metric, per tensor: max|ours - ref| / max|ref| (the largest absolute
 difference relative to the tensor's largest reference magnitude, so that
 near-zero entries do not blow it up). Every tensor must stay below 1e-4."""
@@ -146,16 +153,23 @@ def rope_inv_freq(cfg):
     return torch.where(medium, smoothed, llama)
 
 
-def forward(cfg, w, lora, tokens, targets):
-    """Hugging Face's LlamaForCausalLM in float64; lora: {name: tensor} or None."""
+def forward(cfg, w, lora, tokens, targets, weights=None, pos=None):
+    """Hugging Face's LlamaForCausalLM in float64; lora: {name: tensor} or None;
+    weights (B, T) 0/1 per target or None; pos (B, T) positions within
+    documents or None (0..T-1, one document a row)."""
     B, T = tokens.shape
     nh, nkv, hs = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]
     eps, scale = cfg["rms_norm_eps"], cfg["lora_alpha"] / cfg["lora_rank"]
     inv_freq = rope_inv_freq(cfg)
-    freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq)
+    if pos is None:
+        pos = torch.arange(T).expand(B, T)
+    freqs = pos.to(torch.float64)[..., None] * inv_freq  # (B, T, HS/2)
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()  # (T, HS)
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    cos, sin = emb.cos()[:, None], emb.sin()[:, None]  # (B, 1, T, HS)
+    # Document ids from the positions: a new document where pos is 0.
+    doc = (pos == 0).cumsum(-1)
+    allowed = (doc[:, :, None] == doc[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
+    mask = torch.zeros(B, 1, T, T, dtype=torch.float64).masked_fill(~allowed[:, None], float("-inf"))
 
     def proj(x, i, target, mod):
         y = x @ w[f"model.layers.{i}.{mod}.{target}.weight"].T
@@ -184,9 +198,28 @@ def forward(cfg, w, lora, tokens, targets):
     x = rmsnorm(x, w["model.norm.weight"], eps)
     head = w["model.embed_tokens.weight"] if cfg["tie_word_embeddings"] else w["lm_head.weight"]
     logits = x @ head.T
-    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
-                                             targets.reshape(-1))
+    if weights is None:
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 targets.reshape(-1))
+    else:  # ignore_index for the targets of weight 0, as Hugging Face's labels -100
+        labels = targets.masked_fill(weights == 0, -100)
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]),
+                                                 labels.reshape(-1), ignore_index=-100)
     return logits, loss
+
+
+def make_pos(B, T, gen):
+    """Positions of 1-4 documents of random lengths a row (the first row one
+    document whose tail is padding of its own)."""
+    pos = torch.zeros(B, T, dtype=torch.long)
+    for b in range(B):
+        cuts = sorted(torch.randperm(T - 1, generator=gen)[:b % 4].add(1).tolist())
+        start = 0
+        for t in range(T):
+            if t in cuts:
+                start = t
+            pos[b, t] = t - start
+    return pos
 
 
 def rel_err(ours, ref):
@@ -204,8 +237,17 @@ def run_case(driver, work, name, cfg, seed):
     B, T, V = cfg["batch"], cfg["seq"], cfg["vocab_size"]
     seq = torch.randint(0, V, (B, T + 1), generator=gen)
     tokens, targets = seq[:, :-1], seq[:, 1:]
+    extra, weights, pos = {}, None, None
+    if cfg.get("masked"):  # about half the targets count; the last row none
+        weights = (torch.rand(B, T, generator=gen) < 0.5).to(torch.float64)
+        weights[0, 0] = 1.0
+        weights[-1] = 0.0
+        extra["weights"] = weights.float()
+    if cfg.get("packed"):
+        pos = make_pos(B, T, gen)
+        extra["pos"] = pos.float()
     write_safetensors(os.path.join(case, "input.safetensors"),
-                      {**w32, **l32, "tokens": tokens.float(), "targets": targets.float()})
+                      {**w32, **l32, "tokens": tokens.float(), "targets": targets.float(), **extra})
     with open(os.path.join(case, "case.json"), "w") as f:
         json.dump(cfg, f)
     subprocess.run([driver, case], check=True)
@@ -214,7 +256,7 @@ def run_case(driver, work, name, cfg, seed):
     checks = []
     # Full training: gradients for every base tensor.
     w = {k: v.to(torch.float64).requires_grad_(True) for k, v in w32.items()}
-    logits, loss = forward(cfg, w, None, tokens, targets)
+    logits, loss = forward(cfg, w, None, tokens, targets, weights, pos)
     loss.backward()
     checks.append(("logits", out["logits"], logits.detach()))
     checks.append(("loss", out["loss"], loss.detach().reshape(1)))
@@ -222,7 +264,7 @@ def run_case(driver, work, name, cfg, seed):
     # LoRA: base frozen, adapter gradients only.
     w = {k: v.to(torch.float64) for k, v in w32.items()}
     lo = {k: v.to(torch.float64).requires_grad_(True) for k, v in l32.items()}
-    logits, loss = forward(cfg, w, lo, tokens, targets)
+    logits, loss = forward(cfg, w, lo, tokens, targets, weights, pos)
     loss.backward()
     checks.append(("lora logits", out["lora/logits"], logits.detach()))
     checks.append(("lora loss", out["lora/loss"], loss.detach().reshape(1)))
@@ -232,7 +274,7 @@ def run_case(driver, work, name, cfg, seed):
         # The scaling must matter at this tolerance, or the case tests nothing.
         plain = {k: v for k, v in cfg.items() if k != "rope_scaling"}
         w = {k: v.to(torch.float64) for k, v in w32.items()}
-        unscaled = forward(plain, w, None, tokens, targets)[0]
+        unscaled = forward(plain, w, None, tokens, targets, weights, pos)[0]
         e = rel_err(unscaled, checks[0][2])
         if not e > 100 * TOL:
             print(f"{name}: FAIL: rope_scaling changes the logits by only {e:.1e}")
@@ -306,6 +348,18 @@ def main():
                         "rope_scaling": {"type": "linear", "factor": 4.0},
                         "batch": 2, "seq": 13, "lora_rank": 2, "lora_targets": 3},
     }
+    # The loss mask and packed documents over both shapes.
+    cases["gqa_untied_masked_packed"] = {**cases["gqa_untied"], "batch": 4, "seq": 23,
+                                         "masked": True, "packed": True}
+    cases["mqa_tied_masked"] = {**cases["mqa_tied"], "masked": True}
+    cases["mqa_tied_packed"] = {**cases["mqa_tied"], "batch": 4, "seq": 17, "packed": True}
+    # Llama 3.1's rotary scaling, its three bands all present at head_dim 16
+    # (wavelengths 6.3 .. 2.8e4 against 32/4 = 8 and 32/1 = 32), packed.
+    cases["gqa_llama3_rope_packed"] = {
+        **cases["gqa_untied"], "rope_theta": 500000.0, "batch": 3, "seq": 13, "packed": True,
+        "masked": True, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
+                                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                         "original_max_position_embeddings": 32}}
     ok = True
     for i, (name, cfg) in enumerate(cases.items()):
         ok &= run_case(driver, work, name, cfg, 1000 + i)

@@ -88,8 +88,8 @@ static void check_attention(int B, int T, int NH, int NKV, int HS) {
   fill(k, kn, 2);
   fill(v, kn, 3);
   fill(dout, qn, 4);
-  cpu_attention_forward(out, lse, scratch, q, k, v, B, T, NH, NKV, HS);
-  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, B, T, NH, NKV, HS);
+  cpu_attention_forward(out, lse, scratch, q, k, v, NULL, B, T, NH, NKV, HS);
+  cpu_attention_backward(dq, dk, dv, scratch, dout, lse, q, k, v, NULL, B, T, NH, NKV, HS);
   reference(rout, rdq, rdk, rdv, q, k, v, dout, B, T, NH, NKV, HS);
   expect_close(out, rout, qn);
   expect_close(dq, rdq, qn);

@@ -827,6 +827,20 @@ static void test_device_memory(void **state) {
   ty_errlist_clear(&e);
 }
 
+static void test_jsonl_options(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"data\": {\"format\": \"jsonl\", \"packing\": true, "
+     "\"tokenizer\": \"tok\", \"kind\": \"messages\", \"chat_template\": \"chatml\", "
+     "\"loss_on\": \"all\"}}");
+  bad("{\"model_path\": \"m\", \"data\": {\"packing\": true}}", "data.packing",
+      "applies to examples of a JSONL file only; set data.format to jsonl");
+  bad("{\"model_path\": \"m\", \"data\": {\"format\": \"u16\", \"loss_on\": \"all\"}}",
+      "data.loss_on", "JSONL file only");
+  bad("{\"model_path\": \"m\", \"data\": {\"format\": \"jsonl\", \"chat_template\": "
+      "\"zephyr\"}}",
+      "data.chat_template", "\"zephyr\" is not a built-in chat template; use llama3, llama2");
+}
+
 static void test_cuda_gpus(void **state) {
   (void)state;
   jobspec_t s;
@@ -914,7 +928,7 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 22);
+  assert_int_equal(n, 23);
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("dist-backend-device"), "spec");
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
@@ -965,6 +979,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_resolve_path, make_tmp, remove_tmp),
       cmocka_unit_test(test_cuda_gpus),
       cmocka_unit_test(test_dist_backend),
+      cmocka_unit_test(test_jsonl_options),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
   };

@@ -61,8 +61,9 @@ static void test_hf_config_lenient(void **state) {
 }
 
 /* Keys that would change what the model computes are refused with the
- * value that is supported, never ignored: a Llama 3.1 config (rope_scaling),
- * a GELU model, projection biases. */
+ * value that is supported, never ignored: rotary scaling other than Llama
+ * 3.1's "llama3" (or llama3 without its figures), a GELU model, projection
+ * biases. */
 static void test_lenient_refuses_semantic_changes(void **state) {
   (void)state;
   static const struct {
@@ -94,6 +95,25 @@ static void test_lenient_refuses_semantic_changes(void **state) {
       "\"attention_bias\": false, \"mlp_bias\": false}");
   assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
   json_decref(j);
+  /* Llama 3.1's scaling is read, and written back by llama_config_to_json. */
+  llama_config_init(&c);
+  j = load(
+      "{\"hidden_size\": 64, \"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": "
+      "32.0, \"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+      "\"original_max_position_embeddings\": 8192}}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  json_decref(j);
+  assert_int_equal(c.rope_scaling.type, LLAMA_ROPE_LLAMA3);
+  assert_true(c.rope_scaling.factor == 32.0 && c.rope_scaling.high_freq_factor == 4.0);
+  assert_int_equal(c.rope_scaling.original_max_position_embeddings, 8192);
+  json_t *back = llama_config_to_json(&c);
+  llama_config_t c2;
+  llama_config_init(&c2);
+  llama_config_from_json(back, &c2, "", false, &e); /* its unset sizes are refused: not ours */
+  assert_false(tu_has(&e, "rope_scaling", ""));
+  assert_memory_equal(&c.rope_scaling, &c2.rope_scaling, sizeof c.rope_scaling);
+  json_decref(back);
+  ty_errlist_clear(&e);
 }
 
 /* Llama 3.1's rope_scaling (and the older "type" spelling of linear) are

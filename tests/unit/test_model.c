@@ -360,6 +360,62 @@ static void test_fill_and_bad_input(void **state) {
   model_free(m);
 }
 
+/* Batches with loss weights and positions: all weights 1 and positions
+ * 0..T-1 are exactly the plain batch; a document packed after another has
+ * the logits it has alone at the start of a row (block-diagonal attention,
+ * restarted positions); nothing counted gives loss 0 and no gradient; bad
+ * weights and positions are refused by row and position. */
+static void test_batch_mask_and_documents(void **state) {
+  (void)state;
+  model_t *m = tiny_model(false, 2, MODEL_TRAIN_FULL);
+  char err[256];
+  int tok[TB * TT], tgt[TB * TT], pos[TB * TT];
+  float w[TB * TT];
+  make_batch(tok, tgt, 9, m->d.V);
+  for (int i = 0; i < TB * TT; i++) w[i] = 1.0f, pos[i] = i % TT;
+  double plain, masked;
+  assert_int_equal(model_forward(m, tok, tgt, TB, TT, NULL, &plain, err, sizeof err), 0);
+  const model_batch_t all = {tok, tgt, w, pos, TB, TT};
+  assert_int_equal(model_forward_batch(m, &all, NULL, &masked, err, sizeof err), 0);
+  assert_true(plain == masked);
+  /* Row 1 = [tokens 3..4 of row 0 as a document | row 0's tokens 0..2 as
+   * another]: the second document's logits equal row 0's first three. */
+  const int V = m->d.V;
+  float *alone = malloc(sizeof(float) * 3 * V);
+  for (int t = 0; t < 3; t++) tok[TT + 2 + t] = tok[t], pos[TT + 2 + t] = t;
+  tok[TT] = tok[3], tok[TT + 1] = tok[4], pos[TT] = 0, pos[TT + 1] = 1;
+  assert_int_equal(model_forward_batch(m, &all, NULL, NULL, err, sizeof err), 0);
+  memcpy(alone, m->logits, sizeof(float) * 3 * V);
+  for (int i = 0; i < 3 * V; i++)
+    assert_float_equal(m->logits[(size_t)(TT + 2) * V + i], alone[i], 1e-5);
+  /* Without the positions the second document would see the first. */
+  const model_batch_t nopos = {tok, tgt, w, NULL, TB, TT};
+  assert_int_equal(model_forward_batch(m, &nopos, NULL, NULL, err, sizeof err), 0);
+  double diff = 0;
+  for (int i = 0; i < 3 * V; i++) diff += fabs(m->logits[(size_t)(TT + 2) * V + i] - alone[i]);
+  assert_true(diff > 1e-3);
+  free(alone);
+  /* Nothing counted: loss 0, no gradient. */
+  for (int i = 0; i < TB * TT; i++) w[i] = 0.0f;
+  model_zero_grad(m);
+  assert_int_equal(model_forward_batch(m, &all, NULL, &masked, err, sizeof err), 0);
+  assert_true(masked == 0.0);
+  model_backward(m, NULL, 1.0f);
+  for (size_t i = 0; i < m->n_params; i++) assert_true(m->grads[i] == 0.0f);
+  /* Refusals. */
+  w[3] = 0.5f;
+  assert_int_equal(model_forward_batch(m, &all, NULL, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "loss weight 0.5 at batch row 0, position 3"));
+  w[3] = 1.0f;
+  pos[TT] = 2;
+  assert_int_equal(model_forward_batch(m, &all, NULL, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "position 2 at batch row 1, token 0"));
+  pos[TT] = 0, pos[TT + 1] = 3;
+  assert_int_equal(model_forward_batch(m, &all, NULL, NULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "position 3 at batch row 1, token 1"));
+  model_free(m);
+}
+
 /* The stages over one reused layer buffer (as FSDP feeds them, a layer
  * gathered at a time, its gradients in a reused buffer too) give exactly
  * what model_forward / model_backward give over the model's own buffer. */
@@ -461,8 +517,10 @@ static void test_recompute_matches(void **state) {
     assert_int_equal(model_recompute_layers(m[1], err, sizeof err), 0);
     make_batch(tok, tgt, 21, m[0]->d.V);
     for (int i = 0; i < 2; i++) {
-      if (lora) lora_zero_grad(lo[i]);
-      else model_zero_grad(m[i]);
+      if (lora)
+        lora_zero_grad(lo[i]);
+      else
+        model_zero_grad(m[i]);
       loss[i] = loss_of(m[i], lo[i], tok, tgt);
       model_backward(m[i], lo[i], 1.0f);
     }
@@ -488,6 +546,7 @@ int main(void) {
       cmocka_unit_test(test_grad_accumulates),
       cmocka_unit_test(test_tensor_table),
       cmocka_unit_test(test_fill_and_bad_input),
+      cmocka_unit_test(test_batch_mask_and_documents),
       cmocka_unit_test(test_stages_with_gathered_layers),
       cmocka_unit_test(test_eval_matches_train),
       cmocka_unit_test(test_recompute_matches),

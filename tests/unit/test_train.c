@@ -491,7 +491,7 @@ static void span_free(fake_span_t *f) {
 
 /* The hooks of a stand-in (ctx, its first member a fake_span_t) whose
  * passes are forward and backward. */
-typedef int (*forward_fn)(void *, const int *, const int *, int, int, double *, char *, size_t);
+typedef int (*forward_fn)(void *, const model_batch_t *, double *, char *, size_t);
 typedef int (*backward_fn)(void *, float, char *, size_t);
 static train_device_t span_hooks(void *ctx, forward_fn forward, backward_fn backward) {
   return (train_device_t){.ctx = ctx,
@@ -515,10 +515,9 @@ typedef struct {
   lora_t *lo;
 } fake_dev_t;
 
-static int fd_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
-                      char *err, size_t errlen) {
+static int fd_forward(void *ctx, const model_batch_t *bt, double *loss, char *err, size_t errlen) {
   fake_dev_t *f = ctx;
-  return model_forward(f->m, in, tg, b, t, f->lo, loss, err, errlen);
+  return model_forward_batch(f->m, bt, f->lo, loss, err, errlen);
 }
 static int fd_backward(void *ctx, float scale, char *err, size_t errlen) {
   fake_dev_t *f = ctx;
@@ -701,9 +700,8 @@ typedef struct {
   fsdp_t *f;
 } fake_shard_t;
 
-static int fs_forward(void *ctx, const int *in, const int *tg, int b, int t, double *loss,
-                      char *err, size_t errlen) {
-  return fsdp_forward(((fake_shard_t *)ctx)->f, in, tg, b, t, NULL, loss, err, errlen);
+static int fs_forward(void *ctx, const model_batch_t *bt, double *loss, char *err, size_t errlen) {
+  return fsdp_forward(((fake_shard_t *)ctx)->f, bt, NULL, loss, err, errlen);
 }
 static int fs_backward(void *ctx, float scale, char *err, size_t errlen) {
   return fsdp_backward(((fake_shard_t *)ctx)->f, NULL, scale, err, errlen);
@@ -795,7 +793,8 @@ static int sharded_rank(const char *rdv, int rank, int world) {
                 "%s", err);
     for (size_t k = 0; k < fsdp_span(d.f); k++) fsdp_params(d.f)[k] = NAN;
     CHILD_CHECK(model_activation_bytes(mt) == 0 && !mt->params, "the table model holds buffers");
-    int rc = fsdp_forward(ft, NULL, NULL, 1, 1, NULL, NULL, err, sizeof err);
+    const model_batch_t none = {.b = 1, .t = 1};
+    int rc = fsdp_forward(ft, &none, NULL, NULL, err, sizeof err);
     CHILD_CHECK(rc == TY_EINTERNAL && strstr(err, "on the device"), "a span ran a pass: %d %s", rc,
                 err);
     train_device_t dev = fs_hooks(&d);

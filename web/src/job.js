@@ -232,12 +232,10 @@ export function mountJob(root, id) {
     } else {
       rankBody.replaceChildren(...rows.map((r) => {
         const total = r.total_steps || 0;
-        const frac = total > 0 ? r.step / total
-                   : r.phase === 'loading' && r.bytes_total > 0 ? r.bytes_loaded / r.bytes_total
-                   : null;
-        const label = r.phase === 'loading' && r.bytes_total > 0
-          ? fmtBytes(r.bytes_loaded) + ' / ' + fmtBytes(r.bytes_total)
-          : (r.step || 0) + ' / ' + (total || '?');
+        const bytes = (r.phase === 'loading' || r.phase === 'tokenizing') && r.bytes_total > 0;
+        const frac = total > 0 ? r.step / total : bytes ? r.bytes_loaded / r.bytes_total : null;
+        const label = bytes ? fmtBytes(r.bytes_loaded) + ' / ' + fmtBytes(r.bytes_total) :
+                              (r.step || 0) + ' / ' + (total || '?');
         const phase = el('td', { class: 'phase', title: r.message || '', 'data-label': 'phase' },
           el('span', { class: 'swatch' }), ' ', r.phase || '–',
           r.state && r.state !== 'running' && r.state !== r.phase

@@ -1,0 +1,60 @@
+/* jsonl.h - training examples from a JSONL file, one JSON object a line,
+ * read as a stream (one line in memory at a time, so the file's size is
+ * bounded only by the disk).
+ *
+ * An example's kind comes from its keys, or is forced by data.kind:
+ *   {"text": "..."}                                   a document
+ *   {"prompt": "...", "completion": "..."}            a prompt and its answer
+ *   {"messages": [{"role": "...", "content": "..."}]} a conversation, roles
+ *                                                     system, user, assistant
+ * Other keys are ignored (data sets carry ids and sources). Blank lines are
+ * skipped. Every refusal names the file and the line and says how to fix
+ * it: "data.jsonl line 12: \"messages\"[2] has role \"bot\"; roles are
+ * system, user and assistant". */
+#ifndef TY_WORKER_JSONL_H
+#define TY_WORKER_JSONL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include <jansson.h>
+
+#include "api/jobspec.h"
+
+/* One parsed line. The strings and messages are borrowed from root, which
+ * the caller releases with json_decref after use. */
+typedef struct {
+  jobspec_data_kind_t kind; /* never AUTO */
+  const char *text;         /* TEXT */
+  size_t text_len;
+  const char *prompt, *completion; /* PROMPT_COMPLETION */
+  size_t prompt_len, completion_len;
+  json_t *messages; /* MESSAGES: an array of {role, content} objects, at least one
+                     * assistant turn */
+  json_t *root;     /* the line's object: the caller's reference */
+} jsonl_example_t;
+
+/* Parses one line (len bytes, no newline) of file `path`, line number
+ * lineno, as an example of kind `want` (AUTO: by its keys). 0 with *ex
+ * filled; 1 for a blank line (nothing in *ex); TY_EINVAL with the reason in
+ * err, naming path and lineno. */
+int jsonl_parse(const char *line, size_t len, jobspec_data_kind_t want, const char *path,
+                int64_t lineno, jsonl_example_t *ex, char *err, size_t errlen);
+
+/* A stream of a file's lines. */
+typedef struct jsonl_reader_s jsonl_reader_t;
+
+/* Opens path. TY_ENOTFOUND or TY_EUNAVAILABLE with the reason. */
+int jsonl_open(jsonl_reader_t **out, const char *path, char *err, size_t errlen);
+/* The next line: *line (borrowed until the next call; NUL-terminated, no
+ * newline), *len, *lineno (from 1). 0, 1 at the end of the file, or
+ * TY_EDATALOSS for a read error. */
+int jsonl_next(jsonl_reader_t *r, const char **line, size_t *len, int64_t *lineno, char *err,
+               size_t errlen);
+/* Bytes read so far, and the file's size. */
+uint64_t jsonl_offset(const jsonl_reader_t *r);
+uint64_t jsonl_size(const jsonl_reader_t *r);
+void jsonl_close(jsonl_reader_t *r); /* accepts NULL */
+
+#endif
