@@ -49,7 +49,7 @@ class Cli(unittest.TestCase):
         self.assertEqual(job["state"], "succeeded")
         # Reals as written: 0.0003, not 0.00029999999999999997.
         self.assertIn('"lr": 0.0003,', got)
-        self.assertIn('"eval_fraction": 0.05\n', got)
+        self.assertIn('"eval_fraction": 0.05,', got)
         self.assertEqual(job["spec"]["train"]["steps"], 6)
         log = self.ty("logs", job_id, "--rank", "1").stdout
         self.assertIn("[rank 1/2] train step 6/6", log)
