@@ -50,6 +50,7 @@ typedef struct run {
   bool killed;
   char rdv[2200];          /* the ranks' rendezvous; an shm one is removed at the end */
   int out_lock;            /* ty_dir_lock of the output folder while the ranks run; -1 */
+  char *out_dir;           /* the job's resolved output folder; NULL: none */
   struct run *next;
 } run_t;
 
@@ -308,6 +309,7 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   r->gpu = !strcmp(j->device, "cuda");
   r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
   r->out_lock = -1;
+  r->out_dir = j->output_dir && j->output_dir[0] ? xstrdup(j->output_dir) : NULL;
   r->next = s->runs;
   s->runs = r;
   if (r->gpu)
@@ -423,6 +425,18 @@ static bool job_has_run(const sched_t *s, const char *id) {
   return false;
 }
 
+/* Whether a run of this scheduler still has dir as its output folder: its
+ * ranks may still write it, and it holds the folder's lock until they are
+ * reaped. */
+static bool dir_has_run(const sched_t *s, const char *dir) {
+  if (!dir || !dir[0]) return false;
+  for (const run_t *r = s->runs; r; r = r->next)
+    if (r->out_dir && !strcmp(r->out_dir, dir)) return true;
+  for (const run_t *r = s->ending; r; r = r->next)
+    if (r->out_dir && !strcmp(r->out_dir, dir)) return true;
+  return false;
+}
+
 bool sched_has_run(sched_t *s, const char *id) {
   pthread_mutex_lock(&s->lock);
   bool has = job_has_run(s, id);
@@ -433,7 +447,9 @@ bool sched_has_run(sched_t *s, const char *id) {
 /* Starts queued jobs, oldest first, while the oldest fits the free slots
  * (strict FIFO: a large job at the head is never overtaken). A job queued
  * again after a failed attempt waits until that attempt's ranks are gone:
- * they may still be writing its output folder. */
+ * they may still be writing its output folder; so does a job whose output
+ * folder is that of a run still stopping (a cancelled job's, say), which
+ * holds the folder's lock until its ranks are reaped. */
 static void start_queued(sched_t *s) {
   if (s->start_backoff && ty_mono_s() < s->start_at) return;
   for (;;) {
@@ -451,7 +467,8 @@ static void start_queued(sched_t *s) {
     db_job_t *j = jobs[0];
     bool gpu = !strcmp(j->device, "cuda");
     int64_t free_slots = gpu ? s->cfg->gpus - s->gpu_used : s->cfg->cpu_slots - s->cpu_used;
-    bool go = j->world_size <= free_slots && !job_has_run(s, j->id);
+    bool go = j->world_size <= free_slots && !job_has_run(s, j->id) &&
+              !dir_has_run(s, j->output_dir);
     int rc = go ? start_attempt(s, j) : 0;
     /* A start that could not be written is tried again after a backoff,
      * never at once: the job is still queued and first in line. */
@@ -577,6 +594,7 @@ static void tick(sched_t *s) {
     while (ended) {
       run_t *r = ended;
       ended = r->next;
+      free(r->out_dir);
       free(r->ranks);
       free(r);
     }

@@ -312,6 +312,25 @@ class OutputFolder(unittest.TestCase):
         finally:
             os.close(fd)
 
+    def test_a_job_waits_for_a_cancelled_jobs_ranks_in_its_folder(self):
+        # The cancelled job's rank ignores SIGTERM until SIGKILL (grace 1 s):
+        # its attempt holds the folder meanwhile. A job submitted into that
+        # folder at once (the cancelled job is final, so the folder is free
+        # to take) waits queued until those ranks are gone, then runs; it
+        # used to start at once and fail, the folder "in use by another
+        # trainyard run".
+        old = self.srv.post("/v1/jobs", {**self.srv.spec(name="old-ignoreterm", steps=100000,
+                                                         world_size=1),
+                                         "output_dir": "runs/shared"}).json()["id"]
+        self.srv.wait_state(old, ["running"])
+        self.srv.post("/v1/jobs/%s:cancel" % old)
+        self.srv.wait_state(old, ["cancelled"])
+        r = self.srv.post("/v1/jobs", {**self.srv.spec(name="after", steps=2, world_size=1),
+                                       "output_dir": "runs/shared"})
+        self.assertEqual(r.status_code, 201, r.text)
+        job = self.srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=30)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+
     def test_retry_waits_for_the_failed_attempts_ranks(self):
         # Rank 0 fails in attempt 1; rank 1 ignores SIGTERM until SIGKILL
         # (grace 1 s). Slots for both attempts are free, yet attempt 2 starts
