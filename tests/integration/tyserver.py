@@ -54,22 +54,44 @@ class Server:
             (["--worker", self.worker] if self.worker else []) + self.extra
 
     def start(self):
+        # The port was free when free_port chose it; another suite's server
+        # may take it first. trainyardd then exits ("cannot listen"), and a
+        # /healthz answer may even come from that other server: the start is
+        # ours only while our process lives. Up to 5 ports are tried.
+        for _ in range(5):
+            if self._start_once():
+                return self
+            self.port = free_port()
+            self.url = "http://127.0.0.1:%d" % self.port
+        raise RuntimeError("trainyardd found no free port in 5 tries; log:\n" + self.read_log())
+
+    def _start_once(self):
         env = dict(os.environ)
         env.pop("TRAINYARD_TOKENS", None)
         if self.tokens:
             env["TRAINYARD_TOKENS"] = self.tokens
         env.update(self.env)
+        self.log.flush()
+        mark = os.path.getsize(os.path.join(self.dir, "trainyardd.log"))
         self.proc = subprocess.Popen(self.args(), cwd=self.dir, env=env, stdout=self.log,
                                      stderr=self.log)
         deadline = time.time() + 15
         while time.time() < deadline:
             if self.proc.poll() is not None:
+                self.log.flush()
+                with open(os.path.join(self.dir, "trainyardd.log"), "rb") as f:
+                    f.seek(mark)
+                    if b"cannot listen on 127.0.0.1:%d" % self.port in f.read():
+                        return False
                 raise RuntimeError("trainyardd exited with %s; log:\n%s" %
                                    (self.proc.returncode, self.read_log()))
             try:
                 if requests.get(self.url + "/healthz", timeout=1).status_code == 200:
-                    return self
-            except requests.ConnectionError:
+                    time.sleep(0.1)
+                    if self.proc.poll() is None:
+                        return True
+                    continue
+            except requests.RequestException:  # nothing, or a stranger, on the port
                 pass
             time.sleep(0.05)
         raise RuntimeError("trainyardd did not answer /healthz; log:\n" + self.read_log())
