@@ -15,7 +15,7 @@
 
 #include <jansson.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "api/llama_config.h"
 #include "common/dtype.h"
 

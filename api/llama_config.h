@@ -10,7 +10,7 @@
 
 #include <jansson.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/dtype.h"
 
 /* config.json's rope_scaling: how the rotary inverse frequencies are

@@ -13,7 +13,7 @@
 #include <jansson.h>
 #include <protobuf-c/protobuf-c.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 /* A new JSON object for m (the caller owns it). Values JSON cannot hold
  * (NaN, infinities, uint64 above INT64_MAX) are left out and reported in

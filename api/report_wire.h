@@ -12,7 +12,7 @@
 
 #include <jansson.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 /* X(id, name): the phases of a rank, in the order a rank passes them. */
 #define REPORT_PHASES(X)      \

@@ -1,7 +1,7 @@
 /* cmd_convert.c - trainyard convert: any checkpoint trainyard reads
  * (safetensors or PyTorch, single or sharded, a folder or one file with
  * config.json beside it) written again as a safetensors checkpoint,
- * streamed (worker/ckpt_convert.h). */
+ * streamed (worker/ckpt/ckpt_convert.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -9,8 +9,8 @@
 #include "cli/commands.h"
 #include "common/clock.h"
 #include "common/numbers.h"
-#include "worker/ckpt_convert.h"
-#include "worker/memstat.h"
+#include "worker/ckpt/ckpt_convert.h"
+#include "worker/rank/memstat.h"
 
 static void convert_usage(FILE *f) {
   fprintf(f,

@@ -15,12 +15,12 @@
 #include "cli/commands.h"
 #include "common/fsutil.h"
 #include "common/numbers.h"
-#include "worker/data.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/model_io.h"
-#include "worker/outputs.h"
-#include "worker/train.h"
+#include "worker/data/data.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/ckpt/model_io.h"
+#include "worker/ckpt/outputs.h"
+#include "worker/rank/train.h"
 
 static void eval_usage(FILE *f) {
   fprintf(f,

@@ -17,8 +17,8 @@
 #include "cli/worker_path.h"
 #include "common/json_util.h"
 #include "common/xalloc.h"
-#include "worker/launch.h"
-#include "worker/loader.h"
+#include "worker/rank/launch.h"
+#include "worker/ckpt/loader.h"
 
 /* What each rank said: its last JSON report (stdout line). */
 typedef struct {

@@ -17,7 +17,7 @@
 #include "cli/model_configs.h"
 #include "common/json_util.h"
 #include "common/numbers.h"
-#include "worker/checkpoint.h"
+#include "worker/ckpt/checkpoint.h"
 
 static void mkmodel_usage(FILE *f) {
   fprintf(f,

@@ -22,7 +22,7 @@
 #include "common/fsutil.h"
 #include "common/json_util.h"
 #include "common/numbers.h"
-#include "worker/launch.h"
+#include "worker/rank/launch.h"
 
 static void train_usage(FILE *f) {
   fprintf(f,

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "worker/train.h"
+#include "worker/rank/train.h"
 
 typedef struct {
   const char *name;

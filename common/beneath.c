@@ -15,7 +15,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/fsfault.h"
 #include "common/numbers.h"
 #include "common/rankenv.h"

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/beneath.h"
 
 int ty_mkdirs(const char *dir, char *err, size_t errlen) {

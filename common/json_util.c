@@ -1,7 +1,7 @@
 /* json_util.c - small jansson helpers; see json_util.h. */
 #include "common/json_util.h"
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/beneath.h"
 #include "common/fsfault.h"
 #include "common/partial.h"

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 bool ty_parse_long(const char *s, long lo, long hi, long *out) {
   /* strtol would take leading blanks and a '+'; a number is its digits. */

@@ -1,5 +1,5 @@
 /* partial.h - files being written as "<path>.partial" and renamed onto
- * path once whole (worker/safetensors_write.c, ty_json_dump_file). A
+ * path once whole (worker/ckpt/safetensors_write.c, ty_json_dump_file). A
  * process stopped by SIGTERM, SIGINT or SIGHUP in the middle of one (a
  * cancelled job saving its checkpoint) removes the part it was writing,
  * then dies of the signal as it would have, so that no half-written file

@@ -12,7 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 /* In the child between fork and exec: async-signal-safe calls only. */
 static _Noreturn void exec_rank(const rankproc_spec_t *s, pid_t parent) {

@@ -1,7 +1,7 @@
 /* rankproc.h - a rank's process on this host (DESIGN.md "Worker
  * contract"): started in a process group of its own, signalled as a group,
  * reaped, and its group cleared once it has ended. The local launcher
- * (worker/launch.c) and trainyardd's local dispatcher (server/dispatch.c)
+ * (worker/rank/launch.c) and trainyardd's local dispatcher (server/dispatch.c)
  * both start and stop ranks through it. */
 #ifndef TY_COMMON_RANKPROC_H
 #define TY_COMMON_RANKPROC_H

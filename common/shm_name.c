@@ -10,7 +10,7 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 int ty_shm_path(const char *rendezvous, char *out, size_t outlen, char *err, size_t errlen) {
   if (!rendezvous || strncmp(rendezvous, "shm:", 4)) {

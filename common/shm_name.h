@@ -1,6 +1,6 @@
 /* shm_name.h - the one rule for the names of the shared-memory segments
  * that CPU ranks meet in, for the worker that creates them
- * (worker/comm_shm.c), and for the server and the launcher that remove
+ * (worker/dist/comm_shm.c), and for the server and the launcher that remove
  * what dead ranks left: a "shm:<name>" rendezvous is the segment
  * /dev/shm/trainyard-<name>; trainyardd names attempt A of job J "ty-J-A". */
 #ifndef TY_COMMON_SHM_NAME_H

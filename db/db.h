@@ -15,7 +15,7 @@
 
 #include <jansson.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 typedef struct db db_t;
 

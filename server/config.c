@@ -13,7 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/numbers.h"
 #include "common/xalloc.h"
 

@@ -13,7 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/beneath.h"
 #include "common/log.h"
 #include "common/rankenv.h"
@@ -135,7 +135,7 @@ static int start_rank(const dispatch_attempt_t *a, dispatch_run_t *run, int i, c
   rankenv_set(&re, RANKENV_MODE, "train");
   rankenv_set_long(&re, RANKENV_HEARTBEAT_MS, a->heartbeat_ms);
   /* One GPU per rank: the rank sees only its own, as device 0, and may
-   * allocate this much of it (worker/mem_cuda.h). */
+   * allocate this much of it (worker/cuda/mem_cuda.h). */
   char gpu_kv[64];
   snprintf(gpu_kv, sizeof gpu_kv, "CUDA_VISIBLE_DEVICES=%d", gpu);
   const char *gpu_drop[] = {"CUDA_VISIBLE_DEVICES=", NULL}, *gpu_env[] = {gpu_kv, NULL};

@@ -10,7 +10,7 @@
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "server/service.h"
 
 /* Most messages a stream's next() may hand over at once. */

@@ -13,7 +13,7 @@
 #include <grpc/grpc.h>
 #include <protobuf-c/protobuf-c.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 /* The trailing metadata key of the error details (a binary header: the
  * transport base64-encodes it). */

@@ -12,7 +12,7 @@
 #include "server/recovery.h"
 #include "server/rest.h"
 #include "server/scheduler.h"
-#include "worker/train.h"
+#include "worker/rank/train.h"
 #include "server/service.h"
 
 /* Where ranks send reports: the bound port on a host they can reach. */

@@ -11,7 +11,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "server/config.h"
 #include "server/rest.h"
 

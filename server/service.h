@@ -15,7 +15,7 @@
 
 #include <jansson.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "api/jobspec.h"
 #include "db/db.h"
 #include "server/config.h"

@@ -6,7 +6,7 @@
 #      TRAINYARD_CUDA=SIM, every GPU suite (cuda jobs through trainyardd
 #      too), then the multi-stream ones again with side streams run first
 #      (TY_SIM_ORDER=side); then a worker-only clang build of the same with
-#      AddressSanitizer + UBSan, for the CUDA host code (worker/*_cuda.c,
+#      AddressSanitizer + UBSan, for the CUDA host code (worker/cuda/*_cuda.c,
 #      comm_nccl.c), every GPU suite but the long training one
 #   4. a clang build with AddressSanitizer + UndefinedBehaviorSanitizer: the
 #      unit tests again, each libFuzzer target for a bounded time, and the

@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/chat_template_internal.h"
 

@@ -11,7 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/tok_internal.h"
 

@@ -8,7 +8,7 @@
  * the reference's TextDecoder does. */
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/tok_internal.h"
 

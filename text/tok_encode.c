@@ -10,7 +10,7 @@
  * decoder -> joined -> tokenizer_config.json's clean-up of spaces. */
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/tok_internal.h"
 

@@ -5,7 +5,7 @@
 
 #include <utf8proc.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/tok_internal.h"
 

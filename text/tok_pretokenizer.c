@@ -3,7 +3,7 @@
  * and any option these do not implement, is refused by name. */
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/tok_internal.h"
 

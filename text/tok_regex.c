@@ -6,7 +6,7 @@
 #include <pcre2.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/xalloc.h"
 #include "text/tok_internal.h"
 

@@ -14,7 +14,7 @@
  * (@huggingface/tokenizers) sees after TextDecoder and Rust's
  * String::from_utf8_lossy gives.
  *
- * Errors follow api/errors.h: 0 or a negative TY_E* code, with a message in
+ * Errors follow common/errors.h: 0 or a negative TY_E* code, with a message in
  * the caller's buffer err (errlen bytes; may be NULL/0).
  * After tok_load, every function is safe to call from several threads at
  * once on one tok_t (the word cache takes a lock). */

@@ -9,8 +9,8 @@
 #include "common/beneath.h"
 #include "common/partial.h"
 #include "common/rankenv.h"
-#include "worker/worker_load.h"
-#include "worker/worker_train.h"
+#include "worker/rank/worker_load.h"
+#include "worker/rank/worker_train.h"
 
 int main(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "--version") || !strcmp(argv[1], "--help"))) {

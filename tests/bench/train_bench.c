@@ -26,11 +26,11 @@
 
 #include <cblas.h>
 
-#include "worker/comm.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/model_io.h"
-#include "worker/train.h"
+#include "worker/dist/comm.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/ckpt/model_io.h"
+#include "worker/rank/train.h"
 
 static double now_s(void) {
   struct timespec ts;

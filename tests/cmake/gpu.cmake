@@ -57,7 +57,7 @@ add_test(NAME integration/gpu_run COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/run
 set_tests_properties(integration/gpu_run PROPERTIES LABELS integration TIMEOUT 900
                      ENVIRONMENT "${TY_TEST_ENV}")
 # The simulated device's own checks (a TRAINYARD_CUDA=SIM build; its kernels
-# are C++, as worker/*.cu are built there).
+# are C++, as worker/cuda/*.cu are built there).
 if(TRAINYARD_CUDA_SIM)
   add_executable(cudasim_check ${CMAKE_SOURCE_DIR}/tests/cudasim/sim_check.cpp)
   target_link_libraries(cudasim_check PRIVATE ty_cudasim ty_cudasim_cublas)

@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/comm.h"
+#include "worker/dist/comm.h"
 
 static double now_s(void) {
   struct timespec ts;

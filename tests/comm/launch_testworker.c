@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "worker/comm.h"
+#include "worker/dist/comm.h"
 
 static int g_rank, g_world;
 static volatile sig_atomic_t g_sigint;

@@ -13,8 +13,8 @@
 
 #include <cuda_runtime.h>
 
-#include "api/errors.h"
-#include "worker/comm.h"
+#include "common/errors.h"
+#include "worker/dist/comm.h"
 
 #define SKIP 77
 

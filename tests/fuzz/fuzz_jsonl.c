@@ -1,5 +1,5 @@
 /* fuzz_jsonl.c - libFuzzer target for the JSONL example reader
- * (worker/jsonl.c): arbitrary bytes are a JSONL file, read line by line
+ * (worker/data/jsonl.c): arbitrary bytes are a JSONL file, read line by line
  * through jsonl_open/jsonl_next (from a memory file) and parsed with every
  * data.kind. Each line is a blank (1), an example whose kind and fields
  * agree, or a refusal naming the file and the line; the reader counts
@@ -12,8 +12,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "api/errors.h"
-#include "worker/jsonl.h"
+#include "common/errors.h"
+#include "worker/data/jsonl.h"
 
 static void check_example(const jsonl_example_t *ex, jobspec_data_kind_t want) {
   if (ex->kind == JOBSPEC_KIND_AUTO || (want != JOBSPEC_KIND_AUTO && ex->kind != want)) abort();

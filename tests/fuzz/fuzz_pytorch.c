@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/pytorch.h"
+#include "worker/ckpt/pytorch.h"
 
 typedef struct {
   const uint8_t *p;

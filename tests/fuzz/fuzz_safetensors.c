@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "worker/safetensors.h"
+#include "worker/ckpt/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   if (size < 8) return 0;

@@ -20,7 +20,7 @@
 #include <time.h>
 
 #include "tests/gpu/gpu_util.h"
-#include "worker/backend_cuda.h"
+#include "worker/cuda/backend_cuda.h"
 
 typedef struct {
   float *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv, *scr;

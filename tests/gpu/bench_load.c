@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "tests/gpu/gpu_util.h"
-#include "worker/loader.h"
-#include "worker/memstat.h"
+#include "worker/ckpt/loader.h"
+#include "worker/rank/memstat.h"
 
 int main(int argc, char **argv) {
   if (argc < 3) {

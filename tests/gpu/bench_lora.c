@@ -17,7 +17,7 @@
  * multiply-add. The adapters' own FLOPs (rank R, under 1%) are not counted.
  *
  * SLOTS (optional, default 0): 0 reads the whole base in place; 1 or 2
- * runs the sharded path (worker/prefetch_cuda.h) at world size 1 through an
+ * runs the sharded path (worker/cuda/prefetch_cuda.h) at world size 1 through an
  * NCCL comm, every unit gathered into 1 slot (no overlap) or 2 (the next
  * unit's gather overlapping the current unit's compute), so that the
  * gathers' cost and the overlap's gain show against the whole model.
@@ -31,9 +31,9 @@
 
 #include "api/jobspec.h"
 #include "tests/gpu/gpu_util.h"
-#include "worker/loader.h"
-#include "worker/lora.h"
-#include "worker/model_cuda.h"
+#include "worker/ckpt/loader.h"
+#include "worker/model/lora.h"
+#include "worker/cuda/model_cuda.h"
 
 static double now_s(void) {
   struct timespec ts;

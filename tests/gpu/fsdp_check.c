@@ -1,5 +1,5 @@
 /* fsdp_check.c - LoRA and full training over sharded GPU ranks
- * (worker/model_cuda.c given a comm; worker/prefetch_cuda.c) against the
+ * (worker/cuda/model_cuda.c given a comm; worker/cuda/prefetch_cuda.c) against the
  * whole model on the same GPU (ctest label gpu). One rank per visible
  * device, at most 4: a host with one GPU runs world size 1, where every
  * unit still goes through NCCL and the slots. Each rank loads only its
@@ -23,11 +23,11 @@
 
 #include "api/jobspec.h"
 #include "tests/gpu/gpu_util.h"
-#include "worker/checkpoint.h"
-#include "worker/loader.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/model_cuda.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/loader.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/cuda/model_cuda.h"
 
 enum { B = 2, T = 13, R = 4 };
 

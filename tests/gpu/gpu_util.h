@@ -13,7 +13,7 @@
 
 #include <cuda_runtime.h>
 
-#include "worker/placement_cuda.h"
+#include "worker/cuda/placement_cuda.h"
 
 #define GPU_SKIP 77
 

@@ -1,5 +1,5 @@
-/* kernels_check.c - every kernel of worker/backend_cuda.h against its CPU
- * twin (worker/cpu_ops.c, lora.c, optim.c, common/dtype.c) on the same
+/* kernels_check.c - every kernel of worker/cuda/backend_cuda.h against its CPU
+ * twin (worker/model/cpu_ops.c, lora.c, optim.c, common/dtype.c) on the same
  * seeded inputs, forward and backward (ctest label gpu). Shapes are small
  * and deliberately uneven (grouped-query heads, odd T and V). fp32 kernels
  * agree within 2e-5 relative (summation order only); bf16 products take
@@ -13,11 +13,11 @@
 #include "api/jobspec.h"
 #include "common/dtype.h"
 #include "tests/gpu/gpu_util.h"
-#include "worker/backend_cuda.h"
-#include "worker/cpu_ops.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/optim.h"
+#include "worker/cuda/backend_cuda.h"
+#include "worker/model/cpu_ops.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/model/optim.h"
 
 enum { B = 2, T = 9, C = 40, NH = 4, NKV = 2, HS = 10, FF = 36, V = 53, R = 4, N = B * T };
 #define QD (NH * HS)
@@ -372,7 +372,7 @@ static int test_swiglu_embed_ce(cuda_backend_t *b) {
   return bad;
 }
 
-/* LoRA against worker/lora.c on a real adapter (q_proj of layer 0). */
+/* LoRA against worker/model/lora.c on a real adapter (q_proj of layer 0). */
 static int test_lora(cuda_backend_t *b) {
   llama_config_t cfg;
   llama_config_init(&cfg);

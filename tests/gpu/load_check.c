@@ -10,10 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "tests/gpu/gpu_util.h"
-#include "worker/checkpoint.h"
-#include "worker/loader.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/loader.h"
 
 #define SLACK ((uint64_t)16 << 20) /* cudaMalloc granularity over two allocations */
 

@@ -1,4 +1,4 @@
-/* mem_check.c - the worker's device allocator (worker/mem_cuda.h) under a
+/* mem_check.c - the worker's device allocator (worker/cuda/mem_cuda.h) under a
  * cap of 3 MiB set in the environment before its first use: allocations
  * up to the cap succeed and one past it fails without touching the count;
  * a free gives its bytes back; the peak holds the most held at once; an
@@ -8,9 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "tests/gpu/gpu_util.h"
-#include "worker/mem_cuda.h"
+#include "worker/cuda/mem_cuda.h"
 
 #define MIB ((size_t)1 << 20)
 

@@ -1,5 +1,5 @@
-/* model_check.c - the GPU LoRA model (worker/model_cuda.c) against the CPU
- * model (worker/model.c + lora.c) on the same checkpoint and batch (ctest
+/* model_check.c - the GPU LoRA model (worker/cuda/model_cuda.c) against the CPU
+ * model (worker/model/model.c + lora.c) on the same checkpoint and batch (ctest
  * label gpu). A tiny Llama with grouped-query attention, an untied head and
  * LoRA on all seven projections (B made non-zero so that every adapter
  * gradient is exercised): with fp32 base weights the loss agrees within
@@ -23,14 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "api/jobspec.h"
 #include "tests/gpu/gpu_util.h"
-#include "worker/loader.h"
-#include "worker/mem_cuda.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/model_cuda.h"
+#include "worker/ckpt/loader.h"
+#include "worker/cuda/mem_cuda.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/cuda/model_cuda.h"
 
 enum { B = 2, T = 11, R = 4 };
 

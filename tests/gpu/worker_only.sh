@@ -6,7 +6,7 @@
 # variant with CUDA on), and checks that neither program links the server's
 # libraries (gRPC, libmicrohttpd, SQLite) and that the configure step did
 # not look for them. protobuf-c is the worker's too (TensorBoard's event
-# files, worker/tb_events.c).
+# files, worker/rank/tb_events.c).
 set -euo pipefail
 src=${TRAINYARD_SRC_DIR:?set by ctest}
 tmp=$(mktemp -d)

@@ -21,9 +21,9 @@
 
 #include <jansson.h>
 
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/safetensors.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/ckpt/safetensors.h"
 
 #define MAX_OUT 4096
 

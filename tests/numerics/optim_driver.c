@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "worker/optim.h"
+#include "worker/model/optim.h"
 
 int main(int argc, char **argv) {
   if (argc != 10) {

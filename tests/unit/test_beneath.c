@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/beneath.h"
 #include "tmpdir_testutil.h"
 

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "text/chat_template.h"
 
 static const char *kContext =

@@ -12,10 +12,10 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/checkpoint.h"
-#include "worker/model.h"
-#include "worker/weightinit.h"
+#include "common/errors.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/model/model.h"
+#include "worker/model/weightinit.h"
 
 #include "tmpdir_testutil.h"
 
@@ -86,7 +86,7 @@ static void test_layout(void **state) {
   ckpt_layout_free(&l);
 }
 
-/* The model's per-layer table (worker/model.h) and the checkpoint's list the
+/* The model's per-layer table (worker/model/model.h) and the checkpoint's list the
  * same tensors in the same order with the same shapes: a shard view of kind
  * k is the model_layer_t field k. */
 static void test_model_table_agrees(void **state) {

@@ -20,8 +20,8 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/comm.h"
+#include "common/errors.h"
+#include "worker/dist/comm.h"
 
 /* In a forked rank: report and exit 1 instead of a cmocka assertion. */
 #define CHECK(cond, ...)                                                   \

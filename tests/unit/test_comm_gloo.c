@@ -24,9 +24,9 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "tests/unit/tmpdir_testutil.h"
-#include "worker/comm.h"
+#include "worker/dist/comm.h"
 
 #define CHECK(cond, ...)                                                   \
   do {                                                                     \

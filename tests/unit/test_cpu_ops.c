@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "worker/cpu_ops.h"
+#include "worker/model/cpu_ops.h"
 
 static void fill(float *x, size_t n, unsigned seed) {
   for (size_t i = 0; i < n; i++) {

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "worker/cpu_pool.h"
+#include "worker/model/cpu_pool.h"
 
 typedef struct {
   int *hits;

@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #ifdef TRAINYARD_HAVE_CUDA
-#include "worker/backend_cuda.h"
+#include "worker/cuda/backend_cuda.h"
 #endif
 
 static bool mapped(const char *lib) {

@@ -11,8 +11,8 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/data.h"
+#include "common/errors.h"
+#include "worker/data/data.h"
 
 static char g_path[64];
 

@@ -1,5 +1,5 @@
-/* test_data_rows.c - tokenized examples on disk (worker/examples.c), their
- * rows with loss weights and document positions (worker/data_rows.c), and
+/* test_data_rows.c - tokenized examples on disk (worker/data/examples.c), their
+ * rows with loss weights and document positions (worker/data/data_rows.c), and
  * data_open over them (format jsonl): truncation, padding, packing, the
  * held-out examples, the global count of counted targets, refusals. */
 #include <setjmp.h>
@@ -14,10 +14,10 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/data.h"
-#include "worker/data_rows.h"
-#include "worker/examples.h"
+#include "common/errors.h"
+#include "worker/data/data.h"
+#include "worker/data/data_rows.h"
+#include "worker/data/examples.h"
 
 static char g_dir[64], g_path[128];
 

@@ -6,7 +6,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 
 static void test_codes_map_to_grpc_and_http(void **state) {
   (void)state;

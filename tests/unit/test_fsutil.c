@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/fsutil.h"
 
 static int is_dir(const char *p) {

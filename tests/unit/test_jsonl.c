@@ -1,6 +1,6 @@
-/* test_jsonl.c - JSONL examples (worker/jsonl.c): kinds by key or forced,
+/* test_jsonl.c - JSONL examples (worker/data/jsonl.c): kinds by key or forced,
  * each refusal by file and line; and their tokenization into an examples
- * file (worker/data_prepare.c) with a small hand-written tokenizer: which
+ * file (worker/data/data_prepare.c) with a small hand-written tokenizer: which
  * tokens count for text, prompt/completion and chat examples, loss_on
  * all, the vocabulary check, the cache kept while nothing changed and
  * built anew when the data changes, nothing left of a refused file. */
@@ -16,11 +16,11 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "text/tokenizer.h"
-#include "worker/data_prepare.h"
-#include "worker/examples.h"
-#include "worker/jsonl.h"
+#include "worker/data/data_prepare.h"
+#include "worker/data/examples.h"
+#include "worker/data/jsonl.h"
 
 #include "tmpdir_testutil.h"
 

@@ -20,8 +20,8 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/launch.h"
+#include "common/errors.h"
+#include "worker/rank/launch.h"
 
 static char g_bin[1024];
 static char g_piddir[256];

@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "server/config.h"
 
 /* A resolver for made-up names: each resolves to the numeric addresses

@@ -14,9 +14,9 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/clock.h"
-#include "worker/loader.h"
+#include "worker/ckpt/loader.h"
 
 #include "tmpdir_testutil.h"
 

@@ -12,10 +12,10 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/rng.h"
+#include "common/errors.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/model/rng.h"
 
 enum { TB = 2, TT = 5 };
 

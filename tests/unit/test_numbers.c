@@ -11,7 +11,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/numbers.h"
 
 #define VAR "TY_TEST_ENV_NUMBER"

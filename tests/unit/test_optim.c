@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "worker/optim.h"
+#include "worker/model/optim.h"
 
 static optim_config_t config(double lr, double wd, int warmup, int total) {
   optim_config_t c;

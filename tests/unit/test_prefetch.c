@@ -1,4 +1,4 @@
-/* test_prefetch.c - the FSDP unit schedule of worker/prefetch.h: with two
+/* test_prefetch.c - the FSDP unit schedule of worker/dist/prefetch.h: with two
  * slots the next unit's gather is queued before the current unit is waited
  * for and never into a slot before that slot's release; a unit still
  * resident is not gathered again; one slot never overlaps. Then the bytes:
@@ -21,8 +21,8 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/prefetch.h"
+#include "common/errors.h"
+#include "worker/dist/prefetch.h"
 
 #include "tmpdir_testutil.h"
 

@@ -15,10 +15,10 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/checkpoint.h"
-#include "worker/pytorch.h"
-#include "worker/safetensors.h"
+#include "common/errors.h"
+#include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/pytorch.h"
+#include "worker/ckpt/safetensors.h"
 
 static uint8_t *g_file;
 static size_t g_size;

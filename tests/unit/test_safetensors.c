@@ -16,9 +16,9 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/partial.h"
-#include "worker/safetensors.h"
+#include "worker/ckpt/safetensors.h"
 
 #include "tmpdir_testutil.h"
 

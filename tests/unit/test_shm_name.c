@@ -15,7 +15,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "common/shm_name.h"
 
 static void test_paths_and_server_names(void **state) {

@@ -1,5 +1,5 @@
 /* test_tb_events.c - TensorBoard event files and metrics.jsonl
- * (worker/tb_events.c, worker/run_metrics.c): CRC-32C against published
+ * (worker/rank/tb_events.c, worker/rank/run_metrics.c): CRC-32C against published
  * check values, the TFRecord framing byte by byte, and files read back
  * record by record (every CRC checked, every event decoded with protobuf-c);
  * values that are not finite left out; a folder that cannot be created
@@ -17,11 +17,11 @@
 #include <cmocka.h>
 #include <jansson.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "tensorboard.pb-c.h"
 #include "tests/unit/tmpdir_testutil.h"
-#include "worker/run_metrics.h"
-#include "worker/tb_events.h"
+#include "worker/rank/run_metrics.h"
+#include "worker/rank/tb_events.h"
 
 static void test_crc32c_check_values(void **state) {
   (void)state;

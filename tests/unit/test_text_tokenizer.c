@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
+#include "common/errors.h"
 #include "text/tok_internal.h"
 #include "text/tokenizer.h"
 

@@ -17,16 +17,16 @@
 
 #include <cmocka.h>
 
-#include "api/errors.h"
-#include "worker/comm.h"
-#include "worker/fsdp.h"
-#include "worker/loader.h"
-#include "worker/lora.h"
-#include "worker/model.h"
-#include "worker/model_io.h"
-#include "worker/outputs.h"
-#include "worker/safetensors.h"
-#include "worker/train.h"
+#include "common/errors.h"
+#include "worker/dist/comm.h"
+#include "worker/dist/fsdp.h"
+#include "worker/ckpt/loader.h"
+#include "worker/model/lora.h"
+#include "worker/model/model.h"
+#include "worker/ckpt/model_io.h"
+#include "worker/ckpt/outputs.h"
+#include "worker/ckpt/safetensors.h"
+#include "worker/rank/train.h"
 
 static char g_dir[64];    /* a fresh temporary directory per test */
 static char g_data[128];  /* its generated text file */

@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "worker/weightinit.h"
+#include "worker/model/weightinit.h"
 
 static void test_statistics(void **state) {
   (void)state;

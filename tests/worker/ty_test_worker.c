@@ -1,6 +1,6 @@
 /* ty_test_worker.c - a stand-in trainyard-worker for the server's tests.
  * It follows the worker contract (DESIGN.md "Worker contract"): reads its
- * environment and the spec, reports every phase through worker/report.h,
+ * environment and the spec, reports every phase through worker/rank/report.h,
  * exits 0 when its work is done. What goes wrong is chosen by '-'-separated
  * words in the spec's name (R: a rank, S: a step):
  *   failRatS    rank R reports "failed" at step S and exits 3
@@ -28,8 +28,8 @@
 
 #include <jansson.h>
 
-#include "api/errors.h"
-#include "worker/report.h"
+#include "common/errors.h"
+#include "worker/rank/report.h"
 
 typedef struct {
   int fail_rank, fail_step, crash_rank, crash_step, hang_rank, hang_step, silent_rank;

@@ -1,0 +1,347 @@
+/* loader.c - a rank's dim-0 shards: the shard layout, the standard and the
+ * memory-efficient load paths, and from-scratch initialisation. */
+#include "worker/ckpt/loader.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/clock.h"
+#include "common/xalloc.h"
+#include "worker/rank/memstat.h"
+#include "worker/model/weightinit.h"
+
+#define LOADER_ALIGN 64
+#define LOADER_MIN_BUCKET 64 /* bytes; tests use tiny buckets to exercise chunking */
+
+bool loader_progress_due(double *last, uint64_t done, uint64_t total) {
+  double now = ty_mono_s();
+  if (now - *last < 1.0 || done >= total) return false;
+  *last = now;
+  return true;
+}
+
+void loader_rows(int64_t R, int rank, int world, int64_t *row0, int64_t *count) {
+  int64_t base = R / world, extra = R % world;
+  *count = base + (rank < extra ? 1 : 0);
+  *row0 = (int64_t)rank * base + (rank < extra ? rank : extra);
+}
+
+/* n elements src (type st) -> dst (type dt), through fp32. Every path of the
+ * loader converts with this one function, so their shards are identical. */
+static void convert(ty_dtype_t st, const void *src, ty_dtype_t dt, void *dst, size_t n) {
+  if (st == dt) {
+    memcpy(dst, src, n * ty_dtype_size(st));
+  } else if (dt == TY_DTYPE_F32) {
+    ty_dtype_to_f32(st, src, dst, n);
+  } else if (st == TY_DTYPE_F32) {
+    ty_dtype_from_f32(dt, src, dst, n);
+  } else { /* half <-> half: widening is exact, so this rounds once */
+    float tmp[1024];
+    const char *s = src;
+    char *d = dst;
+    for (size_t i = 0; i < n; i += 1024) {
+      size_t k = n - i < 1024 ? n - i : 1024;
+      ty_dtype_to_f32(st, s + i * 2, tmp, k);
+      ty_dtype_from_f32(dt, tmp, d + i * 2, k);
+    }
+  }
+}
+
+/* The shard layout: views, offsets and the total size; nothing allocated
+ * in placement memory yet. */
+static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
+                        char *err, size_t errlen) {
+  if (o->world_size < 1 || o->rank < 0 || o->rank >= o->world_size)
+    return ty_errf(err, errlen, TY_EINVAL, "rank %d outside world size %d", o->rank, o->world_size);
+  if ((unsigned)o->dtype >= TY_DTYPE_COUNT)
+    return ty_errf(err, errlen, TY_EINVAL, "unknown shard dtype %d", (int)o->dtype);
+  loader_shard_t *s = xcalloc(1, sizeof *s);
+  if (ckpt_layout_init(&s->layout, cfg)) {
+    free(s);
+    return ty_errf(err, errlen, TY_EINVAL, "model sizes out of range for this build");
+  }
+  s->dtype = o->dtype;
+  s->rank = o->rank;
+  s->world_size = o->world_size;
+  s->pl = o->pl;
+  s->views = xcalloc(s->layout.ntensors + 1, sizeof *s->views);
+  size_t off = 0, esz = ty_dtype_size(o->dtype);
+  for (size_t i = 0; i < s->layout.ntensors; i++) {
+    loader_view_t *v = &s->views[i];
+    v->t = &s->layout.tensors[i];
+    loader_rows(v->t->rows, o->rank, o->world_size, &v->row0, &v->rows);
+    v->offset = off;
+    v->nbytes = (size_t)v->rows * (size_t)v->t->cols * esz;
+    off += (v->nbytes + LOADER_ALIGN - 1) & ~(size_t)(LOADER_ALIGN - 1);
+  }
+  s->bytes = off;
+  *out = s;
+  return 0;
+}
+
+uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype) {
+  loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dtype};
+  loader_shard_t *s = NULL; /* set on success; NULL also quiets -Wmaybe-uninitialized */
+  char err[8];
+  if (shard_layout(cfg, &o, &s, err, sizeof err)) return 0;
+  uint64_t bytes = s->bytes;
+  loader_shard_free(s);
+  return bytes;
+}
+
+/* Allocates the shard's one placement buffer and points the views into it. */
+static int shard_alloc(loader_shard_t *s, char *err, size_t errlen) {
+  if (placement_alloc(s->pl, s->bytes, &s->base))
+    return ty_errf(err, errlen, TY_EEXHAUSTED,
+                   "cannot allocate its %.1f MiB shard on %s (use more ranks)",
+                   (double)s->bytes / 1048576.0, s->pl->ops->name);
+  for (size_t i = 0; i < s->layout.ntensors; i++)
+    s->views[i].data = (char *)s->base + s->views[i].offset;
+  return 0;
+}
+
+int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard_t **out, char *err,
+                        size_t errlen) {
+  *out = NULL;
+  if (strcmp(src->pl->ops->name, "cpu"))
+    return ty_errf(err, errlen, TY_EINVAL, "a shard on %s is not in host memory",
+                   src->pl->ops->name);
+  loader_opts_t o = {
+      .rank = src->rank, .world_size = src->world_size, .dtype = src->dtype, .pl = pl};
+  loader_shard_t *s;
+  int rc = shard_layout(&src->layout.cfg, &o, &s, err, errlen);
+  if (rc) return rc;
+  if (s->bytes != src->bytes) /* cannot happen: one layout rule */
+    rc = ty_errf(err, errlen, TY_EINTERNAL, "the copy's layout differs");
+  if (!rc) rc = shard_alloc(s, err, errlen);
+  if (!rc && s->bytes && pl->ops->copy_in(pl, s->base, 0, src->base, s->bytes))
+    rc = ty_errf(err, errlen, TY_EINTERNAL, "copying its shard onto %s failed", pl->ops->name);
+  if (rc) {
+    loader_shard_free(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+void loader_shard_free(loader_shard_t *s) {
+  if (!s) return;
+  if (s->base) placement_release(s->pl, s->base, s->bytes);
+  ckpt_layout_free(&s->layout);
+  free(s->views);
+  free(s);
+}
+
+const loader_view_t *loader_view(const loader_shard_t *s, ckpt_kind_t kind, int layer) {
+  int i = ckpt_layout_index(&s->layout, kind, layer);
+  return i < 0 ? NULL : &s->views[i];
+}
+
+const loader_view_t *loader_view_by_name(const loader_shard_t *s, const char *name) {
+  for (size_t i = 0; i < s->layout.ntensors; i++)
+    if (!strcmp(s->views[i].t->name, name)) return &s->views[i];
+  return NULL;
+}
+
+static void finish_stats(loader_stats_t *st, const loader_shard_t *s, double t0) {
+  memstat_t m;
+  memstat_read(&m);
+  st->host_peak_bytes = m.hwm_bytes;
+  st->device_peak_bytes = s->pl->peak;
+  st->shard_bytes = s->bytes;
+  st->load_seconds = ty_mono_s() - t0;
+}
+
+/* Memory-efficient path: this rank's byte range of each tensor, through one
+ * bucket: [raw | converted], sized so both halves fit. */
+static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts_t *o,
+                          loader_stats_t *st, char *err, size_t errlen) {
+  size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
+  char *buf = malloc(bucket);
+  if (!buf)
+    return ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket", bucket);
+  const size_t dsz = ty_dtype_size(s->dtype);
+  int rc = 0;
+  for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
+    const loader_view_t *v = &s->views[i];
+    const st_tensor_t *ft = ck->file_tensor[i];
+    const size_t ssz = ty_dtype_size(ft->dtype);
+    const bool same = ft->dtype == s->dtype;
+    /* Elements per bucket; the raw bytes sit after the converted ones. */
+    size_t k = (same ? bucket / dsz : bucket / (ssz + dsz)) & ~(size_t)7; /* raw stays aligned */
+    char *conv = buf, *raw = same ? buf : buf + k * dsz;
+    const size_t n = (size_t)v->rows * (size_t)v->t->cols;
+    const uint64_t first = (uint64_t)v->row0 * (uint64_t)v->t->cols;
+    for (size_t done = 0; done < n && !rc; done += k) {
+      size_t m = n - done < k ? n - done : k;
+      rc = st_read(ck->st, ft, (first + done) * ssz, raw, m * ssz, err, errlen);
+      if (rc) break;
+      st->bytes_read += m * ssz;
+      if (!same) convert(ft->dtype, raw, s->dtype, conv, m);
+      rc = s->pl->ops->copy_in(s->pl, s->base, v->offset + done * dsz, conv, m * dsz);
+      if (rc) ty_errf(err, errlen, rc, "copying '%s' to %s failed", v->t->name, s->pl->ops->name);
+    }
+    if (o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
+  }
+  free(buf);
+  return rc;
+}
+
+/* Standard path: the whole checkpoint into host memory, the whole model
+ * into placement memory, then this rank's rows into its shard. */
+static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_t *o,
+                         loader_stats_t *st, char *err, size_t errlen) {
+  const size_t dsz = ty_dtype_size(s->dtype);
+  const size_t nt = s->layout.ntensors;
+  size_t *raw_off = xcalloc(nt + 1, sizeof *raw_off), raw_bytes = 0;
+  size_t *full_off = xcalloc(nt + 1, sizeof *full_off), full_bytes = 0;
+  for (size_t i = 0; i < nt; i++) {
+    raw_off[i] = raw_bytes;
+    /* Aligned, so that fp32 tensors can be read as floats. */
+    raw_bytes += (ck->file_tensor[i]->nbytes + LOADER_ALIGN - 1) & ~(size_t)(LOADER_ALIGN - 1);
+    full_off[i] = full_bytes;
+    full_bytes += (size_t)ck->file_tensor[i]->nelem * dsz;
+  }
+  int rc = 0;
+  char *raw = malloc(raw_bytes ? raw_bytes : 1);
+  void *full = NULL;
+  char *stage = NULL;
+  if (!raw) {
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED,
+                 "standard load: cannot hold the %.1f MiB checkpoint in host memory (try "
+                 "fsdp.memory_efficient_load)",
+                 (double)raw_bytes / 1048576.0);
+    goto out;
+  }
+  for (size_t i = 0; i < nt && !rc; i++) {
+    const st_tensor_t *ft = ck->file_tensor[i];
+    rc = st_read(ck->st, ft, 0, raw + raw_off[i], ft->nbytes, err, errlen);
+    st->bytes_read += rc ? 0 : ft->nbytes;
+    if (o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
+  }
+  if (rc) goto out;
+  if (placement_alloc(s->pl, full_bytes, &full)) {
+    full = NULL;
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED,
+                 "standard load: cannot place the whole %.1f MiB model on %s (try "
+                 "fsdp.memory_efficient_load)",
+                 (double)full_bytes / 1048576.0, s->pl->ops->name);
+    goto out;
+  }
+  /* Convert through a staging buffer of one bucket (the conversion runs on
+   * the host; the placement may be a device). */
+  size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
+  stage = xmalloc(bucket);
+  for (size_t i = 0; i < nt && !rc; i++) {
+    const st_tensor_t *ft = ck->file_tensor[i];
+    const size_t ssz = ty_dtype_size(ft->dtype), k = bucket / dsz;
+    for (size_t done = 0; done < ft->nelem && !rc; done += k) {
+      size_t m = ft->nelem - done < k ? ft->nelem - done : k;
+      convert(ft->dtype, raw + raw_off[i] + done * ssz, s->dtype, stage, m);
+      rc = s->pl->ops->copy_in(s->pl, full, full_off[i] + done * dsz, stage, m * dsz);
+    }
+  }
+  free(raw);
+  raw = NULL;
+  if (rc) {
+    ty_errf(err, errlen, rc, "copying the model to %s failed", s->pl->ops->name);
+    goto out;
+  }
+  if ((rc = shard_alloc(s, err, errlen))) {
+    ty_errf(err, errlen, rc,
+            "cannot allocate its %.1f MiB shard on %s beside the whole %.1f MiB model "
+            "that the standard load placed first (set fsdp.memory_efficient_load true: only "
+            "the shard is placed; or use more ranks)",
+            (double)s->bytes / 1048576.0, s->pl->ops->name, (double)full_bytes / 1048576.0);
+    goto out;
+  }
+  for (size_t i = 0; i < nt && !rc; i++) {
+    const loader_view_t *v = &s->views[i];
+    size_t src = full_off[i] + (size_t)v->row0 * (size_t)v->t->cols * dsz;
+    rc = s->pl->ops->copy_within(s->pl, s->base, v->offset, full, src, v->nbytes);
+  }
+  if (rc) ty_errf(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
+out:
+  free(stage);
+  if (full) placement_release(s->pl, full, full_bytes);
+  free(raw);
+  free(raw_off);
+  free(full_off);
+  return rc;
+}
+
+int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
+                loader_stats_t *stats, char *err, size_t errlen) {
+  *out = NULL;
+  loader_stats_t local = {0}, *st = stats ? stats : &local;
+  memset(st, 0, sizeof *st);
+  double t0 = ty_mono_s();
+  ckpt_t *ck;
+  int rc = ckpt_open(dir, &ck, err, errlen);
+  if (rc) return rc;
+  loader_shard_t *s = NULL;
+  if ((rc = shard_layout(&ck->layout.cfg, o, &s, err, errlen))) goto out;
+  if (o->memory_efficient) {
+    for (size_t i = 0; i < s->layout.ntensors; i++)
+      st->bytes_total += (uint64_t)s->views[i].rows * (uint64_t)s->views[i].t->cols *
+                         ty_dtype_size(ck->file_tensor[i]->dtype);
+    rc = shard_alloc(s, err, errlen);
+    if (!rc) rc = load_efficient(ck, s, o, st, err, errlen);
+  } else {
+    for (size_t i = 0; i < s->layout.ntensors; i++) st->bytes_total += ck->file_tensor[i]->nbytes;
+    rc = load_standard(ck, s, o, st, err, errlen);
+  }
+out:
+  ckpt_close(ck);
+  if (rc) {
+    loader_shard_free(s);
+    return rc;
+  }
+  finish_stats(st, s, t0);
+  *out = s;
+  return 0;
+}
+
+int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
+                        loader_stats_t *stats, char *err, size_t errlen) {
+  *out = NULL;
+  loader_stats_t local = {0}, *st = stats ? stats : &local;
+  memset(st, 0, sizeof *st);
+  double t0 = ty_mono_s();
+  loader_shard_t *s;
+  int rc = shard_layout(cfg, o, &s, err, errlen);
+  if (rc) return rc;
+  if ((rc = shard_alloc(s, err, errlen))) {
+    loader_shard_free(s);
+    return rc;
+  }
+  size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
+  const size_t dsz = ty_dtype_size(s->dtype);
+  /* One bucket: [converted | pad to 4 | fp32], both halves k elements. */
+  const size_t k = (bucket - 4) / (4 + dsz);
+  char *buf = xmalloc(bucket);
+  float *f32 = (float *)(buf + ((k * dsz + 3) & ~(size_t)3));
+  for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
+    const loader_view_t *v = &s->views[i];
+    uint64_t stream = winit_stream(o->seed, v->t->name);
+    const size_t n = (size_t)v->rows * (size_t)v->t->cols;
+    const uint64_t first = (uint64_t)v->row0 * (uint64_t)v->t->cols;
+    for (size_t done = 0; done < n && !rc; done += k) {
+      size_t m = n - done < k ? n - done : k;
+      winit_fill(stream, v->t->is_norm, first + done, f32, m);
+      convert(TY_DTYPE_F32, f32, s->dtype, buf, m);
+      rc = s->pl->ops->copy_in(s->pl, s->base, v->offset + done * dsz, buf, m * dsz);
+    }
+  }
+  free(buf);
+  if (rc) {
+    loader_shard_free(s);
+    return ty_errf(err, errlen, rc, "copying initial weights to %s failed", o->pl->ops->name);
+  }
+  finish_stats(st, s, t0);
+  *out = s;
+  return 0;
+}

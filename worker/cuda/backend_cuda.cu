@@ -1,0 +1,503 @@
+/* backend_cuda.cu - the CUDA kernels and cuBLAS products of backend_cuda.h,
+ * attention's aside (attention_cuda.cu), and the loading of cuBLAS. Plain,
+ * checkable kernels: one block per row for the row ops (norms, softmaxes),
+ * one thread per element otherwise; every reduction is in a fixed order
+ * for a fixed launch, so results repeat. */
+#include <dlfcn.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "worker/cuda/backend_cuda_impl.cuh"
+
+extern "C" {
+#include "worker/model/cpu_ops.h"
+#include "worker/cuda/mem_cuda.h"
+}
+
+/* ---- cuBLAS, loaded when the first backend is created rather than at
+ * program start: mapping libcublas and libcublasLt costs a process some 200
+ * MiB of resident memory, which a CPU job or a load should not pay. The
+ * worker links only the CUDA runtime. ---- */
+cb_blas_t g_blas = {PTHREAD_ONCE_INIT, "not loaded", NULL, NULL, NULL, NULL, NULL, NULL};
+
+/* dlopen of name, or of name beside the CUDA runtime this program uses
+ * (the toolkit's lib directory, which the loader's path may not list). */
+static void *open_beside_cudart(const char *name) {
+  void *h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+  Dl_info info;
+  if (h || !dladdr((void *)&cudaGetDeviceCount, &info) || !info.dli_fname) return h;
+  char path[4096];
+  snprintf(path, sizeof path, "%s", info.dli_fname);
+  char *slash = strrchr(path, '/');
+  if (!slash) return NULL;
+  snprintf(slash + 1, sizeof path - (size_t)(slash + 1 - path), "%s", name);
+  return dlopen(path, RTLD_NOW | RTLD_LOCAL);
+}
+
+static void blas_load(void) {
+  char name[64];
+  snprintf(name, sizeof name, "libcublas.so.%d", CUBLAS_VER_MAJOR);
+  void *h = open_beside_cudart(name);
+  if (!h) {
+    snprintf(g_blas.why, sizeof g_blas.why, "cannot load %s (%s)", name, dlerror());
+    return;
+  }
+#define TY_BLAS_SYM(field, sym)                                                               \
+  if (!(g_blas.field = (decltype(g_blas.field))dlsym(h, #sym))) {                             \
+    snprintf(g_blas.why, sizeof g_blas.why, "%s has no %s (a cuBLAS older than %d.x?)", name, \
+             #sym, CUBLAS_VER_MAJOR);                                                         \
+    return;                                                                                   \
+  }
+  TY_BLAS_SYM(create, cublasCreate_v2)
+  TY_BLAS_SYM(destroy, cublasDestroy_v2)
+  TY_BLAS_SYM(set_math_mode, cublasSetMathMode)
+  TY_BLAS_SYM(sgemm, cublasSgemm_v2)
+  TY_BLAS_SYM(gemm_ex, cublasGemmEx)
+  TY_BLAS_SYM(gemm_batched, cublasGemmBatchedEx)
+#undef TY_BLAS_SYM
+  g_blas.why[0] = '\0'; /* the handle stays open for the process */
+}
+
+static int cb_fail(char *err, size_t errlen, int code, const char *what, const char *why) {
+  if (err && errlen) snprintf(err, errlen, "cuda backend: %s: %s", what, why);
+  return code;
+}
+
+extern "C" int cuda_backend_blas_check(char *err, size_t errlen) {
+  pthread_once(&g_blas.once, blas_load);
+  return g_blas.why[0] ? cb_fail(err, errlen, TY_EUNAVAILABLE, "cuBLAS", g_blas.why) : 0;
+}
+
+extern "C" int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen) {
+  *out = NULL;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count < 1) {
+    cudaGetLastError();
+    return cb_fail(err, errlen, TY_EUNAVAILABLE, "no CUDA device is visible",
+                   e != cudaSuccess ? cudaGetErrorString(e) : "the runtime reports 0 devices");
+  }
+  if (device < 0 || device >= count)
+    return cb_fail(err, errlen, TY_EUNAVAILABLE, "device index out of range",
+                   "use a device index below the number of visible devices");
+  if ((e = cudaSetDevice(device)) != cudaSuccess)
+    return cb_fail(err, errlen, TY_EUNAVAILABLE, "cudaSetDevice", cudaGetErrorString(e));
+  int rc = cuda_backend_blas_check(err, errlen);
+  if (rc) return rc;
+  cuda_backend_t *b = (cuda_backend_t *)calloc(1, sizeof *b);
+  if (!b) return TY_EEXHAUSTED;
+  b->device = device;
+  if (g_blas.create(&b->blas) != CUBLAS_STATUS_SUCCESS) {
+    free(b);
+    return cb_fail(err, errlen, TY_EINTERNAL, "cublasCreate", "failed");
+  }
+  /* Plain fp32 for Sgemm: no TF32 unless asked for, so fp32 matches the CPU. */
+  g_blas.set_math_mode(b->blas, CUBLAS_DEFAULT_MATH);
+  if (mem_cuda_alloc((void **)&b->dsum, sizeof(double))) {
+    g_blas.destroy(b->blas);
+    free(b);
+    return cb_fail(err, errlen, TY_EEXHAUSTED, "cudaMalloc", "out of device memory");
+  }
+  *out = b;
+  return 0;
+}
+
+extern "C" void cuda_backend_attention_rows(cuda_backend_t *b, bool on) {
+  b->attn_rows = on;
+}
+
+extern "C" void cuda_backend_free(cuda_backend_t *b) {
+  if (!b) return;
+  mem_cuda_free(b->dsum);
+  g_blas.destroy(b->blas);
+  free(b);
+}
+
+extern "C" int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen) {
+  (void)b;
+  cudaError_t e = cudaDeviceSynchronize();
+  if (e == cudaSuccess) e = cudaGetLastError();
+  if (e != cudaSuccess) return cb_fail(err, errlen, TY_EINTERNAL, "kernel", cudaGetErrorString(e));
+  return 0;
+}
+
+/* ---- conversions ---- */
+
+__global__ void k_f32_to_bf16(__nv_bfloat16 *d, const float *s, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) d[i] = __float2bfloat16_rn(s[i]);
+}
+__global__ void k_bf16_to_f32(float *d, const __nv_bfloat16 *s, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) d[i] = __bfloat162float(s[i]);
+}
+extern "C" void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n) {
+  (void)b;
+  if (n) TY_LAUNCH(k_f32_to_bf16, cb_blocks(n), CB_THREADS, 0)((__nv_bfloat16 *)dst, src, n);
+}
+extern "C" void cuda_bf16_to_f32(cuda_backend_t *b, float *dst, const uint16_t *src, size_t n) {
+  (void)b;
+  if (n) TY_LAUNCH(k_bf16_to_f32, cb_blocks(n), CB_THREADS, 0)(dst, (const __nv_bfloat16 *)src, n);
+}
+
+/* ---- matrix products (row-major operands seen by column-major cuBLAS:
+ * a row-major (R, C) matrix is a column-major (C, R) one) ---- */
+
+/* Column-major C (m, n) = alpha * op(A) op(B) + beta * C, operands of dt. */
+static int gemm(cuda_backend_t *b, ty_dtype_t dt, cublasOperation_t ta, cublasOperation_t tb, int m,
+                int n, int k, float alpha, const void *A, int lda, const void *B, int ldb,
+                float beta, float *C, int ldc) {
+  if (m == 0 || n == 0) return 0;
+  cublasStatus_t s;
+  if (dt == TY_DTYPE_F32)
+    s = g_blas.sgemm(b->blas, ta, tb, m, n, k, &alpha, (const float *)A, lda, (const float *)B, ldb,
+                     &beta, C, ldc);
+  else if (dt == TY_DTYPE_BF16)
+    s = g_blas.gemm_ex(b->blas, ta, tb, m, n, k, &alpha, A, CUDA_R_16BF, lda, B, CUDA_R_16BF, ldb,
+                       &beta, C, CUDA_R_32F, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+  else
+    return TY_EINVAL;
+  return s == CUBLAS_STATUS_SUCCESS ? 0 : TY_EINTERNAL;
+}
+
+/* out (N, OUT) = alpha * inp (N, IN) @ W (OUT, IN)^T + beta * out. */
+static int mm_nt(cuda_backend_t *b, ty_dtype_t dt, float *out, const void *inp, const void *W,
+                 int N, int IN, int OUT, float alpha, float beta) {
+  return gemm(b, dt, CUBLAS_OP_T, CUBLAS_OP_N, OUT, N, IN, alpha, W, IN, inp, IN, beta, out, OUT);
+}
+/* dinp (N, IN) = alpha * dout (N, OUT) @ W (OUT, IN) + beta * dinp. */
+static int mm_nn(cuda_backend_t *b, ty_dtype_t dt, float *dinp, const void *dout, const void *W,
+                 int N, int IN, int OUT, float alpha, float beta) {
+  return gemm(b, dt, CUBLAS_OP_N, CUBLAS_OP_N, IN, N, OUT, alpha, W, IN, dout, OUT, beta, dinp, IN);
+}
+/* dW (OUT, IN) = alpha * dout (N, OUT)^T @ inp (N, IN) + beta * dW. */
+static int mm_tn(cuda_backend_t *b, ty_dtype_t dt, float *dW, const void *dout, const void *inp,
+                 int N, int IN, int OUT, float alpha, float beta) {
+  return gemm(b, dt, CUBLAS_OP_N, CUBLAS_OP_T, IN, OUT, N, alpha, inp, IN, dout, OUT, beta, dW, IN);
+}
+
+extern "C" int cuda_matmul_forward(cuda_backend_t *b, float *out, const void *inp,
+                                   const void *weight, ty_dtype_t dt, int N, int IN, int OUT,
+                                   float beta) {
+  return mm_nt(b, dt, out, inp, weight, N, IN, OUT, 1.0f, beta);
+}
+
+extern "C" int cuda_matmul_backward(cuda_backend_t *b, float *dinp, float *dweight,
+                                    const void *dout, const void *inp, const void *weight,
+                                    ty_dtype_t dt, int N, int IN, int OUT, float dinp_beta) {
+  int rc = 0;
+  if (dinp) rc = mm_nn(b, dt, dinp, dout, weight, N, IN, OUT, 1.0f, dinp_beta);
+  if (!rc && dweight) rc = mm_tn(b, dt, dweight, dout, inp, N, IN, OUT, 1.0f, 1.0f);
+  return rc;
+}
+
+/* ---- RMSNorm ---- */
+
+__global__ void k_rmsnorm_fwd(float *out, float *rstd, const float *inp, const float *w, int C,
+                              float eps) {
+  const float *x = inp + (size_t)blockIdx.x * C;
+  float *y = out + (size_t)blockIdx.x * C;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) ss += x[c] * x[c];
+  ss = block_sum(ss);
+  float s = 1.0f / sqrtf(ss / C + eps);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) y[c] = w[c] * (x[c] * s);
+  if (threadIdx.x == 0) rstd[blockIdx.x] = s;
+}
+
+/* dx = rstd * (w*dy - xhat * mean(w*dy * xhat)) (+ dresid), one row a block. */
+__global__ void k_rmsnorm_bwd(float *dinp, const float *dout, const float *dresid, const float *inp,
+                              const float *w, const float *rstd, int C) {
+  size_t r = blockIdx.x;
+  const float *x = inp + r * C, *dy = dout + r * C;
+  const float *dres = dresid ? dresid + r * C : NULL;
+  float *dx = dinp + r * C;
+  float s = rstd[r];
+  double dot = 0.0;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) dot += (double)(w[c] * dy[c]) * (x[c] * s);
+  dot = block_sum(dot);
+  float m = (float)(dot / C);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    float g = s * (w[c] * dy[c] - x[c] * s * m);
+    dx[c] = dres ? dres[c] + g : g;
+  }
+}
+
+/* dweight[c] += sum over rows (in order) of dy * x * rstd: one thread a column. */
+__global__ void k_rmsnorm_dw(float *dw, const float *dout, const float *inp, const float *rstd,
+                             int N, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  float acc = dw[c];
+  for (int r = 0; r < N; r++) acc += dout[(size_t)r * C + c] * inp[(size_t)r * C + c] * rstd[r];
+  dw[c] = acc;
+}
+
+extern "C" void cuda_rmsnorm_forward(cuda_backend_t *b, float *out, float *rstd, const float *inp,
+                                     const float *weight, int N, int C, float eps) {
+  (void)b;
+  if (N > 0) TY_LAUNCH(k_rmsnorm_fwd, N, CB_THREADS, 0)(out, rstd, inp, weight, C, eps);
+}
+
+extern "C" void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight,
+                                      const float *dout, const float *dresid, const float *inp,
+                                      const float *weight, const float *rstd, int N, int C) {
+  (void)b;
+  if (N <= 0) return;
+  /* dweight first: dinp may alias dresid, never dout or inp. */
+  if (dweight)
+    TY_LAUNCH(k_rmsnorm_dw, cb_blocks((size_t)C), CB_THREADS, 0)(dweight, dout, inp, rstd, N, C);
+  TY_LAUNCH(k_rmsnorm_bwd, N, CB_THREADS, 0)(dinp, dout, dresid, inp, weight, rstd, C);
+}
+
+/* ---- RoPE (rotate-half) ---- */
+
+__global__ void k_rope(float *x, const float *cs, const float *sn, const int *pos, int T, int NX,
+                       int HS, size_t total, float sign) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  int half = HS / 2;
+  int j = (int)(i % half);
+  size_t head = i / half; /* (b*T + t) * NX + h */
+  size_t t = pos ? (size_t)pos[head / NX] : (head / NX) % T;
+  float *v = x + head * HS;
+  float c = cs[t * half + j], s = sign * sn[t * half + j];
+  float x1 = v[j], x2 = v[j + half];
+  v[j] = x1 * c - x2 * s;
+  v[j + half] = x2 * c + x1 * s;
+}
+
+extern "C" int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS,
+                                double theta, const llama_rope_scaling_t *scaling) {
+  (void)b;
+  size_t n = (size_t)T * (HS / 2);
+  float *h = (float *)malloc(2 * n * sizeof(float) + 1);
+  if (!h) return TY_EEXHAUSTED;
+  cpu_rope_tables(h, h + n, T, HS, theta, scaling);
+  cudaError_t e = cudaMemcpy(cos_t, h, n * sizeof(float), cudaMemcpyHostToDevice);
+  if (e == cudaSuccess) e = cudaMemcpy(sin_t, h + n, n * sizeof(float), cudaMemcpyHostToDevice);
+  free(h);
+  return e == cudaSuccess ? 0 : TY_EINTERNAL;
+}
+
+extern "C" void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t,
+                                  const float *sin_t, const int *pos, int B, int T, int NX,
+                                  int HS) {
+  (void)b;
+  size_t total = (size_t)B * T * NX * (HS / 2);
+  if (total) TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)
+  (x, cos_t, sin_t, pos, T, NX, HS, total, 1.0f);
+}
+
+extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t,
+                                   const float *sin_t, const int *pos, int B, int T, int NX,
+                                   int HS) {
+  (void)b;
+  size_t total = (size_t)B * T * NX * (HS / 2);
+  if (total) TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)
+  (dx, cos_t, sin_t, pos, T, NX, HS, total, -1.0f);
+}
+
+/* ---- SwiGLU ---- */
+
+__global__ void k_swiglu_fwd(float *h, const float *gate, const float *up, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    float g = gate[i];
+    h[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+__global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dh, const float *gate,
+                             const float *up, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) {
+    float g = gate[i], s = 1.0f / (1.0f + expf(-g)), d = dh[i];
+    dup[i] = d * g * s;
+    dgate[i] = d * up[i] * s * (1.0f + g * (1.0f - s));
+  }
+}
+extern "C" void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up,
+                                    size_t n) {
+  (void)b;
+  if (n) TY_LAUNCH(k_swiglu_fwd, cb_blocks(n), CB_THREADS, 0)(h, gate, up, n);
+}
+extern "C" void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
+                                     const float *gate, const float *up, size_t n) {
+  (void)b;
+  if (n) TY_LAUNCH(k_swiglu_bwd, cb_blocks(n), CB_THREADS, 0)(dgate, dup, dh, gate, up, n);
+}
+
+__global__ void k_add(float *dst, const float *src, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] += src[i];
+}
+extern "C" void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n) {
+  (void)b;
+  if (n) TY_LAUNCH(k_add, cb_blocks(n), CB_THREADS, 0)(dst, src, n);
+}
+
+/* ---- embedding ---- */
+
+template <typename W>
+__device__ float to_f32(W w);
+template <>
+__device__ float to_f32<float>(float w) {
+  return w;
+}
+template <>
+__device__ float to_f32<__nv_bfloat16>(__nv_bfloat16 w) {
+  return __bfloat162float(w);
+}
+template <typename W>
+__global__ void k_embed_fwd(float *out, const int *tokens, const W *embed, int C, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] = to_f32(embed[(size_t)tokens[i / C] * C + i % C]);
+}
+/* One thread per column, rows in order: no atomics, a fixed summation order. */
+__global__ void k_embed_bwd(float *dembed, const float *dout, const int *tokens, int N, int C) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= C) return;
+  for (int r = 0; r < N; r++) dembed[(size_t)tokens[r] * C + c] += dout[(size_t)r * C + c];
+}
+extern "C" void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens,
+                                       const void *embed, ty_dtype_t dt, int N, int C) {
+  (void)b;
+  size_t n = (size_t)N * C;
+  if (!n) return;
+  if (dt == TY_DTYPE_BF16) TY_LAUNCH(k_embed_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
+  (out, tokens, (const __nv_bfloat16 *)embed, C, n);
+  else TY_LAUNCH(k_embed_fwd<float>, cb_blocks(n), CB_THREADS, 0)(out, tokens, (const float *)embed,
+                                                                  C, n);
+}
+extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout,
+                                        const int *tokens, int N, int C) {
+  (void)b;
+  if (N > 0 && C > 0)
+    TY_LAUNCH(k_embed_bwd, cb_blocks((size_t)C), CB_THREADS, 0)(dembed, dout, tokens, N, C);
+}
+
+/* ---- cross-entropy ---- */
+
+/* weights (N) or NULL: a row of weight 0 gets loss 0 (its logits are not
+ * read past the max and sum, which every row computes alike). */
+__global__ void k_ce_fwd(float *losses, const float *logits, const int *targets,
+                         const float *weights, int V) {
+  const float *l = logits + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_max(mx);
+  double sum = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_sum(sum);
+  if (threadIdx.x == 0)
+    losses[blockIdx.x] = weights && weights[blockIdx.x] == 0.0f
+                             ? 0.0f
+                             : (float)(log(sum) + mx - l[targets[blockIdx.x]]);
+}
+__global__ void k_ce_bwd(float *logits, const int *targets, const float *weights, int V,
+                         float dloss) {
+  if (weights) dloss *= weights[blockIdx.x];
+  float *l = logits + (size_t)blockIdx.x * V;
+  float mx = -INFINITY;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) mx = fmaxf(mx, l[j]);
+  mx = block_max(mx);
+  double sum = 0.0;
+  for (int j = threadIdx.x; j < V; j += blockDim.x) sum += expf(l[j] - mx);
+  sum = block_sum(sum);
+  float inv = (float)(1.0 / sum) * dloss;
+  int tg = targets[blockIdx.x];
+  for (int j = threadIdx.x; j < V; j += blockDim.x)
+    l[j] = expf(l[j] - mx) * inv - (j == tg ? dloss : 0.0f);
+}
+/* One block: the sum of x (n) in double, threads striding, a fixed tree. */
+__global__ void k_sum(double *out, const float *x, size_t n, int squares) {
+  double acc = 0.0;
+  for (size_t i = threadIdx.x; i < n; i += blockDim.x) acc += squares ? (double)x[i] * x[i] : x[i];
+  acc = block_sum(acc);
+  if (threadIdx.x == 0) *out = acc;
+}
+static int fetch_sum(cuda_backend_t *b, const float *x, size_t n, int squares, double *out) {
+  if (!n) {
+    *out = 0.0;
+    return 0;
+  }
+  TY_LAUNCH(k_sum, 1, 1024, 0)(b->dsum, x, n, squares);
+  cudaError_t e = cudaMemcpy(out, b->dsum, sizeof(double), cudaMemcpyDeviceToHost);
+  return e == cudaSuccess ? 0 : TY_EINTERNAL;
+}
+extern "C" int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
+                                         const int *targets, const float *weights, int N, int V,
+                                         double *sum) {
+  if (N <= 0) {
+    if (sum) *sum = 0.0;
+    return 0;
+  }
+  TY_LAUNCH(k_ce_fwd, N, CB_THREADS, 0)(losses, logits, targets, weights, V);
+  return sum ? fetch_sum(b, losses, (size_t)N, 0, sum) : 0;
+}
+extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
+                                           const float *weights, int N, int V, float dloss) {
+  (void)b;
+  if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, weights, V, dloss);
+}
+extern "C" int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out) {
+  return fetch_sum(b, x, n, 0, out);
+}
+extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out) {
+  return fetch_sum(b, x, n, 1, out);
+}
+
+/* ---- LoRA ---- */
+
+extern "C" int cuda_lora_forward(cuda_backend_t *b, float *out, float *xa, const float *x,
+                                 const float *A, const float *B, int n, int IN, int OUT, int R,
+                                 float scale) {
+  int rc = mm_nt(b, TY_DTYPE_F32, xa, x, A, n, IN, R, 1.0f, 0.0f);
+  if (!rc) rc = mm_nt(b, TY_DTYPE_F32, out, xa, B, n, R, OUT, scale, 1.0f);
+  return rc;
+}
+
+extern "C" int cuda_lora_backward(cuda_backend_t *b, float *dx, float *dA, float *dB, float *dxa,
+                                  const float *dout, const float *x, const float *xa,
+                                  const float *A, const float *B, int n, int IN, int OUT, int R,
+                                  float scale) {
+  int rc = mm_tn(b, TY_DTYPE_F32, dB, dout, xa, n, R, OUT, scale, 1.0f);
+  if (!rc) rc = mm_nn(b, TY_DTYPE_F32, dxa, dout, B, n, R, OUT, scale, 0.0f);
+  if (!rc) rc = mm_tn(b, TY_DTYPE_F32, dA, dxa, x, n, IN, R, 1.0f, 1.0f);
+  if (!rc && dx) rc = mm_nn(b, TY_DTYPE_F32, dx, dxa, A, n, IN, R, 1.0f, 1.0f);
+  return rc;
+}
+
+/* ---- AdamW ---- */
+
+__global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, float b1, float b2,
+                        float one_b1, float one_b2, float eps, float decay, float gs,
+                        float step_size, float bc2_sqrt) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  float gi = g[i] * gs;
+  float pi = p[i] * decay;
+  float mi = m[i] * b1 + one_b1 * gi;
+  float vi = v[i] * b2 + one_b2 * gi * gi;
+  float denom = sqrtf(vi) / bc2_sqrt + eps;
+  p[i] = pi - step_size * (mi / denom);
+  m[i] = mi;
+  v[i] = vi;
+}
+
+extern "C" void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, float *v,
+                                size_t n, const cuda_adamw_cfg_t *c, int64_t t, double grad_scale,
+                                int decay_on) {
+  (void)b;
+  if (!n) return;
+  /* The host-side factors exactly as optim_step computes them. */
+  double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);
+  float decay = decay_on ? (float)(1.0 - c->lr * c->weight_decay) : 1.0f;
+  TY_LAUNCH(k_adamw, cb_blocks(n), CB_THREADS, 0)
+  (p, g, m, v, n, (float)c->beta1, (float)c->beta2, (float)(1.0 - c->beta1),
+   (float)(1.0 - c->beta2), (float)c->eps, decay, (float)grad_scale, (float)(c->lr / bc1),
+   (float)sqrt(bc2));
+}

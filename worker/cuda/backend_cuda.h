@@ -1,0 +1,168 @@
+/* backend_cuda.h - the Llama decoder's kernels on an NVIDIA GPU: the same
+ * forward/backward pairs as worker/model/cpu_ops.h, with the same shapes, the same
+ * gradient rule (parameter gradients +=, activation gradients =) and the
+ * same arithmetic up to summation order, so that each can be checked against
+ * its CPU twin on the same inputs (tests/gpu).
+ *
+ * Every pointer below is device memory (cudaMalloc, or a CUDA placement's
+ * shard) unless it says host. Activations are fp32. Matrix products go
+ * through cuBLAS: fp32 (cublasSgemm, no TF32) or bf16 operands with an fp32
+ * result and fp32 accumulation (cublasGemmEx, CUBLAS_COMPUTE_32F), and
+ * attention's, given a workspace, TF32 ones (cublasGemmBatchedEx). Work is
+ * queued on the legacy default stream in call order; cuda_backend_sync waits
+ * for it and reports the first error (kernel launches return nothing).
+ *
+ * Letters as in worker/model/model.h; N = B*T token rows. */
+#ifndef TY_WORKER_BACKEND_CUDA_H
+#define TY_WORKER_BACKEND_CUDA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "api/llama_config.h"
+#include "common/dtype.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct cuda_backend cuda_backend_t;
+
+/* A backend on CUDA device `device` (made current): a cuBLAS handle and a
+ * small device scratch. Returns 0, or TY_EUNAVAILABLE (no such device: err
+ * says why) or TY_EINTERNAL (cuBLAS). *out is the caller's. */
+int cuda_backend_create(cuda_backend_t **out, int device, char *err, size_t errlen);
+/* Accepts NULL. */
+void cuda_backend_free(cuda_backend_t *b);
+/* Attention by one block per query row or key (on), as for head sizes
+ * over 256, rather than by tiles of rows (off, the default): for checking
+ * one path against the other and timing them (tests/gpu). */
+void cuda_backend_attention_rows(cuda_backend_t *b, bool on);
+/* Loads cuBLAS (dlopen: the worker does not link it, so that a process
+ * that never computes on a GPU does not map it); needs no device. Called by
+ * cuda_backend_create. 0, or TY_EUNAVAILABLE with the library's name and
+ * the loader's reason in err. */
+int cuda_backend_blas_check(char *err, size_t errlen);
+/* Waits for the queued work; 0, or TY_EINTERNAL naming the first error. */
+int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen);
+
+/* --- Conversions (round to nearest even, NaN stays NaN, as common/dtype.h). */
+void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n);
+void cuda_bf16_to_f32(cuda_backend_t *b, float *dst, const uint16_t *src, size_t n);
+
+/* --- Matrix products. dt is TY_DTYPE_F32 (operands float) or TY_DTYPE_BF16
+ * (inp, weight and dout uint16_t bf16); results and dweight are fp32.
+ * Return 0, TY_EINVAL (another dtype) or TY_EINTERNAL (cuBLAS). --- */
+
+/* out (N, OUT) = beta * out + inp (N, IN) @ weight (OUT, IN)^T. */
+int cuda_matmul_forward(cuda_backend_t *b, float *out, const void *inp, const void *weight,
+                        ty_dtype_t dt, int N, int IN, int OUT, float beta);
+/* dinp (N, IN) = dinp_beta * dinp + dout (N, OUT) @ weight (OUT, IN);
+ * dweight (OUT, IN) += dout^T @ inp. Either output may be NULL. */
+int cuda_matmul_backward(cuda_backend_t *b, float *dinp, float *dweight, const void *dout,
+                         const void *inp, const void *weight, ty_dtype_t dt, int N, int IN, int OUT,
+                         float dinp_beta);
+
+/* --- Elementwise and row kernels, fp32 (see cpu_ops.h for the math). --- */
+
+void cuda_rmsnorm_forward(cuda_backend_t *b, float *out, float *rstd, const float *inp,
+                          const float *weight, int N, int C, float eps);
+/* dresid may be NULL or alias dinp; dweight may be NULL. */
+void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight, const float *dout,
+                           const float *dresid, const float *inp, const float *weight,
+                           const float *rstd, int N, int C);
+
+/* Uploads the rotary tables of cpu_rope_tables (computed on the host in
+ * double) into cos_t, sin_t (T, HS/2). Returns 0 or TY_EINTERNAL. */
+int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS, double theta,
+                     const llama_rope_scaling_t *scaling);
+/* pos (B*T) device ints or NULL, as cpu_rope_forward's. */
+void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t, const float *sin_t,
+                       const int *pos, int B, int T, int NX, int HS);
+void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t, const float *sin_t,
+                        const int *pos, int B, int T, int NX, int HS);
+
+/* Causal GQA attention, as cpu_attention_forward (pos (B*T) device ints or
+ * NULL: the block-diagonal mask of documents packed in a row): out (B, T, NH*HS) and
+ * lse (B, NH, T), each scaled score row's log-sum-exp, from which the
+ * backward pass rebuilds the probabilities. Two paths:
+ *  - fp32 on CUDA cores (ws NULL), exact up to summation order: tiles of
+ *    query rows for head sizes up to 256 (unless
+ *    cuda_backend_attention_rows), one block per row for larger heads; no
+ *    (T, T) matrix is ever held, in a layer or across them;
+ *  - the products on tensor cores (ws, ws_bytes: device memory of at
+ *    least cuda_attention_tf32_bytes for B, T and NH): cublasGemmBatchedEx
+ *    with TF32 operands (10 mantissa bits, so scores and gradients agree
+ *    with fp32 to about 1e-3 relative) and fp32 accumulation, over chunks
+ *    of query rows whose scores fit ws, the rows' softmax in fp32.
+ * A ws too small for this call's B and T takes the fp32 path. Return 0, or
+ * TY_EINTERNAL (cuBLAS refused a product). */
+int cuda_attention_forward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *out, float *lse,
+                           const float *q, const float *k, const float *v, const int *pos, int B,
+                           int T, int NH, int NKV, int HS);
+/* dq, dk, dv written from dout and the forward's out and lse (the same
+ * path's); scratch holds B*NH*T floats (each row's dout . out). dk and dv
+ * are summed without atomics, in a fixed order. */
+int cuda_attention_backward(cuda_backend_t *b, void *ws, size_t ws_bytes, float *dq, float *dk,
+                            float *dv, float *scratch, const float *dout, const float *out,
+                            const float *lse, const float *q, const float *k, const float *v,
+                            const int *pos, int B, int T, int NH, int NKV, int HS);
+/* Bytes of workspace for the tensor-core path at up to B x T tokens: its
+ * pointer arrays and two buffers of scores, together about `budget` bytes
+ * (the more, the fewer and larger the chunks), but at least 16 query rows'
+ * worth (or T's), so that any budget gives a workspace that works. */
+size_t cuda_attention_tf32_bytes(int B, int T, int NH, size_t budget);
+
+void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up, size_t n);
+void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
+                          const float *gate, const float *up, size_t n);
+
+/* tokens (N) device ints in [0, V); embed (V, C) of dt (F32 or BF16: a
+ * loader shard's table as it lies on the device). */
+void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens, const void *embed,
+                            ty_dtype_t dt, int N, int C);
+void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout, const int *tokens,
+                             int N, int C);
+
+/* losses (N) = -log softmax(logits)[target], 0 where weights (N device
+ * floats, 0 or 1; NULL: all 1) is 0. With sum (host) non-NULL, waits and
+ * stores the sum of the losses (in double); returns 0 or TY_EINTERNAL. */
+int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
+                              const int *targets, const float *weights, int N, int V, double *sum);
+/* dlogits = (softmax - onehot) * dloss * weights[r] (NULL: 1), in place. */
+void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
+                                const float *weights, int N, int V, float dloss);
+
+/* --- LoRA (PEFT): out (n, OUT) += scale * (x (n, IN) @ A^T) @ B^T, with
+ * A (R, IN), B (OUT, R); xa (n, R) saves x @ A^T for the backward pass. */
+int cuda_lora_forward(cuda_backend_t *b, float *out, float *xa, const float *x, const float *A,
+                      const float *B, int n, int IN, int OUT, int R, float scale);
+/* dB += scale * dout^T @ xa; dxa = scale * dout @ B (scratch, n x R);
+ * dA += dxa^T @ x; dx (may be NULL) += dxa @ A. */
+int cuda_lora_backward(cuda_backend_t *b, float *dx, float *dA, float *dB, float *dxa,
+                       const float *dout, const float *x, const float *xa, const float *A,
+                       const float *B, int n, int IN, int OUT, int R, float scale);
+
+/* --- AdamW (worker/model/optim.h's arithmetic) over n elements: p, m, v updated
+ * in place, g read only. t is the step count after this step (>= 1);
+ * decay_on 0 for a no-decay span (norm gains). */
+typedef struct {
+  double lr, beta1, beta2, eps, weight_decay;
+} cuda_adamw_cfg_t;
+void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, float *v, size_t n,
+                     const cuda_adamw_cfg_t *c, int64_t t, double grad_scale, int decay_on);
+
+/* dst[n] += src[n]. */
+void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n);
+
+/* Sum of x (n) in double, one fixed tree (a batch's token losses); waits. */
+int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out);
+/* Sum of squares of x (n) in double, for gradient clipping; waits. */
+int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,118 @@
+/* backend_cuda_impl.cuh - what worker/cuda/backend_cuda.cu and
+ * worker/cuda/attention_cuda.cu share, inside the CUDA backend only: the
+ * backend's struct, cuBLAS's entry points (loaded by backend_cuda.cu),
+ * the launch macros and the block reductions. */
+#ifndef TY_WORKER_BACKEND_CUDA_IMPL_CUH
+#define TY_WORKER_BACKEND_CUDA_IMPL_CUH
+
+#include <math.h>
+#include <pthread.h>
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "common/errors.h"
+#include "worker/cuda/backend_cuda.h"
+}
+
+/* Launches are written TY_LAUNCH(kernel, grid, block, shmem)(args...),
+ * dynamic shared memory TY_DYN_SHARED(type, name) and loops to unroll
+ * after TY_UNROLL, so that this file also compiles as C++ against the
+ * simulated device (TRAINYARD_CUDA=SIM, tests/cudasim), whose headers
+ * define all three. */
+#ifndef TY_CUDA_SIM
+#define TY_LAUNCH(k, grid, block, shmem) k<<<grid, block, shmem>>>
+#define TY_DYN_SHARED(type, name) extern __shared__ type name[]
+#define TY_UNROLL _Pragma("unroll")
+#endif
+
+struct cuda_backend {
+  int device;
+  cublasHandle_t blas;
+  double *dsum;   /* one device double for reductions */
+  bool attn_rows; /* attention by the per-row kernels at every head size */
+};
+
+#define CB_THREADS 256
+
+/* cublasGemmEx's C entry point (C++ also sees an inline overload). */
+typedef cublasStatus_t (*gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int, int,
+                                     int, const void *, const void *, cudaDataType, int,
+                                     const void *, cudaDataType, int, const void *, void *,
+                                     cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
+/* cublasGemmBatchedEx's, likewise. */
+typedef cublasStatus_t (*gemm_batched_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                          int, int, const void *, const void *const *, cudaDataType,
+                                          int, const void *const *, cudaDataType, int, const void *,
+                                          void *const *, cudaDataType, int, int,
+                                          cublasComputeType_t, cublasGemmAlgo_t);
+/* cuBLAS's calls, from its library once backend_cuda.cu has loaded it
+ * (cuda_backend_blas_check; every backend was created after). */
+struct cb_blas_t {
+  pthread_once_t once;
+  char why[512]; /* empty once loaded */
+  decltype(&cublasCreate_v2) create;
+  decltype(&cublasDestroy_v2) destroy;
+  decltype(&cublasSetMathMode) set_math_mode;
+  decltype(&cublasSgemm_v2) sgemm;
+  gemm_ex_fn gemm_ex;
+  gemm_batched_fn gemm_batched;
+};
+extern cb_blas_t g_blas;
+
+static inline unsigned cb_blocks(size_t n) {
+  return (unsigned)((n + CB_THREADS - 1) / CB_THREADS);
+}
+
+/* ---- block reductions (blockDim.x a multiple of 32, at most 1024): a
+ * sum, or a max, of every thread's v, in a fixed order ---- */
+
+struct red_sum {
+  template <typename F>
+  __device__ F operator()(F a, F b) const {
+    return a + b;
+  }
+};
+struct red_max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+/* Over a warp's 32 lanes, every lane receiving the result. */
+template <typename F, typename Op>
+static __device__ F warp_reduce(F v, Op op) {
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+/* Over the block: each warp's result into shared memory, then warp 0's
+ * reduction of them (`none` for the lanes past the block's warps). */
+template <typename F, typename Op>
+static __device__ F block_reduce(F v, F none, Op op) {
+  __shared__ F sh[32];
+  int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_reduce(v, op);
+  if (lane == 0) sh[wid] = v;
+  __syncthreads();
+  v = (int)threadIdx.x < nw ? sh[threadIdx.x] : none;
+  if (wid == 0) v = warp_reduce(v, op);
+  if (threadIdx.x == 0) sh[0] = v;
+  __syncthreads();
+  v = sh[0];
+  __syncthreads(); /* sh may be reused by the next call */
+  return v;
+}
+
+template <typename F>
+static __device__ F warp_sum(F v) {
+  return warp_reduce(v, red_sum());
+}
+template <typename F>
+static __device__ F block_sum(F v) {
+  return block_reduce(v, (F)0, red_sum());
+}
+static __device__ float block_max(float v) {
+  return block_reduce(v, -INFINITY, red_max());
+}
+
+#endif

@@ -1,0 +1,337 @@
+/* fsdp.c - sharded forward and backward over gathered units; see fsdp.h. */
+#include "worker/dist/fsdp.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/xalloc.h"
+#include "worker/ckpt/outputs.h"
+#include "worker/ckpt/safetensors.h"
+#include "worker/ckpt/train_state.h"
+
+/* Tensors per layer, in the table order of MODEL_LAYER_TENSORS. */
+#define TY_X(field, name, rows, cols) +1
+enum { MODEL_PER_LAYER = 0 MODEL_LAYER_TENSORS(TY_X) };
+#undef TY_X
+
+/* One tensor: its shard in the span, its place in the unit buffer. */
+typedef struct {
+  const model_tensor_t *t; /* the model's table entry (name, shape) */
+  float *shard;            /* this rank's rows, in the span */
+  float *gshard;           /* their gradients, or NULL */
+  size_t *counts;          /* [world] elements of each rank's rows */
+  size_t unit_off;         /* floats from the start of its unit's buffer */
+} fsdp_tensor_t;
+
+struct fsdp {
+  model_t *m;
+  comm_t *comm;
+  loader_shard_t *shard; /* owned */
+  int world, rank;
+  fsdp_tensor_t *ts;     /* [m->n_tensors], the model's table order */
+  int embed, norm, head; /* indices in ts; head = embed when tied */
+  int *layer0;           /* [L] index of each layer's first tensor */
+  float *span, *gspan;   /* shard span (the loader's block) and its gradients */
+  size_t n;              /* floats in the span */
+  float *unit, *gunit;   /* one gathered unit and its full gradients */
+  size_t unit_n;
+  model_layer_t lw, dlw; /* views of a gathered layer into unit / gunit */
+};
+
+static int fail_comm(fsdp_t *f, int rc, const char *what, char *err, size_t errlen) {
+  snprintf(err, errlen, "%s: %s", what, comm_error(f->comm));
+  return rc;
+}
+
+int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, fsdp_mode_t mode,
+                char *err, size_t errlen) {
+  const bool full = mode != FSDP_FROZEN;
+  *out = NULL;
+  if (shard->dtype != TY_DTYPE_F32 || shard->world_size != comm_world_size(comm) ||
+      shard->rank != comm_rank(comm) || shard->layout.ntensors != (size_t)m->n_tensors) {
+    snprintf(err, errlen,
+             "fsdp: the shard (rank %d of %d, %zu tensors) does not fit rank %d of "
+             "%d of a model of %d tensors in float32",
+             shard->rank, shard->world_size, shard->layout.ntensors, comm_rank(comm),
+             comm_world_size(comm), m->n_tensors);
+    return TY_EINTERNAL;
+  }
+  fsdp_t *f = xcalloc(1, sizeof *f);
+  f->m = m;
+  f->comm = comm;
+  f->shard = shard;
+  f->world = comm_world_size(comm);
+  f->rank = comm_rank(comm);
+  f->span = shard->base;
+  f->n = shard->bytes / sizeof(float);
+  f->ts = xcalloc((size_t)m->n_tensors, sizeof *f->ts);
+  f->layer0 = xcalloc((size_t)m->d.L, sizeof *f->layer0);
+  f->embed = f->norm = f->head = -1;
+  int rc = 0;
+  if (full) {
+    f->gspan = calloc(f->n ? f->n : 1, sizeof(float));
+    if (!f->gspan) {
+      snprintf(err, errlen, "fsdp: cannot allocate %zu gradient floats", f->n);
+      rc = TY_EEXHAUSTED;
+    }
+  }
+  /* Units: the embedding, each layer, norm + head; each laid out in table
+   * order inside the unit buffer. */
+  size_t unit_len = 0, head_len = 0;
+  int prev_layer = -2;
+  for (int i = 0; i < m->n_tensors && !rc; i++) {
+    const model_tensor_t *t = &m->tensors[i];
+    const loader_view_t *v = loader_view_by_name(shard, t->name);
+    if (!v || (size_t)(v->t->rows * (v->t->ndim == 2 ? v->t->cols : 1)) != t->numel) {
+      snprintf(err, errlen, "fsdp: tensor %s has no shard of its shape", t->name);
+      rc = TY_EINTERNAL;
+      break;
+    }
+    fsdp_tensor_t *ft = &f->ts[i];
+    ft->t = t;
+    ft->shard = (float *)shard->base + v->offset / sizeof(float); /* 64-byte aligned */
+    ft->gshard = f->gspan ? f->gspan + v->offset / sizeof(float) : NULL;
+    ft->counts = xcalloc((size_t)f->world, sizeof *ft->counts);
+    size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
+    comm_shard_counts((size_t)t->shape[0], cols, f->world, ft->counts);
+    if (ft->counts[f->rank] != (size_t)v->rows * cols) {
+      snprintf(err, errlen, "fsdp: %s: the loader's rows and the collectives' split differ",
+               t->name);
+      rc = TY_EINTERNAL;
+      break;
+    }
+    if (t->layer >= 0) {
+      if (t->layer != prev_layer) f->layer0[t->layer] = i, unit_len = 0;
+      ft->unit_off = unit_len;
+      unit_len += t->numel;
+    } else if (!strcmp(t->name, "model.embed_tokens.weight")) {
+      f->embed = i;
+      unit_len = t->numel;
+    } else {
+      if (!strcmp(t->name, "model.norm.weight"))
+        f->norm = i;
+      else
+        f->head = i;
+      ft->unit_off = head_len;
+      head_len += t->numel;
+      unit_len = head_len;
+    }
+    prev_layer = t->layer;
+    if (unit_len > f->unit_n) f->unit_n = unit_len;
+  }
+  if (!rc && m->d.tied) {
+    /* The head unit is norm + the embedding as lm_head. */
+    f->head = f->embed;
+    size_t len = f->ts[f->norm].t->numel + f->ts[f->embed].t->numel;
+    if (len > f->unit_n) f->unit_n = len;
+  }
+  if (!rc && mode != FSDP_SPAN) {
+    f->unit = malloc(f->unit_n * sizeof(float));
+    f->gunit = full ? malloc(f->unit_n * sizeof(float)) : NULL;
+    if (!f->unit || (full && !f->gunit)) {
+      snprintf(err, errlen, "fsdp: cannot allocate two unit buffers of %zu floats", f->unit_n);
+      rc = TY_EEXHAUSTED;
+    }
+  }
+  if (rc) {
+    fsdp_free(f);
+    return rc;
+  }
+  *out = f;
+  return 0;
+}
+
+void fsdp_free(fsdp_t *f) {
+  if (!f) return;
+  for (int i = 0; f->ts && i < f->m->n_tensors; i++) free(f->ts[i].counts);
+  free(f->ts);
+  free(f->layer0);
+  free(f->gspan);
+  free(f->unit);
+  free(f->gunit);
+  loader_shard_free(f->shard);
+  free(f);
+}
+
+float *fsdp_params(fsdp_t *f) {
+  return f->span;
+}
+float *fsdp_grads(fsdp_t *f) {
+  return f->gspan;
+}
+size_t fsdp_span(const fsdp_t *f) {
+  return f->n;
+}
+const loader_shard_t *fsdp_shard(const fsdp_t *f) {
+  return f->shard;
+}
+
+void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n), void *ctx) {
+  for (int i = 0; i < f->m->n_tensors; i++)
+    if (f->ts[i].t->ndim == 1)
+      fn(ctx, (size_t)(f->ts[i].shard - f->span), f->ts[i].counts[f->rank]);
+}
+
+/* All-gathers tensor i into dst (its full numel floats). */
+static int gather(fsdp_t *f, int i, float *dst, char *err, size_t errlen) {
+  int rc = comm_all_gather(f->comm, f->ts[i].shard, dst, f->ts[i].counts);
+  return rc ? fail_comm(f, rc, f->ts[i].t->name, err, errlen) : 0;
+}
+
+/* Reduce-scatters the full gradient src of tensor i (in place: this rank's
+ * block of src receives the sum) and adds it into the gradient shard. */
+static int scatter_add(fsdp_t *f, int i, float *src, char *err, size_t errlen) {
+  const fsdp_tensor_t *ft = &f->ts[i];
+  float *mine = src + comm_displ(ft->counts, f->rank);
+  int rc = comm_reduce_scatter(f->comm, src, mine, ft->counts);
+  if (rc) return fail_comm(f, rc, ft->t->name, err, errlen);
+  for (size_t k = 0; k < ft->counts[f->rank]; k++) ft->gshard[k] += mine[k];
+  return 0;
+}
+
+/* Points w at layer tensors laid out from base by their unit offsets
+ * (NULL pointers when base is NULL); ts is the layer's first tensor. */
+static void layer_views(model_layer_t *w, float *base, const fsdp_tensor_t *ts) {
+  int k = 0;
+#define TY_X(field, name, rows, cols)             \
+  w->field = base ? base + ts[k].unit_off : NULL; \
+  k++;
+  MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
+}
+
+/* Gathers layer l into the unit buffer and points lw (and dlw) at it. */
+static int gather_layer(fsdp_t *f, int l, char *err, size_t errlen) {
+  const int i0 = f->layer0[l];
+  layer_views(&f->lw, f->unit, &f->ts[i0]);
+  layer_views(&f->dlw, f->gunit, &f->ts[i0]);
+  for (int k = 0; k < MODEL_PER_LAYER; k++) {
+    int rc = gather(f, i0 + k, f->unit + f->ts[i0 + k].unit_off, err, errlen);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* Gathers norm and head into the unit buffer; returns their pointers. */
+static int gather_head(fsdp_t *f, float **norm, float **head, char *err, size_t errlen) {
+  *norm = f->unit;
+  *head = f->unit + f->ts[f->norm].t->numel;
+  int rc = gather(f, f->norm, *norm, err, errlen);
+  return rc ? rc : gather(f, f->head, *head, err, errlen);
+}
+
+/* An FSDP_SPAN runs no pass. */
+static int no_passes(const fsdp_t *f, char *err, size_t errlen) {
+  return f->unit ? 0
+                 : ty_errf(err, errlen, TY_EINTERNAL,
+                           "fsdp: this span's passes run on the device, not here");
+}
+
+int fsdp_forward(fsdp_t *f, const model_batch_t *batch, lora_t *lora, double *loss, char *err,
+                 size_t errlen) {
+  model_t *m = f->m;
+  int rc = no_passes(f, err, errlen);
+  if (!rc) rc = gather(f, f->embed, f->unit, err, errlen);
+  if (!rc) rc = model_embed_forward_batch(m, f->unit, batch, err, errlen);
+  for (int l = 0; l < m->d.L && !rc; l++) {
+    rc = gather_layer(f, l, err, errlen);
+    if (!rc) model_layer_forward(m, l, &f->lw, lora);
+  }
+  float *norm, *head;
+  if (!rc) rc = gather_head(f, &norm, &head, err, errlen);
+  if (rc) return rc;
+  double mean = model_head_forward(m, norm, head);
+  if (loss) *loss = mean;
+  return 0;
+}
+
+int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t errlen) {
+  model_t *m = f->m;
+  const bool full = f->gunit != NULL;
+  int rc = no_passes(f, err, errlen);
+  if (rc) return rc;
+  /* The head unit is still gathered from the forward pass. */
+  float *norm = f->unit, *head = f->unit + f->ts[f->norm].t->numel;
+  float *dnorm = NULL, *dhead = NULL;
+  if (full) {
+    dnorm = f->gunit;
+    dhead = f->gunit + f->ts[f->norm].t->numel;
+    memset(f->gunit, 0, (f->ts[f->norm].t->numel + f->ts[f->head].t->numel) * sizeof(float));
+  }
+  model_head_backward(m, norm, head, dnorm, dhead, loss_scale);
+  /* A tied head's gradient goes into the embedding's shard now; the
+   * embedding's own part follows at the end (reduce-scatter is linear). */
+  if (full && !(rc = scatter_add(f, f->norm, dnorm, err, errlen)))
+    rc = scatter_add(f, f->head, dhead, err, errlen);
+  for (int l = m->d.L - 1; l >= 0 && !rc; l--) {
+    rc = gather_layer(f, l, err, errlen);
+    if (rc) break;
+    const int i0 = f->layer0[l];
+    if (full) {
+      size_t len = 0;
+      for (int k = 0; k < MODEL_PER_LAYER; k++) len += f->ts[i0 + k].t->numel;
+      memset(f->gunit, 0, len * sizeof(float));
+    }
+    model_layer_backward(m, l, &f->lw, full ? &f->dlw : NULL, lora);
+    for (int k = 0; k < MODEL_PER_LAYER && full && !rc; k++)
+      rc = scatter_add(f, i0 + k, f->gunit + f->ts[i0 + k].unit_off, err, errlen);
+  }
+  if (!rc && full) {
+    memset(f->gunit, 0, f->ts[f->embed].t->numel * sizeof(float));
+    model_embed_backward(m, f->gunit);
+    rc = scatter_add(f, f->embed, f->gunit, err, errlen);
+  }
+  return rc;
+}
+
+int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char *err,
+                     size_t errlen) {
+  const model_t *m = f->m;
+  /* A span has no unit buffer: one of the largest tensor, for the writing. */
+  float *buf = f->unit;
+  if (!buf) {
+    size_t most = 1;
+    for (int i = 0; i < m->n_tensors; i++)
+      if (m->tensors[i].numel > most) most = m->tensors[i].numel;
+    if (!(buf = malloc(most * sizeof(float))))
+      return ty_errf(err, errlen, TY_EEXHAUSTED,
+                     "fsdp: cannot allocate %zu floats to gather a tensor into", most);
+  }
+  int rc = 0;
+  st_writer_t *w = NULL;
+  if (f->rank == 0) {
+    rc = outputs_write_config(dir, cfg, err, errlen);
+    st_desc_t *descs = xcalloc((size_t)m->n_tensors, sizeof *descs);
+    for (int i = 0; i < m->n_tensors; i++) {
+      descs[i].name = m->tensors[i].name;
+      descs[i].dtype = TY_DTYPE_F32;
+      descs[i].ndim = m->tensors[i].ndim;
+      descs[i].shape[0] = m->tensors[i].shape[0];
+      descs[i].shape[1] = m->tensors[i].shape[1];
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%.4000s/model.safetensors", dir);
+    if (!rc) rc = st_writer_open(path, descs, (size_t)m->n_tensors, NULL, &w, err, errlen);
+    free(descs);
+  }
+  /* Every rank takes part in every gather, whatever rank 0's state, so no
+   * rank waits on a collective the others skipped. */
+  int grc = 0;
+  for (int i = 0; i < m->n_tensors && !grc; i++) {
+    grc = gather(f, i, buf, err, errlen);
+    if (!grc && w && !rc)
+      rc = st_writer_write(w, buf, m->tensors[i].numel * sizeof(float), err, errlen);
+  }
+  if (buf != f->unit) free(buf);
+  if (grc) {
+    st_writer_close(w, NULL, 0);
+    return grc;
+  }
+  if (w) {
+    int rc2 = st_writer_close(w, rc ? NULL : err, rc ? 0 : errlen);
+    if (!rc) rc = rc2;
+  }
+  return rc;
+}

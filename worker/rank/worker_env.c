@@ -1,0 +1,66 @@
+/* worker_env.c - the rank's environment and spec (worker_env.h). */
+#include "worker/rank/worker_env.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/errors.h"
+#include "common/rankenv.h"
+#include "worker/model/cpu_pool.h"
+
+int worker_env_read(worker_env_t *e, char *err, size_t errlen) {
+  e->spec_path = getenv(rankenv_name(RANKENV_SPEC));
+  e->job_id = rankenv_str(RANKENV_JOB_ID);
+  if (!e->job_id) e->job_id = "local";
+  long attempt = 1, world = 1, rank = 0, threads;
+  int rc = rankenv_long(RANKENV_ATTEMPT, &attempt, err, errlen);
+  if (!rc) rc = rankenv_long(RANKENV_WORLD_SIZE, &world, err, errlen);
+  if (!rc) rc = rankenv_long_in(RANKENV_RANK, 0, world - 1, &rank, err, errlen);
+  if (!rc) rc = rankenv_long(RANKENV_HEARTBEAT_MS, &e->heartbeat_ms, err, errlen);
+  if (!rc) rc = pool_threads_env(&threads, err, errlen);
+  e->attempt = (int)attempt, e->world_size = (int)world, e->rank = (int)rank;
+  return rc;
+}
+
+int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
+  FILE *f = fopen(path, "rb");
+  if (!f) {
+    snprintf(err, errlen, "cannot open the spec %s: %s", path, strerror(errno));
+    return TY_ENOTFOUND;
+  }
+  char *text = NULL;
+  size_t len = 0, cap = 0;
+  for (;;) {
+    if (len + 4096 > cap) {
+      cap = cap ? cap * 2 : 65536;
+      char *grown = realloc(text, cap);
+      if (!grown) {
+        free(text);
+        text = NULL;
+        break;
+      }
+      text = grown;
+    }
+    size_t r = fread(text + len, 1, cap - len, f);
+    len += r;
+    if (r == 0) break;
+  }
+  fclose(f);
+  if (!text) {
+    snprintf(err, errlen, "out of memory reading %s", path);
+    return TY_EEXHAUSTED;
+  }
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  jobspec_init(s);
+  int rc = jobspec_parse_json(s, text, len, &errs);
+  if (!rc) rc = jobspec_validate(s, false, &errs);
+  free(text);
+  if (rc) {
+    snprintf(err, errlen, "spec %s: %s%s%s", path, errs.len ? errs.items[0].field : "",
+             errs.len ? ": " : "invalid", errs.len ? errs.items[0].message : "");
+  }
+  ty_errlist_clear(&errs);
+  return rc;
+}

@@ -1,0 +1,398 @@
+/* worker_train.c - RANKENV_MODE=train; see worker_train.h. */
+#include "worker/rank/worker_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "common/clock.h"
+#include "common/log.h"
+#include "common/rankenv.h"
+#include "worker/dist/comm.h"
+#include "worker/dist/fsdp.h"
+#include "worker/ckpt/loader.h"
+#include "worker/model/lora.h"
+#include "worker/rank/memstat.h"
+#include "worker/model/model.h"
+#include "worker/ckpt/model_io.h"
+#include "worker/ckpt/outputs.h"
+#include "worker/rank/report.h"
+#include "worker/rank/run_metrics.h"
+#include "worker/rank/train.h"
+#ifdef TRAINYARD_HAVE_CUDA
+#include "worker/cuda/placement_cuda.h"
+#include "worker/cuda/train_cuda.h"
+#endif
+
+/* --- Progress through worker/rank/report.h: to the server, or one JSON line on
+ * stdout, and the human-readable line on stderr. --- */
+
+typedef struct {
+  int64_t total_steps;
+  bool stop; /* the server said this attempt is over */
+  int rank, world;
+  const loader_stats_t *loaded; /* once the weights are in: every later
+                                 * report carries the load's figures */
+  double tokens_per_s;          /* the last step's, for the saving and done reports */
+  run_metrics_t *curves;        /* rank 0: metrics.jsonl and TensorBoard; else NULL */
+} reporter_t;
+
+/* Rank 0's curves: one point per step into the output_dir's metrics.jsonl
+ * and TensorBoard events. A write that fails (a full disk) is said once in
+ * the log and stops the curves, not the training. */
+static void curves_write(reporter_t *r, const run_point_t *p) {
+  if (!r->curves) return;
+  char err[512];
+  if (run_metrics_write(r->curves, p, err, sizeof err) == 0) return;
+  fprintf(stderr, "[rank %d/%d] %s; no more curves are written for this attempt\n", r->rank,
+          r->world, err);
+  run_metrics_close(r->curves);
+  r->curves = NULL;
+}
+
+static void on_held_out(void *ctx, int64_t step, double loss) {
+  reporter_t *r = ctx;
+  run_point_t p = run_point_empty(step);
+  p.eval_loss = loss;
+  curves_write(r, &p);
+}
+
+/* A training step's point: the job's tokens/s is this rank's times the
+ * ranks, which step together. */
+static void on_step_curves(reporter_t *r, const train_progress_t *tp) {
+  if (!r->curves) return;
+  memstat_t ms;
+  memstat_read(&ms);
+  run_point_t p = run_point_empty(tp->step);
+  p.loss = tp->loss;
+  p.lr = tp->lr;
+  p.grad_norm = tp->grad_norm;
+  p.tokens_per_s = tp->tokens_per_s * r->world;
+  p.host_peak_bytes = (double)ms.hwm_bytes;
+  if (r->loaded) p.device_peak_bytes = (double)r->loaded->device_peak_bytes;
+  curves_write(r, &p);
+}
+
+static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss, double tps,
+                 const loader_stats_t *ls, const char *message) {
+  memstat_t ms;
+  memstat_read(&ms);
+  report_t rep = {.phase = phase,
+                  .step = step,
+                  .total_steps = r->total_steps,
+                  .loss = loss,
+                  .tokens_per_s = tps,
+                  .host_peak_bytes = (int64_t)ms.hwm_bytes,
+                  .message = message ? message : ""};
+  if (!ls) ls = r->loaded;
+  if (ls) {
+    rep.bytes_loaded = (int64_t)ls->bytes_read;
+    rep.bytes_total = (int64_t)ls->bytes_total;
+    rep.device_peak_bytes = (int64_t)ls->device_peak_bytes;
+    rep.load_seconds = ls->load_seconds;
+  }
+  if (report_send(&rep) == TY_EPRECONDITION) r->stop = true;
+}
+
+static int on_progress(void *ctx, const train_progress_t *p) {
+  reporter_t *r = ctx;
+  char msg[256];
+  snprintf(msg, sizeof msg, "%s", p->message);
+  if (isfinite(p->eval_loss))
+    snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
+             p->eval_loss);
+  if (p->tokens_per_s > 0) r->tokens_per_s = p->tokens_per_s;
+  if (p->phase == REPORT_PHASE_TRAINING) on_step_curves(r, p);
+  /* A save keeps the rate of the steps before it, as the done report does. */
+  double tps = p->phase != REPORT_PHASE_SAVING ? p->tokens_per_s : r->tokens_per_s;
+  emit(r, p->phase, p->step, p->loss, tps, NULL, msg);
+  /* The report's own line shows no message while loading or training:
+   * events (resumed, checkpoint written) get a log line of their own. */
+  if (*msg) fprintf(stderr, "[rank %d/%d] %s\n", r->rank, r->world, msg);
+  return r->stop ? TY_ECANCELLED : 0;
+}
+
+/* Builds the model the spec asks for: its shape from the checkpoint's
+ * config.json or from spec.model. One rank fills the model's own buffer
+ * from the checkpoint or the seeded initialisation; several ranks create
+ * the model without one and load only their shards (the loader's standard or
+ * memory-efficient path, as fsdp.memory_efficient_load says), in float32,
+ * the compute type. */
+/* The model's shape: spec.model, or the checkpoint's config.json. */
+static int job_config(const jobspec_t *s, llama_config_t *cfg, char *err, size_t errlen) {
+  if (s->init_from_scratch) {
+    *cfg = s->model;
+    return 0;
+  }
+  llama_config_init(cfg);
+  return model_io_read_config(s->model_path, cfg, err, errlen);
+}
+
+/* The loader's progress as "loading" reports, at most one a second: what a
+ * person watching a long load sees move, and what tells the server's
+ * progress_timeout that the rank is not stuck. */
+typedef struct {
+  reporter_t *rep;
+  double last; /* ty_mono_s() of the last report */
+} load_progress_t;
+
+static void on_load_progress(void *ctx, uint64_t done, uint64_t total) {
+  load_progress_t *p = ctx;
+  if (!loader_progress_due(&p->last, done, total)) return;
+  loader_stats_t st = {.bytes_read = done, .bytes_total = total};
+  emit(p->rep, REPORT_PHASE_LOADING, 0, NAN, 0, &st, NULL);
+}
+
+/* Tokenizing a JSONL file (this rank or the one that builds the examples
+ * file): "tokenizing" reports of its bytes, at most one a second. */
+static int on_tokenize_progress(void *ctx, uint64_t done, uint64_t total) {
+  load_progress_t *p = ctx;
+  if (loader_progress_due(&p->last, done, total)) {
+    loader_stats_t st = {.bytes_read = done, .bytes_total = total};
+    emit(p->rep, REPORT_PHASE_TOKENIZING, 0, NAN, 0, &st, NULL);
+  }
+  return p->rep->stop ? TY_ECANCELLED : 0;
+}
+
+/* This rank's float32 shards of the checkpoint (or the seeded
+ * initialisation) in host memory, by the loader's path the spec picks, as
+ * an fsdp over m. */
+static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
+                     model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f, loader_stats_t *ls,
+                     char *err, size_t errlen) {
+  load_progress_t prog = {rep, ty_mono_s()};
+  loader_opts_t o = {.rank = comm_rank(comm),
+                     .world_size = comm_world_size(comm),
+                     .dtype = TY_DTYPE_F32,
+                     .memory_efficient = s->fsdp.memory_efficient_load,
+                     .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20,
+                     .seed = s->train.seed,
+                     .pl = pl,
+                     .progress = on_load_progress,
+                     .progress_ctx = &prog};
+  loader_shard_t *shard;
+  int rc = s->init_from_scratch ? loader_init_scratch(cfg, &o, &shard, ls, err, errlen)
+                                : loader_load(s->model_path, &o, &shard, ls, err, errlen);
+  return rc ? rc : fsdp_create(f, m, comm, shard, mode, err, errlen);
+}
+
+static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
+                       reporter_t *rep, model_t **m, fsdp_t **f, loader_stats_t *ls, char *err,
+                       size_t errlen) {
+  /* Several ranks: no whole-model buffers, only activations. */
+  int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
+      comm_world_size(comm) == 1 ? model_create : model_create_unowned;
+  int rc = create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
+                  s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
+  if (rc) return rc;
+  if (comm_world_size(comm) == 1) {
+    load_progress_t prog = {rep, ty_mono_s()};
+    if (!s->init_from_scratch)
+      return model_io_load(*m, s->model_path, on_load_progress, &prog, ls, err, errlen);
+    model_io_init_scratch(*m, s->train.seed);
+    return 0;
+  }
+  return load_span(s, comm, pl, cfg, *m, s->use_lora ? FSDP_FROZEN : FSDP_FULL, rep, f, ls, err,
+                   errlen);
+}
+
+/* What this worker trains on device cuda: LoRA adapters on one GPU per
+ * rank, sharded over several through NCCL; every weight in float32, on one
+ * GPU or sharded over several. 0, or TY_EUNAVAILABLE / TY_EUNIMPLEMENTED
+ * with the reason and the fix. */
+static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
+#ifndef TRAINYARD_HAVE_CUDA
+  (void)s;
+  return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", PLACEMENT_NO_CUDA_MSG);
+#else
+  if (!s->use_lora && s->dtype != TY_DTYPE_F32)
+    return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                   "device cuda: training every weight keeps float32 weights on the GPU; set "
+                   "dtype float32 (or use_lora true to train adapters over %s weights)",
+                   ty_dtype_name(s->dtype));
+#ifndef TRAINYARD_HAVE_NCCL
+  if (s->world_size > 1)
+    return ty_errf(err, errlen, TY_EUNAVAILABLE,
+                   "device cuda: world_size %d needs NCCL, and this worker was built without "
+                   "it; rebuild where NCCL is installed, set world_size 1, or \"device\": "
+                   "\"cpu\" to shard across CPU ranks",
+                   s->world_size);
+#endif
+  int ndev;
+  return placement_cuda_devices(&ndev, err, errlen);
+#endif
+}
+
+#ifdef TRAINYARD_HAVE_CUDA
+/* device cuda: the model's shape on the host (no weights) and the
+ * adapters (the trained span); or for full training on one GPU a
+ * weights-only host model (*m: the trained span, what the outputs are
+ * written from); or over several GPUs this rank's shards in host memory
+ * (*f, an FSDP_SPAN over a table-only *m). The base weights (this rank's
+ * shard) on the rank's GPU: device rank % visible devices, as the nccl comm
+ * picks it (the server makes each rank's GPU its only one,
+ * CUDA_VISIBLE_DEVICES). */
+static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
+                      reporter_t *rep, model_t *shape, model_t **m, fsdp_t **f, lora_t **lo,
+                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
+                      size_t errlen) {
+  const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
+  const int B = s->train.micro_batch_size, T = s->data.seq_len;
+  int rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);
+  if (rc) return rc;
+  train_cuda_trained_t tr = {0};
+  if (s->use_lora) {
+    rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
+    if (!rc) lora_init(*lo, s->train.seed);
+    tr.lora = *lo;
+  } else if (comm_world_size(comm) == 1) {
+    rc = model_create_weights(m, cfg, B, T, mode, err, errlen);
+    tr.host = *m;
+  } else {
+    rc = model_create_table(m, cfg, B, T, mode, err, errlen);
+    if (!rc) rc = load_span(s, comm, pl, cfg, *m, FSDP_SPAN, rep, f, ls, err, errlen);
+    tr.span = *f;
+  }
+  if (rc) return rc;
+  int ndev;
+  rc = placement_cuda_devices(&ndev, err, errlen);
+  if (rc) return rc;
+  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, &tr, B, T, ls, dev, err,
+                           errlen);
+}
+#endif
+
+int worker_train_main(const worker_env_t *e) {
+  char err[1024] = "";
+  jobspec_t spec;
+  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0, NULL};
+  comm_t *comm = NULL;
+  model_t *m = NULL;
+  fsdp_t *f = NULL;
+  lora_t *lo = NULL;
+  llama_config_t cfg;
+  placement_t pl;
+  placement_cpu_init(&pl);
+  loader_stats_t ls = {0};
+  int rc = report_open(e);
+  if (rc) {
+    fprintf(stderr, "trainyard-worker: cannot set up progress reports (libcurl)\n");
+    return 1;
+  }
+  emit(&rep, REPORT_PHASE_STARTING, 0, NAN, 0, NULL, "");
+  rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
+  if (!rc && spec.world_size != e->world_size)
+    rc = ty_errf(err, sizeof err, TY_EINVAL,
+                 "the spec asks for world_size %d, and this rank was started as one of %d "
+                 "(%s); start the job with trainyard train or through "
+                 "trainyardd, which start every rank",
+                 spec.world_size, e->world_size, rankenv_name(RANKENV_WORLD_SIZE));
+  /* Never the CPU model under a cuda label: a job it cannot run there fails. */
+  const bool cuda = !rc && spec.device == JOBSPEC_DEVICE_CUDA;
+  if (cuda) rc = cuda_supported(&spec, err, sizeof err);
+  model_t shape = {0}; /* device cuda, LoRA: the host knows the model's shape only */
+  train_device_t dev = {0};
+#ifdef TRAINYARD_HAVE_CUDA
+  train_cuda_t *tc = NULL;
+#endif
+  if (!rc) {
+    rep.total_steps = spec.train.steps;
+    rc = comm_open_env(&comm, err, sizeof err);
+  }
+  /* The model's shape, and whether the data holds a global batch of it,
+   * before any weight is read: a job that cannot train fails in a moment,
+   * not after loading a large checkpoint. */
+  if (!rc) rc = job_config(&spec, &cfg, err, sizeof err);
+  data_prepared_t prep;
+  if (!rc && spec.data.format == JOBSPEC_DATA_JSONL) {
+    load_progress_t tp = {&rep, 0};
+    emit(&rep, REPORT_PHASE_TOKENIZING, 0, NAN, 0, NULL, spec.data.path);
+    rc = train_data_prepare(&spec, cfg.vocab_size, NULL, on_tokenize_progress, &tp, &prep, err,
+                            sizeof err);
+  }
+  const data_prepared_t *prepared = spec.data.format == JOBSPEC_DATA_JSONL ? &prep : NULL;
+  char note[512] = "";
+  if (!rc)
+    rc = train_data_check(&spec, prepared, cfg.vocab_size, comm_rank(comm), comm_world_size(comm),
+                          note, sizeof note, err, sizeof err);
+  if (!rc && note[0] && comm_rank(comm) == 0)
+    fprintf(stderr, "[rank 0/%d] data %s\n", comm_world_size(comm), note);
+  if (!rc) {
+    emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL,
+         spec.init_from_scratch ? "initialising" : spec.model_path);
+    if (cuda) {
+#ifdef TRAINYARD_HAVE_CUDA
+      rc = build_cuda(&spec, comm, &pl, &cfg, &rep, &shape, &m, &f, &lo, &tc, &dev, &ls, err,
+                      sizeof err);
+      if (!rc) {
+        rep.loaded = &ls;
+        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, "weights loaded onto the GPU");
+      }
+#endif
+    } else {
+      rc = build_model(&spec, comm, &pl, &cfg, &rep, &m, &f, &ls, err, sizeof err);
+      if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
+      if (!rc && (f || !spec.init_from_scratch)) {
+        rep.loaded = &ls;
+        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, f ? "shards loaded" : "weights loaded");
+      }
+    }
+  }
+  if (!rc && spec.use_lora && !cuda) {
+    rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err, sizeof err);
+    if (!rc) lora_init(lo, spec.train.seed);
+  }
+  train_result_t res = {0};
+  if (!rc) {
+    train_args_t a = {.spec = &spec,
+                      .comm = comm,
+                      .model = cuda && !m ? &shape : m,
+                      .fsdp = f,
+                      .lora = lo,
+                      .device = cuda ? &dev : NULL,
+                      .progress = on_progress,
+                      .progress_ctx = &rep,
+                      .held_out_done = on_held_out,
+                      .eval_windows = 16,
+                      .data = prepared};
+    /* Rank 0 keeps the job's curves in its output_dir; a folder that cannot
+     * take them fails the job before its first step. */
+    if (comm_rank(comm) == 0) rc = run_metrics_open(&rep.curves, spec.output_dir, err, sizeof err);
+    if (!rc) rc = train_run(&a, &res, err, sizeof err);
+  }
+  if (!rc) {
+    /* Every rank takes part in gathering sharded weights; rank 0 writes. */
+    if (comm_rank(comm) == 0)
+      emit(&rep, REPORT_PHASE_SAVING, res.steps_done, res.last_loss, rep.tokens_per_s, NULL,
+           spec.output_dir);
+    if (spec.use_lora && comm_rank(comm) == 0)
+      rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
+    else if (!spec.use_lora && f)
+      rc = fsdp_write_model(f, spec.output_dir, &cfg, err, sizeof err);
+    else if (!spec.use_lora && comm_rank(comm) == 0)
+      rc = outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
+  }
+  if (!rc) {
+    char msg[160] = "";
+    if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
+      snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
+               res.eval_loss_end);
+    emit(&rep, REPORT_PHASE_DONE, res.steps_done, res.last_loss, rep.tokens_per_s, NULL, msg);
+  } else {
+    emit(&rep, REPORT_PHASE_FAILED, 0, NAN, 0, NULL, err);
+    ty_error("%s", err);
+  }
+  run_metrics_close(rep.curves);
+  lora_free(lo);
+#ifdef TRAINYARD_HAVE_CUDA
+  train_cuda_free(tc);
+#endif
+  fsdp_free(f);
+  model_free(m);
+  comm_close(comm);
+  report_close();
+  return rc ? 1 : 0;
+}
