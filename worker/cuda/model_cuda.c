@@ -94,18 +94,6 @@ struct model_cuda {
 #undef TY_X
 };
 
-/* The output head runs over the tokens in chunks of this many rows, so
- * that the (tokens, vocabulary) logits are never whole on the device when
- * they would take more than 256 MiB (RANKENV_CUDA_HEAD_ROWS sets the
- * rows); the backward pass then recomputes each chunk's logits. */
-static int head_rows(size_t NA, int V, int *out, char *err, size_t errlen) {
-  long hc = (long)(((size_t)256 << 20) / ((size_t)V * sizeof(float)));
-  int rc = rankenv_long(RANKENV_CUDA_HEAD_ROWS, &hc, err, errlen);
-  if ((size_t)hc > NA) hc = (long)NA;
-  *out = hc < 1 ? 1 : (int)hc;
-  return rc;
-}
-
 /* A bf16 base runs attention's products on tensor cores (TF32: its
  * linear layers already round their operands to bf16) through a workspace
  * for chunks of scores of at most about 128 MiB (RANKENV_CUDA_ATTN_MIB
@@ -220,7 +208,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const size_t NA = (size_t)B * T;
   size_t budget;
-  rc = head_rows(NA, d->V, &m->hc, err, errlen);
+  rc = model_head_rows(NA, d->V, &m->hc, err, errlen);
   if (!rc) rc = attn_budget(m->wdt, &budget, err, errlen);
   if (rc) {
     free(m);

@@ -10,7 +10,8 @@
 #include "worker/model/model.h"
 
 /* X(field, floats, needed_for): sizes are expressions over the dims d, the
- * allocated rows N = B*T, T, the layer slots LS and residual slots RS;
+ * allocated rows N = B*T, T, the layer slots LS, residual slots RS and the
+ * head's chunk HC (rows of logits it computes at once, model_head_rows);
  * needed_for 0 = always, 1 = only with a backward pass. The shapes below
  * are for training (LS = L, RS = L + 1): the backward pass needs every
  * layer's activations. Forward only (MODEL_EVAL) keeps one layer's (LS = 1)
@@ -34,7 +35,7 @@
   X(h, N * LS * d->FF, 0)            /* (L, B, T, FF) silu(gate)*up */     \
   X(lnf, N * d->C, 0)                /* (B, T, C) */                       \
   X(rstdf, N, 0)                     /* (B, T) */                          \
-  X(logits, N * d->V, 0)             /* (B, T, V) */                       \
+  X(logits, HC * d->V, 0)            /* (HC, V) one chunk of the head */   \
   X(losses, N, 0)                    /* (B, T) */                          \
   X(rope_cos, T * (d->HS / 2), 0)    /* (T, HS/2) */                       \
   X(rope_sin, T * (d->HS / 2), 0)    /* (T, HS/2) */                       \
@@ -63,6 +64,7 @@ struct model_acts {
   int64_t count;   /* the last forward's counted targets */
   int layer_slots; /* LS */
   int res_slots;   /* RS */
+  int head_rows;   /* HC: the output head runs over at most this many rows at once */
   float *block;    /* the one allocation behind every buffer below */
   size_t bytes;
 #define TY_X(field, n, bw) float *field;
