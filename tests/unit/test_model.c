@@ -14,6 +14,7 @@
 #include <cmocka.h>
 
 #include "common/errors.h"
+#include "api/model_acts.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/rng.h"
@@ -616,6 +617,28 @@ static void test_head_chunks_match(void **state) {
   unsetenv("TRAINYARD_HEAD_ROWS");
 }
 
+/* The activation bytes the memory rules count at submit
+ * (llama_activation_bytes) are what the model allocates: training, with
+ * activation checkpointing, forward only, and a chunked head. */
+static void test_activation_bytes_counted(void **state) {
+  (void)state;
+  char err[256];
+  llama_config_t c = tiny_config(false, 2);
+  c.num_hidden_layers = 3;
+  for (int k = 0; k < 4; k++) {
+    const bool eval = k == 2, recompute = k == 1, chunked = k == 3;
+    if (chunked) setenv("TRAINYARD_HEAD_ROWS", "3", 1);
+    model_t *m;
+    assert_int_equal(
+        model_create(&m, &c, TB, TT, eval ? MODEL_EVAL : MODEL_TRAIN_FULL, err, sizeof err), 0);
+    unsetenv("TRAINYARD_HEAD_ROWS");
+    if (recompute) assert_int_equal(model_recompute_layers(m, err, sizeof err), 0);
+    assert_int_equal(model_activation_bytes(m),
+                     llama_activation_bytes(&c, TB, TT, !eval, recompute, chunked ? 3 : 0));
+    model_free(m);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fd_untied_gqa),
@@ -632,6 +655,7 @@ int main(void) {
       cmocka_unit_test(test_stages_with_gathered_layers),
       cmocka_unit_test(test_eval_matches_train),
       cmocka_unit_test(test_recompute_matches),
+      cmocka_unit_test(test_activation_bytes_counted),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -118,6 +118,8 @@ static void views_set(const model_t *m, model_weights_t *w, float *base) {
 
 static size_t acts_floats(const model_dims_t *d, size_t N, size_t T, size_t LS, size_t RS,
                           size_t HC, bool backward) {
+  const size_t C = (size_t)d->C, NH = (size_t)d->NH, NKV = (size_t)d->NKV, HS = (size_t)d->HS;
+  const size_t FF = (size_t)d->FF, V = (size_t)d->V;
   size_t total = 0;
 #define TY_X(field, n, bw) \
   if (!(bw) || backward) total += (n);
@@ -154,9 +156,11 @@ static int acts_create(model_t *m, bool recompute) {
   a->weights = malloc(sizeof(float) * N);
   a->pos = malloc(sizeof(int) * N);
   const size_t floats = acts_floats(d, N, T, LS, RS, HC, backward);
-  a->bytes = sizeof(float) * floats + 4 * sizeof(int) * N;
+  a->bytes = sizeof(float) * floats + MODEL_ACTS_ROW_BYTES * N;
   a->block = malloc(sizeof(float) * floats);
   if (!a->tokens || !a->targets || !a->weights || !a->pos || !a->block) return TY_EEXHAUSTED;
+  const size_t C = (size_t)d->C, NH = (size_t)d->NH, NKV = (size_t)d->NKV, HS = (size_t)d->HS;
+  const size_t FF = (size_t)d->FF, V = (size_t)d->V;
   float *p = a->block;
 #define TY_X(field, n, bw) \
   if (!(bw) || backward) { \
@@ -172,7 +176,7 @@ static int acts_create(model_t *m, bool recompute) {
 }
 
 int model_head_rows(size_t rows, int V, int *out, char *err, size_t errlen) {
-  long hc = (long)(MODEL_HEAD_BYTES / ((size_t)V * sizeof(float)));
+  long hc = (long)llama_head_rows((int64_t)rows, V);
   int rc = rankenv_long(RANKENV_HEAD_ROWS, &hc, err, errlen);
   if ((size_t)hc > rows) hc = (long)rows;
   *out = hc < 1 ? 1 : (int)hc;

@@ -119,13 +119,13 @@ typedef struct {
 
 /* The output head (final norm's output times lm_head) runs over a batch's
  * tokens in chunks of *out rows, so that the (tokens, vocabulary) logits are
- * never whole when they would take more than MODEL_HEAD_BYTES (Llama 3's
- * 128,256 entries make them a step's largest buffer): a chunk's loss and
+ * never whole when they would take more than MODEL_HEAD_BYTES
+ * (api/model_acts.h; Llama 3's 128,256 entries make them a step's largest
+ * buffer): a chunk's loss and
  * its gradient are computed from its own logits, and the backward pass
  * computes each chunk's logits again unless all rows fit one chunk. rows:
  * the batch's tokens; RANKENV_HEAD_ROWS sets the chunk (CPU and CUDA).
  * Returns 0, or TY_EINVAL for a bad RANKENV_HEAD_ROWS (err says why). */
-#define MODEL_HEAD_BYTES ((size_t)256 << 20)
 int model_head_rows(size_t rows, int V, int *out, char *err, size_t errlen);
 
 /* Checks that cfg describes a model this code runs (positive sizes, NH a
