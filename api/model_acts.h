@@ -48,6 +48,7 @@
   X(dres, N * C, 1)               /* (B, T, C) */                      \
   X(dmid, N * C, 1)               /* (B, T, C) */                      \
   X(dln, N * C, 1)                /* (B, T, C) */                      \
+  X(dlnf, HC < N ? N * C : 0, 1)  /* (B, T, C) fused head's, chunked */ \
   X(datty, N * NH * HS, 1)        /* (B, T, QD) */                     \
   X(dq, N * NH * HS, 1)           /* (B, T, QD) */                     \
   X(dk, N * NKV * HS, 1)          /* (B, T, KVD) */                    \

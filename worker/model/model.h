@@ -110,8 +110,8 @@ typedef struct {
   int n_tensors;
   model_acts_t *acts;
   float *logits; /* (head_rows, V): the last forward's logits, all of them when its b*t
-                  * tokens fit one chunk of the head (else the last chunk's); model_backward
-                  * turns them into dlogits */
+                  * tokens fit one chunk of the head (else the last chunk's, or in LoRA
+                  * training their gradient); model_backward turns them into dlogits */
   int head_rows; /* rows of logits the output head computes at once (model_head_rows) */
   int b, t;      /* the shape of the last forward */
   double loss;   /* mean loss of the last forward with targets */
@@ -121,9 +121,10 @@ typedef struct {
  * tokens in chunks of *out rows, so that the (tokens, vocabulary) logits are
  * never whole when they would take more than MODEL_HEAD_BYTES
  * (api/model_acts.h; Llama 3's 128,256 entries make them a step's largest
- * buffer): a chunk's loss and
- * its gradient are computed from its own logits, and the backward pass
- * computes each chunk's logits again unless all rows fit one chunk. rows:
+ * buffer): a chunk's loss and its gradient come from its own logits.
+ * Training LoRA, the head's backward runs in the forward pass while each
+ * chunk's logits are at hand; training every weight, the backward pass
+ * computes each chunk's logits again (unless all rows fit one chunk). rows:
  * the batch's tokens; RANKENV_HEAD_ROWS sets the chunk (CPU and CUDA).
  * Returns 0, or TY_EINVAL for a bad RANKENV_HEAD_ROWS (err says why). */
 int model_head_rows(size_t rows, int V, int *out, char *err, size_t errlen);
