@@ -326,8 +326,9 @@ int main(void) {
   }
   int bad = run_all(cb);
   /* Again with the head over the B*T = 22 tokens in chunks of 7 rows (7,
-   * 7, 7, 1), its logits recomputed chunk by chunk in the backward pass,
-   * as a large vocabulary makes it. */
+   * 7, 7, 1), as a large vocabulary makes it: LoRA runs the head's backward
+   * in the forward pass, full training computes each chunk's logits again
+   * in the backward pass. */
   printf("-- the output head in chunks of 7 rows (TRAINYARD_HEAD_ROWS)\n");
   setenv("TRAINYARD_HEAD_ROWS", "7", 1);
   bad |= run_all(cb);
