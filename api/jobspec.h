@@ -237,12 +237,18 @@ uint64_t jobspec_host_memory(void);
  * in float32, the CPU ranks' compute type, and for full training each
  * rank's gradients and AdamW moments beside its shard; a load alone
  * (`trainyard load`) holds them in the job's dtype. On the standard load
- * path each rank places the whole model before it keeps its shard. That is
- * a lower bound (activations, buffers and the process are not counted): a
- * job over it can never start, and is refused with the fix
- * (fsdp.memory_efficient_load, when that fits). The model's size comes from
+ * path each rank places the whole model before it keeps its shard. Training
+ * adds each rank's activations (jobspec_activation_bytes). That is a lower
+ * bound (buffers and the process are not counted): a job over it can never
+ * start, and is refused with the fix (fsdp.memory_efficient_load, or
+ * gradient_checkpointing, when that fits). The model's size comes from
  * s->model or model_path's config.json; where that cannot be read, nothing
  * is checked (loading names the problem). Returns 0 or TY_EINVAL. */
+/* Bytes of activations one CPU rank of s holds while training the model c
+ * (api/model_acts.h), keeping every layer's, or with recompute (activation
+ * checkpointing) one layer's and each layer's input. */
+uint64_t jobspec_activation_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute);
+
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs);
 

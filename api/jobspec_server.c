@@ -16,6 +16,7 @@
 #include <jansson.h>
 
 #include "api/llama_config.h"
+#include "api/model_acts.h"
 #include "common/beneath.h"
 #include "common/dtype.h"
 #include "common/json_util.h"
@@ -197,52 +198,72 @@ uint64_t jobspec_host_memory(void) {
   return (uint64_t)kib << 10;
 }
 
-/* The model's parameters: s->model's, or model_path's config.json's; 0 where
- * they cannot be known. */
-static int64_t model_params(const jobspec_t *s) {
-  if (s->has_model) return llama_config_num_params(&s->model);
-  if (!s->model_path[0]) return 0;
+/* The model's shape into *c: s->model, or model_path's config.json; false
+ * where it cannot be known. */
+static bool model_config(const jobspec_t *s, llama_config_t *c) {
+  if (s->has_model) {
+    *c = s->model;
+    return true;
+  }
+  if (!s->model_path[0]) return false;
   char path[JOBSPEC_PATH_MAX + 16];
   llama_config_path(s->model_path, path, sizeof path);
   json_t *root = ty_json_load_file(path, 0, NULL, 0);
-  llama_config_t c;
-  llama_config_init(&c);
+  llama_config_init(c);
   ty_errlist_t errs = TY_ERRLIST_INIT;
-  bool ok = root && !llama_config_from_json(root, &c, "", false, &errs) &&
-            !llama_config_validate(&c, "", &errs);
+  bool ok = root && !llama_config_from_json(root, c, "", false, &errs) &&
+            !llama_config_validate(c, "", &errs);
   ty_errlist_clear(&errs);
   json_decref(root);
-  return ok ? llama_config_num_params(&c) : 0;
+  return ok;
+}
+
+/* The model's parameters; 0 where they cannot be known. */
+static int64_t model_params(const jobspec_t *s) {
+  llama_config_t c;
+  return model_config(s, &c) ? llama_config_num_params(&c) : 0;
 }
 
 /* Bytes that all of s's ranks hold at least, loading on the standard path
  * (standard) or each its own shard, elem bytes a weight; with training,
- * every weight's gradients and AdamW moments too. */
+ * every weight's gradients and AdamW moments too, and act bytes of
+ * activations a rank. */
 static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool training,
-                          bool standard) {
+                          bool standard, double act) {
   const double whole = (double)params * elem, W = s->world_size;
   const double shard = (double)((params + s->world_size - 1) / s->world_size) * elem;
   /* Loading: the standard path places the whole model, then copies out the
    * rank's shard (one rank keeps the whole model as its own). */
   double load = standard ? whole + (W > 1 ? shard : 0.0) : shard;
-  /* Training every weight: gradients and AdamW's two moments of the shard. */
-  double train = training && !s->use_lora ? 4.0 * shard : shard;
+  /* Training: the shard, for every weight its gradients and AdamW's two
+   * moments, and the activations. */
+  double train = training ? (!s->use_lora ? 4.0 * shard : shard) + act : shard;
   return W * (load > train ? load : train);
+}
+
+uint64_t jobspec_activation_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute) {
+  return llama_activation_bytes(c, s->train.micro_batch_size, s->data.seq_len, true, recompute, 0);
 }
 
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs) {
-  const int64_t params = model_params(s);
-  if (!host_bytes || params <= 0) return 0;
+  llama_config_t c;
+  if (!host_bytes || !model_config(s, &c)) return 0;
+  const int64_t params = llama_config_num_params(&c);
+  if (params <= 0) return 0;
   /* Training computes in float32 on the CPU; a load holds the job's dtype. */
   const ty_dtype_t dtype = training ? TY_DTYPE_F32 : s->dtype;
   const double elem = (double)ty_dtype_size(dtype);
   const double gib = 1024.0 * 1024.0 * 1024.0, host = (double)host_bytes;
   /* From scratch each rank initialises only its shard. */
   const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
-  const double need = ranks_bytes(s, params, elem, training, standard);
+  const bool ckpt = s->gradient_checkpointing;
+  const double act = training ? (double)jobspec_activation_bytes(s, &c, ckpt) : 0.0;
+  const double need = ranks_bytes(s, params, elem, training, standard, act);
   if (need <= host) return 0;
-  const double efficient = ranks_bytes(s, params, elem, training, false);
+  const double efficient = ranks_bytes(s, params, elem, training, false, act);
+  const double act1 = training ? (double)jobspec_activation_bytes(s, &c, true) : 0.0;
+  const double recompute = ranks_bytes(s, params, elem, training, false, act1);
   const bool full = training && !s->use_lora;
   if (standard && efficient <= host) {
     ty_errlist_add(errs, "fsdp.memory_efficient_load",
@@ -252,14 +273,24 @@ int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_b
                    "reads only its shard, at least %.2f GiB in all",
                    s->world_size, (long long)params, (double)params * elem / gib,
                    ty_dtype_name(dtype), need / gib, host / gib, host_what, efficient / gib);
+  } else if (training && !ckpt && recompute <= host) {
+    ty_errlist_add(errs, "gradient_checkpointing",
+                   "is false: each of the %d ranks keeps every layer's activations for its "
+                   "micro-batch of %d x %d tokens, %.2f GiB a rank, at least %.2f GiB in all "
+                   "on a host of %.2f GiB (%s); set it true: a rank then keeps one layer's "
+                   "and each layer's input, %.2f GiB a rank (or lower "
+                   "train.micro_batch_size or data.seq_len)",
+                   s->world_size, s->train.micro_batch_size, s->data.seq_len, act / gib,
+                   efficient / gib, host / gib, host_what, act1 / gib);
   } else {
     ty_errlist_add(errs, s->init_from_scratch ? "model" : "model_path",
                    "the model (%lld parameters) needs at least %.2f GiB of this host's memory "
-                   "for its %s in %s over %d rank%s, more than the host's %.2f GiB (%s): "
+                   "for its %s in %s over %d rank%s%s, more than the host's %.2f GiB (%s): "
                    "%suse device cuda, or a host with more memory",
                    (long long)params, need / gib,
                    full ? "weights, gradients and AdamW moments" : "weights", ty_dtype_name(dtype),
-                   s->world_size, s->world_size == 1 ? "" : "s", host / gib, host_what,
+                   s->world_size, s->world_size == 1 ? "" : "s",
+                   training ? " and their activations" : "", host / gib, host_what,
                    full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "");
   }
   return TY_EINVAL;

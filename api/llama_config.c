@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "api/jobspec_internal.h"
+#include "api/model_acts.h"
 #include "common/json_util.h"
 
 typedef enum { LK_I64, LK_F64, LK_BOOL, LK_DTYPE } lk_type_t;
@@ -594,4 +595,28 @@ void llama_config_path(const char *model_path, char *out, size_t n) {
     snprintf(out, n, "%.*sconfig.json", slash ? (int)(slash + 1 - model_path) : 0, model_path);
   else
     snprintf(out, n, "%s/config.json", model_path);
+}
+
+int64_t llama_head_rows(int64_t rows, int64_t V) {
+  int64_t hc = (int64_t)(MODEL_HEAD_BYTES / ((size_t)V * sizeof(float)));
+  if (hc > rows) hc = rows;
+  return hc < 1 ? 1 : hc;
+}
+
+uint64_t llama_activation_bytes(const llama_config_t *c, int64_t B, int64_t T, bool backward,
+                                bool recompute, int64_t head_rows) {
+  const uint64_t C = (uint64_t)c->hidden_size, NH = (uint64_t)c->num_attention_heads;
+  const uint64_t NKV = (uint64_t)c->num_key_value_heads, FF = (uint64_t)c->intermediate_size;
+  const uint64_t HS = (uint64_t)c->head_dim;
+  const uint64_t V = (uint64_t)c->vocab_size, L = (uint64_t)c->num_hidden_layers;
+  const uint64_t N = (uint64_t)(B * T);
+  const uint64_t LS = backward && !recompute ? L : 1, RS = backward ? L + 1 : 2;
+  const uint64_t HC = (uint64_t)(head_rows > 0 ? head_rows : llama_head_rows(B * T, c->vocab_size));
+  uint64_t floats = 0;
+  (void)T;
+#define TY_X(field, n, bw) \
+  if (!(bw) || backward) floats += (uint64_t)(n);
+  MODEL_ACTS(TY_X)
+#undef TY_X
+  return floats * sizeof(float) + MODEL_ACTS_ROW_BYTES * N;
 }

@@ -60,7 +60,7 @@ extern "C" {
     "KiB of shared memory per rank and chunk of a collective")                                     \
   X(GLOO_HOST, "TRAINYARD_GLOO_HOST", STR, 0, 0, RANKENV_NO_DEFAULT,                               \
     "the address a gloo rank listens on; unset: the machine's hostname")                           \
-  X(CUDA_HEAD_ROWS, "TRAINYARD_CUDA_HEAD_ROWS", INT, 1, 1L << 30, RANKENV_NO_DEFAULT,              \
+  X(HEAD_ROWS, "TRAINYARD_HEAD_ROWS", INT, 1, 1L << 30, RANKENV_NO_DEFAULT,                        \
     "tokens per chunk of the output head's logits; unset: what 256 MiB holds")                     \
   X(CUDA_ATTN_MIB, "TRAINYARD_CUDA_ATTN_MIB", INT, 0, 1L << 20, 128,                               \
     "MiB of scores for a bf16 model's tensor-core attention; 0: fp32 attention")

@@ -53,3 +53,7 @@ add_test(NAME integration/train_configs
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_configs.sh)
 set_tests_properties(integration/train_configs PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+# What the output head in chunks costs and saves (bench: by hand, not in CI).
+add_test(NAME bench/head_chunks COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/head_chunks.sh)
+set_tests_properties(bench/head_chunks PROPERTIES LABELS bench TIMEOUT 3600
+                     ENVIRONMENT "TRAINYARD_BIN_DIR=${CMAKE_BINARY_DIR}")

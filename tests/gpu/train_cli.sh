@@ -64,7 +64,7 @@ run cpu cpu float32 || { cat "$tmp/cpu.log" >&2; fail "the CPU run failed"; }
 run bf16 cuda bfloat16 || { cat "$tmp/bf16.log" >&2; fail "the bf16 GPU run failed"; }
 # Its output head runs over the 256 tokens in chunks of 100 rows (logits
 # recomputed in the backward pass); the resume below runs it whole.
-TRAINYARD_CUDA_HEAD_ROWS=100 run fullgpu cuda float32 false 10 ||
+TRAINYARD_HEAD_ROWS=100 run fullgpu cuda float32 false 10 ||
   { cat "$tmp/fullgpu.log" >&2; fail "full training on the GPU failed"; }
 run fullcpu cpu float32 false || { cat "$tmp/fullcpu.log" >&2; fail "full training on the CPU failed"; }
 

@@ -404,11 +404,14 @@ class HostMemory(unittest.TestCase):
     def test_cpu_ranks_must_fit_the_host(self):
         # A 199.8M-parameter model (0.74 GiB in float32) on a host of 1 GiB
         # (--host_mem_mib): two standard-path ranks each place it whole
-        # (2.23 GiB), two memory-efficient ones hold a shard each (0.74).
+        # (2.23 GiB), two memory-efficient ones hold a shard each (0.74)
+        # and the activations of 1 x 32 tokens (0.03 GiB a rank).
         srv = Server(extra=["--host-mem-mib", "1024"]).start()
         try:
             big_model(srv)
-            spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big"}
+            spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",
+                    "data": {"path": "train.txt", "seq_len": 32}}
+            spec["train"]["micro_batch_size"] = 1
             for path in ("/v1/jobs:validate", "/v1/jobs"):
                 r = srv.post(path, spec)
                 self.assertEqual(r.status_code, 400, r.text)

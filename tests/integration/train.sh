@@ -43,8 +43,21 @@ for r in reps:
                       "loss", "tokens_per_s", "host_peak_bytes", "message"}, r
 # One rank loads the whole checkpoint and says what it read, as sharded ranks do.
 import os
-loaded = [r for r in reps if r["phase"] == "loading" and r["message"] == "weights loaded"]
-assert len(loaded) == 1, [r for r in reps if r["phase"] == "loading"]
+# Its activations for 4 x 64 tokens, counted here from the buffers' shapes
+# (every layer's: the residual stream, norms, q/k/v, attention, MLP; the
+# head's logits; one layer's gradients; the scores' scratch).
+cfg = json.load(open(f"{tmp}/base/config.json"))
+C, FF, L, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+NH, NKV = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+HS, T = C // NH, 64
+N = 4 * T
+per_layer = 3 * C + 2 + 2 * NH * HS + 2 * NKV * HS + NH + 3 * FF
+floats = ((L + 1) * N * C + N * L * per_layer + N * C + 2 * N + N * V + T * HS + T * T
+          + 3 * N * C + 2 * N * NH * HS + 2 * N * NKV * HS + 3 * N * FF + 2 * T * T)
+mib = (4 * floats + 16 * N) / 1048576
+want_msg = f"weights loaded; activations {mib:.1f} MiB a rank"
+loaded = [r for r in reps if r["phase"] == "loading" and r["message"] == want_msg]
+assert len(loaded) == 1, (want_msg, [r for r in reps if r["phase"] == "loading"])
 ld = loaded[0]
 header = struct.unpack("<Q", open(f"{tmp}/base/model.safetensors", "rb").read(8))[0]
 want = os.path.getsize(f"{tmp}/base/model.safetensors") - 8 - header
@@ -139,7 +152,7 @@ rc=0
 "$ty" train --model_path "$tmp/huge" --use_lora true --world_size 2 --output_dir "$tmp/out-huge" \
   2>"$tmp/huge.err" || rc=$?
 [ "$rc" = 2 ] || fail "a model past the host's memory: exit $rc: $(cat "$tmp/huge.err")"
-grep -q "trainyard train: fsdp.memory_efficient_load: is false: on the standard path each of the 2 ranks places the whole model\|trainyard train: model_path: the model (4[0-9]* parameters) needs at least .* GiB of this host's memory for its weights in float32 over 2 ranks, more than the host's .* GiB (MemTotal)" "$tmp/huge.err" ||
+grep -q "trainyard train: fsdp.memory_efficient_load: is false: on the standard path each of the 2 ranks places the whole model\|trainyard train: model_path: the model (4[0-9]* parameters) needs at least .* GiB of this host's memory for its weights in float32 over 2 ranks and their activations, more than the host's .* GiB (MemTotal)" "$tmp/huge.err" ||
   fail "the refusal does not say why: $(cat "$tmp/huge.err")"
 [ ! -e "$tmp/out-huge" ] || fail "a refused job wrote $tmp/out-huge"
 

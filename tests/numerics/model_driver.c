@@ -80,6 +80,43 @@ static size_t numel_of(const st_desc_t *d) {
   return n;
 }
 
+/* The adapters of a case: rank, alpha, targets; their tensors in the case's
+ * input file under the names lora_create gives them. */
+typedef struct {
+  int rank;
+  double alpha;
+  unsigned targets;
+} lora_src_t;
+
+static lora_t *lora_from_st(model_t *m, const st_ckpt_t *ck, const lora_src_t *src) {
+  char err[512];
+  lora_t *lo;
+  if (lora_create(&lo, m, src->rank, src->alpha, src->targets, err, sizeof err)) die("lora", err);
+  for (int i = 0; i < lo->n_tensors; i++)
+    if (read_f32(ck, lo->tensors[i].name, lo->tensors[i].data, lo->tensors[i].numel, err,
+                 sizeof err))
+      die(lo->tensors[i].name, err);
+  return lo;
+}
+
+/* The logits of batch (with adapters when src is given) from a forward-only
+ * model whose head takes every row at once, into out (b, t, V). */
+static void whole_logits(const llama_config_t *cfg, st_ckpt_t *ck, const model_batch_t *batch,
+                         const lora_src_t *src, float *out) {
+  char err[512];
+  model_t *m;
+  if (model_create(&m, cfg, batch->b, batch->t, MODEL_EVAL, err, sizeof err)) die("model", err);
+  if (model_fill(m, fill_from_st, ck, err, sizeof err)) die("fill", err);
+  lora_t *lo = src ? lora_from_st(m, ck, src) : NULL;
+  model_batch_t logits_only = *batch;
+  logits_only.targets = NULL;
+  logits_only.weights = NULL;
+  if (model_forward_batch(m, &logits_only, lo, NULL, err, sizeof err)) die("forward", err);
+  memcpy(out, m->logits, sizeof(float) * batch->b * batch->t * cfg->vocab_size);
+  lora_free(lo);
+  model_free(m);
+}
+
 int main(int argc, char **argv) {
   if (argc != 2) die("usage", "model_driver CASE_DIR");
   char path[4096], err[512];
@@ -108,6 +145,10 @@ int main(int argc, char **argv) {
     json_decref(o);
   }
   int B = (int)jint(cj, "batch"), T = (int)jint(cj, "seq"), R = (int)jint(cj, "lora_rank");
+  /* "head_rows": the output head in chunks of that many rows (the loss and
+   * gradients come from the chunked head; the logits, never whole there,
+   * from a model forward with the whole head). */
+  const long head_rows = json_object_get(cj, "head_rows") ? (long)jint(cj, "head_rows") : 0;
   double alpha = json_number_value(json_object_get(cj, "lora_alpha"));
   unsigned targets = (unsigned)jint(cj, "lora_targets");
   json_decref(cj);
@@ -134,14 +175,25 @@ int main(int argc, char **argv) {
   }
   const model_batch_t batch = {tokens, tgts, weights, pos, B, T};
 
+  const lora_src_t lora_src = {R, alpha, targets};
+  const size_t nlogits = (size_t)B * T * cfg.vocab_size;
+  float *logits_full = malloc(sizeof(float) * nlogits), *logits_lora = malloc(sizeof(float) * nlogits);
+  if (head_rows) {
+    whole_logits(&cfg, ck, &batch, NULL, logits_full);
+    whole_logits(&cfg, ck, &batch, &lora_src, logits_lora);
+    char rows[32];
+    snprintf(rows, sizeof rows, "%ld", head_rows);
+    setenv("TRAINYARD_HEAD_ROWS", rows, 1);
+  }
+
   /* Full training: every base tensor gets a gradient. */
   model_t *full, *lm;
   if (model_create(&full, &cfg, B, T, MODEL_TRAIN_FULL, err, sizeof err)) die("model", err);
+  if (head_rows && full->head_rows != head_rows) die("head_rows", "not taken");
   if (model_fill(full, fill_from_st, ck, err, sizeof err)) die("fill", err);
   double loss_full, loss_lora;
   if (model_forward_batch(full, &batch, NULL, &loss_full, err, sizeof err)) die("forward", err);
-  float *logits_full = malloc(sizeof(float) * B * T * cfg.vocab_size);
-  memcpy(logits_full, full->logits, sizeof(float) * B * T * cfg.vocab_size);
+  if (!head_rows) memcpy(logits_full, full->logits, sizeof(float) * nlogits);
   model_zero_grad(full);
   model_backward(full, NULL, 1.0f);
   float lf = (float)loss_full;
@@ -156,15 +208,9 @@ int main(int argc, char **argv) {
   /* LoRA: base frozen, only the adapters get gradients. */
   if (model_create(&lm, &cfg, B, T, MODEL_TRAIN_LORA, err, sizeof err)) die("model", err);
   if (model_fill(lm, fill_from_st, ck, err, sizeof err)) die("fill", err);
-  lora_t *lo;
-  if (lora_create(&lo, lm, R, alpha, targets, err, sizeof err)) die("lora", err);
-  for (int i = 0; i < lo->n_tensors; i++)
-    if (read_f32(ck, lo->tensors[i].name, lo->tensors[i].data, lo->tensors[i].numel, err,
-                 sizeof err))
-      die(lo->tensors[i].name, err);
+  lora_t *lo = lora_from_st(lm, ck, &lora_src);
   if (model_forward_batch(lm, &batch, lo, &loss_lora, err, sizeof err)) die("forward", err);
-  float *logits_lora = malloc(sizeof(float) * B * T * cfg.vocab_size);
-  memcpy(logits_lora, lm->logits, sizeof(float) * B * T * cfg.vocab_size);
+  if (!head_rows) memcpy(logits_lora, lm->logits, sizeof(float) * nlogits);
   lora_zero_grad(lo);
   model_backward(lm, lo, 1.0f);
   float ll = (float)loss_lora;

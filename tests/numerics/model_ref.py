@@ -360,6 +360,10 @@ def main():
         "masked": True, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                          "original_max_position_embeddings": 32}}
+    # The output head in chunks of 5 rows (4 x 23 tokens: 19 chunks, the
+    # last of 2), each chunk's logits computed again in the backward pass.
+    cases["gqa_untied_head_chunks"] = {**cases["gqa_untied_masked_packed"], "head_rows": 5}
+    cases["mqa_tied_head_chunks"] = {**cases["mqa_tied_masked"], "head_rows": 3}
     ok = True
     for i, (name, cfg) in enumerate(cases.items()):
         ok &= run_case(driver, work, name, cfg, 1000 + i)

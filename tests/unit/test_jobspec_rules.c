@@ -656,40 +656,57 @@ static int host_memory(bool lora, int world, bool efficient, double gib, ty_errl
 }
 
 /* CPU ranks must fit the host: the weights in float32 (whole in each rank
- * on the standard path, one shard each on the memory-efficient one), and
- * for full training gradients and AdamW moments. models/big has 199.8M
- * parameters, 0.744 GiB in float32. */
+ * on the standard path, one shard each on the memory-efficient one), for
+ * full training gradients and AdamW moments, and each training rank's
+ * activations. models/big has 199.8M parameters, 0.744 GiB in float32; a
+ * rank's activations for the default 4 x 128 tokens take 0.416 GiB (every
+ * layer's), 0.155 GiB with gradient_checkpointing (one layer's): worked
+ * out by hand from the buffers' shapes, not from api/model_acts.h. */
 static void test_host_memory(void **state) {
   (void)state;
   char dir[600], path[700];
   make_big_model("big", dir, path);
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* LoRA over 4 ranks: the standard path holds 4 x (whole + shard) = 3.72
-   * GiB, the memory-efficient one 4 shards = 0.74 GiB. */
+   * GiB while loading, the memory-efficient one 4 x (shard + activations)
+   * = 2.40 GiB. */
   assert_int_equal(host_memory(true, 4, false, 4.0, &e), 0);
-  assert_int_equal(host_memory(true, 4, false, 2.0, &e), TY_EINVAL);
+  assert_int_equal(host_memory(true, 4, false, 3.0, &e), TY_EINVAL);
   assert_true(tu_has(&e, "fsdp.memory_efficient_load",
                      "is false: on the standard path each of the 4 ranks places the whole model "
                      "(199771136 parameters, 0.74 GiB in float32) before it keeps its shard, at "
-                     "least 3.72 GiB in all on a host of 2.00 GiB (MemTotal); set it true"));
-  assert_true(tu_has(&e, "fsdp.memory_efficient_load", "at least 0.74 GiB in all"));
+                     "least 3.72 GiB in all on a host of 3.00 GiB (MemTotal); set it true"));
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load", "at least 2.40 GiB in all"));
   assert_int_equal(e.len, 1);
   ty_errlist_clear(&e);
-  assert_int_equal(host_memory(true, 4, true, 2.0, &e), 0);
-  /* One rank holds the model once, whichever the path. */
-  assert_int_equal(host_memory(true, 1, false, 0.8, &e), 0);
+  assert_int_equal(host_memory(true, 4, true, 3.0, &e), 0);
+  /* Every layer's activations do not fit 2 GiB; one layer's do. */
+  assert_int_equal(host_memory(true, 4, true, 2.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "gradient_checkpointing",
+                     "is false: each of the 4 ranks keeps every layer's activations for its "
+                     "micro-batch of 4 x 128 tokens, 0.42 GiB a rank, at least 2.40 GiB in all "
+                     "on a host of 2.00 GiB (MemTotal); set it true: a rank then keeps one "
+                     "layer's and each layer's input, 0.16 GiB a rank"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  /* One rank holds the model once, whichever the path, and its activations. */
+  assert_int_equal(host_memory(true, 1, false, 1.2, &e), 0);
+  assert_int_equal(host_memory(true, 1, false, 1.1, &e), TY_EINVAL);
+  ty_errlist_clear(&e);
   /* Too little even for the weights once: no load path helps. */
   assert_int_equal(host_memory(true, 4, true, 0.5, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path",
-                     "needs at least 0.74 GiB of this host's memory for its weights in float32 "
-                     "over 4 ranks, more than the host's 0.50 GiB (MemTotal): use device cuda"));
+                     "needs at least 2.40 GiB of this host's memory for its weights in float32 "
+                     "over 4 ranks and their activations, more than the host's 0.50 GiB "
+                     "(MemTotal): use device cuda"));
   ty_errlist_clear(&e);
   /* Every weight: gradients and AdamW's moments beside the weights, 2.98
-   * GiB over 4 memory-efficient ranks; LoRA is named as the way out. */
+   * GiB over 4 memory-efficient ranks, 4.64 with the activations; LoRA is
+   * named as the way out. */
   assert_int_equal(host_memory(false, 4, true, 2.0, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path",
-                     "needs at least 2.98 GiB of this host's memory for its weights, gradients "
-                     "and AdamW moments in float32 over 4 ranks"));
+                     "needs at least 4.64 GiB of this host's memory for its weights, gradients "
+                     "and AdamW moments in float32 over 4 ranks and their activations"));
   assert_true(tu_has(&e, "model_path", "train LoRA adapters (use_lora), use device cuda"));
   ty_errlist_clear(&e);
   /* A load alone (trainyard load) holds the job's dtype and no training

@@ -1,7 +1,8 @@
 /* test_model.c - the model's gradients against central finite differences
  * (full training, tied and untied heads, and LoRA adapters), gradient
  * accumulation, the tensor table, filling, the errors for bad input, and
- * activation checkpointing against keeping every layer. */
+ * activation checkpointing against keeping every layer, and the output head
+ * in chunks against the whole head. */
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -13,6 +14,7 @@
 #include <cmocka.h>
 
 #include "common/errors.h"
+#include "api/model_acts.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 #include "worker/model/rng.h"
@@ -140,6 +142,16 @@ static void test_fd_untied_gqa(void **state) {
 static void test_fd_tied_mqa(void **state) {
   (void)state;
   fd_full(true, 1);
+}
+/* The output head in chunks of 3 rows (10 tokens: 3 + 3 + 3 + 1), each
+ * chunk's logits computed again in the backward pass: the gradients still
+ * match central differences, tied head and untied. */
+static void test_fd_head_chunks(void **state) {
+  (void)state;
+  setenv("TRAINYARD_HEAD_ROWS", "3", 1);
+  fd_full(false, 2);
+  fd_full(true, 1);
+  unsetenv("TRAINYARD_HEAD_ROWS");
 }
 
 static lora_t *tiny_lora(model_t *m, unsigned targets) {
@@ -536,10 +548,107 @@ static void test_recompute_matches(void **state) {
   }
 }
 
+/* The chunked head against the whole one on the same weights and batch
+ * (full training, tied and untied, where the backward pass computes each
+ * chunk's logits again, and LoRA, where the head's backward runs in the
+ * forward pass; every target counted, and a loss mask): the same loss and
+ * gradients, the logits of the last chunk
+ * equal to the whole logits' last rows, fewer activation bytes; logits
+ * alone (no targets) for more rows than a chunk are refused by name. */
+static void test_head_chunks_match(void **state) {
+  (void)state;
+  char err[256];
+  for (int k = 0; k < 4; k++) {
+    const bool tied = k == 1, lora = k == 2, masked = k == 3;
+    llama_config_t c = tiny_config(tied, 2);
+    c.vocab_size = 101; /* the logits outweigh the fused head's (B, T, C) buffer */
+    model_mode_t mode = lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
+    model_t *m[2];
+    lora_t *lo[2] = {NULL, NULL};
+    double loss[2];
+    int tok[TB * TT], tgt[TB * TT];
+    float w[TB * TT];
+    make_batch(tok, tgt, 33 + k, c.vocab_size);
+    for (int i = 0; i < TB * TT; i++) w[i] = masked && i % 3 == 0 ? 0.0f : 1.0f;
+    const model_batch_t bt = {.tokens = tok, .targets = tgt, .weights = masked ? w : NULL,
+                              .b = TB, .t = TT};
+    for (int i = 0; i < 2; i++) {
+      if (i) setenv("TRAINYARD_HEAD_ROWS", "4", 1);
+      assert_int_equal(model_create(&m[i], &c, TB, TT, mode, err, sizeof err), 0);
+      unsetenv("TRAINYARD_HEAD_ROWS");
+      model_init_random(m[i], 42, 0.3f);
+      if (lora) lo[i] = tiny_lora(m[i], JOBSPEC_TARGET_ALL_LINEAR);
+      if (lora)
+        lora_zero_grad(lo[i]);
+      else
+        model_zero_grad(m[i]);
+      assert_int_equal(model_forward_batch(m[i], &bt, lo[i], &loss[i], err, sizeof err), 0);
+    }
+    assert_int_equal(m[0]->head_rows, TB * TT);
+    assert_int_equal(m[1]->head_rows, 4);
+    assert_true(model_activation_bytes(m[1]) < model_activation_bytes(m[0]));
+    assert_float_equal(loss[0], loss[1], 1e-6 * fabs(loss[0]));
+    /* rows 8, 9 are the last chunk's 0, 1 (LoRA: the head's backward ran
+     * in the forward pass, turning them into their gradient) */
+    for (int j = 0; j < 2 * c.vocab_size && !lora; j++)
+      assert_float_equal(m[1]->logits[j], m[0]->logits[8 * c.vocab_size + j], 1e-5);
+    for (int i = 0; i < 2; i++) model_backward(m[i], lo[i], 0.5f);
+    const float *g0 = lora ? lo[0]->grads : m[0]->grads, *g1 = lora ? lo[1]->grads : m[1]->grads;
+    const size_t n = lora ? lo[0]->n_params : m[0]->n_params;
+    double gmax = 0.0, dmax = 0.0;
+    for (size_t j = 0; j < n; j++) {
+      gmax = fmax(gmax, fabs(g0[j]));
+      dmax = fmax(dmax, fabs(g0[j] - g1[j]));
+    }
+    assert_true(gmax > 0.0);
+    if (dmax > 1e-5 * gmax) fail_msg("case %d: gradients differ by %g (max %g)", k, dmax, gmax);
+    const model_batch_t logits_only = {.tokens = tok, .b = TB, .t = TT};
+    assert_int_equal(model_forward_batch(m[1], &logits_only, lo[1], NULL, err, sizeof err),
+                     TY_EINVAL);
+    assert_non_null(strstr(err, "TRAINYARD_HEAD_ROWS"));
+    const model_batch_t one_chunk = {.tokens = tok, .b = 1, .t = 4};
+    assert_int_equal(model_forward_batch(m[1], &one_chunk, lo[1], NULL, err, sizeof err), 0);
+    for (int i = 0; i < 2; i++) {
+      lora_free(lo[i]);
+      model_free(m[i]);
+    }
+  }
+  setenv("TRAINYARD_HEAD_ROWS", "0", 1);
+  llama_config_t c = tiny_config(false, 2);
+  model_t *bad = NULL;
+  assert_int_equal(model_create(&bad, &c, TB, TT, MODEL_TRAIN_FULL, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "TRAINYARD_HEAD_ROWS"));
+  unsetenv("TRAINYARD_HEAD_ROWS");
+}
+
+/* The activation bytes the memory rules count at submit
+ * (llama_activation_bytes) are what the model allocates: training, with
+ * activation checkpointing, forward only, and a chunked head. */
+static void test_activation_bytes_counted(void **state) {
+  (void)state;
+  char err[256];
+  llama_config_t c = tiny_config(false, 2);
+  c.num_hidden_layers = 3;
+  for (int k = 0; k < 4; k++) {
+    const bool eval = k == 2, recompute = k == 1, chunked = k == 3;
+    if (chunked) setenv("TRAINYARD_HEAD_ROWS", "3", 1);
+    model_t *m;
+    assert_int_equal(
+        model_create(&m, &c, TB, TT, eval ? MODEL_EVAL : MODEL_TRAIN_FULL, err, sizeof err), 0);
+    unsetenv("TRAINYARD_HEAD_ROWS");
+    if (recompute) assert_int_equal(model_recompute_layers(m, err, sizeof err), 0);
+    assert_int_equal(model_activation_bytes(m),
+                     llama_activation_bytes(&c, TB, TT, !eval, recompute, chunked ? 3 : 0));
+    model_free(m);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fd_untied_gqa),
       cmocka_unit_test(test_fd_tied_mqa),
+      cmocka_unit_test(test_fd_head_chunks),
+      cmocka_unit_test(test_head_chunks_match),
       cmocka_unit_test(test_fd_lora),
       cmocka_unit_test(test_lora_equals_merged),
       cmocka_unit_test(test_lora_init_and_table),
@@ -550,6 +659,7 @@ int main(void) {
       cmocka_unit_test(test_stages_with_gathered_layers),
       cmocka_unit_test(test_eval_matches_train),
       cmocka_unit_test(test_recompute_matches),
+      cmocka_unit_test(test_activation_bytes_counted),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

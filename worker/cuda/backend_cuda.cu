@@ -339,6 +339,15 @@ extern "C" void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t
   if (n) TY_LAUNCH(k_add, cb_blocks(n), CB_THREADS, 0)(dst, src, n);
 }
 
+__global__ void k_scale(float *dst, const float *src, float s, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) dst[i] = src[i] * s;
+}
+extern "C" void cuda_scale(cuda_backend_t *b, float *dst, const float *src, float s, size_t n) {
+  (void)b;
+  if (n) TY_LAUNCH(k_scale, cb_blocks(n), CB_THREADS, 0)(dst, src, s, n);
+}
+
 /* ---- embedding ---- */
 
 template <typename W>

@@ -155,6 +155,8 @@ void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, floa
 
 /* dst[n] += src[n]. */
 void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n);
+/* dst[n] = src[n] * s. */
+void cuda_scale(cuda_backend_t *b, float *dst, const float *src, float s, size_t n);
 
 /* Sum of x (n) in double, one fixed tree (a batch's token losses); waits. */
 int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out);

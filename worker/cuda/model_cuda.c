@@ -50,6 +50,7 @@
   X(dres, NA * d->C)                                     \
   X(dmid, NA * d->C)                                     \
   X(dln, NA * d->C)                                      \
+  X(dlnf, HC < NA ? NA * d->C : 0)                       \
   X(datty, NA * QD)                                      \
   X(dq, NA * QD)                                         \
   X(dk, NA * KVD)                                        \
@@ -70,6 +71,7 @@ struct model_cuda {
   int hc;          /* rows of logits a head chunk holds (head_rows) */
   bool recompute;  /* one layer slot: layers run forward again in the backward pass */
   bool logits_all; /* the last forward's logits are all in m->logits (one chunk) */
+  bool head_fused; /* the last forward ran the head's backward too (LoRA, in chunks) */
   ty_dtype_t wdt;  /* the base weights' dtype */
   cuda_backend_t *cb;
   const loader_shard_t *base;
@@ -93,18 +95,6 @@ struct model_cuda {
   MC_BUFS(TY_X)
 #undef TY_X
 };
-
-/* The output head runs over the tokens in chunks of this many rows, so
- * that the (tokens, vocabulary) logits are never whole on the device when
- * they would take more than 256 MiB (RANKENV_CUDA_HEAD_ROWS sets the
- * rows); the backward pass then recomputes each chunk's logits. */
-static int head_rows(size_t NA, int V, int *out, char *err, size_t errlen) {
-  long hc = (long)(((size_t)256 << 20) / ((size_t)V * sizeof(float)));
-  int rc = rankenv_long(RANKENV_CUDA_HEAD_ROWS, &hc, err, errlen);
-  if ((size_t)hc > NA) hc = (long)NA;
-  *out = hc < 1 ? 1 : (int)hc;
-  return rc;
-}
 
 /* A bf16 base runs attention's products on tensor cores (TF32: its
  * linear layers already round their operands to bf16) through a workspace
@@ -220,7 +210,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
   const size_t NA = (size_t)B * T;
   size_t budget;
-  rc = head_rows(NA, d->V, &m->hc, err, errlen);
+  rc = model_head_rows(NA, d->V, &m->hc, err, errlen);
   if (!rc) rc = attn_budget(m->wdt, &budget, err, errlen);
   if (rc) {
     free(m);
@@ -543,13 +533,23 @@ int model_cuda_forward_batch(model_cuda_t *m, const model_batch_t *bt, double *l
   if (!rc)
     cuda_rmsnorm_forward(m->cb, m->lnf, m->rstdf, RES(d->L), norm_w(m, 2 * d->L), n, d->C, d->eps);
   m->logits_all = n <= m->hc;
+  /* LoRA in chunks: the frozen head's backward runs here, while each
+   * chunk's logits are at hand, leaving its input's gradient for a loss
+   * scale of 1 (dlnf; model_cuda_backward scales it): no chunk's logits
+   * are computed twice. */
+  m->head_fused = m->lo && !m->logits_all;
   for (int r0 = 0; r0 < n && !rc; r0 += m->hc) {
     int rows = n - r0 < m->hc ? n - r0 : m->hc;
+    const float *w = m->has_weights ? m->weights + r0 : NULL;
     msg = !(rc = head_logits(m, r0, rows));
     if (!rc)
-      msg = !(rc = cuda_crossentropy_forward(m->cb, m->losses + r0, m->logits, m->targets + r0,
-                                             m->has_weights ? m->weights + r0 : NULL, rows, d->V,
-                                             NULL));
+      msg = !(rc = cuda_crossentropy_forward(m->cb, m->losses + r0, m->logits, m->targets + r0, w,
+                                             rows, d->V, NULL));
+    if (rc || !m->head_fused) continue;
+    cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, w, rows, d->V, 1.0f);
+    msg = !(rc = proj_backward_rows(m, rows, 0, -1, m->dlnf + (size_t)r0 * d->C, NULL, m->logits,
+                                    m->lnf + (size_t)r0 * d->C, wt(m, CKPT_LM_HEAD, -1), d->C, d->V,
+                                    0.0f));
   }
   double sum = 0.0;
   if (!rc) msg = !(rc = cuda_sum(m->cb, m->losses, (size_t)n, &sum));
@@ -589,20 +589,20 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
   int rc = units_pass(m, false, err, errlen);
   if (!rc) rc = units_next(m, false, err, errlen);
   if (!rc) rc = unit_grads_clear(m, head, err, errlen);
-  /* Chunk by chunk (its logits computed again unless the forward's are all
-   * still there): logits become dlogits, then the head's input gradient
-   * (and for full training its weight's, summed over the chunks); then the
-   * final norm. */
-  for (int r0 = 0; r0 < n && !rc; r0 += m->hc) {
+  /* The head's input gradient: the fused forward's, scaled; or chunk by
+   * chunk (its logits computed again unless the forward's are all still
+   * there): logits become dlogits, then the head's input gradient (and for
+   * full training its weight's, summed over the chunks); then the final
+   * norm. */
+  const float dloss =
+      m->has_weights ? (m->count > 0 ? loss_scale / (float)m->count : 0.0f) : loss_scale / n;
+  if (m->head_fused) cuda_scale(m->cb, m->dln, m->dlnf, dloss, (size_t)n * d->C);
+  for (int r0 = 0; r0 < n && !rc && !m->head_fused; r0 += m->hc) {
     int rows = n - r0 < m->hc ? n - r0 : m->hc;
     if (!m->logits_all) msg = !(rc = head_logits(m, r0, rows));
     if (rc) break;
-    if (m->has_weights)
-      cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, m->weights + r0, rows, d->V,
-                                 m->count > 0 ? loss_scale / (float)m->count : 0.0f);
-    else
-      cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0, NULL, rows, d->V,
-                                 loss_scale / n);
+    cuda_crossentropy_backward(m->cb, m->logits, m->targets + r0,
+                               m->has_weights ? m->weights + r0 : NULL, rows, d->V, dloss);
     msg = !(rc = proj_backward_rows(m, rows, 0, -1, m->dln + (size_t)r0 * d->C,
                                     gwt(m, CKPT_LM_HEAD, -1), m->logits, m->lnf + (size_t)r0 * d->C,
                                     wt(m, CKPT_LM_HEAD, -1), d->C, d->V, 0.0f));

@@ -31,7 +31,7 @@
  * log-sum-exp, no (T, T) matrix), the logits of at most 256 MiB worth of
  * tokens (the head runs over the tokens in chunks where all of them would
  * take more, and the backward pass recomputes each chunk's logits;
- * RANKENV_CUDA_HEAD_ROWS sets a chunk's tokens),
+ * RANKENV_HEAD_ROWS sets a chunk's tokens),
  * plus attention's workspace over a bf16 base,
  * plus, for a sharded base, the slots (each the size of the largest unit),
  * plus, for full training, the base's gradients (and over a shard one
@@ -65,7 +65,7 @@ typedef struct model_cuda model_cuda_t;
  * backward. Returns 0, TY_EINVAL
  * (a shard without a comm, a shard of other ranks, a half-precision-f16
  * base, a shape mismatch, a RANKENV_CUDA_ATTN_MIB or
- * RANKENV_CUDA_HEAD_ROWS that is not a whole number in its range) or
+ * RANKENV_HEAD_ROWS that is not a whole number in its range) or
  * TY_EEXHAUSTED (device memory), with the
  * reason in err. base, cb, comm and lora are borrowed and must outlive the
  * model. */

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/rankenv.h"
 #include "worker/model/cpu_ops.h"
 #include "worker/model/model_internal.h"
 #include "worker/model/weightinit.h"
@@ -116,7 +117,9 @@ static void views_set(const model_t *m, model_weights_t *w, float *base) {
 }
 
 static size_t acts_floats(const model_dims_t *d, size_t N, size_t T, size_t LS, size_t RS,
-                          bool backward) {
+                          size_t HC, bool backward) {
+  const size_t C = (size_t)d->C, NH = (size_t)d->NH, NKV = (size_t)d->NKV, HS = (size_t)d->HS;
+  const size_t FF = (size_t)d->FF, V = (size_t)d->V;
   size_t total = 0;
 #define TY_X(field, n, bw) \
   if (!(bw) || backward) total += (n);
@@ -146,14 +149,18 @@ static int acts_create(model_t *m, bool recompute) {
   m->acts = a;
   a->layer_slots = (int)LS;
   a->res_slots = (int)RS;
+  a->head_rows = m->head_rows;
+  const size_t HC = (size_t)a->head_rows;
   a->tokens = malloc(sizeof(int) * N);
   a->targets = malloc(sizeof(int) * N);
   a->weights = malloc(sizeof(float) * N);
   a->pos = malloc(sizeof(int) * N);
-  const size_t floats = acts_floats(d, N, T, LS, RS, backward);
-  a->bytes = sizeof(float) * floats + 4 * sizeof(int) * N;
+  const size_t floats = acts_floats(d, N, T, LS, RS, HC, backward);
+  a->bytes = sizeof(float) * floats + MODEL_ACTS_ROW_BYTES * N;
   a->block = malloc(sizeof(float) * floats);
   if (!a->tokens || !a->targets || !a->weights || !a->pos || !a->block) return TY_EEXHAUSTED;
+  const size_t C = (size_t)d->C, NH = (size_t)d->NH, NKV = (size_t)d->NKV, HS = (size_t)d->HS;
+  const size_t FF = (size_t)d->FF, V = (size_t)d->V;
   float *p = a->block;
 #define TY_X(field, n, bw) \
   if (!(bw) || backward) { \
@@ -166,6 +173,14 @@ static int acts_create(model_t *m, bool recompute) {
   cpu_rope_tables(a->rope_cos, a->rope_sin, m->T, d->HS, d->rope_theta, &d->rope_scaling);
   m->logits = a->logits;
   return 0;
+}
+
+int model_head_rows(size_t rows, int V, int *out, char *err, size_t errlen) {
+  long hc = (long)llama_head_rows((int64_t)rows, V);
+  int rc = rankenv_long(RANKENV_HEAD_ROWS, &hc, err, errlen);
+  if ((size_t)hc > rows) hc = (long)rows;
+  *out = hc < 1 ? 1 : (int)hc;
+  return rc;
 }
 
 int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_mode_t mode,
@@ -187,7 +202,7 @@ int model_init_shape(model_t *m, const llama_config_t *cfg, int B, int T, model_
   m->B = B;
   m->T = T;
   m->mode = mode;
-  return 0;
+  return model_head_rows((size_t)B * T, m->d.V, &m->head_rows, err, errlen);
 }
 
 /* own: allocate the parameter (and gradient) buffers; else the caller

@@ -39,10 +39,10 @@ typedef struct lora lora_t; /* worker/model/lora.h */
 /* The shape, from a llama_config_t. */
 typedef struct {
   int C, L, NH, NKV, HS, FF, V;
-  float eps;         /* rms_norm_eps */
-  double rope_theta; /* rotary base */
+  float eps;                         /* rms_norm_eps */
+  double rope_theta;                 /* rotary base */
   llama_rope_scaling_t rope_scaling; /* rescaled frequencies (Llama 3.1+) */
-  bool tied;         /* lm_head is embed_tokens */
+  bool tied;                         /* lm_head is embed_tokens */
 } model_dims_t;
 
 /* The per-layer tensors in storage order: X(field, Hugging Face name
@@ -109,10 +109,25 @@ typedef struct {
   model_tensor_t *tensors;
   int n_tensors;
   model_acts_t *acts;
-  float *logits; /* (B, T, V) of the last forward; model_backward turns it into dlogits */
+  float *logits; /* (head_rows, V): the last forward's logits, all of them when its b*t
+                  * tokens fit one chunk of the head (else the last chunk's, or in LoRA
+                  * training their gradient); model_backward turns them into dlogits */
+  int head_rows; /* rows of logits the output head computes at once (model_head_rows) */
   int b, t;      /* the shape of the last forward */
   double loss;   /* mean loss of the last forward with targets */
 } model_t;
+
+/* The output head (final norm's output times lm_head) runs over a batch's
+ * tokens in chunks of *out rows, so that the (tokens, vocabulary) logits are
+ * never whole when they would take more than MODEL_HEAD_BYTES
+ * (api/model_acts.h; Llama 3's 128,256 entries make them a step's largest
+ * buffer): a chunk's loss and its gradient come from its own logits.
+ * Training LoRA, the head's backward runs in the forward pass while each
+ * chunk's logits are at hand; training every weight, the backward pass
+ * computes each chunk's logits again (unless all rows fit one chunk). rows:
+ * the batch's tokens; RANKENV_HEAD_ROWS sets the chunk (CPU and CUDA).
+ * Returns 0, or TY_EINVAL for a bad RANKENV_HEAD_ROWS (err says why). */
+int model_head_rows(size_t rows, int V, int *out, char *err, size_t errlen);
 
 /* Checks that cfg describes a model this code runs (positive sizes, NH a
  * multiple of NKV, an even head size, sizes that fit an int) and fills d.

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/rankenv.h"
 #include "api/jobspec.h"
 #include "worker/model/cpu_ops.h"
 #include "worker/model/lora.h"
@@ -76,6 +77,11 @@ int model_embed_forward_batch(model_t *m, const float *embed_tokens, const model
   int rc = model_batch_check(bt, m->B, m->T, m->d.V, err, errlen);
   if (rc) return rc;
   const int b = bt->b, t = bt->t;
+  if (!bt->targets && (int64_t)b * t > a->head_rows)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "model: logits of %d x %d tokens at once, but the output head holds %d rows "
+                   "of %d (%s); pass targets (the loss needs no whole logits) or fewer tokens",
+                   b, t, a->head_rows, m->d.V, rankenv_name(RANKENV_HEAD_ROWS));
   m->b = b;
   m->t = t;
   memcpy(a->tokens, bt->tokens, sizeof(int) * b * t);
@@ -133,24 +139,49 @@ void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_DOWN, res_next, h, w->down_proj, n, FF, C, 1.0f);
 }
 
+/* Training LoRA over a head in chunks, the head's backward runs in the
+ * forward pass, chunk by chunk while the chunk's logits are at hand: the
+ * head's weights are frozen, so all it leaves is the gradient of its input
+ * for a loss scale of 1 (a->dlnf), which model_head_backward scales. No
+ * chunk's logits are computed twice. Training every weight, lm_head's
+ * gradient goes into a buffer the backward pass is handed, so there the
+ * backward pass computes each chunk's logits again. */
+static bool head_fused(const model_t *m) {
+  const model_acts_t *a = m->acts;
+  return a->has_targets && m->mode == MODEL_TRAIN_LORA && m->b * m->t > a->head_rows;
+}
+
 double model_head_forward(model_t *m, const float *norm, const float *lm_head) {
   const model_dims_t *d = &m->d;
   model_acts_t *a = m->acts;
-  const int n = m->b * m->t;
+  const int n = m->b * m->t, hc = a->head_rows;
   const size_t NA = (size_t)m->B * m->T;
   const float *res = RES(d->L);
+  const bool fused = head_fused(m);
   cpu_rmsnorm_forward(a->lnf, a->rstdf, res, norm, n, d->C, d->eps);
-  cpu_matmul_forward(a->logits, a->lnf, lm_head, n, d->C, d->V, 0.0f);
-  m->loss = 0.0;
-  if (a->has_targets && !a->has_weights)
-    m->loss = cpu_crossentropy_forward(a->losses, a->logits, a->targets, n, d->V) / n;
-  if (a->has_targets && a->has_weights) {
-    cpu_crossentropy_forward(a->losses, a->logits, a->targets, n, d->V);
-    double sum = 0.0; /* in row order, as cpu_crossentropy_forward's */
-    for (int r = 0; r < n; r++)
-      if (a->weights[r] != 0.0f) sum += a->losses[r];
-    m->loss = a->count > 0 ? sum / (double)a->count : 0.0;
+  /* Chunk by chunk of rows: a chunk's logits, then its losses. Without
+   * targets all rows fit one chunk (model_embed_forward_batch checks). */
+  for (int r0 = 0; r0 < n; r0 += hc) {
+    const int rows = n - r0 < hc ? n - r0 : hc;
+    const float *lnf = a->lnf + (size_t)r0 * d->C;
+    cpu_matmul_forward(a->logits, lnf, lm_head, rows, d->C, d->V, 0.0f);
+    if (!a->has_targets) continue;
+    cpu_crossentropy_forward(a->losses + r0, a->logits, a->targets + r0, rows, d->V);
+    if (!fused) continue;
+    cpu_crossentropy_backward(a->logits, a->targets + r0, a->has_weights ? a->weights + r0 : NULL,
+                              rows, d->V, 1.0f);
+    cpu_matmul_backward(a->dlnf + (size_t)r0 * d->C, NULL, a->logits, lnf, lm_head, rows, d->C,
+                        d->V, 0.0f);
   }
+  m->loss = 0.0;
+  if (!a->has_targets) return m->loss;
+  double sum = 0.0; /* in row order, whatever the chunks */
+  for (int r = 0; r < n; r++)
+    if (!a->has_weights || a->weights[r] != 0.0f) sum += a->losses[r];
+  if (!a->has_weights)
+    m->loss = sum / n;
+  else
+    m->loss = a->count > 0 ? sum / (double)a->count : 0.0;
   return m->loss;
 }
 
@@ -158,17 +189,30 @@ void model_head_backward(model_t *m, const float *norm, const float *lm_head, fl
                          float *dlm_head, float loss_scale) {
   const model_dims_t *d = &m->d;
   model_acts_t *a = m->acts;
-  const int n = m->b * m->t;
+  const int n = m->b * m->t, hc = a->head_rows;
   assert(a->has_targets && m->mode != MODEL_EVAL);
   const size_t NA = (size_t)m->B * m->T;
   const float *res = RES(d->L);
   /* Each counted target's share of the mean; none counted: no gradient. */
-  if (a->has_weights)
-    cpu_crossentropy_backward(a->logits, a->targets, a->weights, n, d->V,
-                              a->count > 0 ? loss_scale / (float)a->count : 0.0f);
-  else
-    cpu_crossentropy_backward(a->logits, a->targets, NULL, n, d->V, loss_scale / n);
-  cpu_matmul_backward(a->dln, dlm_head, a->logits, a->lnf, lm_head, n, d->C, d->V, 0.0f);
+  const float dloss =
+      a->has_weights ? (a->count > 0 ? loss_scale / (float)a->count : 0.0f) : loss_scale / n;
+  if (head_fused(m)) {
+    assert(!dlm_head);
+    for (size_t i = 0; i < (size_t)n * d->C; i++) a->dln[i] = a->dlnf[i] * dloss;
+  } else {
+    /* Chunk by chunk (its logits computed again unless the forward's are
+     * all still there): logits become dlogits, then the head's input
+     * gradient for the chunk's rows and the chunk's share of lm_head's. */
+    for (int r0 = 0; r0 < n; r0 += hc) {
+      const int rows = n - r0 < hc ? n - r0 : hc;
+      const float *lnf = a->lnf + (size_t)r0 * d->C;
+      if (n > hc) cpu_matmul_forward(a->logits, lnf, lm_head, rows, d->C, d->V, 0.0f);
+      cpu_crossentropy_backward(a->logits, a->targets + r0, a->has_weights ? a->weights + r0 : NULL,
+                                rows, d->V, dloss);
+      cpu_matmul_backward(a->dln + (size_t)r0 * d->C, dlm_head, a->logits, lnf, lm_head, rows, d->C,
+                          d->V, 0.0f);
+    }
+  }
   cpu_rmsnorm_backward(a->dres, dnorm, a->dln, NULL, res, norm, a->rstdf, n, d->C);
 }
 

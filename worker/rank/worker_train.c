@@ -337,7 +337,12 @@ int worker_train_main(const worker_env_t *e) {
       if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
       if (!rc && (f || !spec.init_from_scratch)) {
         rep.loaded = &ls;
-        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, f ? "shards loaded" : "weights loaded");
+        char msg[160];
+        snprintf(msg, sizeof msg, "%s; activations %.1f MiB a rank%s",
+                 f ? "shards loaded" : "weights loaded",
+                 (double)model_activation_bytes(m) / (1024.0 * 1024.0),
+                 spec.gradient_checkpointing ? " (gradient_checkpointing)" : "");
+        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, msg);
       }
     }
   }
