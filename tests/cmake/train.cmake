@@ -53,3 +53,10 @@ add_test(NAME integration/train_configs
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_configs.sh)
 set_tests_properties(integration/train_configs PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# Qwen2 (q/k/v biases): both checkpoint formats, full training over 1 and 2
+# ranks, resume, LoRA with the biases frozen, `mkmodel --like qwen2.5-0.5b`.
+add_test(NAME integration/train_qwen2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_qwen2.sh)
+set_tests_properties(integration/train_qwen2 PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")
