@@ -60,3 +60,8 @@ add_test(NAME integration/train_qwen2
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_qwen2.sh)
 set_tests_properties(integration/train_qwen2 PROPERTIES LABELS integration TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+
+# `trainyard merge` against PyTorch: merged values, copies, host peak, eval.
+add_test(NAME integration/merge COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/merge.sh)
+set_tests_properties(integration/merge PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")
