@@ -294,3 +294,14 @@ int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *
   model_free(m);
   return rc;
 }
+
+int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path,
+                        char *err, size_t errlen) {
+  char out[PATH_MAX];
+  if (snprintf(out, sizeof out, "%s/%s", output_dir, MERGE_OUTPUT_DIR) >= (int)sizeof out)
+    return ty_errf(err, errlen, TY_EINVAL, "%s: path too long", output_dir);
+  const merge_opts_t o = {.replace = true};
+  char why[2048];
+  int rc = ckpt_merge(model_path, lo, out, &o, NULL, why, sizeof why);
+  return rc ? ty_errf(err, errlen, rc, "merge_adapter: %s", why) : 0;
+}

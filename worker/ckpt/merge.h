@@ -55,4 +55,11 @@ int ckpt_merge(const char *model_path, const lora_t *lo, const char *out, const 
 int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *out,
                    const merge_opts_t *o, merge_stats_t *stats, char *err, size_t errlen);
 
+/* A LoRA job's merge_adapter: lo merged into model_path's checkpoint as
+ * output_dir/merged/ (MERGE_OUTPUT_DIR), each tensor in the base's dtype;
+ * a merged folder of an earlier attempt of the job is replaced. */
+#define MERGE_OUTPUT_DIR "merged"
+int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path,
+                        char *err, size_t errlen);
+
 #endif
