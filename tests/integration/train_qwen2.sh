@@ -8,8 +8,8 @@
 # biases) gives the same losses within 1e-5 relative, trains the biases and
 # writes them back (the trained model loads); a resumed run repeats the
 # steps after its checkpoint exactly (the biases and their AdamW moments
-# are in it); LoRA on 2 ranks trains with the biases frozen: the adapter
-# holds no bias, and the base is unchanged. Then `mkmodel --like
+# are in it); LoRA on 1 and 2 ranks (same losses) trains with the biases
+# frozen: the adapter holds no bias, and no base model is written. Then `mkmodel --like
 # qwen2.5-0.5b --layers 2` writes the published config.json with 2 layers
 # and every bias tensor.
 set -euo pipefail
@@ -150,17 +150,25 @@ assert all(a[s] == b[s] for s in b), (a, b)
 print("# qwen2: resumed at step 4, steps 5-8 identical")
 PY
 
-# LoRA: the biases are frozen (no adapter for them, the base untouched).
-losses lora --model_path "$tmp/qwen" --use_lora true --lora_rank 4 --target_modules all-linear \
-  --train.lr 3e-2 --world_size 2 --train.micro_batch_size 4 --fsdp.memory_efficient_load true
-python3 - "$tmp/lora.losses" "$tmp/lora/adapter_model.safetensors" <<'PY'
+# LoRA: the biases are frozen (no adapter for them, the base untouched);
+# 1 rank and 2 memory-efficient ranks agree.
+lora=(--model_path "$tmp/qwen" --use_lora true --lora_rank 4 --target_modules all-linear
+      --train.lr 3e-2)
+losses lora-1 "${lora[@]}" --world_size 1 --train.micro_batch_size 8
+losses lora "${lora[@]}" --world_size 2 --train.micro_batch_size 4 \
+  --fsdp.memory_efficient_load true
+python3 - "$tmp/lora-1.losses" "$tmp/lora.losses" "$tmp/lora/adapter_model.safetensors" <<'PY'
 import json, struct, sys
 a = [float(x) for x in open(sys.argv[1])]
-assert len(a) == 6 and a[-1] < a[0], a
-raw = open(sys.argv[2], "rb").read()
+b = [float(x) for x in open(sys.argv[2])]
+assert len(a) == len(b) == 6 and a[-1] < a[0], (a, b)
+gap = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+assert gap <= 1e-5, (a, b)
+raw = open(sys.argv[3], "rb").read()
 names = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
 assert names and not [k for k in names if "bias" in k], list(names)
-print(f"# qwen2 LoRA: losses {a[0]:.5f} -> {a[-1]:.5f}, adapter without biases")
+print(f"# qwen2 LoRA: losses {a[0]:.5f} -> {a[-1]:.5f}, world 1 vs 2 gap {gap:.2e}, "
+      "adapter without biases")
 PY
 [ ! -e "$tmp/lora/model.safetensors" ] || fail "LoRA wrote the base model"
 
