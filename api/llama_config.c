@@ -530,7 +530,9 @@ json_t *llama_config_to_json(const llama_config_t *c) {
                                  : "LlamaForCausalLM";
   json_object_set_new(o, "architectures", json_pack("[s]", arch));
   json_object_set_new(o, "model_type",
-                      json_string(c->qkv_bias ? "qwen2" : mistral ? "mistral" : "llama"));
+                      json_string(c->qkv_bias ? "qwen2"
+                                  : mistral   ? "mistral"
+                                              : "llama"));
   if (c->qkv_bias) json_object_set_new(o, "use_sliding_window", json_false());
   for (size_t i = 0; i < LK_N; i++) {
     const lk_row_t *r = &g_keys[i];

@@ -49,8 +49,8 @@ int cmd_merge(int argc, char **argv) {
       out = v;
     } else if (!strcmp(a, "--dtype")) {
       if (ty_dtype_parse(v, &o.dtype)) {
-        fprintf(stderr,
-                "trainyard merge: --dtype wants float32, bfloat16 or float16, got '%s'\n", v);
+        fprintf(stderr, "trainyard merge: --dtype wants float32, bfloat16 or float16, got '%s'\n",
+                v);
         return 2;
       }
       o.set_dtype = true;

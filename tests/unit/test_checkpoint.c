@@ -109,7 +109,7 @@ static void test_layout(void **state) {
 static void test_model_table_agrees(void **state) {
   (void)state;
   llama_config_t c = tiny();
-  c.head_dim = 4; /* the model wants an even head size */
+  c.head_dim = 4;    /* the model wants an even head size */
   c.qkv_bias = true; /* every kind present */
   model_dims_t dims;
   assert_int_equal(model_dims_from_config(&dims, &c, NULL, 0), 0);

@@ -91,8 +91,8 @@ static void test_merged_logits(void **state) {
   sub(base, sizeof base, "base");
   sub(adapter, sizeof adapter, "adapter");
   sub(out, sizeof out, "merged");
-  const unsigned targets = (1u << JOBSPEC_TARGET_BIT_Q) | (1u << JOBSPEC_TARGET_BIT_V) |
-                           (1u << JOBSPEC_TARGET_BIT_DOWN);
+  const unsigned targets =
+      (1u << JOBSPEC_TARGET_BIT_Q) | (1u << JOBSPEC_TARGET_BIT_V) | (1u << JOBSPEC_TARGET_BIT_DOWN);
   make_base_and_adapter(base, adapter, 32, targets);
   llama_config_t c = qwen2(32);
 

@@ -28,23 +28,37 @@
  * copied when present: the tokenizer (fast and slow forms) and the
  * generation defaults. */
 static const char *const g_side_files[] = {
-    "tokenizer.json",   "tokenizer_config.json",   "special_tokens_map.json",
-    "tokenizer.model",  "vocab.json",              "merges.txt",
-    "added_tokens.json", "generation_config.json", "chat_template.jinja",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "generation_config.json",
+    "chat_template.jinja",
 };
 #define SIDE_N (sizeof g_side_files / sizeof g_side_files[0])
 
 /* The adapter's projection on layer kind k, or -1 (not a projection). */
 static int target_of(ckpt_kind_t k) {
   switch (k) {
-    case CKPT_WQ: return JOBSPEC_TARGET_BIT_Q;
-    case CKPT_WK: return JOBSPEC_TARGET_BIT_K;
-    case CKPT_WV: return JOBSPEC_TARGET_BIT_V;
-    case CKPT_WO: return JOBSPEC_TARGET_BIT_O;
-    case CKPT_WGATE: return JOBSPEC_TARGET_BIT_GATE;
-    case CKPT_WUP: return JOBSPEC_TARGET_BIT_UP;
-    case CKPT_WDOWN: return JOBSPEC_TARGET_BIT_DOWN;
-    default: return -1;
+    case CKPT_WQ:
+      return JOBSPEC_TARGET_BIT_Q;
+    case CKPT_WK:
+      return JOBSPEC_TARGET_BIT_K;
+    case CKPT_WV:
+      return JOBSPEC_TARGET_BIT_V;
+    case CKPT_WO:
+      return JOBSPEC_TARGET_BIT_O;
+    case CKPT_WGATE:
+      return JOBSPEC_TARGET_BIT_GATE;
+    case CKPT_WUP:
+      return JOBSPEC_TARGET_BIT_UP;
+    case CKPT_WDOWN:
+      return JOBSPEC_TARGET_BIT_DOWN;
+    default:
+      return -1;
   }
 }
 
@@ -79,8 +93,7 @@ static int copy_file(const char *from, const char *to, char *err, size_t errlen)
     ssize_t n = read(in, buf, sizeof buf);
     if (n == 0) break;
     if (n < 0 || write(out, buf, (size_t)n) != n) {
-      rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "copying %s to %s: %s", from, to,
-                   strerror(errno));
+      rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "copying %s to %s: %s", from, to, strerror(errno));
       break;
     }
   }
@@ -201,21 +214,21 @@ static int check_adapter(const lora_t *lo, const ckpt_layout_t *l, char *err, si
       return ty_errf(err, errlen, TY_EINVAL,
                      "the adapter's %s is for a [%d, %d] projection but %s is [%lld, %lld]; it "
                      "was trained for another model",
-                     jobspec_target_name(tg), lo->out[tg], lo->in[tg], t->name,
-                     (long long)t->rows, (long long)t->cols);
+                     jobspec_target_name(tg), lo->out[tg], lo->in[tg], t->name, (long long)t->rows,
+                     (long long)t->cols);
   }
   return 0;
 }
 
 /* model.safetensors of the merged model into dir. */
-static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir,
-                         const merge_opts_t *o, merge_stats_t *s, char *err, size_t errlen) {
+static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, const merge_opts_t *o,
+                         merge_stats_t *s, char *err, size_t errlen) {
   const ckpt_layout_t *l = &ck->layout;
   st_desc_t *d = xcalloc(l->ntensors + 1, sizeof *d);
   for (size_t i = 0; i < l->ntensors; i++) {
     const ckpt_tensor_t *t = &l->tensors[i];
-    d[i] = (st_desc_t){t->name, o->set_dtype ? o->dtype : ck->file_tensor[i]->dtype, t->ndim,
-                       {t->rows, t->cols}};
+    d[i] = (st_desc_t){
+        t->name, o->set_dtype ? o->dtype : ck->file_tensor[i]->dtype, t->ndim, {t->rows, t->cols}};
   }
   char path[PATH_MAX + 32];
   snprintf(path, sizeof path, "%s/%s", dir, ST_SINGLE_NAME);
@@ -227,8 +240,8 @@ static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir,
     const ckpt_tensor_t *t = &l->tensors[i];
     int tg = t->layer >= 0 ? target_of(t->kind) : -1;
     if (tg >= 0 && lora_has_target(lo, tg)) {
-      rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, d[i].dtype,
-                        &b, s, err, errlen);
+      rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, d[i].dtype, &b,
+                        s, err, errlen);
       s->merged++;
     } else {
       rc = copy_tensor(w, ck, i, d[i].dtype, &b, s, err, errlen);
@@ -295,8 +308,8 @@ int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *
   return rc;
 }
 
-int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path,
-                        char *err, size_t errlen) {
+int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path, char *err,
+                        size_t errlen) {
   char out[PATH_MAX];
   if (snprintf(out, sizeof out, "%s/%s", output_dir, MERGE_OUTPUT_DIR) >= (int)sizeof out)
     return ty_errf(err, errlen, TY_EINVAL, "%s: path too long", output_dir);

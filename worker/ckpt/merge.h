@@ -33,10 +33,10 @@ typedef struct {
 } merge_opts_t;
 
 typedef struct {
-  size_t tensors, merged;     /* tensors written; of them, adapted ones */
-  size_t files_copied;        /* config.json and tokenizer files */
-  uint64_t bytes_written;     /* tensor bytes */
-  uint64_t largest_tensor;    /* fp32 bytes of the largest adapted tensor (the buffer) */
+  size_t tensors, merged;  /* tensors written; of them, adapted ones */
+  size_t files_copied;     /* config.json and tokenizer files */
+  uint64_t bytes_written;  /* tensor bytes */
+  uint64_t largest_tensor; /* fp32 bytes of the largest adapted tensor (the buffer) */
 } merge_stats_t;
 
 /* Merges lo (adapters created for the model at model_path: its layers and
@@ -59,7 +59,7 @@ int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *
  * output_dir/merged/ (MERGE_OUTPUT_DIR), each tensor in the base's dtype;
  * a merged folder of an earlier attempt of the job is replaced. */
 #define MERGE_OUTPUT_DIR "merged"
-int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path,
-                        char *err, size_t errlen);
+int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path, char *err,
+                        size_t errlen);
 
 #endif

@@ -195,8 +195,8 @@ static int scatter_add(fsdp_t *f, int i, float *src, char *err, size_t errlen) {
 static void layer_views(const model_dims_t *d, model_layer_t *w, float *base,
                         const fsdp_tensor_t *ts) {
   int k = 0;
-#define TY_X(field, name, rows, cols)                               \
-  w->field = base && (rows) > 0 ? base + ts[k].unit_off : NULL;     \
+#define TY_X(field, name, rows, cols)                           \
+  w->field = base && (rows) > 0 ? base + ts[k].unit_off : NULL; \
   k += (rows) > 0;
   MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
