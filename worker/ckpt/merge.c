@@ -129,10 +129,13 @@ static int copy_side(const char *model_path, const char *dir, const merge_opts_t
   return rc;
 }
 
-/* The scratch of a merge: chunk buffers and the fp32 tensor. */
+/* The scratch of a merge: chunk buffers and the fp32 tensor, one buffer
+ * grown to the largest adapted tensor so far (not one allocation each). */
 typedef struct {
   void *src, *dst; /* CONVERT_CHUNK bytes each */
   float *f32;      /* CONVERT_CHUNK bytes */
+  float *W;        /* wcap floats */
+  size_t wcap;
 } bufs_t;
 
 /* Streams tensor i of the base into w unchanged but for the dtype. */
@@ -167,9 +170,14 @@ static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_p
   const st_tensor_t *ft = ck->file_tensor[i];
   const size_t n = (size_t)ft->nelem, in_es = ty_dtype_size(ft->dtype);
   const size_t out_es = ty_dtype_size(dt);
-  float *W = malloc(n * sizeof(float) + 1);
-  if (!W)
-    return ty_errf(err, errlen, TY_EEXHAUSTED, "%s: no memory for its %zu floats", t->name, n);
+  if (n > b->wcap) {
+    free(b->W);
+    b->wcap = 0;
+    if (!(b->W = malloc(n * sizeof(float))))
+      return ty_errf(err, errlen, TY_EEXHAUSTED, "%s: no memory for its %zu floats", t->name, n);
+    b->wcap = n;
+  }
+  float *W = b->W;
   if (n * sizeof(float) > s->largest_tensor) s->largest_tensor = n * sizeof(float);
   const size_t per = CONVERT_CHUNK / sizeof(float);
   int rc = 0;
@@ -194,7 +202,6 @@ static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_p
     rc = st_writer_write(w, out, m * out_es, err, errlen);
     s->bytes_written += m * out_es;
   }
-  free(W);
   return rc;
 }
 
@@ -235,7 +242,7 @@ static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, co
   static const char *const md[] = {"format", "pt", NULL};
   st_writer_t *w = NULL;
   int rc = st_writer_open(path, d, l->ntensors, md, &w, err, errlen);
-  bufs_t b = {xmalloc(CONVERT_CHUNK), xmalloc(CONVERT_CHUNK), xmalloc(CONVERT_CHUNK)};
+  bufs_t b = {xmalloc(CONVERT_CHUNK), xmalloc(CONVERT_CHUNK), xmalloc(CONVERT_CHUNK), NULL, 0};
   for (size_t i = 0; i < l->ntensors && !rc; i++) {
     const ckpt_tensor_t *t = &l->tensors[i];
     int tg = t->layer >= 0 ? target_of(t->kind) : -1;
@@ -248,7 +255,7 @@ static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, co
     }
     s->tensors++;
   }
-  free(b.src), free(b.dst), free(b.f32), free(d);
+  free(b.src), free(b.dst), free(b.f32), free(b.W), free(d);
   if (rc) {
     if (w) {
       char ignored[8];
