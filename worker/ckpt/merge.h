@@ -14,7 +14,7 @@
  *
  * The output folder is made as "<out>.partial" and renamed onto out only
  * when every file is whole, so a reader never sees half a merged model;
- * every file goes through the roots' helpers (common/beneath.h). */
+ * every file is opened beneath the roots (common/beneath.h). */
 #ifndef TY_WORKER_MERGE_H
 #define TY_WORKER_MERGE_H
 
