@@ -54,6 +54,8 @@ const jobspec_field_t jobspec_fields[] = {
      "list of q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or \"all-linear\""},
     {"gradient_checkpointing", JF_BOOL, OFF(gradient_checkpointing), 0, NULL, false, 0, 0, false,
      "keep one layer's activations, recompute the others in the backward pass"},
+    {"merge_adapter", JF_BOOL, OFF(merge_adapter), 0, NULL, false, 0, 0, false,
+     "LoRA: at the end also write the base with the adapter merged into output_dir/merged/"},
     {"data", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "training data"},
     {"data.path", JF_STRING, OFF(data.path), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
      "token file, or JSONL file of examples"},
@@ -140,6 +142,7 @@ void jobspec_init(jobspec_t *s) {
   s->target_modules = 1u << JOBSPEC_TARGET_BIT_Q | 1u << JOBSPEC_TARGET_BIT_K |
                       1u << JOBSPEC_TARGET_BIT_V | 1u << JOBSPEC_TARGET_BIT_O;
   s->gradient_checkpointing = false;
+  s->merge_adapter = false;
   s->data.format = JOBSPEC_DATA_TEXT;
   s->data.seq_len = 128;
   s->data.eval_fraction = 0.05;

@@ -93,6 +93,7 @@ typedef struct {
   double lora_alpha;       /* default 16 */
   unsigned target_modules; /* bitmask; default q,k,v,o */
   bool gradient_checkpointing; /* default false */
+  bool merge_adapter;          /* LoRA: output_dir/merged/ at the end; default false */
   struct {
     char path[JOBSPEC_PATH_MAX];  /* "" when unset */
     jobspec_data_format_t format; /* default text */

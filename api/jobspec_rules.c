@@ -183,6 +183,14 @@ static void check_lora_scratch(const vctx_t *v, ty_errlist_t *errs) {
                    "pretrained model_path");
 }
 
+static void check_merge_lora(const vctx_t *v, ty_errlist_t *errs) {
+  if (v->s->merge_adapter && !v->s->use_lora)
+    ty_errlist_add(errs, "merge_adapter",
+                   "is true but use_lora is false: training every weight writes the whole "
+                   "model to output_dir already, with no adapter to merge; remove "
+                   "merge_adapter, or set use_lora to true");
+}
+
 static void check_ranges(const vctx_t *v, ty_errlist_t *errs) {
   for (size_t i = 0; i < jobspec_nfields; i++) {
     const jobspec_field_t *f = &jobspec_fields[i];
@@ -535,6 +543,10 @@ static const rule_t g_rules[] = {
      check_model_shape},
     {"scratch-no-lora", "use_lora, init_from_scratch", "spec",
      "adapters over random weights train nothing useful", check_lora_scratch},
+    {"merge-needs-lora", "merge_adapter, use_lora", "spec",
+     "merging writes the base with the trained adapter folded in; training every weight "
+     "writes the whole model already and has no adapter",
+     check_merge_lora},
     {"ranges",
      "world_size, lora_rank, lora_alpha, fsdp.bucket_mb, data.*, train.*, "
      "max_restarts",

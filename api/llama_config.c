@@ -130,8 +130,7 @@ static const struct {
 } g_model_types[] = {
     {"llama", "LlamaForCausalLM", NULL},
     {"mistral", "MistralForCausalLM", NULL}, /* Llama with sliding_window */
-    {"qwen2", "Qwen2ForCausalLM",
-     "Qwen2's q/k/v projection biases (implied by model_type \"qwen2\") are not supported"},
+    {"qwen2", "Qwen2ForCausalLM", NULL},     /* Llama with q/k/v biases */
 };
 #define MODEL_TYPES_N (sizeof g_model_types / sizeof g_model_types[0])
 
@@ -392,6 +391,10 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
     if (!r) {
       if (!strcmp(key, "model_type") || !strcmp(key, "architectures")) {
         check_identity(key, v, path, strict, errs);
+        /* Qwen2's q/k/v biases follow from its model type alone. */
+        if (!strict && !strcmp(key, "model_type") && json_is_string(v) &&
+            !strcmp(json_string_value(v), "qwen2"))
+          c->qkv_bias = true;
         continue;
       }
       if (!strict && !strcmp(key, "rope_scaling")) {
@@ -399,8 +402,13 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
         continue;
       }
       if (!strict && !strcmp(key, "sliding_window")) {
-        /* Qwen2 writes a window it does not use: use_sliding_window false. */
-        if (json_is_null(v) || json_is_false(json_object_get(obj, "use_sliding_window"))) continue;
+        /* Qwen2 writes a window it does not use: use_sliding_window false,
+         * Hugging Face's default for a qwen2 model_type (true is refused). */
+        const json_t *mt = json_object_get(obj, "model_type");
+        bool qwen2 = json_is_string(mt) && !strcmp(json_string_value(mt), "qwen2");
+        if (json_is_null(v) || json_is_false(json_object_get(obj, "use_sliding_window")) ||
+            (qwen2 && !json_object_get(obj, "use_sliding_window")))
+          continue;
         if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > (1 << 24))
           ty_errlist_add(errs, path, "must be null or an integer between 1 and %d, got %s", 1 << 24,
                          ty_json_kind(v));
@@ -515,11 +523,18 @@ int llama_config_validate(const llama_config_t *c, const char *field_prefix, ty_
 
 json_t *llama_config_to_json(const llama_config_t *c) {
   json_t *o = json_object();
-  /* A window makes it Mistral's (Hugging Face's Llama has none). */
-  bool mistral = c->sliding_window > 0;
-  json_object_set_new(o, "architectures",
-                      json_pack("[s]", mistral ? "MistralForCausalLM" : "LlamaForCausalLM"));
-  json_object_set_new(o, "model_type", json_string(mistral ? "mistral" : "llama"));
+  /* A window makes it Mistral's (Hugging Face's Llama has none), q/k/v
+   * biases Qwen2's. */
+  bool mistral = c->sliding_window > 0 && !c->qkv_bias;
+  const char *arch = c->qkv_bias ? "Qwen2ForCausalLM"
+                     : mistral   ? "MistralForCausalLM"
+                                 : "LlamaForCausalLM";
+  json_object_set_new(o, "architectures", json_pack("[s]", arch));
+  json_object_set_new(o, "model_type",
+                      json_string(c->qkv_bias ? "qwen2"
+                                  : mistral   ? "mistral"
+                                              : "llama"));
+  if (c->qkv_bias) json_object_set_new(o, "use_sliding_window", json_false());
   for (size_t i = 0; i < LK_N; i++) {
     const lk_row_t *r = &g_keys[i];
     const void *p = (const char *)c + r->off;
@@ -540,7 +555,7 @@ json_t *llama_config_to_json(const llama_config_t *c) {
     }
     json_object_set_new(o, r->key, v);
   }
-  if (mistral)
+  if (c->sliding_window > 0)
     json_object_set_new(o, "sliding_window", json_integer((json_int_t)c->sliding_window));
   const llama_rope_scaling_t *rs = &c->rope_scaling;
   if (rs->type == LLAMA_ROPE_LINEAR)
@@ -583,6 +598,7 @@ int64_t llama_config_num_params(const llama_config_t *c) {
   int64_t attn = C * NH * HS * 2 + C * NKV * HS * 2; /* q, o; k, v */
   int64_t mlp = 3 * C * FF;                          /* gate, up, down */
   int64_t layer = attn + mlp + 2 * C;                /* + two RMSNorm weights */
+  if (c->qkv_bias) layer += NH * HS + 2 * NKV * HS;  /* Qwen2's q, k, v biases */
   int64_t total = V * C + L * layer + C;             /* embeddings, layers, final norm */
   if (!c->tie_word_embeddings) total += V * C;       /* lm_head */
   return total;

@@ -47,6 +47,10 @@ typedef struct {
    * so data.seq_len must not exceed it (model_init_shape, the job rule
    * seq-len-within-model). */
   int64_t sliding_window;
+  /* Qwen2's biases on the q, k and v projections (model_type "qwen2";
+   * config.json only: Hugging Face states them by the model type, never
+   * by a key). */
+  bool qkv_bias;
 } llama_config_t;
 
 /* Fills the defaults above; sizes are 0 (unset). */
@@ -58,8 +62,9 @@ void llama_config_init(llama_config_t *c);
  * otherwise (a config.json) rope_scaling and sliding_window are read too,
  * Hugging Face's keys that leave the model as it is (bos_token_id,
  * use_cache, ...) are ignored, those that change it must hold the value
- * Llama computes (attention_bias false, model_type "llama" or "mistral",
- * ...), and any other non-null key is refused by name. Wrong types and
+ * Llama computes (attention_bias false, model_type "llama", "mistral" or
+ * "qwen2", the last setting qkv_bias, ...), and any other non-null key is
+ * refused by name. Wrong types and
  * out-of-range values are added to errs. Returns 0 or TY_EINVAL. */
 int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *field_prefix,
                            bool strict, ty_errlist_t *errs);
@@ -69,7 +74,8 @@ int llama_config_from_json(const json_t *obj, llama_config_t *c, const char *fie
 int llama_config_validate(const llama_config_t *c, const char *field_prefix, ty_errlist_t *errs);
 
 /* A new config.json-shaped object (the caller owns it), with
- * "architectures": ["LlamaForCausalLM"] and "model_type": "llama". */
+ * "architectures": ["LlamaForCausalLM"] and "model_type": "llama" (Qwen2's
+ * with qkv_bias, Mistral's with a sliding_window). */
 json_t *llama_config_to_json(const llama_config_t *c);
 
 /* The config.json of a model_path into out (n bytes): model_path/config.json

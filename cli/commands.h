@@ -10,6 +10,7 @@
   X("validate", cmd_validate, "check a job spec (file and/or --dotted.flags), print it normalized") \
   X("mkmodel", cmd_mkmodel, "write a random Llama checkpoint (config.json + safetensors)") \
   X("convert", cmd_convert, "rewrite a checkpoint (safetensors or PyTorch) as safetensors") \
+  X("merge", cmd_merge, "merge a LoRA adapter into its base checkpoint (a new HF checkpoint)") \
   X("load", cmd_load, "start local ranks that only load their shards; print each rank's figures") \
   X("train", cmd_train, "run a training job's ranks locally in the foreground") \
   X("eval", cmd_eval, "mean next-token loss of a model (and adapter) on a token file") \

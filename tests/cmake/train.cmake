@@ -57,3 +57,15 @@ set_tests_properties(integration/train_configs PROPERTIES LABELS integration TIM
 add_test(NAME bench/head_chunks COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/bench/head_chunks.sh)
 set_tests_properties(bench/head_chunks PROPERTIES LABELS bench TIMEOUT 3600
                      ENVIRONMENT "TRAINYARD_BIN_DIR=${CMAKE_BINARY_DIR}")
+
+# Qwen2 (q/k/v biases): both checkpoint formats, full training over 1 and 2
+# ranks, resume, LoRA with the biases frozen, `mkmodel --like qwen2.5-0.5b`.
+add_test(NAME integration/train_qwen2
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_qwen2.sh)
+set_tests_properties(integration/train_qwen2 PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")
+
+# `trainyard merge` against PyTorch: merged values, copies, host peak, eval.
+add_test(NAME integration/merge COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/merge.sh)
+set_tests_properties(integration/merge PROPERTIES LABELS integration TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")

@@ -13,7 +13,9 @@
  * tied and untied heads. Then, over an fp32 base, full training: each
  * unit's gradients reduce-scattered into the rank's gradient shard, which
  * must hold world x the whole model's gradient in its rows (every rank runs
- * the same batch), within 1e-5. Exits 77 (a skip) without a GPU. */
+ * the same batch), within 1e-5. The tied model has Qwen2's q/k/v biases
+ * (gathered with their layer, their gradients reduce-scattered with it).
+ * Exits 77 (a skip) without a GPU. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -38,6 +40,7 @@ static void config(llama_config_t *c, bool tied) {
   c->head_dim = 16;
   c->rope_theta = 10000.0;
   c->tie_word_embeddings = tied;
+  c->qkv_bias = tied; /* the tied model is Qwen2's: q/k/v biases in every layer's unit */
 }
 
 #define FAIL(...)                   \

@@ -15,8 +15,9 @@
  * with attention in fp32 (TRAINYARD_CUDA_ATTN_MIB=0). A workspace bound or
  * head chunk that is not a whole number in range is refused by name. Then
  * all of it with a loss mask and documents packed in the rows (positions
- * restarting: block-diagonal attention, restarted rotary angles). Exits
- * 77 (a skip) where no CUDA device is visible. */
+ * restarting: block-diagonal attention, restarted rotary angles); and
+ * with Qwen2's q/k/v biases. Exits 77 (a skip) where no CUDA device is
+ * visible. */
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -34,12 +35,15 @@
 
 enum { B = 2, T = 11, R = 4 };
 
+static bool g_qkv_bias; /* the model is Qwen2's: biases on q, k and v */
+
 static void config(llama_config_t *c) {
   llama_config_init(c);
   c->hidden_size = 48, c->intermediate_size = 72, c->num_hidden_layers = 2;
   c->num_attention_heads = 4, c->num_key_value_heads = 2, c->vocab_size = 61;
   c->head_dim = 12;
   c->rope_theta = 10000.0;
+  c->qkv_bias = g_qkv_bias;
   /* Llama 3.1's rotary scaling, its bands set so that this head size has
    * frequencies both interpolated and divided: the device's tables must be
    * the host's (cuda_rope_tables), scaling included. */
@@ -357,6 +361,13 @@ int main(void) {
   bad |= run(cb, TY_DTYPE_BF16);
   unsetenv("TRAINYARD_CUDA_ATTN_MIB");
   g_masked = false;
+  /* Qwen2: biases on the q, k and v projections, added on the device in
+   * the base's dtype, frozen under LoRA, their gradients in full
+   * training. */
+  printf("-- Qwen2's q/k/v biases\n");
+  g_qkv_bias = true;
+  bad |= run_all(cb);
+  g_qkv_bias = false;
   /* A bound or a chunk that is not a whole number in range is named. */
   printf("-- bad TRAINYARD_CUDA_ATTN_MIB and TRAINYARD_HEAD_ROWS\n");
   bad |= run_refused(cb, "TRAINYARD_CUDA_ATTN_MIB", "128M",

@@ -136,14 +136,17 @@ int main(int argc, char **argv) {
   cfg.rms_norm_eps = json_number_value(json_object_get(cj, "rms_norm_eps"));
   cfg.rope_theta = json_number_value(json_object_get(cj, "rope_theta"));
   cfg.tie_word_embeddings = json_is_true(json_object_get(cj, "tie_word_embeddings"));
-  json_t *rs = json_object_get(cj, "rope_scaling");
-  if (rs) { /* through the config.json parser, as a checkpoint's would be */
-    ty_errlist_t errs = TY_ERRLIST_INIT;
-    json_t *o = json_pack("{s:O}", "rope_scaling", rs);
-    if (llama_config_from_json(o, &cfg, "", false, &errs) || llama_config_validate(&cfg, "", &errs))
-      die("case.json: rope_scaling", errs.len ? errs.items[0].message : "invalid");
-    json_decref(o);
-  }
+  /* rope_scaling and model_type (Qwen2's q/k/v biases) through the
+   * config.json parser, as a checkpoint's would be. */
+  json_t *o = json_object();
+  if (json_object_get(cj, "rope_scaling"))
+    json_object_set(o, "rope_scaling", json_object_get(cj, "rope_scaling"));
+  if (json_object_get(cj, "model_type"))
+    json_object_set(o, "model_type", json_object_get(cj, "model_type"));
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  if (llama_config_from_json(o, &cfg, "", false, &errs) || llama_config_validate(&cfg, "", &errs))
+    die("case.json: rope_scaling or model_type", errs.len ? errs.items[0].message : "invalid");
+  json_decref(o);
   int B = (int)jint(cj, "batch"), T = (int)jint(cj, "seq"), R = (int)jint(cj, "lora_rank");
   /* "head_rows": the output head in chunks of that many rows (the loss and
    * gradients come from the chunked head; the logits, never whole there,

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """model_ref.py - trainyard's Llama forward and backward (full and LoRA)
 against a reference written here in plain PyTorch, after Hugging Face's
-LlamaForCausalLM and PEFT's LoRA layer.
+LlamaForCausalLM (and Qwen2ForCausalLM: the same decoder with biases on the
+q, k and v projections) and PEFT's LoRA layer.
 
 usage: model_ref.py MODEL_DRIVER WORKDIR
 
@@ -38,6 +39,9 @@ LAYER_TENSORS = [  # (name, rows, cols) over the config; cols None: 1-D
     ("self_attn.o_proj.weight", "C", "QD"), ("post_attention_layernorm.weight", "C", None),
     ("mlp.gate_proj.weight", "FF", "C"), ("mlp.up_proj.weight", "FF", "C"),
     ("mlp.down_proj.weight", "C", "FF")]
+# Qwen2 (model_type "qwen2"): Qwen2Attention's q/k/v nn.Linear(bias=True).
+QWEN2_BIASES = [("self_attn.q_proj.bias", "QD", None), ("self_attn.k_proj.bias", "KVD", None),
+                ("self_attn.v_proj.bias", "KVD", None)]
 
 
 def write_safetensors(path, tensors):
@@ -79,10 +83,13 @@ def dims(cfg):
 def make_weights(cfg, gen):
     d, w = dims(cfg), {}
     w["model.embed_tokens.weight"] = 0.5 * torch.randn(d["V"], d["C"], generator=gen)
+    qwen2 = cfg.get("model_type") == "qwen2"
     for i in range(cfg["num_hidden_layers"]):
-        for name, r, c in LAYER_TENSORS:
+        for name, r, c in LAYER_TENSORS + (QWEN2_BIASES if qwen2 else []):
             key = f"model.layers.{i}.{name}"
-            if c is None:  # norms near 1 but not 1, so their gradients matter
+            if name.endswith(".bias"):  # as large as a projection's outputs, so they matter
+                w[key] = 0.5 * torch.randn(d[r], generator=gen)
+            elif c is None:  # norms near 1 but not 1, so their gradients matter
                 w[key] = 1.0 + 0.2 * torch.randn(d[r], generator=gen)
             else:
                 w[key] = torch.randn(d[r], d[c], generator=gen) / math.sqrt(d[c])
@@ -173,6 +180,9 @@ def forward(cfg, w, lora, tokens, targets, weights=None, pos=None):
 
     def proj(x, i, target, mod):
         y = x @ w[f"model.layers.{i}.{mod}.{target}.weight"].T
+        bias = w.get(f"model.layers.{i}.{mod}.{target}.bias")
+        if bias is not None:  # Qwen2's q/k/v nn.Linear(bias=True)
+            y = y + bias
         if lora is not None and lora_name(i, target, "A") in lora:
             a, b = lora[lora_name(i, target, "A")], lora[lora_name(i, target, "B")]
             y = y + scale * ((x @ a.T) @ b.T)
@@ -280,6 +290,15 @@ def run_case(driver, work, name, cfg, seed):
             print(f"{name}: FAIL: rope_scaling changes the logits by only {e:.1e}")
             return False
 
+    if cfg.get("model_type") == "qwen2":
+        # So must the biases, and every layer must have them.
+        w = {k: v.to(torch.float64) for k, v in w32.items() if not k.endswith(".bias")}
+        nb = len(w32) - len(w)
+        e = rel_err(forward(cfg, w, None, tokens, targets, weights, pos)[0], checks[0][2])
+        if nb != 3 * cfg["num_hidden_layers"] or not e > 100 * TOL:
+            print(f"{name}: FAIL: {nb} biases, changing the logits by {e:.1e}")
+            return False
+
     expected = 2 + len(w32) + 2 + len(l32)
     if len(checks) != expected or len(out) != expected:
         print(f"{name}: FAIL: {len(out)} tensors from the driver, expected {expected}")
@@ -360,10 +379,25 @@ def main():
         "masked": True, "rope_scaling": {"rope_type": "llama3", "factor": 8.0,
                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                          "original_max_position_embeddings": 32}}
+    # Qwen2: q/k/v biases (trained in full training, their gradients
+    # checked; frozen under LoRA), rope_theta 1e6, tied head, GQA; and
+    # packed documents with a loss mask, where the biases meet the
+    # restarted positions.
+    cases["qwen2"] = {**base, "model_type": "qwen2", "hidden_size": 56,
+                      "intermediate_size": 72, "num_hidden_layers": 2,
+                      "num_attention_heads": 7, "num_key_value_heads": 1, "head_dim": 8,
+                      "vocab_size": 61, "tie_word_embeddings": True, "rope_theta": 1000000.0,
+                      "rms_norm_eps": 1e-6, "batch": 2, "seq": 12, "lora_rank": 4,
+                      "lora_targets": 127}
+    cases["qwen2_untied_masked_packed"] = {**cases["qwen2"], "tie_word_embeddings": False,
+                                           "num_key_value_heads": 7, "batch": 3, "seq": 15,
+                                           "masked": True, "packed": True, "lora_targets": 5}
     # The output head in chunks of 5 rows (4 x 23 tokens: 19 chunks, the
-    # last of 2), each chunk's logits computed again in the backward pass.
+    # last of 2), each chunk's logits computed again in the backward pass
+    # (LoRA: the head's backward run in the forward pass); Qwen2's in 4.
     cases["gqa_untied_head_chunks"] = {**cases["gqa_untied_masked_packed"], "head_rows": 5}
     cases["mqa_tied_head_chunks"] = {**cases["mqa_tied_masked"], "head_rows": 3}
+    cases["qwen2_head_chunks"] = {**cases["qwen2_untied_masked_packed"], "head_rows": 4}
     ok = True
     for i, (name, cfg) in enumerate(cases.items()):
         ok &= run_case(driver, work, name, cfg, 1000 + i)

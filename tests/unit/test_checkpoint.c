@@ -83,6 +83,23 @@ static void test_layout(void **state) {
   assert_int_equal(l.ntensors, 1 + 2 * 9 + 1);
   assert_int_equal(ckpt_layout_index(&l, CKPT_LM_HEAD, -1), -1);
   assert_int_equal(l.nparams, (uint64_t)llama_config_num_params(&c));
+  assert_int_equal(ckpt_layout_index(&l, CKPT_BQ, 0), -1); /* Llama: no biases */
+  ckpt_layout_free(&l);
+  /* Qwen2: three 1-D biases close each layer, counted in the parameters,
+   * initialised like matrices (not as norms). */
+  c.qkv_bias = true;
+  assert_int_equal(ckpt_layout_init(&l, &c), 0);
+  assert_int_equal(l.per_layer, 12);
+  assert_int_equal(l.ntensors, 1 + 2 * 12 + 1);
+  assert_int_equal(l.nparams, (uint64_t)llama_config_num_params(&c));
+  const ckpt_tensor_t *bk = &l.tensors[ckpt_layout_index(&l, CKPT_BK, 1)];
+  assert_string_equal(bk->name, "model.layers.1.self_attn.k_proj.bias");
+  assert_int_equal(bk->ndim, 1);
+  assert_int_equal(bk->rows, c.num_key_value_heads * c.head_dim);
+  assert_false(bk->is_norm);
+  assert_true(l.tensors[ckpt_layout_index(&l, CKPT_FINAL_NORM, -1)].is_norm);
+  assert_string_equal(l.tensors[ckpt_layout_index(&l, CKPT_FINAL_NORM, -1)].name,
+                      "model.norm.weight");
   ckpt_layout_free(&l);
 }
 
@@ -92,7 +109,8 @@ static void test_layout(void **state) {
 static void test_model_table_agrees(void **state) {
   (void)state;
   llama_config_t c = tiny();
-  c.head_dim = 4; /* the model wants an even head size */
+  c.head_dim = 4;    /* the model wants an even head size */
+  c.qkv_bias = true; /* every kind present */
   model_dims_t dims;
   assert_int_equal(model_dims_from_config(&dims, &c, NULL, 0), 0);
   const model_dims_t *d = &dims;

@@ -114,6 +114,18 @@ static void test_scratch_no_lora(void **state) {
       "init_from_scratch");
 }
 
+/* merge_adapter folds a LoRA adapter into the base: full training has
+ * none (rule merge-needs-lora). */
+static void test_merge_needs_lora(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"use_lora\": true, \"merge_adapter\": true}");
+  ok("{\"model_path\": \"m\", \"use_lora\": false, \"merge_adapter\": false}");
+  bad("{\"model_path\": \"m\", \"use_lora\": false, \"merge_adapter\": true}", "merge_adapter",
+      "set use_lora to true");
+  bad("{\"init_from_scratch\": true, \"merge_adapter\": true, " SCRATCH_MODEL "}",
+      "merge_adapter", "use_lora is false");
+}
+
 static void test_ranges(void **state) {
   (void)state;
   ok("{\"model_path\": \"m\", \"world_size\": 4096, \"lora_rank\": 1, \"train\": {\"lr\": 10, "
@@ -945,7 +957,7 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 23);
+  assert_int_equal(n, 24);
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("dist-backend-device"), "spec");
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
@@ -997,6 +1009,7 @@ int main(void) {
       cmocka_unit_test(test_cuda_gpus),
       cmocka_unit_test(test_dist_backend),
       cmocka_unit_test(test_jsonl_options),
+      cmocka_unit_test(test_merge_needs_lora),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
   };

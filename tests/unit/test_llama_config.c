@@ -282,7 +282,6 @@ static void test_model_changing_keys_refused(void **state) {
       {"sliding_window", "\"4096\"", "must be null or an integer"},
       {"sliding_window", "0", "must be null or an integer"},
       {"model_type", "\"gemma\"", "only \"llama\" is supported, got gemma"},
-      {"model_type", "\"qwen2\"", "q/k/v projection biases"},
       {"architectures", "[\"LlamaForSequenceClassification\"]", "LlamaForCausalLM"},
       {"quantization_config", "{\"quant_method\": \"gptq\"}", "not a config.json key"},
       {"num_experts", "8", "not a config.json key"},
@@ -328,9 +327,60 @@ static void test_sliding_window(void **state) {
   json_decref(j);
 }
 
+/* Qwen2: model_type "qwen2" means q/k/v biases (config.json never says
+ * so by a key), its rope_theta is read, its unused sliding_window (with
+ * use_sliding_window false or absent, Hugging Face's default) ignored;
+ * written back as Qwen2 and parsed back the same. A job spec's model
+ * (strict) stays Llama's. */
+static void test_qwen2(void **state) {
+  (void)state;
+  llama_config_t c, d;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  llama_config_init(&c);
+  json_t *j = load(
+      "{\"model_type\": \"qwen2\", \"architectures\": [\"Qwen2ForCausalLM\"], "
+      "\"hidden_size\": 16, \"intermediate_size\": 24, \"num_hidden_layers\": 1, "
+      "\"num_attention_heads\": 2, \"vocab_size\": 10, \"rope_theta\": 1000000.0, "
+      "\"sliding_window\": 32768, \"max_window_layers\": 21}");
+  assert_int_equal(llama_config_from_json(j, &c, "", false, &e), 0);
+  assert_int_equal(llama_config_validate(&c, "", &e), 0);
+  assert_true(c.qkv_bias);
+  assert_int_equal(c.sliding_window, 0);
+  assert_true(c.rope_theta == 1e6);
+  json_decref(j);
+  j = llama_config_to_json(&c);
+  assert_string_equal(json_string_value(json_object_get(j, "model_type")), "qwen2");
+  assert_string_equal(json_string_value(json_array_get(json_object_get(j, "architectures"), 0)),
+                      "Qwen2ForCausalLM");
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_memory_equal(&c, &d, sizeof c);
+  json_decref(j);
+  /* A Llama model has none. */
+  j = load("{\"model_type\": \"llama\", \"hidden_size\": 16}");
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), 0);
+  assert_false(d.qkv_bias);
+  json_decref(j);
+  /* Sliding windows on Qwen2's layers are refused by name. */
+  j = load("{\"model_type\": \"qwen2\", \"use_sliding_window\": true, \"sliding_window\": 64}");
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "", false, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "use_sliding_window", "sliding-window"));
+  ty_errlist_clear(&e);
+  json_decref(j);
+  /* In a job spec only Llama's model_type. */
+  j = load("{\"model_type\": \"qwen2\"}");
+  llama_config_init(&d);
+  assert_int_equal(llama_config_from_json(j, &d, "model", true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model.model_type", "only \"llama\""));
+  ty_errlist_clear(&e);
+  json_decref(j);
+}
+
 /* The published config.json files `trainyard mkmodel --like` copies
- * (tests/data/configs): the Llama ones read whole, with their published
- * parameter counts; Qwen2 and Mistral refused naming what they need. */
+ * (tests/data/configs): each read whole, with its published parameter
+ * count (Qwen2's with its q/k/v biases). */
 static void test_published_configs(void **state) {
   (void)state;
   static const struct {
@@ -342,7 +392,9 @@ static void test_published_configs(void **state) {
       {"llama-3.2-1b", 1235814400, NULL, NULL, LLAMA_ROPE_LLAMA3},
       {"llama-3.1-8b", 8030261248, NULL, NULL, LLAMA_ROPE_LLAMA3},
       {"tinyllama-1.1b", 1100048384, NULL, NULL, LLAMA_ROPE_DEFAULT},
-      {"qwen2.5-0.5b", 0, "model_type", "q/k/v projection biases", 0},
+      /* 151936 x 896 embedding (tied) + 24 x (attention 2 x 896^2 + 2 x 128 x 896,
+       * biases 896 + 2 x 128, MLP 3 x 896 x 4864, norms 2 x 896) + 896 */
+      {"qwen2.5-0.5b", 494032768, NULL, NULL, LLAMA_ROPE_DEFAULT},
       {"mistral-7b-v0.1", 7241732096, NULL, NULL, LLAMA_ROPE_DEFAULT},
   };
   const char *src = getenv("TRAINYARD_SRC_DIR");
@@ -362,6 +414,7 @@ static void test_published_configs(void **state) {
       assert_int_equal(llama_config_num_params(&c), cases[i].params);
       assert_int_equal(c.rope_scaling.type, cases[i].rope);
       assert_int_equal(c.sliding_window, strstr(cases[i].name, "mistral") ? 4096 : 0);
+      assert_int_equal(c.qkv_bias, strstr(cases[i].name, "qwen2") != NULL);
     } else {
       assert_int_equal(rc, TY_EINVAL);
       if (!tu_has(&e, cases[i].field, cases[i].says))
@@ -486,6 +539,7 @@ int main(void) {
       cmocka_unit_test(test_inert_keys_accepted),
       cmocka_unit_test(test_model_changing_keys_refused),
       cmocka_unit_test(test_sliding_window),
+      cmocka_unit_test(test_qwen2),
       cmocka_unit_test(test_published_configs),
       cmocka_unit_test(test_newer_dtype_key_and_nulls),
       cmocka_unit_test(test_types_and_ranges),

@@ -32,6 +32,7 @@ const GROUPS = [
     ['lora_rank', 'rank', 'int'],
     ['lora_alpha', 'alpha', 'num'],
     ['target_modules', 'target modules', 'list', null, 'q_proj, v_proj or all-linear'],
+    ['merge_adapter', 'merge into output_dir/merged', 'bool'],
   ]],
   ['Data', [
     ['data.path', 'data path', 'text'],

@@ -30,7 +30,7 @@ static void set_entry(ckpt_tensor_t *t, ckpt_kind_t kind, int layer, const char 
   t->ndim = cols ? 2 : 1;
   t->rows = rows;
   t->cols = cols ? cols : 1;
-  t->is_norm = cols == 0;
+  t->is_norm = kind == CKPT_ATTN_NORM || kind == CKPT_MLP_NORM || kind == CKPT_FINAL_NORM;
 }
 
 int ckpt_layout_init(ckpt_layout_t *l, const llama_config_t *cfg) {
@@ -39,7 +39,7 @@ int ckpt_layout_init(ckpt_layout_t *l, const llama_config_t *cfg) {
   const int64_t C = cfg->hidden_size, FF = cfg->intermediate_size, V = cfg->vocab_size;
   const int64_t NH = cfg->num_attention_heads, NKV = cfg->num_key_value_heads;
   const int64_t HS = cfg->head_dim > 0 ? cfg->head_dim : (NH > 0 ? C / NH : 0);
-  const int64_t L = cfg->num_hidden_layers;
+  const int64_t L = cfg->num_hidden_layers, QB = cfg->qkv_bias ? 1 : 0;
   /* Guard every product against overflow: each dimension is kept below
    * 2^24 and the layer count below 2^16, which bounds tensors at 2^48. */
   const int64_t dims[] = {C, FF, V, NH, NKV, HS};
@@ -53,12 +53,14 @@ int ckpt_layout_init(ckpt_layout_t *l, const llama_config_t *cfg) {
   CKPT_LAYER_TENSORS(TY_X)
   CKPT_GLOBAL_TENSORS(TY_X)
 #undef TY_X
-  size_t n = 1 + (size_t)L * CKPT_PER_LAYER + 1 + (cfg->tie_word_embeddings ? 0 : 1);
+  l->per_layer = 0;
+  while (l->per_layer < CKPT_PER_LAYER && rows[l->per_layer] > 0) l->per_layer++;
+  size_t n = 1 + (size_t)L * l->per_layer + 1 + (cfg->tie_word_embeddings ? 0 : 1);
   l->tensors = xcalloc(n, sizeof *l->tensors);
   size_t k = 0;
   set_entry(&l->tensors[k++], CKPT_EMBED, -1, name[CKPT_EMBED], rows[CKPT_EMBED], cols[CKPT_EMBED]);
   for (int layer = 0; layer < L; layer++)
-    for (int kind = 0; kind < CKPT_PER_LAYER; kind++)
+    for (int kind = 0; kind < l->per_layer; kind++)
       set_entry(&l->tensors[k++], (ckpt_kind_t)kind, layer, name[kind], rows[kind], cols[kind]);
   for (int kind = CKPT_FINAL_NORM; kind <= CKPT_LM_HEAD; kind++)
     if (kind != CKPT_LM_HEAD || !cfg->tie_word_embeddings)
@@ -78,13 +80,14 @@ void ckpt_layout_free(ckpt_layout_t *l) {
 
 int ckpt_layout_index(const ckpt_layout_t *l, ckpt_kind_t kind, int layer) {
   const int64_t L = l->cfg.num_hidden_layers;
+  const int P = l->per_layer;
   if (kind < CKPT_EMBED) {
-    if (layer < 0 || layer >= L) return -1;
-    return 1 + layer * CKPT_PER_LAYER + (int)kind;
+    if (layer < 0 || layer >= L || (int)kind >= P) return -1;
+    return 1 + layer * P + (int)kind;
   }
   if (kind == CKPT_EMBED) return 0;
-  if (kind == CKPT_FINAL_NORM) return (int)(1 + L * CKPT_PER_LAYER);
-  if (kind == CKPT_LM_HEAD && !l->cfg.tie_word_embeddings) return (int)(2 + L * CKPT_PER_LAYER);
+  if (kind == CKPT_FINAL_NORM) return (int)(1 + L * P);
+  if (kind == CKPT_LM_HEAD && !l->cfg.tie_word_embeddings) return (int)(2 + L * P);
   return -1;
 }
 
@@ -221,9 +224,10 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
       if (!known)
         return ty_errf(err, errlen, TY_EINVAL,
                        "tensor '%s' is not part of the Llama layout that config.json describes "
-                       "(num_hidden_layers %lld, tie_word_embeddings %s)",
+                       "(num_hidden_layers %lld, tie_word_embeddings %s, q/k/v biases %s)",
                        st->tensors[i].name, (long long)l->cfg.num_hidden_layers,
-                       l->cfg.tie_word_embeddings ? "true" : "false");
+                       l->cfg.tie_word_embeddings ? "true" : "false",
+                       l->cfg.qkv_bias ? "yes: model_type qwen2" : "no");
     }
   }
   return 0;

@@ -5,6 +5,7 @@
  * CKPT_GLOBAL_TENSORS), each shape stated in the config's dimensions:
  *   C  hidden_size          FF  intermediate_size    V  vocab_size
  *   NH num_attention_heads  NKV num_key_value_heads  HS head_dim
+ *   QB 1 when the q/k/v projections have biases (Qwen2), else 0
  * Table order: embed_tokens, then layer 0..L-1 (each in list order), then
  * norm, then lm_head (absent when tie_word_embeddings). Every tensor is 2-D
  * [rows, cols] or 1-D [rows] (cols = 1); rows is dim 0, the sharded one. */
@@ -19,7 +20,10 @@
 #include "worker/ckpt/safetensors.h"
 
 // clang-format off
-/* X(id, name within "model.layers.{i}.", rows, cols); cols 0 = 1-D. */
+/* X(id, name within "model.layers.{i}.", rows, cols); cols 0 = 1-D.
+ * rows 0: absent from this model. QB is 1 for Qwen2's q/k/v biases
+ * (qkv_bias) and 0 otherwise; they come last, so a layer's present tensors
+ * are its first per_layer kinds. */
 #define CKPT_LAYER_TENSORS(X)                          \
   X(ATTN_NORM, "input_layernorm.weight", C, 0)         \
   X(WQ, "self_attn.q_proj.weight", NH * HS, C)         \
@@ -29,7 +33,10 @@
   X(MLP_NORM, "post_attention_layernorm.weight", C, 0) \
   X(WGATE, "mlp.gate_proj.weight", FF, C)              \
   X(WUP, "mlp.up_proj.weight", FF, C)                  \
-  X(WDOWN, "mlp.down_proj.weight", C, FF)
+  X(WDOWN, "mlp.down_proj.weight", C, FF)             \
+  X(BQ, "self_attn.q_proj.bias", QB * NH * HS, 0)      \
+  X(BK, "self_attn.k_proj.bias", QB * NKV * HS, 0)     \
+  X(BV, "self_attn.v_proj.bias", QB * NKV * HS, 0)
 
 /* X(id, full name, rows, cols); the table puts EMBED first and the others
  * after the layers. */
@@ -46,7 +53,8 @@ typedef enum {
 } ckpt_kind_t;
 // clang-format on
 
-/* Number of tensors per layer. */
+/* Number of layer kinds: the most tensors a layer has (a model's own count
+ * is its layout's per_layer). */
 #define CKPT_PER_LAYER ((int)CKPT_EMBED)
 #define CKPT_NAME_MAX 96
 
@@ -56,13 +64,14 @@ typedef struct {
   int layer;          /* 0..L-1, or -1 for embed, norm, lm_head */
   int ndim;           /* 1 or 2 */
   int64_t rows, cols; /* shape [rows, cols] or [rows] (cols = 1) */
-  bool is_norm;       /* RMSNorm weight (initialised to 1) */
+  bool is_norm;       /* RMSNorm weight (initialised to 1); a bias is 1-D but not a norm */
 } ckpt_tensor_t;
 
 typedef struct {
   llama_config_t cfg;
   ckpt_tensor_t *tensors; /* table order, see above */
   size_t ntensors;
+  int per_layer;    /* tensors of each layer: 9, or 12 with q/k/v biases */
   uint64_t nparams; /* sum of rows x cols */
 } ckpt_layout_t;
 

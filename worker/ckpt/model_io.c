@@ -100,7 +100,7 @@ int model_io_load(model_t *m, const char *dir, loader_progress_fn progress, void
 
 static int fill_scratch(void *vctx, const model_tensor_t *t, float *dst, char *err, size_t errlen) {
   uint64_t seed = *(const uint64_t *)vctx;
-  winit_fill(winit_stream(seed, t->name), t->ndim == 1, 0, dst, t->numel);
+  winit_fill(winit_stream(seed, t->name), winit_is_norm(t->name), 0, dst, t->numel);
   return 0;
 }
 

@@ -7,6 +7,8 @@
  *   adapter_model.safetensors  base_model.model.model.layers.{i}.self_attn.
  *                              q_proj.lora_A.weight [r, in], ...lora_B.weight
  *                              [out, r], F32
+ *   merged/                    with merge_adapter: the base with the adapter
+ *                              folded in (worker/ckpt/merge.h)
  * Full training: a Hugging Face checkpoint (config.json + model.safetensors,
  * F32, the model's tensor names) that a later job loads as its model_path. */
 #ifndef TY_WORKER_OUTPUTS_H

@@ -388,6 +388,37 @@ extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const 
     TY_LAUNCH(k_embed_bwd, cb_blocks((size_t)C), CB_THREADS, 0)(dembed, dout, tokens, N, C);
 }
 
+/* ---- projection biases (Qwen2's q/k/v) ---- */
+
+template <typename W>
+__global__ void k_bias_fwd(float *out, const W *bias, int OUT, size_t n) {
+  size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) out[i] += to_f32(bias[i % OUT]);
+}
+/* One thread per column, rows in order: a fixed summation order. */
+__global__ void k_bias_bwd(float *dbias, const float *dout, int N, int OUT) {
+  int c = blockIdx.x * blockDim.x + threadIdx.x;
+  if (c >= OUT) return;
+  float acc = dbias[c];
+  for (int r = 0; r < N; r++) acc += dout[(size_t)r * OUT + c];
+  dbias[c] = acc;
+}
+extern "C" void cuda_bias_forward(cuda_backend_t *b, float *out, const void *bias, ty_dtype_t dt,
+                                  int N, int OUT) {
+  (void)b;
+  size_t n = (size_t)N * OUT;
+  if (!n) return;
+  if (dt == TY_DTYPE_BF16) TY_LAUNCH(k_bias_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
+  (out, (const __nv_bfloat16 *)bias, OUT, n);
+  else TY_LAUNCH(k_bias_fwd<float>, cb_blocks(n), CB_THREADS, 0)(out, (const float *)bias, OUT, n);
+}
+extern "C" void cuda_bias_backward(cuda_backend_t *b, float *dbias, const float *dout, int N,
+                                   int OUT) {
+  (void)b;
+  if (N > 0 && OUT > 0)
+    TY_LAUNCH(k_bias_bwd, cb_blocks((size_t)OUT), CB_THREADS, 0)(dbias, dout, N, OUT);
+}
+
 /* ---- cross-entropy ---- */
 
 /* weights (N) or NULL: a row of weight 0 gets loss 0 (its logits are not

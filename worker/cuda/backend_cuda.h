@@ -118,6 +118,13 @@ void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const f
 void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
                           const float *gate, const float *up, size_t n);
 
+/* A projection's bias (Qwen2's q/k/v): out (N, OUT) += bias (OUT, of dt:
+ * F32 or BF16 as the base lies) on every row; dbias (OUT) += the column
+ * sums of dout (N, OUT), in row order. */
+void cuda_bias_forward(cuda_backend_t *b, float *out, const void *bias, ty_dtype_t dt, int N,
+                       int OUT);
+void cuda_bias_backward(cuda_backend_t *b, float *dbias, const float *dout, int N, int OUT);
+
 /* tokens (N) device ints in [0, V); embed (V, C) of dt (F32 or BF16: a
  * loader shard's table as it lies on the device). */
 void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens, const void *embed,

@@ -417,6 +417,11 @@ static int layer_forward(model_cuda_t *m, int l) {
   int rc = proj_forward(m, l, TGT(Q), q, ln1, W(WQ), C, QD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(K), k, ln1, W(WK), C, KVD, 0.0f);
   if (!rc) rc = proj_forward(m, l, TGT(V), v, ln1, W(WV), C, KVD, 0.0f);
+  if (d->qkv_bias) { /* Qwen2: before the rotation, as nn.Linear's bias */
+    cuda_bias_forward(cb, q, W(BQ), m->wdt, n, QD);
+    cuda_bias_forward(cb, k, W(BK), m->wdt, n, KVD);
+    cuda_bias_forward(cb, v, W(BV), m->wdt, n, KVD);
+  }
   const int *pos = m->has_pos ? m->pos : NULL;
   cuda_rope_forward(cb, q, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NH, d->HS);
   cuda_rope_forward(cb, k, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NKV, d->HS);
@@ -459,6 +464,13 @@ static int layer_backward(model_cuda_t *m, int l) {
                                  d->HS);
   cuda_rope_backward(cb, m->dq, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NH, d->HS);
   cuda_rope_backward(cb, m->dk, m->rope_cos, m->rope_sin, pos, m->b, m->t, d->NKV, d->HS);
+  /* dq, dk, dv are now the projections' output gradients: the biases'
+   * (full training; under LoRA they are frozen, GW NULL). */
+  if (d->qkv_bias && GW(BQ)) {
+    cuda_bias_backward(cb, GW(BQ), m->dq, n, QD);
+    cuda_bias_backward(cb, GW(BK), m->dk, n, KVD);
+    cuda_bias_backward(cb, GW(BV), m->dv, n, KVD);
+  }
   if (!rc) rc = proj_backward(m, l, TGT(Q), m->dln, GW(WQ), m->dq, ln1, W(WQ), C, QD, 0.0f);
   if (!rc) rc = proj_backward(m, l, TGT(K), m->dln, GW(WK), m->dk, ln1, W(WK), C, KVD, 1.0f);
   if (!rc) rc = proj_backward(m, l, TGT(V), m->dln, GW(WV), m->dv, ln1, W(WV), C, KVD, 1.0f);

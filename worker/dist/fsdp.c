@@ -11,10 +11,9 @@
 #include "worker/ckpt/safetensors.h"
 #include "worker/ckpt/train_state.h"
 
-/* Tensors per layer, in the table order of MODEL_LAYER_TENSORS. */
-#define TY_X(field, name, rows, cols) +1
-enum { MODEL_PER_LAYER = 0 MODEL_LAYER_TENSORS(TY_X) };
-#undef TY_X
+/* Tensors per layer, in the table order of MODEL_LAYER_TENSORS (the
+ * present ones: Qwen2's biases come last). */
+#define MODEL_PER_LAYER model_layer_tensors(&f->m->d)
 
 /* One tensor: its shard in the span, its place in the unit buffer. */
 typedef struct {
@@ -193,11 +192,12 @@ static int scatter_add(fsdp_t *f, int i, float *src, char *err, size_t errlen) {
 
 /* Points w at layer tensors laid out from base by their unit offsets
  * (NULL pointers when base is NULL); ts is the layer's first tensor. */
-static void layer_views(model_layer_t *w, float *base, const fsdp_tensor_t *ts) {
+static void layer_views(const model_dims_t *d, model_layer_t *w, float *base,
+                        const fsdp_tensor_t *ts) {
   int k = 0;
-#define TY_X(field, name, rows, cols)             \
-  w->field = base ? base + ts[k].unit_off : NULL; \
-  k++;
+#define TY_X(field, name, rows, cols)                           \
+  w->field = base && (rows) > 0 ? base + ts[k].unit_off : NULL; \
+  k += (rows) > 0;
   MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
 }
@@ -205,8 +205,8 @@ static void layer_views(model_layer_t *w, float *base, const fsdp_tensor_t *ts) 
 /* Gathers layer l into the unit buffer and points lw (and dlw) at it. */
 static int gather_layer(fsdp_t *f, int l, char *err, size_t errlen) {
   const int i0 = f->layer0[l];
-  layer_views(&f->lw, f->unit, &f->ts[i0]);
-  layer_views(&f->dlw, f->gunit, &f->ts[i0]);
+  layer_views(&f->m->d, &f->lw, f->unit, &f->ts[i0]);
+  layer_views(&f->m->d, &f->dlw, f->gunit, &f->ts[i0]);
   for (int k = 0; k < MODEL_PER_LAYER; k++) {
     int rc = gather(f, i0 + k, f->unit + f->ts[i0 + k].unit_off, err, errlen);
     if (rc) return rc;

@@ -39,6 +39,33 @@ typedef struct {
   float eps, scale;
 } rows_t;
 
+static void bias_fwd_rows(void *p, size_t r0, size_t r1) {
+  const rows_t *k = p;
+  for (size_t r = r0; r < r1; r++) {
+    float *y = k->out + r * (size_t)k->C;
+    for (int c = 0; c < k->C; c++) y[c] += k->weight[c];
+  }
+}
+
+void cpu_bias_forward(float *out, const float *bias, int N, int OUT) {
+  rows_t k = {.out = out, .weight = bias, .N = N, .C = OUT};
+  pool_for((size_t)N, ROWS_MIN(OUT), bias_fwd_rows, &k);
+}
+
+/* Columns [c0, c1) of dbias, each summed over rows in order. */
+static void bias_bwd_cols(void *p, size_t c0, size_t c1) {
+  const rows_t *k = p;
+  for (int r = 0; r < k->N; r++) {
+    const float *dy = k->dout + (size_t)r * k->C;
+    for (size_t c = c0; c < c1; c++) k->dweight[c] += dy[c];
+  }
+}
+
+void cpu_bias_backward(float *dbias, const float *dout, int N, int OUT) {
+  rows_t k = {.dweight = dbias, .dout = dout, .N = N, .C = OUT};
+  pool_for((size_t)OUT, ROWS_MIN(N), bias_bwd_cols, &k);
+}
+
 static void rmsnorm_fwd_rows(void *p, size_t r0, size_t r1) {
   const rows_t *k = p;
   const int C = k->C;

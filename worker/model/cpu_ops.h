@@ -23,6 +23,14 @@ void cpu_matmul_forward(float *out, const float *inp, const float *weight, int N
 void cpu_matmul_backward(float *dinp, float *dweight, const float *dout, const float *inp,
                          const float *weight, int N, int IN, int OUT, float dinp_beta);
 
+/* A projection's bias (Qwen2's q/k/v): out (N, OUT) += bias (OUT) on
+ * every row. */
+void cpu_bias_forward(float *out, const float *bias, int N, int OUT);
+/* dbias (OUT) += the column sums of dout (N, OUT), each summed over rows
+ * in order (the result is independent of the thread count). The input's
+ * gradient is dout itself, so there is none to write. */
+void cpu_bias_backward(float *dbias, const float *dout, int N, int OUT);
+
 /* out (N, C) = weight * inp / sqrt(mean(inp^2) + eps); rstd (N) saves the
  * reciprocal root for the backward pass. */
 void cpu_rmsnorm_forward(float *out, float *rstd, const float *inp, const float *weight, int N,

@@ -63,6 +63,7 @@ int model_dims_from_config(model_dims_t *d, const llama_config_t *cfg, char *err
   d->rope_theta = cfg->rope_theta;
   d->rope_scaling = cfg->rope_scaling;
   d->tied = cfg->tie_word_embeddings;
+  d->qkv_bias = cfg->qkv_bias;
   return 0;
 }
 
@@ -86,9 +87,11 @@ static void table_build(model_t *m) {
   char name[96];
   table_add(m, "model.embed_tokens.weight", d->V, d->C, -1, &off);
   for (int l = 0; l < d->L; l++) {
-#define TY_X(field, suffix, rows, cols)                         \
-  snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix); \
-  table_add(m, name, rows, cols, l, &off);
+#define TY_X(field, suffix, rows, cols)                           \
+  if ((rows) > 0) {                                               \
+    snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix); \
+    table_add(m, name, rows, cols, l, &off);                      \
+  }
     MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
   }
@@ -104,10 +107,12 @@ static void views_set(const model_t *m, model_weights_t *w, float *base) {
     w->embed_tokens = w->norm = w->lm_head = NULL;
     return;
   }
+  const model_dims_t *d = &m->d;
   const model_tensor_t *t = m->tensors;
   w->embed_tokens = base + (t++)->offset;
   for (int l = 0; l < m->d.L; l++) {
-#define TY_X(field, suffix, rows, cols) w->layers[l].field = base + (t++)->offset;
+#define TY_X(field, suffix, rows, cols) \
+  w->layers[l].field = (rows) > 0 ? base + (t++)->offset : NULL;
     MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
   }
@@ -216,7 +221,7 @@ static int create(model_t **out, const llama_config_t *cfg, int B, int T, model_
   model_t *m = malloc(sizeof *m);
   if (!m) return ty_errf(err, errlen, TY_EEXHAUSTED, "model: out of memory");
   *m = shape;
-  m->tensors = calloc((size_t)m->d.L * 9 + 3, sizeof *m->tensors);
+  m->tensors = calloc((size_t)m->d.L * (size_t)model_layer_tensors(&m->d) + 3, sizeof *m->tensors);
   m->w.layers = calloc((size_t)m->d.L, sizeof *m->w.layers);
   m->dw.layers = calloc((size_t)m->d.L, sizeof *m->dw.layers);
   rc = TY_EEXHAUSTED;
@@ -276,11 +281,19 @@ size_t model_layer_floats(const model_dims_t *d) {
 void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w) {
   float *p = base;
 #define TY_X(field, suffix, rows, cols) \
-  w->field = p;                         \
+  w->field = (rows) > 0 ? p : NULL;     \
   p += (size_t)(rows) * (size_t)((cols) != 0 ? (cols) : 1);
   MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
   assert(p == base + model_layer_floats(d));
+}
+
+int model_layer_tensors(const model_dims_t *d) {
+  int n = 0;
+#define TY_X(field, suffix, rows, cols) n += (rows) > 0;
+  MODEL_LAYER_TENSORS(TY_X)
+#undef TY_X
+  return n;
 }
 
 void model_free(model_t *m) {
@@ -337,8 +350,8 @@ void model_init_random(model_t *m, uint64_t seed, float std) {
   assert(m->params); /* an unowned model has no buffer to fill */
   for (int i = 0; i < m->n_tensors; i++) {
     model_tensor_t *t = &m->tensors[i];
-    winit_fill(winit_stream(seed, t->name), t->ndim == 1, 0, t->data, t->numel);
-    if (t->ndim == 2 && std != WINIT_STD)
+    winit_fill(winit_stream(seed, t->name), winit_is_norm(t->name), 0, t->data, t->numel);
+    if (!winit_is_norm(t->name) && std != WINIT_STD)
       for (size_t j = 0; j < t->numel; j++) t->data[j] *= std / WINIT_STD;
   }
 }

@@ -43,12 +43,15 @@ typedef struct {
   double rope_theta;                 /* rotary base */
   llama_rope_scaling_t rope_scaling; /* rescaled frequencies (Llama 3.1+) */
   bool tied;                         /* lm_head is embed_tokens */
+  bool qkv_bias;                     /* Qwen2: the q, k and v projections add a bias */
 } model_dims_t;
 
 /* The per-layer tensors in storage order: X(field, Hugging Face name
  * after "model.layers.{i}.", rows, cols), rows and cols being expressions
  * over a `const model_dims_t *d` in scope; cols 0 marks a 1-D tensor.
- * Matrices are row-major (out_features, in_features), as in PyTorch. */
+ * Matrices are row-major (out_features, in_features), as in PyTorch.
+ * rows 0: absent from this model (the biases of a model without
+ * qkv_bias): no storage, a NULL pointer in model_layer_t. */
 #define MODEL_LAYER_TENSORS(X)                                            \
   X(input_layernorm, "input_layernorm.weight", d->C, 0)                   \
   X(q_proj, "self_attn.q_proj.weight", d->NH * d->HS, d->C)               \
@@ -58,11 +61,15 @@ typedef struct {
   X(post_attention_layernorm, "post_attention_layernorm.weight", d->C, 0) \
   X(gate_proj, "mlp.gate_proj.weight", d->FF, d->C)                       \
   X(up_proj, "mlp.up_proj.weight", d->FF, d->C)                           \
-  X(down_proj, "mlp.down_proj.weight", d->C, d->FF)
+  X(down_proj, "mlp.down_proj.weight", d->C, d->FF)                       \
+  X(q_bias, "self_attn.q_proj.bias", d->qkv_bias ? d->NH * d->HS : 0, 0)  \
+  X(k_bias, "self_attn.k_proj.bias", d->qkv_bias ? d->NKV * d->HS : 0, 0) \
+  X(v_bias, "self_attn.v_proj.bias", d->qkv_bias ? d->NKV * d->HS : 0, 0)
 
 /* One layer's weights (or gradients): input_layernorm (C), q_proj (QD, C),
  * k_proj (KVD, C), v_proj (KVD, C), o_proj (C, QD), post_attention_layernorm
- * (C), gate_proj (FF, C), up_proj (FF, C), down_proj (C, FF). */
+ * (C), gate_proj (FF, C), up_proj (FF, C), down_proj (C, FF), and with
+ * qkv_bias q_bias (QD), k_bias (KVD), v_bias (KVD) (else NULL). */
 typedef struct {
 #define TY_X(field, name, rows, cols) float *field;
   MODEL_LAYER_TENSORS(TY_X)
@@ -176,6 +183,8 @@ int model_create_table(model_t **out, const llama_config_t *cfg, int B, int T, m
  * params): a reused buffer for one all-gathered layer, or its gradients. */
 size_t model_layer_floats(const model_dims_t *d);
 void model_layer_views(const model_dims_t *d, float *base, model_layer_t *w);
+/* Tensors of each layer in the table: 9, or 12 with qkv_bias. */
+int model_layer_tensors(const model_dims_t *d);
 
 /* Activation checkpointing (the job's gradient_checkpointing): keeps one
  * layer's activations instead of L, beside every layer's input (the

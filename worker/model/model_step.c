@@ -123,6 +123,11 @@ void model_layer_forward(model_t *m, int l, const model_layer_t *w, lora_t *lora
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_Q, q, ln1, w->q_proj, n, C, QD, 0.0f);
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_K, k, ln1, w->k_proj, n, C, KVD, 0.0f);
   proj_forward(lora, l, JOBSPEC_TARGET_BIT_V, v, ln1, w->v_proj, n, C, KVD, 0.0f);
+  if (w->q_bias) { /* Qwen2: before the rotation, as nn.Linear's bias */
+    cpu_bias_forward(q, w->q_bias, n, QD);
+    cpu_bias_forward(k, w->k_bias, n, KVD);
+    cpu_bias_forward(v, w->v_bias, n, KVD);
+  }
   const int *pos = a->has_pos ? a->pos : NULL;
   cpu_rope_forward(q, a->rope_cos, a->rope_sin, pos, m->b, m->t, d->NH, d->HS);
   cpu_rope_forward(k, a->rope_cos, a->rope_sin, pos, m->b, m->t, d->NKV, d->HS);
@@ -253,6 +258,10 @@ void model_layer_backward(model_t *m, int l, const model_layer_t *w, const model
                          d->NH, d->NKV, d->HS);
   cpu_rope_backward(a->dq, a->rope_cos, a->rope_sin, pos, m->b, m->t, d->NH, d->HS);
   cpu_rope_backward(a->dk, a->rope_cos, a->rope_sin, pos, m->b, m->t, d->NKV, d->HS);
+  /* dq, dk, dv are now the projections' output gradients: the biases'. */
+  if (dw->q_bias) cpu_bias_backward(dw->q_bias, a->dq, n, QD);
+  if (dw->k_bias) cpu_bias_backward(dw->k_bias, a->dk, n, KVD);
+  if (dw->v_bias) cpu_bias_backward(dw->v_bias, a->dv, n, KVD);
   proj_backward(lora, l, JOBSPEC_TARGET_BIT_Q, a->dln, dw->q_proj, a->dq, ln1, w->q_proj, n, C, QD,
                 0.0f);
   proj_backward(lora, l, JOBSPEC_TARGET_BIT_K, a->dln, dw->k_proj, a->dk, ln1, w->k_proj, n, C, KVD,

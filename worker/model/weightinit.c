@@ -1,6 +1,8 @@
 /* weightinit.c - counter-based initial weights: value = f(stream, index). */
 #include "worker/model/weightinit.h"
 
+#include <string.h>
+
 /* splitmix64's finaliser: a bijective 64-bit mix, good enough that
  * consecutive counters give independent-looking outputs. */
 static inline uint64_t mix64(uint64_t z) {
@@ -30,4 +32,9 @@ void winit_fill(uint64_t stream, bool ones, uint64_t first, float *dst, size_t n
                 (int32_t)((r >> 32) & 0xffff) + (int32_t)(r >> 48) - 2 * 65535;
     dst[i] = (float)s * scale;
   }
+}
+
+bool winit_is_norm(const char *tensor_name) {
+  size_t n = strlen(tensor_name), k = strlen("norm.weight");
+  return n >= k && !strcmp(tensor_name + n - k, "norm.weight");
 }

@@ -18,6 +18,7 @@
 #include "worker/rank/memstat.h"
 #include "worker/model/model.h"
 #include "worker/ckpt/model_io.h"
+#include "worker/ckpt/merge.h"
 #include "worker/ckpt/outputs.h"
 #include "worker/rank/report.h"
 #include "worker/rank/run_metrics.h"
@@ -375,6 +376,8 @@ int worker_train_main(const worker_env_t *e) {
            spec.output_dir);
     if (spec.use_lora && comm_rank(comm) == 0)
       rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
+    if (!rc && spec.use_lora && spec.merge_adapter && comm_rank(comm) == 0)
+      rc = merge_write_outputs(spec.output_dir, lo, spec.model_path, err, sizeof err);
     else if (!spec.use_lora && f)
       rc = fsdp_write_model(f, spec.output_dir, &cfg, err, sizeof err);
     else if (!spec.use_lora && comm_rank(comm) == 0)
