@@ -3,6 +3,7 @@
 #include "worker/model/generate.h"
 
 #include <math.h>
+#include <cblas.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,17 +102,27 @@ const float *gen_logits(const gen_t *g) {
   return g->logits;
 }
 
+/* out (n, OUT) = beta * out + x (n, IN) @ W^T. One row (each generated
+ * token) is a matrix-vector product: sgemm would pack all of W first. */
+static void matmul(float *out, const float *x, const float *W, int n, int IN, int OUT,
+                   float beta) {
+  if (n == 1)
+    cblas_sgemv(CblasRowMajor, CblasNoTrans, OUT, IN, 1.0f, W, IN, x, 1, beta, out, 1);
+  else
+    cpu_matmul_forward(out, x, W, n, IN, OUT, beta);
+}
+
 /* out (n, OUT) = beta * out + x (n, IN) @ W^T, plus the adapter's
  * scale * (x A^T) B^T when target is adapted in layer l. */
 static void proj(gen_t *g, int l, int target, float *out, const float *x, const float *W, int n,
                  int IN, int OUT, float beta) {
-  cpu_matmul_forward(out, x, W, n, IN, OUT, beta);
+  matmul(out, x, W, n, IN, OUT, beta);
   const lora_t *lo = g->lo;
   if (!lo || !lora_has_target(lo, target)) return;
   const lora_pair_t *ab = &lo->w[(size_t)l * JOBSPEC_TARGET_COUNT + target];
-  cpu_matmul_forward(g->xa, x, ab->A, n, IN, lo->R, 0.0f);
+  matmul(g->xa, x, ab->A, n, IN, lo->R, 0.0f);
   for (size_t i = 0; i < (size_t)n * lo->R; i++) g->xa[i] *= lo->scale;
-  cpu_matmul_forward(out, g->xa, ab->B, n, lo->R, OUT, 1.0f);
+  matmul(out, g->xa, ab->B, n, lo->R, OUT, 1.0f);
 }
 
 /* One layer's attention over the cache, for rows [0, n) at positions
@@ -189,7 +200,7 @@ static void feed_chunk(gen_t *g, const int *tokens, int n) {
   }
   const float *last = g->x + (size_t)(n - 1) * C;
   cpu_rmsnorm_forward(g->ln, g->rstd, last, w->norm, 1, C, d->eps);
-  cpu_matmul_forward(g->logits, g->ln, w->lm_head, 1, C, d->V, 0.0f);
+  matmul(g->logits, g->ln, w->lm_head, 1, C, d->V, 0.0f);
   g->len += n;
 }
 
