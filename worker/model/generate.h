@@ -61,7 +61,8 @@ const float *gen_logits(const gen_t *g);
  * nucleus (the most probable tokens, in order, while the probability of
  * those before them is below top_p: always at least one), renormalised and
  * sampled with one draw of rng (*rng is splitmix64 state, advanced).
- * scratch holds V floats and idx V ints. */
+ * scratch holds V floats and idx V ints (rng, scratch and idx are not
+ * touched, and may be NULL, when temperature is 0). */
 int gen_sample(const float *logits, int V, float temperature, float top_p, uint64_t *rng,
                float *scratch, int *idx);
 
