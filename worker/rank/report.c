@@ -183,10 +183,16 @@ static void human_line(const report_t *r) {
   const char *ph = report_phase_name(r->phase);
   char head[64];
   snprintf(head, sizeof head, "[rank %d/%d]", g_rep.rank, g_rep.world_size);
-  if (r->sample_prompt && *r->sample_prompt)
-    fprintf(stderr, "%s sample at step %lld: %s|%s\n", head, (long long)r->step, r->sample_prompt,
-            r->sample_text ? r->sample_text : "");
-  else if (r->phase == REPORT_PHASE_LOADING && r->bytes_total > 0)
+  if (r->sample_prompt && *r->sample_prompt) { /* quoted as JSON strings: one line */
+    json_t *p = json_string(r->sample_prompt), *t = json_string(r->sample_text ? r->sample_text : "");
+    char *ps = json_dumps(p, JSON_ENCODE_ANY), *ts = json_dumps(t, JSON_ENCODE_ANY);
+    fprintf(stderr, "%s sample at step %lld: %s -> %s\n", head, (long long)r->step,
+            ps ? ps : "?", ts ? ts : "?");
+    free(ps);
+    free(ts);
+    json_decref(p);
+    json_decref(t);
+  } else if (r->phase == REPORT_PHASE_LOADING && r->bytes_total > 0)
     fprintf(stderr, "%s load  %.1f/%.1f MiB  host-peak %.0f MiB\n", head, r->bytes_loaded / mib,
             r->bytes_total / mib, r->host_peak_bytes / mib);
   else if (r->phase == REPORT_PHASE_TOKENIZING && r->bytes_total > 0)
