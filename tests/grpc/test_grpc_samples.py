@@ -132,6 +132,20 @@ class Samples(unittest.TestCase):
                                cwd=srv.dir, capture_output=True)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertEqual(p.stdout.decode()[:-1], samples[-2 + i]["data"]["data"]["text"])
+        # trainyard watch (REST and gRPC) prints each as a line.
+        want = ["[rank 0/2] sample at step %d: %s -> %s" % (
+            e["data"]["data"]["step"], json.dumps(e["data"]["data"]["prompt"], ensure_ascii=False),
+            json.dumps(e["data"]["data"]["text"], ensure_ascii=False)) for e in samples]
+        for how in (["--server", srv.url], ["--grpc", self.grpc_target]):
+            p = subprocess.run([TY, "watch", job["id"]] + how, cwd=srv.dir, capture_output=True,
+                               timeout=60)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            lines = [l for l in p.stdout.decode().splitlines() if " sample at step " in l]
+            self.assertEqual(len(lines), len(want), p.stdout)
+            for got, exp in zip(lines, want):  # jansson escapes as json.dumps does, but for /
+                self.assertEqual(json.loads(got.split(" -> ", 1)[1]),
+                                 json.loads(exp.split(" -> ", 1)[1]))
+                self.assertEqual(got.split(" -> ")[0], exp.split(" -> ")[0])
         # The rank's log shows them too.
         log = srv.get("/v1/jobs/%s/ranks/0/log" % job["id"]).text
         self.assertIn('[rank 0/2] sample at step 5: "Hello" -> ', log)
