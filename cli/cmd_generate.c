@@ -29,30 +29,31 @@
 #define MAX_EOS 16
 
 static void generate_usage(FILE *f) {
-  fprintf(f,
-          "usage: trainyard generate --model_path DIR [--adapter DIR]\n"
-          "                          (--prompt TEXT | --messages JSON | --prompt_ids JSON)\n"
-          "                          [--max_new_tokens N] [--temperature T] [--top_p P]\n"
-          "                          [--seed S] [--tokenizer PATH] [--chat_template NAME]\n"
-          "                          [--output text|ids] [--no_cache]\n"
-          "Decodes on the CPU and streams the text to stdout as the tokens come.\n"
-          "  --prompt TEXT        encoded with the tokenizer's special tokens (BOS)\n"
-          "  --messages JSON      [{\"role\": \"user\", \"content\": \"...\"}, ...] through the chat\n"
-          "                       template (the tokenizer's, or --chat_template llama3, llama2,\n"
-          "                       chatml, mistral) with add_generation_prompt\n"
-          "  --prompt_ids JSON    token ids, [128000, 9906, ...]; no tokenizer needed\n"
-          "  --max_new_tokens N   default 64; decoding also stops at an eos_token_id\n"
-          "                       (generation_config.json, config.json, or the tokenizer's)\n"
-          "  --temperature T      0 (default): greedy; > 0: sampling from softmax(logits / T)\n"
-          "  --top_p P            sampling keeps the most probable tokens up to mass P (default 1)\n"
-          "  --seed S             the sampling generator's seed (default 0)\n"
-          "  --tokenizer PATH     a tokenizer.json or its folder; default DIR/tokenizer.json\n"
-          "  --output text|ids    text (default with a tokenizer), or the generated ids as one\n"
-          "                       JSON list (default without one)\n"
-          "  --no_cache           recompute the whole sequence each token (slow; a check)\n"
-          "With --adapter DIR (adapter_config.json + adapter_model.safetensors, as a LoRA job\n"
-          "writes them) the adapter is applied unmerged. Prompt and generation tokens/s go to\n"
-          "stderr.\n");
+  fprintf(
+      f,
+      "usage: trainyard generate --model_path DIR [--adapter DIR]\n"
+      "                          (--prompt TEXT | --messages JSON | --prompt_ids JSON)\n"
+      "                          [--max_new_tokens N] [--temperature T] [--top_p P]\n"
+      "                          [--seed S] [--tokenizer PATH] [--chat_template NAME]\n"
+      "                          [--output text|ids] [--no_cache]\n"
+      "Decodes on the CPU and streams the text to stdout as the tokens come.\n"
+      "  --prompt TEXT        encoded with the tokenizer's special tokens (BOS)\n"
+      "  --messages JSON      [{\"role\": \"user\", \"content\": \"...\"}, ...] through the chat\n"
+      "                       template (the tokenizer's, or --chat_template llama3, llama2,\n"
+      "                       chatml, mistral) with add_generation_prompt\n"
+      "  --prompt_ids JSON    token ids, [128000, 9906, ...]; no tokenizer needed\n"
+      "  --max_new_tokens N   default 64; decoding also stops at an eos_token_id\n"
+      "                       (generation_config.json, config.json, or the tokenizer's)\n"
+      "  --temperature T      0 (default): greedy; > 0: sampling from softmax(logits / T)\n"
+      "  --top_p P            sampling keeps the most probable tokens up to mass P (default 1)\n"
+      "  --seed S             the sampling generator's seed (default 0)\n"
+      "  --tokenizer PATH     a tokenizer.json or its folder; default DIR/tokenizer.json\n"
+      "  --output text|ids    text (default with a tokenizer), or the generated ids as one\n"
+      "                       JSON list (default without one)\n"
+      "  --no_cache           recompute the whole sequence each token (slow; a check)\n"
+      "With --adapter DIR (adapter_config.json + adapter_model.safetensors, as a LoRA job\n"
+      "writes them) the adapter is applied unmerged. Prompt and generation tokens/s go to\n"
+      "stderr.\n");
 }
 
 static double now_s(void) {
@@ -78,8 +79,7 @@ static int parse_real(const char *flag, const char *s, double lo, double hi, dou
     *out = v;
     return 0;
   }
-  fprintf(stderr, "trainyard generate: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi,
-          s);
+  fprintf(stderr, "trainyard generate: %s wants a number in [%g, %g], got '%s'\n", flag, lo, hi, s);
   return -1;
 }
 
@@ -147,8 +147,9 @@ static int parse_args(int argc, char **argv, gen_opts_t *o) {
   }
   const int given = !!o->prompt + !!o->messages + !!o->prompt_ids;
   if (!o->model_path || given != 1) {
-    fprintf(stderr, "trainyard generate: --model_path and one of --prompt, --messages or "
-                    "--prompt_ids are required\n");
+    fprintf(stderr,
+            "trainyard generate: --model_path and one of --prompt, --messages or "
+            "--prompt_ids are required\n");
     generate_usage(stderr);
     return 2;
   }
@@ -161,17 +162,18 @@ static int parse_ids(const char *s, int **ids, int *n, char *err, size_t errlen)
   json_t *j = json_loads(s, JSON_DECODE_ANY, &je);
   int rc = 0;
   if (!j || !json_is_array(j) || json_array_size(j) == 0 || json_array_size(j) > (1u << 24)) {
-    rc = ty_errf(err, errlen, TY_EINVAL,
-                 "--prompt_ids must be a non-empty JSON list of token ids, such as [1, 22, 333]%s%s",
-                 j ? "" : ": ", j ? "" : je.text);
+    rc =
+        ty_errf(err, errlen, TY_EINVAL,
+                "--prompt_ids must be a non-empty JSON list of token ids, such as [1, 22, 333]%s%s",
+                j ? "" : ": ", j ? "" : je.text);
   } else {
     *n = (int)json_array_size(j);
     *ids = malloc(sizeof(int) * *n);
     for (int i = 0; i < *n && !rc; i++) {
       const json_t *x = json_array_get(j, i);
       if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > 0x7fffffff)
-        rc = ty_errf(err, errlen, TY_EINVAL, "--prompt_ids[%d] is not a token id (a whole number >= 0)",
-                     i);
+        rc = ty_errf(err, errlen, TY_EINVAL,
+                     "--prompt_ids[%d] is not a token id (a whole number >= 0)", i);
       else
         (*ids)[i] = (int)json_integer_value(x);
     }
@@ -209,8 +211,8 @@ static int is_eos(const int64_t *eos, int n_eos, int id) {
 
 /* The decoding loop: the prompt, then one token at a time. */
 typedef struct {
-  gen_t *g;          /* with the cache */
-  model_t *m;        /* without (--no_cache): the whole sequence each token */
+  gen_t *g;   /* with the cache */
+  model_t *m; /* without (--no_cache): the whole sequence each token */
   lora_t *lo;
   int *seq, len, S; /* prompt and generated ids (S of room) */
 } runner_t;

@@ -104,8 +104,7 @@ const float *gen_logits(const gen_t *g) {
 
 /* out (n, OUT) = beta * out + x (n, IN) @ W^T. One row (each generated
  * token) is a matrix-vector product: sgemm would pack all of W first. */
-static void matmul(float *out, const float *x, const float *W, int n, int IN, int OUT,
-                   float beta) {
+static void matmul(float *out, const float *x, const float *W, int n, int IN, int OUT, float beta) {
   if (n == 1)
     cblas_sgemv(CblasRowMajor, CblasNoTrans, OUT, IN, 1.0f, W, IN, x, 1, beta, out, 1);
   else
@@ -213,8 +212,8 @@ int gen_feed(gen_t *g, const int *tokens, int n, char *err, size_t errlen) {
   for (int i = 0; i < n; i++)
     if (tokens[i] < 0 || tokens[i] >= g->d.V)
       return ty_errf(err, errlen, TY_EINVAL,
-                     "token %d at position %d is outside the model's vocabulary [0, %d)",
-                     tokens[i], g->len + i, g->d.V);
+                     "token %d at position %d is outside the model's vocabulary [0, %d)", tokens[i],
+                     g->len + i, g->d.V);
   for (int i = 0; i < n; i += GEN_CHUNK)
     feed_chunk(g, tokens + i, n - i < GEN_CHUNK ? n - i : GEN_CHUNK);
   return 0;

@@ -143,8 +143,8 @@ int gentext_encode_messages(const tok_t *tok, const json_t *messages, const char
   if (tmpl_parse(src, &t, why, sizeof why))
     return ty_errf(err, errlen, TY_EINVAL, "the chat template does not parse: %s", why);
   const char *bos = tok_bos_token(tok), *eos = tok_eos_token(tok);
-  json_t *ctx = json_pack("{s:O, s:s, s:s, s:b}", "messages", messages, "bos_token",
-                          bos ? bos : "", "eos_token", eos ? eos : "", "add_generation_prompt", 1);
+  json_t *ctx = json_pack("{s:O, s:s, s:s, s:b}", "messages", messages, "bos_token", bos ? bos : "",
+                          "eos_token", eos ? eos : "", "add_generation_prompt", 1);
   char *text = NULL;
   int rc = tmpl_render(t, ctx, &text, why, sizeof why);
   json_decref(ctx);

@@ -18,7 +18,7 @@
 struct samples {
   const jobspec_t *s;
   tok_t *tok;
-  model_t *base;         /* a whole copy of the frozen base (LoRA over shards), or NULL */
+  model_t *base; /* a whole copy of the frozen base (LoRA over shards), or NULL */
   gen_t *g;
   int *ids[JOBSPEC_SAMPLE_PROMPTS_MAX]; /* each prompt's ids */
   int n_ids[JOBSPEC_SAMPLE_PROMPTS_MAX];
@@ -87,8 +87,8 @@ int samples_open(samples_t **out, const jobspec_t *s, const llama_config_t *cfg,
   int longest = 0;
   for (int i = 0; !rc && i < JOBSPEC_SAMPLE_PROMPTS_MAX && s->train.sample_prompts[i][0]; i++) {
     sm->n_prompts = i + 1;
-    rc = gentext_encode_prompt(sm->tok, s->train.sample_prompts[i], &sm->ids[i], &sm->n_ids[i],
-                               why, sizeof why);
+    rc = gentext_encode_prompt(sm->tok, s->train.sample_prompts[i], &sm->ids[i], &sm->n_ids[i], why,
+                               sizeof why);
     if (rc) {
       rc = ty_errf(err, errlen, rc, "train.sample_prompts[%d]: %s", i, why);
     } else if (sm->n_ids[i] == 0 || sm->n_ids[i] >= cfg->max_position_embeddings) {
