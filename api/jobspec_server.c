@@ -217,7 +217,8 @@ static int64_t model_params(const jobspec_t *s) {
 
 /* Bytes that all of s's ranks hold at least, loading on the standard path
  * (standard) or each its own shard, elem bytes a weight; with training,
- * every weight's gradients and AdamW moments too. */
+ * every weight's gradients and AdamW moments too, and rank 0's whole copy
+ * of a sharded LoRA base for samples. */
 static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool training,
                           bool standard) {
   const double whole = (double)params * elem, W = s->world_size;
@@ -227,7 +228,12 @@ static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool 
   double load = standard ? whole + (W > 1 ? shard : 0.0) : shard;
   /* Training every weight: gradients and AdamW's two moments of the shard. */
   double train = training && !s->use_lora ? 4.0 * shard : shard;
-  return W * (load > train ? load : train);
+  /* train.sample_prompts under LoRA on several ranks: rank 0 also reads
+   * the whole frozen base to decode with (worker/rank/samples.h). */
+  const double samples = training && s->use_lora && W > 1 && s->train.sample_prompts[0][0]
+                             ? whole
+                             : 0.0;
+  return W * (load > train ? load : train) + samples;
 }
 
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,

@@ -676,6 +676,21 @@ static void test_host_memory(void **state) {
   assert_int_equal(e.len, 1);
   ty_errlist_clear(&e);
   assert_int_equal(host_memory(true, 4, true, 2.0, &e), 0);
+  /* train.sample_prompts: rank 0 also reads the whole base, 0.74 + 0.74 GiB. */
+  {
+    jobspec_t sp;
+    char st[1024];
+    snprintf(st, sizeof st,
+             "{\"model_path\": \"%s\", \"use_lora\": true, \"world_size\": 4, \"fsdp\": "
+             "{\"memory_efficient_load\": true}, \"train\": {\"sample_prompts\": [\"a\"]}}",
+             dir);
+    assert_int_equal(tu_parse(&sp, st, &e), 0);
+    assert_int_equal(jobspec_validate(&sp, false, &e), 0);
+    assert_int_equal(jobspec_check_host_memory(&sp, true, 5u << 28, "MemTotal", &e), TY_EINVAL);
+    assert_true(tu_has(&e, "model_path", "needs at least 1.49 GiB"));
+    ty_errlist_clear(&e);
+    assert_int_equal(jobspec_check_host_memory(&sp, true, 1u << 31, "MemTotal", &e), 0);
+  }
   /* One rank holds the model once, whichever the path. */
   assert_int_equal(host_memory(true, 1, false, 0.8, &e), 0);
   /* Too little even for the weights once: no load path helps. */
