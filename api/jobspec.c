@@ -92,6 +92,13 @@ const jobspec_field_t jobspec_fields[] = {
      "seed for initialization and data order"},
     {"train.checkpoint_every", JF_INT, OFF(train.checkpoint_every), 0, NULL, true, 0, 1e9, false,
      "steps between resumable checkpoints; 0: only at the end"},
+    {"train.sample_prompts", JF_STRINGS, OFF(train.sample_prompts), JOBSPEC_SAMPLE_PROMPT_MAX, NULL,
+     false, 0, JOBSPEC_SAMPLE_PROMPTS_MAX, false,
+     "prompts rank 0 decodes greedily with the weights being trained (job events \"sample\")"},
+    {"train.sample_every", JF_INT, OFF(train.sample_every), 0, NULL, true, 0, 1e9, false,
+     "steps between samples of train.sample_prompts; 0: only at the end"},
+    {"train.sample_max_new_tokens", JF_INT, OFF(train.sample_max_new_tokens), 0, NULL, true, 1,
+     1024, false, "tokens each sample generates at most (it also ends at an eos_token_id)"},
     {"max_restarts", JF_INT, OFF(max_restarts), 0, NULL, true, 0, 100, false,
      "new attempts after a failed one"},
     {"output_dir", JF_STRING, OFF(output_dir), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
@@ -155,6 +162,8 @@ void jobspec_init(jobspec_t *s) {
   s->train.grad_clip = 1.0;
   s->train.seed = 1234;
   s->train.checkpoint_every = 0;
+  s->train.sample_every = 0;
+  s->train.sample_max_new_tokens = 32;
   s->max_restarts = 0;
   /* output_dir stays "" until jobspec_validate derives runs/<name>. */
 }
@@ -192,6 +201,12 @@ json_t *jobspec_field_to_json(const jobspec_t *s, const jobspec_field_t *f) {
     }
     case JF_MODEL:
       return s->has_model ? llama_config_to_json(&s->model) : json_null();
+    case JF_STRINGS: {
+      json_t *a = json_array();
+      for (size_t i = 0; i < (size_t)f->hi && p[i * f->size]; i++)
+        json_array_append_new(a, json_string(p + i * f->size));
+      return a;
+    }
   }
   return json_null(); /* cannot happen: every type is handled above */
 }
@@ -207,6 +222,33 @@ static const char *default_text(const jobspec_field_t *f, char *buf, size_t cap)
   free(t);
   json_decref(v);
   return buf;
+}
+
+/* A JF_STRINGS field: a list of at most f->hi non-empty UTF-8 strings,
+ * each under f->size bytes, into p (the rest zeroed). */
+static void set_strings_json(char *p, const jobspec_field_t *f, const json_t *v, const char *path,
+                             ty_errlist_t *errs) {
+  memset(p, 0, f->size * (size_t)f->hi);
+  if (!json_is_array(v)) {
+    ty_errlist_add(errs, path, "must be a list of strings, got %s", ty_json_kind(v));
+    return;
+  }
+  if (json_array_size(v) > (size_t)f->hi) {
+    ty_errlist_add(errs, path, "holds %zu strings; at most %d are allowed", json_array_size(v),
+                   (int)f->hi);
+    return;
+  }
+  size_t i;
+  json_t *e;
+  json_array_foreach(v, i, e) {
+    const char *t = json_string_value(e);
+    char ep[300];
+    snprintf(ep, sizeof ep, "%s[%zu]", path, i);
+    if (!t || !*t)
+      ty_errlist_add(errs, ep, "must be a non-empty string, got %s", t ? "\"\"" : ty_json_kind(e));
+    else if (jobspec_copy_str(p + i * f->size, f->size, t) != 0)
+      ty_errlist_add(errs, ep, "is %zu bytes; at most %zu are allowed", strlen(t), f->size - 1);
+  }
 }
 
 static void set_targets_json(jobspec_t *s, const json_t *v, const char *path, ty_errlist_t *errs) {
@@ -350,6 +392,9 @@ void jobspec_set_json(jobspec_t *s, const jobspec_field_t *f, const json_t *v, c
     }
     case JF_TARGETS:
       set_targets_json(s, v, path, errs);
+      return;
+    case JF_STRINGS:
+      set_strings_json(p, f, v, path, errs);
       return;
     case JF_MODEL:
       llama_config_init(&s->model);
@@ -518,6 +563,8 @@ static const char *type_name(const jobspec_field_t *f, char *buf, size_t cap) {
       return "list|all-linear";
     case JF_MODEL:
       return "object|null";
+    case JF_STRINGS:
+      return "list of strings";
     case JF_ENUM:
       break;
   }

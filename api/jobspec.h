@@ -51,6 +51,9 @@ typedef enum {
   JOBSPEC_LOSS_ON_ALL             /* every token */
 } jobspec_loss_on_t;
 #define JOBSPEC_TEMPLATE_MAX 32
+/* train.sample_prompts: at most this many, each under this many bytes. */
+#define JOBSPEC_SAMPLE_PROMPTS_MAX 8
+#define JOBSPEC_SAMPLE_PROMPT_MAX 1024
 
 /* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
 #define JOBSPEC_TARGETS(X)                                                           \
@@ -115,6 +118,11 @@ typedef struct {
     double grad_clip;     /* default 1.0; 0 disables */
     uint64_t seed;        /* default 1234 */
     int checkpoint_every; /* default 0 (only at the end) */
+    /* Prompts rank 0 decodes greedily during the run (worker/rank/samples.h);
+     * an empty string ends the list (none by default). */
+    char sample_prompts[JOBSPEC_SAMPLE_PROMPTS_MAX][JOBSPEC_SAMPLE_PROMPT_MAX];
+    int sample_every;          /* steps between samples; default 0: only at the end */
+    int sample_max_new_tokens; /* default 32 */
   } train;
   int max_restarts;                  /* default 0 */
   char output_dir[JOBSPEC_PATH_MAX]; /* default "runs/<name>" */

@@ -97,6 +97,21 @@ static json_t *flag_value(const jobspec_field_t *f, const char *v, const char *p
     }
     case JF_TARGETS:
       return targets_value(v, path, errs);
+    case JF_STRINGS: { /* a JSON list, or one string */
+      if (v[0] != '[') {
+        json_t *one = json_pack("[s]", v);
+        if (!one) ty_errlist_add(errs, path, "is not valid UTF-8");
+        return one;
+      }
+      json_error_t je;
+      json_t *a = json_loads(v, JSON_REJECT_DUPLICATES, &je);
+      if (!a)
+        ty_errlist_add(errs, path,
+                       "must be a JSON list of strings (invalid JSON at column %d: %s), or one "
+                       "string not starting with '['",
+                       je.column, je.text);
+      return a;
+    }
     case JF_MODEL: {
       json_error_t je;
       json_t *m = json_loads(v, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);

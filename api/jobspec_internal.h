@@ -19,7 +19,8 @@ typedef enum {
   JF_ENUM,    /* an int-sized enum; names[value] is its spelling */
   JF_DTYPE,   /* ty_dtype_t, spelled as ty_dtype_name (aliases accepted) */
   JF_TARGETS, /* unsigned bitmask of JOBSPEC_TARGETS, or "all-linear" */
-  JF_MODEL    /* llama_config_t + has_model; null allowed */
+  JF_MODEL,   /* llama_config_t + has_model; null allowed */
+  JF_STRINGS  /* char[hi][size]: a list of at most hi non-empty strings, "" ending it */
 } jf_type_t;
 
 /* One row of the spec's field table. Every entry point (JSON, flags,
@@ -29,10 +30,11 @@ typedef struct {
   const char *path; /* dotted path: "fsdp.bucket_mb" */
   jf_type_t type;
   size_t off;               /* offsetof(jobspec_t, ...) */
-  size_t size;              /* JF_STRING: capacity in bytes incl. NUL */
+  size_t size;              /* JF_STRING, JF_STRINGS (each): capacity in bytes incl. NUL */
   const char *const *names; /* JF_ENUM: NULL-terminated spellings */
   bool has_range;           /* the "ranges" rule checks [lo, hi] */
-  double lo, hi;            /* inclusive bounds, unless lo_open: (lo, hi] */
+  double lo, hi;            /* inclusive bounds, unless lo_open: (lo, hi]; JF_STRINGS: hi
+                             * is the most strings (has_range false) */
   bool lo_open;
   const char *help; /* one line for docs */
 } jobspec_field_t;

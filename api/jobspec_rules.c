@@ -437,7 +437,8 @@ static void check_jsonl_options(const vctx_t *v, ty_errlist_t *errs) {
     const char *field;
     bool set;
   } opts[] = {{"data.packing", s->data.packing},
-              {"data.tokenizer", s->data.tokenizer[0] != '\0'},
+              /* The samples' tokenizer, for any format (rule sample-tokenizer). */
+              {"data.tokenizer", s->data.tokenizer[0] != '\0' && !s->train.sample_prompts[0][0]},
               {"data.kind", s->data.kind != JOBSPEC_KIND_AUTO},
               {"data.chat_template", s->data.chat_template[0] != '\0'},
               {"data.loss_on", s->data.loss_on != JOBSPEC_LOSS_ON_COMPLETION}};
@@ -447,6 +448,56 @@ static void check_jsonl_options(const vctx_t *v, ty_errlist_t *errs) {
                      "applies to examples of a JSONL file only; set data.format to jsonl or "
                      "remove %s",
                      opts[i].field);
+}
+
+/* train.sample_prompts are decoded on rank 0's CPU with weights it holds
+ * whole: not on GPU ranks, not from full training's shards. */
+static void check_samples(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  if (!s->train.sample_prompts[0][0]) return;
+  if (s->device == JOBSPEC_DEVICE_CUDA)
+    ty_errlist_add(errs, "train.sample_prompts",
+                   "samples are decoded on the CPU, and device cuda trains on GPUs; set device "
+                   "cpu, or remove train.sample_prompts and run trainyard generate on the "
+                   "outputs");
+  if (!s->use_lora && s->world_size > 1)
+    ty_errlist_add(errs, "train.sample_prompts",
+                   "training every weight on %d ranks shards the weights, and samples need them "
+                   "whole on rank 0; use world_size 1, or use_lora true (the base is frozen, "
+                   "rank 0 reads it whole), or remove train.sample_prompts",
+                   s->world_size);
+}
+
+/* The samples' tokenizer: data.tokenizer, else tokenizer.json in
+ * model_path's folder. */
+static void check_sample_tokenizer(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  struct stat st;
+  if (!s->train.sample_prompts[0][0]) return;
+  if (s->data.tokenizer[0]) {
+    if (v->check_paths && path_stat(s->data.tokenizer, &st) < 0)
+      ty_errlist_add(errs, "data.tokenizer",
+                     "%s does not exist; give the tokenizer.json (or its folder) that "
+                     "train.sample_prompts are encoded with",
+                     s->data.tokenizer);
+    return;
+  }
+  if (s->init_from_scratch || !s->model_path[0]) {
+    ty_errlist_add(errs, "train.sample_prompts",
+                   "need a tokenizer, and a model initialised from scratch has no folder to "
+                   "find one in; set data.tokenizer to a tokenizer.json or its folder");
+    return;
+  }
+  if (!v->check_paths) return;
+  char cfg[JOBSPEC_PATH_MAX + 16], tok[JOBSPEC_PATH_MAX + 32];
+  llama_config_path(s->model_path, cfg, sizeof cfg);
+  const char *slash = strrchr(cfg, '/');
+  snprintf(tok, sizeof tok, "%.*stokenizer.json", slash ? (int)(slash + 1 - cfg) : 0, cfg);
+  if (path_stat(tok, &st) < 0)
+    ty_errlist_add(errs, "train.sample_prompts",
+                   "need a tokenizer, and %s does not exist; put the model's tokenizer.json "
+                   "there or set data.tokenizer",
+                   tok);
 }
 
 static void check_paths_exist(const vctx_t *v, ty_errlist_t *errs) {
@@ -581,6 +632,16 @@ static const rule_t g_rules[] = {
      "the options of JSONL examples mean nothing for a token file; a named chat template must "
      "be one trainyard has built in",
      check_jsonl_options},
+    {"sample-prompts", "train.sample_prompts, device, use_lora, world_size", "spec",
+     "samples are decoded on rank 0's CPU with the weights it holds whole: a job on GPU ranks, "
+     "or one training every weight on several ranks (sharded), cannot make them",
+     check_samples},
+    {"sample-tokenizer", "train.sample_prompts, data.tokenizer, model_path, init_from_scratch",
+     "paths",
+     "train.sample_prompts are encoded and their samples decoded with a tokenizer: "
+     "data.tokenizer (allowed for any data format when there are samples), else tokenizer.json "
+     "beside the model; a model from scratch has none of its own",
+     check_sample_tokenizer},
     {"paths-exist", "model_path, data.path, output_dir", "paths",
      "fail early, not in a worker: model_path is a directory or one checkpoint file (.safetensors, "
      ".bin, .pt, .pth), data.path a readable file, "
@@ -613,13 +674,14 @@ static const rule_t g_rules[] = {
      NULL},
     {"host-memory",
      "model_path, model, fsdp.memory_efficient_load, world_size, use_lora, dtype, "
-     "gradient_checkpointing, train.micro_batch_size, data.seq_len",
+     "gradient_checkpointing, train.micro_batch_size, data.seq_len, train.sample_prompts",
      "submit",
      "CPU ranks on one host must fit its memory (trainyardd: --host_mem_mib, else MemTotal; "
      "trainyard train and load: MemTotal): the weights in float32 (a load alone: the job's "
      "dtype), placed whole by each rank on the standard load path, for full training the "
-     "gradients and AdamW moments, and each training rank's activations (every layer's, or one "
-     "layer's with gradient_checkpointing); a job over that can never start, and the message "
+     "gradients and AdamW moments, each training rank's activations (every layer's, or one "
+     "layer's with gradient_checkpointing), and with train.sample_prompts under LoRA on several "
+     "ranks rank 0's whole copy of the base; a job over that can never start, and the message "
      "says when fsdp.memory_efficient_load or gradient_checkpointing would fit",
      NULL},
     {"device-memory",

@@ -226,8 +226,8 @@ static int64_t model_params(const jobspec_t *s) {
 
 /* Bytes that all of s's ranks hold at least, loading on the standard path
  * (standard) or each its own shard, elem bytes a weight; with training,
- * every weight's gradients and AdamW moments too, and act bytes of
- * activations a rank. */
+ * every weight's gradients and AdamW moments too, act bytes of activations
+ * a rank, and rank 0's whole copy of a sharded LoRA base for samples. */
 static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool training,
                           bool standard, double act) {
   const double whole = (double)params * elem, W = s->world_size;
@@ -238,7 +238,12 @@ static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool 
   /* Training: the shard, for every weight its gradients and AdamW's two
    * moments, and the activations. */
   double train = training ? (!s->use_lora ? 4.0 * shard : shard) + act : shard;
-  return W * (load > train ? load : train);
+  /* train.sample_prompts under LoRA on several ranks: rank 0 also reads
+   * the whole frozen base to decode with (worker/rank/samples.h). */
+  const double samples = training && s->use_lora && W > 1 && s->train.sample_prompts[0][0]
+                             ? whole
+                             : 0.0;
+  return W * (load > train ? load : train) + samples;
 }
 
 uint64_t jobspec_activation_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute) {

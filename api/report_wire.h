@@ -38,6 +38,9 @@ bool report_phase_parse(const char *s, report_phase_t *out);
 
 #define REPORT_MESSAGE_MAX 4096
 #define REPORT_JOB_ID_MAX 128
+/* A sample (train.sample_prompts): the prompt, and the text generated. */
+#define REPORT_SAMPLE_PROMPT_MAX 1024
+#define REPORT_SAMPLE_TEXT_MAX 4096
 
 /* One report. */
 typedef struct {
@@ -51,6 +54,10 @@ typedef struct {
   int64_t host_peak_bytes, device_peak_bytes;
   double load_seconds;              /* NaN or infinite: sent as 0 */
   char message[REPORT_MESSAGE_MAX]; /* why, for "failed"; else what happened */
+  /* A report that carries a sample: its prompt (non-empty) and text; both
+   * "" otherwise. The server makes each a "sample" event. */
+  char sample_prompt[REPORT_SAMPLE_PROMPT_MAX];
+  char sample_text[REPORT_SAMPLE_TEXT_MAX];
 } report_wire_t;
 
 /* X(name, kind, member, required, meaning): the fields of the JSON object,
@@ -73,7 +80,10 @@ typedef struct {
   X("host_peak_bytes", COUNT, host_peak_bytes, false, "the process's peak resident memory") \
   X("device_peak_bytes", COUNT, device_peak_bytes, false, "peak device memory held")        \
   X("load_seconds", REAL, load_seconds, false, "seconds the load took")                     \
-  X("message", STR, message, false, "why, for failed; else what happened")
+  X("message", STR, message, false, "why, for failed; else what happened")                   \
+  X("sample_prompt", STR, sample_prompt, false,                                             \
+    "a sample's prompt (train.sample_prompts); the report then carries that sample")        \
+  X("sample_text", STR, sample_text, false, "the text generated after sample_prompt at step")
 
 /* A report with nothing in it: phase starting, loss NaN, the rest zero. */
 void report_wire_init(report_wire_t *r);

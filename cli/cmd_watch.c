@@ -115,6 +115,17 @@ static void on_event(watch_t *w, const char *type, json_t *ev) {
   }
   int r = (int)json_integer_value(json_object_get(d, "rank"));
   if (r < 0 || r >= MAX_RANKS || attempt != w->attempt) return;
+  if (!strcmp(type, "sample")) { /* train.sample_prompts: a line, not a table row */
+    if (!w->tty) {
+      char *p = json_dumps(json_object_get(d, "prompt"), JSON_ENCODE_ANY);
+      char *t = json_dumps(json_object_get(d, "text"), JSON_ENCODE_ANY);
+      printf("[rank %d/%d] sample at step %lld: %s -> %s\n", r, w->world,
+             (long long)json_integer_value(json_object_get(d, "step")), p ? p : "?", t ? t : "?");
+      free(p);
+      free(t);
+    }
+    return;
+  }
   rank_view_t *v = &w->ranks[r];
   if (!strcmp(type, "rank")) {
     const char *st = json_string_value(json_object_get(d, "state"));
@@ -124,6 +135,7 @@ static void on_event(watch_t *w, const char *type, json_t *ev) {
     if (!w->tty) printf("[rank %d/%d] %s\n", r, w->world, v->end);
     return;
   }
+  if (strcmp(type, "progress")) return; /* a kind of event this client does not know */
   snprintf(v->phase, sizeof v->phase, "%s", json_string_value(json_object_get(d, "phase")));
   v->step = json_integer_value(json_object_get(d, "step"));
   v->total = json_integer_value(json_object_get(d, "total_steps"));

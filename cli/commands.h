@@ -14,7 +14,8 @@
   X("load", cmd_load, "start local ranks that only load their shards; print each rank's figures") \
   X("train", cmd_train, "run a training job's ranks locally in the foreground") \
   X("eval", cmd_eval, "mean next-token loss of a model (and adapter) on a token file") \
-  X("tokenize", cmd_tokenize, "text to token ids (or back) with a model's tokenizer.json")
+  X("tokenize", cmd_tokenize, "text to token ids (or back) with a model's tokenizer.json") \
+  X("generate", cmd_generate, "decode text from a model (and adapter) on the CPU, streamed")
 
 #ifdef TRAINYARD_WITH_CLIENT
 #define TY_COMMANDS_CLIENT(X)                                                        \

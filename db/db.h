@@ -164,6 +164,11 @@ typedef struct {
   int64_t bytes_loaded, bytes_total, host_peak_bytes, device_peak_bytes;
   double load_seconds;
   char message[512];
+  /* A report carrying a sample (train.sample_prompts): prompt non-empty;
+   * db_report_ingest appends a "sample" event {attempt, rank, step,
+   * prompt, text}. */
+  char sample_prompt[1024];
+  char sample_text[4096];
   /* The job's figures once this report is in (server/progress.h), which
    * its "progress" event carries as job_progress, job_progress_phase,
    * job_eta_seconds (null when NaN) and job_tokens_per_s; only when
@@ -174,8 +179,9 @@ typedef struct {
 } db_report_t;
 
 /* Writes a report into the rank's row; appends a metrics point when the
- * step of a training report is new, and a "progress" event when the phase
- * or the step changed (a plain heartbeat appends nothing). TY_ENOTFOUND when
+ * step of a training report is new, a "progress" event when the phase
+ * or the step changed (a plain heartbeat appends nothing), and a "sample"
+ * event for a report that carries one (*progressed is then true too). TY_ENOTFOUND when
  * the attempt or rank does not exist; TY_EPRECONDITION when the rank has
  * already finished. *progressed (optional) tells whether an event was
  * written. */

@@ -95,7 +95,7 @@ static json_t *report_json(const db_report_t *r) {
 
 /* ev_text: the report's "progress" event, rendered before the lock. */
 static int ingest_locked(db_t *db, const char *id, const db_report_t *r, const char *ev_text,
-                         bool *progressed) {
+                         const char *sample_text, bool *progressed) {
   sqlite3_stmt *st;
   int rc = dbi_prepare(db,
                        "SELECT phase, step, finished_at IS NOT NULL FROM ranks"
@@ -168,6 +168,11 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, const c
     int64_t seq = dbi_event_append_text(db, id, "progress", ev_text);
     if (seq < 0) return (int)seq;
   }
+  if (sample_text) {
+    int64_t seq = dbi_event_append_text(db, id, "sample", sample_text);
+    if (seq < 0) return (int)seq;
+    changed = true;
+  }
   if (progressed) *progressed = changed;
   return 0;
 }
@@ -178,6 +183,14 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   json_t *ev = report_json(r);
   char *ev_text = ty_json_dumps(ev, JSON_COMPACT);
   json_decref(ev);
+  char *sample_text = NULL;
+  if (r->sample_prompt[0]) {
+    json_t *se = json_pack("{s:i, s:i, s:I, s:s, s:s}", "attempt", r->attempt, "rank", r->rank,
+                           "step", (json_int_t)r->step, "prompt", r->sample_prompt, "text",
+                           r->sample_text);
+    sample_text = ty_json_dumps(se, JSON_COMPACT);
+    json_decref(se);
+  }
   pthread_mutex_lock(&db->lock);
   int rc = 0;
   if (!db->batch_open) {
@@ -187,7 +200,7 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   }
   /* A savepoint per report: a report that fails leaves the batch intact. */
   if (!rc && !(rc = dbi_run(db, "SAVEPOINT report"))) {
-    rc = ingest_locked(db, id, r, ev_text, progressed);
+    rc = ingest_locked(db, id, r, ev_text, sample_text, progressed);
     if (rc) dbi_run(db, "ROLLBACK TO report");
     int end = dbi_run(db, "RELEASE report");
     if (!rc) rc = end;
@@ -199,6 +212,7 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   }
   pthread_mutex_unlock(&db->lock);
   free(ev_text);
+  free(sample_text);
   return rc;
 }
 

@@ -621,6 +621,8 @@ static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
   r->host_peak_bytes = w->host_peak_bytes, r->device_peak_bytes = w->device_peak_bytes;
   r->load_seconds = w->load_seconds;
   snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
+  snprintf(r->sample_prompt, sizeof r->sample_prompt, "%s", w->sample_prompt);
+  snprintf(r->sample_text, sizeof r->sample_text, "%s", w->sample_text);
 }
 
 /* Constant-time string comparison, so the token cannot be guessed by

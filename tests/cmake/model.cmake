@@ -7,3 +7,10 @@ add_test(NAME numerics/model
                  $<TARGET_FILE:model_driver> ${CMAKE_CURRENT_BINARY_DIR}/numerics-model)
 set_tests_properties(numerics/model PROPERTIES LABELS numerics TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+# `trainyard generate`: greedy tokens (with and without the key/value cache)
+# against a greedy decode in PyTorch.
+add_test(NAME numerics/generate
+         COMMAND /usr/bin/python3 ${CMAKE_CURRENT_SOURCE_DIR}/numerics/generate_ref.py
+                 $<TARGET_FILE:trainyard> ${CMAKE_CURRENT_BINARY_DIR}/numerics-generate)
+set_tests_properties(numerics/generate PROPERTIES LABELS numerics TIMEOUT 300
+                     ENVIRONMENT "${TY_TEST_ENV}")

@@ -45,3 +45,10 @@ if(EXISTS ${CMAKE_CURRENT_SOURCE_DIR}/bench/tokenize.sh)
   set_tests_properties(bench/tokenize PROPERTIES LABELS bench TIMEOUT 1800
                        ENVIRONMENT "${TY_TEST_ENV}")
 endif()
+# `trainyard generate` with the real Llama 3 tokenizer on mkmodel's
+# llama-3.2-1b shape: prompt ids and streamed text against the reference.
+add_test(NAME integration/generate_cli
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/generate_cli.sh
+                 ${TY_TEXT_NPM_DIR}/node_modules)
+set_tests_properties(integration/generate_cli PROPERTIES LABELS integration TIMEOUT 600
+                     ENVIRONMENT "${TY_TEST_ENV}")

@@ -383,7 +383,8 @@ INT_AS_REAL = set()
 
 def drop_nulls(v):
     if isinstance(v, dict):
-        return {k: drop_nulls(x) for k, x in v.items() if x is not None}
+        # null, and an empty list (train.sample_prompts), are absent on the wire
+        return {k: drop_nulls(x) for k, x in v.items() if x is not None and x != []}
     if isinstance(v, list):
         return [drop_nulls(x) for x in v]
     return v

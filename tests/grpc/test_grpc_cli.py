@@ -19,7 +19,8 @@ TOKEN = "cli-grpc-token"
 
 def drop_nulls(v):
     if isinstance(v, dict):
-        return {k: drop_nulls(x) for k, x in v.items() if x is not None}
+        # null, and an empty list (train.sample_prompts), are absent on the wire
+        return {k: drop_nulls(x) for k, x in v.items() if x is not None and x != []}
     return v
 
 

@@ -153,6 +153,39 @@ static void test_transitions_write_events_and_attempts(void **state) {
   json_decref(ev);
 }
 
+/* A report carrying a sample (train.sample_prompts) becomes a "sample"
+ * event even at a step already reported; without one, no event. */
+static void test_sample_reports_are_events(void **state) {
+  fixture_t *f = *state;
+  insert(f->db, "j1", NULL, "{}", 0);
+  assert_int_equal(db_job_transition(f->db, "j1", DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, "go",
+                                     NULL, NULL),
+                   0);
+  db_report_t r = {.attempt = 1, .rank = 0, .world_size = 2, .phase = "training", .step = 2,
+                   .total_steps = 4, .loss = 1.5};
+  bool progressed;
+  assert_int_equal(db_report_ingest(f->db, "j1", &r, &progressed), 0);
+  snprintf(r.sample_prompt, sizeof r.sample_prompt, "Once upon");
+  snprintf(r.sample_text, sizeof r.sample_text, " a time");
+  assert_int_equal(db_report_ingest(f->db, "j1", &r, &progressed), 0);
+  assert_true(progressed);
+  r.sample_prompt[0] = r.sample_text[0] = '\0';
+  assert_int_equal(db_report_ingest(f->db, "j1", &r, &progressed), 0);
+  assert_false(progressed);
+  json_t *ev;
+  int64_t last;
+  assert_int_equal(db_events_json(f->db, "j1", 0, 100, &ev, &last), 0);
+  /* created, starting, progress step 2, the sample */
+  assert_int_equal(json_array_size(ev), 4);
+  json_t *smp = json_array_get(ev, 3), *d = json_object_get(smp, "data");
+  assert_string_equal(json_string_value(json_object_get(smp, "type")), "sample");
+  assert_int_equal(json_integer_value(json_object_get(d, "step")), 2);
+  assert_int_equal(json_integer_value(json_object_get(d, "rank")), 0);
+  assert_string_equal(json_string_value(json_object_get(d, "prompt")), "Once upon");
+  assert_string_equal(json_string_value(json_object_get(d, "text")), " a time");
+  json_decref(ev);
+}
+
 /* Reports are group-committed; closing the database commits them. */
 static void test_batched_reports_survive_close(void **state) {
   fixture_t *f = *state;
@@ -385,6 +418,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_transitions_write_events_and_attempts, setup, teardown),
       cmocka_unit_test_setup_teardown(test_idempotency_key_is_unique, setup, teardown),
       cmocka_unit_test_setup_teardown(test_batched_reports_survive_close, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_sample_reports_are_events, setup, teardown),
       cmocka_unit_test_setup_teardown(test_list_pages_and_filters, setup, teardown),
       cmocka_unit_test_setup_teardown(test_output_dir_held_until_finished, setup, teardown),
       cmocka_unit_test_setup_teardown(test_migration_keeps_output_dirs, setup, teardown),

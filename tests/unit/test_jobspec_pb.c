@@ -209,6 +209,8 @@ static void test_pbjson_job_and_enums(void **state) {
   json_t *again = pbjson_from_message(&job->base, "", &e);
   json_object_del(j, "finished_at"); /* null and absent are the same */
   json_object_del(json_object_get(j, "spec"), "model");
+  /* An empty repeated field is absent on the wire. */
+  json_object_del(json_object_get(json_object_get(j, "spec"), "train"), "sample_prompts");
   assert_true(json_equal(j, again));
   assert_int_equal(e.len, 0);
   json_decref(again);

@@ -705,6 +705,24 @@ static void test_host_memory(void **state) {
   assert_int_equal(host_memory(true, 1, false, 1.2, &e), 0);
   assert_int_equal(host_memory(true, 1, false, 1.1, &e), TY_EINVAL);
   ty_errlist_clear(&e);
+  /* train.sample_prompts: rank 0 also reads the whole base, 0.74 GiB
+   * beside 4 shards (0.74) and 4 ranks' activations of 1 x 32 tokens
+   * (0.03 GiB each). */
+  {
+    jobspec_t sp;
+    char st[1024];
+    snprintf(st, sizeof st,
+             "{\"model_path\": \"%s\", \"use_lora\": true, \"world_size\": 4, \"fsdp\": "
+             "{\"memory_efficient_load\": true}, \"data\": {\"seq_len\": 32}, \"train\": "
+             "{\"sample_prompts\": [\"a\"], \"micro_batch_size\": 1}}",
+             dir);
+    assert_int_equal(tu_parse(&sp, st, &e), 0);
+    assert_int_equal(jobspec_validate(&sp, false, &e), 0);
+    assert_int_equal(jobspec_check_host_memory(&sp, true, 5u << 28, "MemTotal", &e), TY_EINVAL);
+    assert_true(tu_has(&e, "model_path", "needs at least 1.59 GiB"));
+    ty_errlist_clear(&e);
+    assert_int_equal(jobspec_check_host_memory(&sp, true, 1u << 31, "MemTotal", &e), 0);
+  }
   /* Too little even for the weights once: no load path helps. */
   assert_int_equal(host_memory(true, 4, true, 0.5, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path",
@@ -870,6 +888,111 @@ static void test_jsonl_options(void **state) {
       "data.chat_template", "\"zephyr\" is not a built-in chat template; use llama3, llama2");
 }
 
+/* train.sample_prompts: their parse, and rule sample-prompts (CPU ranks
+ * holding the weights whole). */
+static void test_sample_prompts(void **state) {
+  (void)state;
+  ok("{\"model_path\": \"m\", \"use_lora\": true, \"world_size\": 2, \"train\": "
+     "{\"sample_prompts\": [\"Once upon\", \"The capital of France is\"], \"sample_every\": 5}}");
+  ok("{\"model_path\": \"m\", \"world_size\": 1, \"device\": \"cpu\", \"train\": "
+     "{\"sample_prompts\": [\"a\"], \"sample_max_new_tokens\": 1024}}");
+  bad("{\"model_path\": \"m\", \"use_lora\": true, \"device\": \"cuda\", \"train\": "
+      "{\"sample_prompts\": [\"a\"]}}",
+      "train.sample_prompts", "samples are decoded on the CPU, and device cuda trains on GPUs");
+  bad("{\"model_path\": \"m\", \"world_size\": 2, \"train\": {\"sample_prompts\": [\"a\"]}}",
+      "train.sample_prompts", "training every weight on 2 ranks shards the weights");
+  /* Without prompts neither matters. */
+  ok("{\"model_path\": \"m\", \"world_size\": 2, \"device\": \"cuda\", \"train\": "
+     "{\"sample_every\": 3}}");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_every\": -1}}", "train.sample_every", "");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_max_new_tokens\": 0}}",
+      "train.sample_max_new_tokens", "");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_max_new_tokens\": 1025}}",
+      "train.sample_max_new_tokens", "");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_prompts\": \"a\"}}", "train.sample_prompts",
+      "must be a list of strings, got a string");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_prompts\": [\"a\", \"\"]}}",
+      "train.sample_prompts[1]", "must be a non-empty string");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_prompts\": [\"a\", 3]}}",
+      "train.sample_prompts[1]", "must be a non-empty string, got an integer");
+  bad("{\"model_path\": \"m\", \"train\": {\"sample_prompts\": "
+      "[\"1\",\"2\",\"3\",\"4\",\"5\",\"6\",\"7\",\"8\",\"9\"]}}",
+      "train.sample_prompts", "holds 9 strings; at most 8 are allowed");
+  char text[1200], big[1030];
+  memset(big, 'x', 1024);
+  big[1024] = '\0';
+  snprintf(text, sizeof text, "{\"model_path\": \"m\", \"train\": {\"sample_prompts\": [\"%s\"]}}",
+           big);
+  bad(text, "train.sample_prompts[0]", "is 1024 bytes; at most 1023 are allowed");
+  /* The list round-trips through JSON; flags take a JSON list or one string. */
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(tu_parse(&s, "{\"train\": {\"sample_prompts\": [\"x\", \"y z\"]}}", &e), 0);
+  char *dump = jobspec_dumps(&s, false);
+  assert_non_null(strstr(dump, "\"sample_prompts\":[\"x\",\"y z\"]"));
+  free(dump);
+  assert_int_equal(jobspec_set_flag(&s, "train.sample_prompts", "Hello there", &e), 0);
+  assert_string_equal(s.train.sample_prompts[0], "Hello there");
+  assert_string_equal(s.train.sample_prompts[1], "");
+  assert_int_equal(jobspec_set_flag(&s, "train.sample_prompts", "[\"a\", \"b\"]", &e), 0);
+  assert_string_equal(s.train.sample_prompts[1], "b");
+  assert_int_equal(jobspec_set_flag(&s, "train.sample_prompts", "[\"a\"", &e), TY_EINVAL);
+  assert_true(tu_has(&e, "train.sample_prompts", "must be a JSON list of strings"));
+  ty_errlist_clear(&e);
+}
+
+/* Rule sample-tokenizer: data.tokenizer (for any data format when there
+ * are samples), else tokenizer.json beside the model. */
+static void test_sample_tokenizer(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  char text[2048];
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": \"%s/models/train.txt\"}, "
+           "\"train\": {\"sample_prompts\": [\"hi\"]}}",
+           g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "train.sample_prompts", "models/tiny/tokenizer.json does not exist"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  /* Without paths checked there is nothing to say yet. */
+  assert_int_equal(jobspec_validate(&s, false, &e), 0);
+  char p[600];
+  snprintf(p, sizeof p, "%s/models/tiny/tokenizer.json", g_tmp);
+  FILE *f = fopen(p, "w");
+  assert_non_null(f);
+  fputs("{}", f);
+  fclose(f);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  /* data.tokenizer with a token file: allowed with samples, and must exist. */
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": \"%s/models/train.txt\", "
+           "\"tokenizer\": \"%s/models/nope.json\"}, \"train\": {\"sample_prompts\": [\"hi\"]}}",
+           g_tmp, g_tmp, g_tmp);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "data.tokenizer", "nope.json does not exist; give the tokenizer.json"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  snprintf(text, sizeof text,
+           "{\"model_path\": \"%s/models/tiny\", \"data\": {\"path\": \"%s/models/train.txt\", "
+           "\"tokenizer\": \"%s\"}, \"train\": {\"sample_prompts\": [\"hi\"]}}",
+           g_tmp, g_tmp, p);
+  assert_int_equal(tu_parse(&s, text, &e), 0);
+  assert_int_equal(jobspec_validate(&s, true, &e), 0);
+  /* From scratch: only data.tokenizer can give one. */
+  bad("{\"init_from_scratch\": true, \"model\": {\"hidden_size\": 64, \"intermediate_size\": 128, "
+      "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 256}, \"train\": "
+      "{\"sample_prompts\": [\"hi\"]}}",
+      "train.sample_prompts", "a model initialised from scratch has no folder to find one in");
+  ok("{\"init_from_scratch\": true, \"model\": {\"hidden_size\": 64, \"intermediate_size\": 128, "
+     "\"num_hidden_layers\": 1, \"num_attention_heads\": 4, \"vocab_size\": 256}, \"data\": "
+     "{\"tokenizer\": \"t.json\"}, \"train\": {\"sample_prompts\": [\"hi\"]}}");
+}
+
 static void test_cuda_gpus(void **state) {
   (void)state;
   jobspec_t s;
@@ -957,7 +1080,9 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 24);
+  assert_int_equal(n, 26);
+  assert_string_equal(jobspec_rule_stage("sample-prompts"), "spec");
+  assert_string_equal(jobspec_rule_stage("sample-tokenizer"), "paths");
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("dist-backend-device"), "spec");
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
@@ -1010,6 +1135,8 @@ int main(void) {
       cmocka_unit_test(test_dist_backend),
       cmocka_unit_test(test_jsonl_options),
       cmocka_unit_test(test_merge_needs_lora),
+      cmocka_unit_test(test_sample_prompts),
+      cmocka_unit_test_setup_teardown(test_sample_tokenizer, make_tmp, remove_tmp),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
   };

@@ -109,6 +109,8 @@ static void test_report_round_trip(void **state) {
   a.step = 5, a.total_steps = 9, a.loss = 2.5, a.tokens_per_s = INFINITY;
   a.bytes_loaded = 10, a.bytes_total = 20;
   snprintf(a.message, sizeof a.message, "hi");
+  snprintf(a.sample_prompt, sizeof a.sample_prompt, "Once upon");
+  snprintf(a.sample_text, sizeof a.sample_text, " a time \xC3\xA9");
   json_t *o = report_wire_json(&a);
   assert_non_null(o);
   assert_string_equal(json_string_value(json_object_get(o, "phase")), "training");
@@ -122,6 +124,8 @@ static void test_report_round_trip(void **state) {
   assert_true(b.loss == 2.5);
   assert_true(b.tokens_per_s == 0.0);
   assert_string_equal(b.message, "hi");
+  assert_string_equal(b.sample_prompt, "Once upon");
+  assert_string_equal(b.sample_text, " a time \xC3\xA9");
   assert_false(report_wire_progressed(&a, &b));
   b.step = 6;
   assert_true(report_wire_progressed(&a, &b));

@@ -8,7 +8,8 @@
 // error shown as it is typed; a valid submit (gradient checkpointing
 // chosen on the form, and shown on the job page) running to success; a
 // restarted job's second attempt; the page at phone width; the jobs list
-// paging through a server with small pages; no console errors.
+// paging through a server with small pages; the samples of
+// train.sample_prompts beside the loss chart; no console errors.
 // Screenshots go to $TRAINYARD_BIN_DIR/tests/web-artifacts.
 //
 //   node page_test.js        (ctest sets TRAINYARD_BIN_DIR and NODE_PATH)
@@ -57,6 +58,8 @@ async function startServer(dir, extra = []) {
     if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
   fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
   fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), '{"hidden_size": 64}\n');
+  // train.sample_prompts need a tokenizer beside the model (the test worker reads none).
+  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'tokenizer.json'), '{}\n');
   fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(1024));
   const port = await freePort();
   const log = fs.openSync(path.join(dir, 'trainyardd.log'), 'a');
@@ -317,6 +320,33 @@ async function main() {
       (await page.evaluate(() => window.tyJobView.lossChart.count(0))) === 3);
     const ticks = await page.evaluate(() => window.tyJobView.lossChart.plot.axes[0]._splits);
     assert.ok(ticks.length >= 2 && ticks.every(Number.isInteger), 'step ticks: ' + ticks);
+
+    // train.sample_prompts: the "sample" events beside the loss chart,
+    // newest first, every 3 steps and at the end; on the timeline too.
+    const sampled = await call(srv, 'POST', '/v1/jobs', Object.assign(spec('web-samples', 7), {
+      train: { steps: 7, sample_every: 3, sample_prompts: ['Once upon a time', 'Bonjour'] } }));
+    assert.equal(sampled.status, 201, JSON.stringify(sampled.body));
+    await page.goto(srv.url + '/#/jobs/' + sampled.body.id);
+    await waitFor('the samples of steps 3, 6 and 7', async () =>
+      (await page.locator('#samples-list li').count()) === 6, 30000);
+    assert.ok(await page.locator('#samples').isVisible(), 'the samples are shown');
+    const steps = await page.$$eval('#samples-list li', (ls) => ls.map((l) => l.dataset.step));
+    assert.deepEqual(steps, ['7', '7', '6', '6', '3', '3'], 'newest first');
+    const first = await page.textContent('#samples-list li:last-child');
+    assert.match(first, /step 3/);
+    assert.match(first, /Once upon a time ... sampled at step 3/);
+    assert.match(await page.textContent('#samples-note'), /every 3 steps and at the end/);
+    assert.match(await page.textContent('#timeline'), /rank 0 sample at step 7/);
+    // Beside the loss chart: in the same card, on the same row.
+    const [lossBox, samplesBox] = await Promise.all(['#chart-loss', '#samples'].map((q) =>
+      page.locator(q).boundingBox()));
+    assert.ok(Math.abs(lossBox.y - samplesBox.y) < 2 && samplesBox.x > lossBox.x,
+              'the samples sit beside the loss chart: ' + JSON.stringify([lossBox, samplesBox]));
+    await page.screenshot({ path: path.join(ART, 'job-samples.png'), fullPage: true });
+    // A job without samples shows no samples panel.
+    await page.goto(srv.url + '/#/jobs/' + short.body.id);
+    await page.locator('#chart-loss canvas').waitFor();
+    assert.ok(!(await page.locator('#samples').isVisible()), 'no samples panel without samples');
 
     // 7. Phone width: nothing wider than the screen; the key parts visible.
     await page.setViewportSize(PHONE);

@@ -14,6 +14,9 @@
  *   child       every rank leaves a sleeping child in its process group
  *   nopipe      ignore SIGPIPE (outlive the server that reads the log pipe)
  *   chatty      write 1 KiB of extra log output per step
+ * train.sample_prompts are played as the worker makes them: rank 0 sends a
+ * sample report of each ("<prompt>" -> " ... sampled at step S") every
+ * train.sample_every steps and at the end.
  * On success rank R writes <output_dir>/rank<R>.done: the steps, its
  * rendezvous and the GPU it was given. */
 #include <errno.h>
@@ -60,6 +63,23 @@ static void parse_plan(const char *name, plan_t *p) {
 
 static bool g_stubborn;
 
+/* Rank 0's samples of train.sample_prompts at step s (after its report). */
+static int send_or_stop(const report_t *r);
+static void samples(const json_t *train, int rank, const report_t *step_report) {
+  const json_t *prompts = json_object_get(train, "sample_prompts");
+  if (rank != 0 || !json_array_size(prompts)) return;
+  size_t i;
+  const json_t *pr;
+  json_array_foreach(prompts, i, pr) {
+    char text[128];
+    snprintf(text, sizeof text, " ... sampled at step %lld", (long long)step_report->step);
+    report_t r = *step_report;
+    r.sample_prompt = json_string_value(pr);
+    r.sample_text = text;
+    send_or_stop(&r);
+  }
+}
+
 static int send_or_stop(const report_t *r) {
   int rc = report_send(r);
   if (rc == TY_EPRECONDITION && !g_stubborn) {
@@ -87,7 +107,8 @@ int main(void) {
   const int rank = e.rank, attempt = e.attempt;
   plan_t p;
   parse_plan(json_string_value(json_object_get(spec, "name")), &p);
-  json_int_t steps = json_integer_value(json_object_get(json_object_get(spec, "train"), "steps"));
+  const json_t *train = json_object_get(spec, "train");
+  json_int_t steps = json_integer_value(json_object_get(train, "steps"));
   const char *out_dir = json_string_value(json_object_get(spec, "output_dir"));
   if (p.ignoreterm) signal(SIGTERM, SIG_IGN);
   g_stubborn = p.ignoreterm;
@@ -136,6 +157,8 @@ int main(void) {
     r.loss = 3.0 * exp(-(double)s / (double)steps);
     r.tokens_per_s = 1000.0;
     send_or_stop(&r);
+    const json_int_t every = json_integer_value(json_object_get(train, "sample_every"));
+    if ((every > 0 && s % every == 0) || s == steps) samples(train, rank, &r);
   }
   r.phase = REPORT_PHASE_SAVING;
   send_or_stop(&r);

@@ -1,7 +1,8 @@
 // job.js - one job, live: header with cancel (or, once it has ended, delete)
 // button, the per-rank table
 // (phase, step progress, loss, tokens/s, host and device peaks drawn against
-// the full model's size), loss and throughput charts, the event timeline and
+// the full model's size), loss and throughput charts with the samples of
+// train.sample_prompts beside them, the event timeline and
 // the ranks' logs. Starts from GET job/ranks/metrics, then follows the
 // event stream from its first event.
 
@@ -56,6 +57,12 @@ export function mountJob(root, id) {
   const logPre = el('pre', { class: 'log', id: 'log', tabindex: 0 });
   const live = el('span', { class: 'live-dot', id: 'live' });
   const progressHost = el('div', { class: 'job-progress', id: 'job-progress' });
+  // train.sample_prompts: what the model says as it trains (the "sample"
+  // events), newest first, beside the loss chart; hidden for a job without.
+  const samplesList = el('ol', { class: 'samples', id: 'samples-list' });
+  const samplesNote = el('p', { class: 'muted small', id: 'samples-note' });
+  const samplesHost = el('div', { class: 'samples-box', id: 'samples', hidden: true },
+                         el('h3', {}, 'Samples'), samplesNote, samplesList);
 
   root.replaceChildren(
     head,
@@ -69,7 +76,7 @@ export function mountJob(root, id) {
             el('th', { class: 'mem' }, 'host peak'), el('th', { class: 'mem' }, 'device peak'))),
           rankBody)),
       memNote),
-    el('section', { class: 'card charts' }, lossHost, tpsHost),
+    el('section', { class: 'card charts' }, lossHost, samplesHost, tpsHost),
     el('div', { class: 'split' },
       el('section', { class: 'card' }, el('h2', {}, 'Timeline'),
          el('div', { class: 'scroll-y' }, timeline)),
@@ -87,6 +94,13 @@ export function mountJob(root, id) {
     const j = job;
     const cancellable = ['queued', ...ACTIVE_STATES].includes(j.state);
     const spec = j.spec || {};
+    const train = spec.train || {};
+    if ((train.sample_prompts || []).length) {
+      samplesHost.hidden = false;
+      samplesNote.textContent = 'greedy, ' + (train.sample_max_new_tokens || '') +
+          ' tokens at most, ' + (train.sample_every > 0 ? 'every ' + train.sample_every +
+          ' steps and ' : '') + 'at the end';
+    }
     const box = el('div', { class: 'confirm', hidden: true },
       'Cancel this job? ',
       el('button', { type: 'button', class: 'danger', id: 'cancel-yes', onclick: doCancel },
@@ -316,6 +330,18 @@ export function mountJob(root, id) {
     } catch (_) { /* the next event retries */ }
   }, 150);
 
+  // --- samples ------------------------------------------------------------------
+  // One "sample" event: the prompt, then what was generated after it.
+  function addSample(x, id) {
+    samplesHost.hidden = false;
+    const att = x.attempt > 1 ? ' (attempt ' + x.attempt + ')' : '';
+    samplesList.prepend(el('li', { dataset: { step: x.step, seq: id || '' } },
+      el('div', { class: 'sample-step muted small' }, 'step ' + x.step + att),
+      el('div', { class: 'sample-body' },
+         el('span', { class: 'sample-prompt' }, x.prompt),
+         el('span', { class: 'sample-text' }, x.text))));
+  }
+
   // --- the timeline -----------------------------------------------------------
   function addTimeline(ev) {
     const d = ev.data || {};
@@ -336,6 +362,8 @@ export function mountJob(root, id) {
       if (lastPhase.get(key) === x.phase) return;
       lastPhase.set(key, x.phase);
       text = 'rank ' + x.rank + att + ' ' + x.phase + (x.message ? ': ' + x.message : '');
+    } else if (ev.type === 'sample') {
+      text = 'rank ' + x.rank + att + ' sample at step ' + x.step;
     } else {
       text = ev.type;
     }
@@ -350,6 +378,7 @@ export function mountJob(root, id) {
     seen.push(ev.id);
     const x = (ev.data && ev.data.data) || {};
     if (ev.type === 'progress') applyReport(x);
+    if (ev.type === 'sample') addSample(x, ev.id);
     if (ev.type === 'state') {
       if (x.attempt > attempt && x.to === 'starting') newAttempt(x.attempt);
       if (job) { // until refreshJob brings the whole job

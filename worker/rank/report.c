@@ -172,6 +172,8 @@ static json_t *report_json(const report_t *r) {
   w.host_peak_bytes = r->host_peak_bytes, w.device_peak_bytes = r->device_peak_bytes;
   w.load_seconds = r->load_seconds;
   snprintf(w.message, sizeof w.message, "%s", r->message ? r->message : "");
+  snprintf(w.sample_prompt, sizeof w.sample_prompt, "%s", r->sample_prompt ? r->sample_prompt : "");
+  snprintf(w.sample_text, sizeof w.sample_text, "%s", r->sample_text ? r->sample_text : "");
   return report_wire_json(&w);
 }
 
@@ -181,7 +183,16 @@ static void human_line(const report_t *r) {
   const char *ph = report_phase_name(r->phase);
   char head[64];
   snprintf(head, sizeof head, "[rank %d/%d]", g_rep.rank, g_rep.world_size);
-  if (r->phase == REPORT_PHASE_LOADING && r->bytes_total > 0)
+  if (r->sample_prompt && *r->sample_prompt) { /* quoted as JSON strings: one line */
+    json_t *p = json_string(r->sample_prompt), *t = json_string(r->sample_text ? r->sample_text : "");
+    char *ps = json_dumps(p, JSON_ENCODE_ANY), *ts = json_dumps(t, JSON_ENCODE_ANY);
+    fprintf(stderr, "%s sample at step %lld: %s -> %s\n", head, (long long)r->step,
+            ps ? ps : "?", ts ? ts : "?");
+    free(ps);
+    free(ts);
+    json_decref(p);
+    json_decref(t);
+  } else if (r->phase == REPORT_PHASE_LOADING && r->bytes_total > 0)
     fprintf(stderr, "%s load  %.1f/%.1f MiB  host-peak %.0f MiB\n", head, r->bytes_loaded / mib,
             r->bytes_total / mib, r->host_peak_bytes / mib);
   else if (r->phase == REPORT_PHASE_TOKENIZING && r->bytes_total > 0)
@@ -219,8 +230,12 @@ int report_send(const report_t *r) {
   } else {
     rc = post_locked(text);
     if (g_rep.over) rc = TY_EPRECONDITION;
-    free(g_rep.last);
-    g_rep.last = text;
+    if (r->sample_prompt && *r->sample_prompt) { /* a heartbeat repeats no sample */
+      free(text);
+    } else {
+      free(g_rep.last);
+      g_rep.last = text;
+    }
   }
   pthread_mutex_unlock(&g_lock);
   return rc;

@@ -34,6 +34,10 @@ typedef struct {
   int64_t host_peak_bytes, device_peak_bytes;
   double load_seconds;
   const char *message;
+  /* A sample of train.sample_prompts at step (NULL or "": none): sent to
+   * the server, which keeps it as a "sample" event, and never repeated by
+   * the heartbeat, which resends the last report without a sample. */
+  const char *sample_prompt, *sample_text;
 } report_t;
 
 /* Reports as the rank e (worker_env_read's: job id, attempt, rank, world

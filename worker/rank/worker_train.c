@@ -22,6 +22,7 @@
 #include "worker/ckpt/outputs.h"
 #include "worker/rank/report.h"
 #include "worker/rank/run_metrics.h"
+#include "worker/rank/samples.h"
 #include "worker/rank/train.h"
 #ifdef TRAINYARD_HAVE_CUDA
 #include "worker/cuda/placement_cuda.h"
@@ -39,6 +40,8 @@ typedef struct {
                                  * report carries the load's figures */
   double tokens_per_s;          /* the last step's, for the saving and done reports */
   run_metrics_t *curves;        /* rank 0: metrics.jsonl and TensorBoard; else NULL */
+  samples_t *samples;           /* rank 0 with train.sample_prompts; else NULL */
+  double loss;                  /* the last step's, for the sample reports */
 } reporter_t;
 
 /* Rank 0's curves: one point per step into the output_dir's metrics.jsonl
@@ -98,6 +101,34 @@ static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss,
   if (report_send(&rep) == TY_EPRECONDITION) r->stop = true;
 }
 
+/* A sample of train.sample_prompts: a report of its own. */
+static void on_sample(void *ctx, int64_t step, const char *prompt, const char *text) {
+  reporter_t *r = ctx;
+  memstat_t ms;
+  memstat_read(&ms);
+  report_t rep = {.phase = REPORT_PHASE_TRAINING,
+                  .step = step,
+                  .total_steps = r->total_steps,
+                  .loss = r->loss,
+                  .tokens_per_s = r->tokens_per_s,
+                  .host_peak_bytes = (int64_t)ms.hwm_bytes,
+                  .message = "",
+                  .sample_prompt = prompt,
+                  .sample_text = text};
+  if (report_send(&rep) == TY_EPRECONDITION) r->stop = true;
+}
+
+/* Samples at a step boundary; one that fails is said in the log and ends
+ * the samples, not the training. */
+static void sample(reporter_t *r, int64_t step, bool final) {
+  char err[512];
+  if (!samples_at_step(r->samples, step, final, on_sample, r, err, sizeof err)) return;
+  fprintf(stderr, "[rank %d/%d] %s; no more samples are made for this attempt\n", r->rank,
+          r->world, err);
+  samples_free(r->samples);
+  r->samples = NULL;
+}
+
 static int on_progress(void *ctx, const train_progress_t *p) {
   reporter_t *r = ctx;
   char msg[256];
@@ -113,6 +144,10 @@ static int on_progress(void *ctx, const train_progress_t *p) {
   /* The report's own line shows no message while loading or training:
    * events (resumed, checkpoint written) get a log line of their own. */
   if (*msg) fprintf(stderr, "[rank %d/%d] %s\n", r->rank, r->world, msg);
+  if (p->phase == REPORT_PHASE_TRAINING) {
+    r->loss = p->loss;
+    sample(r, p->step, false);
+  }
   return r->stop ? TY_ECANCELLED : 0;
 }
 
@@ -269,7 +304,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, const l
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0, NULL};
+  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0, NULL, NULL, NAN};
   comm_t *comm = NULL;
   model_t *m = NULL;
   fsdp_t *f = NULL;
@@ -351,6 +386,8 @@ int worker_train_main(const worker_env_t *e) {
     rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err, sizeof err);
     if (!rc) lora_init(lo, spec.train.seed);
   }
+  if (!rc)
+    rc = samples_open(&rep.samples, &spec, &cfg, m, f, lo, comm_rank(comm), err, sizeof err);
   train_result_t res = {0};
   if (!rc) {
     train_args_t a = {.spec = &spec,
@@ -368,6 +405,7 @@ int worker_train_main(const worker_env_t *e) {
      * take them fails the job before its first step. */
     if (comm_rank(comm) == 0) rc = run_metrics_open(&rep.curves, spec.output_dir, err, sizeof err);
     if (!rc) rc = train_run(&a, &res, err, sizeof err);
+    if (!rc) sample(&rep, res.steps_done, true);
   }
   if (!rc) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
@@ -394,6 +432,7 @@ int worker_train_main(const worker_env_t *e) {
     ty_error("%s", err);
   }
   run_metrics_close(rep.curves);
+  samples_free(rep.samples);
   lora_free(lo);
 #ifdef TRAINYARD_HAVE_CUDA
   train_cuda_free(tc);
