@@ -48,6 +48,9 @@ def forward(cfg, w, lora, tokens):
 
     def proj(x, layer, target, mod):
         y = x @ w[f"model.layers.{layer}.{mod}.{target}.weight"].T
+        bias = w.get(f"model.layers.{layer}.{mod}.{target}.bias")
+        if bias is not None:  # Qwen2's q/k/v
+            y = y + bias
         if lora and lora_name(layer, target, "A") in lora:
             a, b = lora[lora_name(layer, target, "A")], lora[lora_name(layer, target, "B")]
             y = y + scale * ((x @ a.T) @ b.T)
@@ -98,8 +101,8 @@ def hf_config(cfg):
             "rms_norm_eps", "rope_theta", "tie_word_embeddings", "rope_scaling", "sliding_window"]
     out = {k: cfg[k] for k in keys if k in cfg}
     out["model_type"] = cfg.get("model_type", "llama")
-    out["architectures"] = ["MistralForCausalLM" if out["model_type"] == "mistral"
-                            else "LlamaForCausalLM"]
+    out["architectures"] = [{"mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}.get(
+        out["model_type"], "LlamaForCausalLM")]
     out["torch_dtype"] = "float32"
     return out
 
@@ -172,6 +175,8 @@ def main():
     mistral = dict(base, model_type="mistral", sliding_window=8, num_key_value_heads=1)
     case(ty, work, "mistral_window", mistral, 5)
     case(ty, work, "eos_list", base, 6, eos_at=5)
+    case(ty, work, "qwen2_lora", dict(base, model_type="qwen2", rope_theta=1000000.0,
+                                      lora_targets=0x7F), 7, with_lora=True)
     print("# greedy decoding matches the reference in every case")
 
 

@@ -184,8 +184,11 @@ static void feed_chunk(gen_t *g, const int *tokens, int n) {
     proj(g, l, JOBSPEC_TARGET_BIT_Q, g->q, g->ln, lw->q_proj, n, C, QD, 0.0f);
     proj(g, l, JOBSPEC_TARGET_BIT_K, k, g->ln, lw->k_proj, n, C, KVD, 0.0f);
     proj(g, l, JOBSPEC_TARGET_BIT_V, v, g->ln, lw->v_proj, n, C, KVD, 0.0f);
-    /* Qwen2's q/k/v projection biases are added here, to g->q, k and v
-     * (n rows each), before the rotation. */
+    if (d->qkv_bias) { /* Qwen2: before the rotation, as in training */
+      cpu_bias_forward(g->q, lw->q_bias, n, QD);
+      cpu_bias_forward(k, lw->k_bias, n, KVD);
+      cpu_bias_forward(v, lw->v_bias, n, KVD);
+    }
     cpu_rope_forward(g->q, g->cos_t, g->sin_t, g->pos, 1, n, d->NH, d->HS);
     cpu_rope_forward(k, g->cos_t, g->sin_t, g->pos, 1, n, d->NKV, d->HS);
     att_ctx_t ac = {g, kc, vc, n, p0};
