@@ -28,6 +28,7 @@
 #include "server/health.h"
 #include "server/pending.h"
 #include "server/scheduler.h"
+#include "server/token.h"
 
 #define PAGE_DEFAULT 50
 #define ROOTS_MAX 32
@@ -621,15 +622,6 @@ static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
   r->host_peak_bytes = w->host_peak_bytes, r->device_peak_bytes = w->device_peak_bytes;
   r->load_seconds = w->load_seconds;
   snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
-}
-
-/* Constant-time string comparison, so the token cannot be guessed by
- * timing. */
-static bool token_equal(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  unsigned char diff = la != lb;
-  for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,
