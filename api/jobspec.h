@@ -21,6 +21,8 @@
 
 #define JOBSPEC_NAME_MAX 128
 #define JOBSPEC_PATH_MAX 1024
+/* The largest lora_rank: the job spec's bound and the adapters' (worker/model/lora.h). */
+#define JOBSPEC_LORA_RANK_MAX 4096
 #define JOBSPEC_MODE_MAX 64
 
 typedef enum { JOBSPEC_DEVICE_AUTO = 0, JOBSPEC_DEVICE_CPU, JOBSPEC_DEVICE_CUDA } jobspec_device_t;
