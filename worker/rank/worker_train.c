@@ -299,7 +299,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, const llama_config_t *cf
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0, NULL};
+  reporter_t rep = {.rank = e->rank, .world = e->world_size};
   comm_t *comm = NULL;
   trained_t t = {0};
   llama_config_t cfg;
