@@ -130,6 +130,13 @@ void jobspec_init(jobspec_t *s);
  * reported with their field path (and a "did you mean" when a known name is
  * close). Every problem found is added to errs. Returns 0 or TY_EINVAL. */
 int jobspec_parse_json(jobspec_t *s, const char *text, size_t len, ty_errlist_t *errs);
+/* The one reader of spec files (the CLI's spec argument, the file a
+ * rank is given): at most the size jobspec_parse_json accepts is
+ * read (a larger file is refused as too big, never read whole), then
+ * parsed over s as jobspec_parse_json does; a problem of the whole document
+ * names the file. 0, TY_ENOTFOUND (the file cannot be opened or read) or
+ * TY_EINVAL, each problem in errs. */
+int jobspec_parse_file(jobspec_t *s, const char *path, ty_errlist_t *errs);
 /* The same for an already parsed JSON object. */
 int jobspec_from_json(jobspec_t *s, const json_t *root, ty_errlist_t *errs);
 
