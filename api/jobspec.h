@@ -130,6 +130,11 @@ void jobspec_init(jobspec_t *s);
  * reported with their field path (and a "did you mean" when a known name is
  * close). Every problem found is added to errs. Returns 0 or TY_EINVAL. */
 int jobspec_parse_json(jobspec_t *s, const char *text, size_t len, ty_errlist_t *errs);
+/* The base model's parameter count (llama_config_num_params): s->model's,
+ * or model_path's config.json's; 0 where it cannot be known. What the job
+ * view serves (param_count, model_bytes) and the memory estimates use. */
+int64_t jobspec_param_count(const jobspec_t *s);
+
 /* The one reader of spec files (the CLI's spec argument, the file a
  * rank is given): at most the size jobspec_parse_json accepts is
  * read (a larger file is refused as too big, never read whole), then

@@ -197,9 +197,7 @@ uint64_t jobspec_host_memory(void) {
   return (uint64_t)kib << 10;
 }
 
-/* The model's parameters: s->model's, or model_path's config.json's; 0 where
- * they cannot be known. */
-static int64_t model_params(const jobspec_t *s) {
+int64_t jobspec_param_count(const jobspec_t *s) {
   if (s->has_model) return llama_config_num_params(&s->model);
   if (!s->model_path[0]) return 0;
   char path[JOBSPEC_PATH_MAX + 16];
@@ -232,7 +230,7 @@ static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool 
 
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs) {
-  const int64_t params = model_params(s);
+  const int64_t params = jobspec_param_count(s);
   if (!host_bytes || params <= 0) return 0;
   /* Training computes in float32 on the CPU; a load holds the job's dtype. */
   const ty_dtype_t dtype = training ? TY_DTYPE_F32 : s->dtype;
@@ -293,7 +291,7 @@ static const char *mem_str(double bytes, char buf[32]) {
 
 int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
                                 const char *more, ty_errlist_t *errs) {
-  const int64_t params = model_params(s);
+  const int64_t params = jobspec_param_count(s);
   if (!device_bytes || params <= 0) return 0;
   const double cap = (double)device_bytes;
   const bool standard = !s->fsdp.memory_efficient_load;

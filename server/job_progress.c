@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/jobspec.h"
+#include "common/dtype.h"
 #include "db/db_obs.h"
 #include "server/progress.h"
 #include "server/service.h"
@@ -35,8 +37,25 @@ static void compute(svc_t *s, const char *id, int state, const db_report_t *r, p
   free(f);
 }
 
+/* The base model's size, which the page draws the ranks' memory against:
+ * its parameters and their bytes in the job's dtype (left out where the
+ * count cannot be known: a config.json gone). */
+static void model_size_to_json(const db_job_t *j, json_t *o) {
+  jobspec_t spec;
+  jobspec_init(&spec);
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  int64_t n = jobspec_parse_json(&spec, j->spec, strlen(j->spec), &errs) == 0 && !errs.len
+                  ? jobspec_param_count(&spec)
+                  : 0;
+  ty_errlist_clear(&errs);
+  if (n <= 0) return;
+  json_object_set_new(o, "param_count", json_integer(n));
+  json_object_set_new(o, "model_bytes", json_integer(n * (int64_t)ty_dtype_size(spec.dtype)));
+}
+
 json_t *svc_job_view(svc_t *s, const db_job_t *j) {
   json_t *o = svc_job_json(j);
+  model_size_to_json(j, o);
   progress_t p;
   compute(s, j->id, j->state, NULL, &p);
   progress_to_json(&p, "", o);
