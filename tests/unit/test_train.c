@@ -28,6 +28,8 @@
 #include "worker/ckpt/safetensors.h"
 #include "worker/rank/train.h"
 
+#include "ckpt_testutil.h"
+
 static char g_dir[64];    /* a fresh temporary directory per test */
 static char g_data[128];  /* its generated text file */
 static char g_data2[128]; /* text of other words, for fine-tuning */
@@ -76,15 +78,7 @@ static int teardown(void **state) {
 }
 
 static llama_config_t tiny_config(void) {
-  llama_config_t c;
-  llama_config_init(&c);
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 256;
+  llama_config_t c = tu_tiny_config(64, 96, 2, 4, 2, 16, 256, false);
   c.max_position_embeddings = 64;
   return c;
 }
