@@ -21,11 +21,19 @@ static void compute(svc_t *s, const char *id, int state, const db_report_t *r, p
   int attempt = 0;
   for (size_t i = 0; pr && i < n; i++) {
     attempt = f[i].attempt;
-    pr[i] = (progress_rank_t){f[i].phase,        f[i].step,         f[i].total_steps,
-                              f[i].tokens_per_s, f[i].bytes_loaded, f[i].bytes_total};
+    pr[i] = (progress_rank_t){.phase = f[i].phase,
+                              .step = f[i].step,
+                              .total_steps = f[i].total_steps,
+                              .tokens_per_s = f[i].tokens_per_s,
+                              .bytes_loaded = f[i].bytes_loaded,
+                              .bytes_total = f[i].bytes_total};
     if (r && r->rank == f[i].rank && r->attempt == f[i].attempt)
-      pr[i] = (progress_rank_t){r->phase,        r->step,         r->total_steps,
-                                r->tokens_per_s, r->bytes_loaded, r->bytes_total};
+      pr[i] = (progress_rank_t){.phase = r->phase,
+                                .step = r->step,
+                                .total_steps = r->total_steps,
+                                .tokens_per_s = r->tokens_per_s,
+                                .bytes_loaded = r->bytes_loaded,
+                                .bytes_total = r->bytes_total};
   }
   int64_t steps[PROGRESS_RECENT_STEPS];
   double t[PROGRESS_RECENT_STEPS];
