@@ -21,6 +21,8 @@
 
 #define JOBSPEC_NAME_MAX 128
 #define JOBSPEC_PATH_MAX 1024
+/* The largest lora_rank: the job spec's bound and the adapters' (worker/model/lora.h). */
+#define JOBSPEC_LORA_RANK_MAX 4096
 #define JOBSPEC_MODE_MAX 64
 
 typedef enum { JOBSPEC_DEVICE_AUTO = 0, JOBSPEC_DEVICE_CPU, JOBSPEC_DEVICE_CUDA } jobspec_device_t;
@@ -137,6 +139,18 @@ void jobspec_init(jobspec_t *s);
  * reported with their field path (and a "did you mean" when a known name is
  * close). Every problem found is added to errs. Returns 0 or TY_EINVAL. */
 int jobspec_parse_json(jobspec_t *s, const char *text, size_t len, ty_errlist_t *errs);
+/* The base model's parameter count (llama_config_num_params): s->model's,
+ * or model_path's config.json's; 0 where it cannot be known. What the job
+ * view serves (param_count, model_bytes) and the memory estimates use. */
+int64_t jobspec_param_count(const jobspec_t *s);
+
+/* The one reader of spec files (the CLI's spec argument, the file a
+ * rank is given): at most the size jobspec_parse_json accepts is
+ * read (a larger file is refused as too big, never read whole), then
+ * parsed over s as jobspec_parse_json does; a problem of the whole document
+ * names the file. 0, TY_ENOTFOUND (the file cannot be opened or read) or
+ * TY_EINVAL, each problem in errs. */
+int jobspec_parse_file(jobspec_t *s, const char *path, ty_errlist_t *errs);
 /* The same for an already parsed JSON object. */
 int jobspec_from_json(jobspec_t *s, const json_t *root, ty_errlist_t *errs);
 

@@ -230,6 +230,24 @@ static char *read_file(const char *path, size_t *len, ty_errlist_t *errs) {
   return buf;
 }
 
+int jobspec_parse_file(jobspec_t *s, const char *path, ty_errlist_t *errs) {
+  size_t len;
+  char *text = read_file(path, &len, errs);
+  if (!text) return TY_ENOTFOUND;
+  ty_errlist_t ferrs = TY_ERRLIST_INIT;
+  int rc = jobspec_parse_json(s, text, len, &ferrs);
+  /* Whole-document problems name the file they come from. */
+  for (size_t i = 0; i < ferrs.len; i++) {
+    if (ferrs.items[i].field[0])
+      ty_errlist_add(errs, ferrs.items[i].field, "%s", ferrs.items[i].message);
+    else
+      ty_errlist_add(errs, "", "%s: %s", path, ferrs.items[i].message);
+  }
+  ty_errlist_clear(&ferrs);
+  free(text);
+  return rc;
+}
+
 /* After a boolean flag, the next argument is its value unless it is a
  * spec file: "--use_lora spec.json" is a bare --use_lora, while
  * "--use_lora maybe" is a bad value (not a file named "maybe"). */
@@ -292,23 +310,7 @@ int jobspec_from_args(jobspec_t *s, int argc, char **argv, const char *const *pa
     }
     flags[nflags++] = fl;
   }
-  if (file) {
-    size_t len;
-    char *text = read_file(file, &len, errs);
-    if (text) {
-      ty_errlist_t ferrs = TY_ERRLIST_INIT;
-      jobspec_parse_json(s, text, len, &ferrs);
-      /* Whole-document problems name the file they come from. */
-      for (size_t i = 0; i < ferrs.len; i++) {
-        if (ferrs.items[i].field[0])
-          ty_errlist_add(errs, ferrs.items[i].field, "%s", ferrs.items[i].message);
-        else
-          ty_errlist_add(errs, "", "%s: %s", file, ferrs.items[i].message);
-      }
-      ty_errlist_clear(&ferrs);
-      free(text);
-    }
-  }
+  if (file) jobspec_parse_file(s, file, errs);
   /* Flags win over the file: applied after it, in the order given. */
   for (int i = 0; i < nflags; i++) {
     char path[256];

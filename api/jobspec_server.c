@@ -218,8 +218,7 @@ static bool model_config(const jobspec_t *s, llama_config_t *c) {
   return ok;
 }
 
-/* The model's parameters; 0 where they cannot be known. */
-static int64_t model_params(const jobspec_t *s) {
+int64_t jobspec_param_count(const jobspec_t *s) {
   llama_config_t c;
   return model_config(s, &c) ? llama_config_num_params(&c) : 0;
 }
@@ -329,7 +328,7 @@ static const char *mem_str(double bytes, char buf[32]) {
 
 int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
                                 const char *more, ty_errlist_t *errs) {
-  const int64_t params = model_params(s);
+  const int64_t params = jobspec_param_count(s);
   if (!device_bytes || params <= 0) return 0;
   const double cap = (double)device_bytes;
   const bool standard = !s->fsdp.memory_efficient_load;

@@ -3,7 +3,6 @@
 #include <string.h>
 
 #include "cli/commands.h"
-#include "worker/rank/train.h"
 
 typedef struct {
   const char *name;
@@ -25,8 +24,8 @@ static void usage(FILE *f) {
 }
 
 int main(int argc, char **argv) {
-  /* validate and train check a JSONL file's examples with the tokenizer. */
-  jobspec_jsonl_check = train_jsonl_check;
+  /* validate and train check a JSONL file's examples with the tokenizer:
+   * jobspec_jsonl_check, installed by the ty_jsonl_rule object linked in. */
   if (argc < 2) {
     usage(stderr);
     return 2;

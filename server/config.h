@@ -38,7 +38,7 @@
     "seconds between SIGTERM and SIGKILL when ranks are stopped")                          \
   X(heartbeat_timeout, SEC, "60", 0.2, 86400, "TRAINYARD_HEARTBEAT_TIMEOUT",               \
     "a rank silent (no report) this many seconds fails its attempt")                       \
-  X(progress_timeout, SEC, "900", 0.2, 604800, "TRAINYARD_PROGRESS_TIMEOUT",               \
+  X(progress_timeout, SEC, "900", 0.2, 604800, "TRAINYARD_PROGRESS_TIMEOUT_S",             \
     "a rank whose phase, step and bytes loaded stay unchanged this long fails")            \
   X(max_body, INT, "1048576", 1024, 67108864, "TRAINYARD_MAX_BODY",                        \
     "largest request body in bytes (413 above it)")                                        \

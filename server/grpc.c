@@ -27,6 +27,7 @@
 #include "common/xalloc.h"
 #include "server/grpc_internal.h"
 #include "server/grpc_wire.h"
+#include "server/token.h"
 
 /* Requests kept posted per method, so that a burst of calls does not wait
  * for this thread to re-arm one at a time. */
@@ -187,20 +188,11 @@ static void call_finish(gcall_t *c, int code, const char *msg, const ty_errlist_
   call_start(c, ops, n, &c->t_status);
 }
 
-/* Whether any API token is configured (entries are separated by commas
- * or spaces, as for REST). */
-static bool auth_required(const char *tokens) {
-  for (const char *p = tokens; *p; p++)
-    if (*p != ',' && *p != ' ') return true;
-  return false;
-}
-
-/* Whether the call carries a valid API token (or none is needed). Every
- * configured token is compared in full, so the time taken does not say how
- * much of a guess was right. */
+/* Whether the call carries a valid API token (or none is needed):
+ * server/token.h's constant-time comparison, as for REST. */
 static bool call_authorized(gcall_t *c, char *msg, size_t msgsz) {
   const char *tokens = c->g->cfg->tokens;
-  if (!auth_required(tokens)) return true;
+  if (!token_required(tokens)) return true;
   char value[1024];
   const char *tok = NULL;
   if (gwire_metadata_get(&c->md, "authorization", value, sizeof value)) tok = gwire_bearer(value);
@@ -208,18 +200,7 @@ static bool call_authorized(gcall_t *c, char *msg, size_t msgsz) {
     snprintf(msg, msgsz, "this server needs the metadata 'authorization: Bearer <token>'");
     return false;
   }
-  size_t tl = strlen(tok);
-  bool ok = false;
-  for (const char *p = tokens; *p;) {
-    while (*p == ',' || *p == ' ') p++;
-    size_t len = strcspn(p, ", ");
-    if (len) {
-      unsigned diff = len != tl;
-      for (size_t i = 0; i < len && i < tl; i++) diff |= (unsigned char)(p[i] ^ tok[i]);
-      ok |= diff == 0;
-    }
-    p += len;
-  }
+  bool ok = token_listed(tokens, tok);
   if (!ok) snprintf(msg, msgsz, "the bearer token is not valid for this server");
   return ok;
 }
@@ -458,7 +439,7 @@ static void *gsrv_thread(void *arg) {
 int gsrv_start(svc_t *svc, const srv_config_t *cfg, const char *listen, gsrv_t **out, int *port,
                char *msg, size_t msgsz) {
   *out = NULL;
-  if (!srv_config_is_loopback(listen) && !auth_required(cfg->tokens)) {
+  if (!srv_config_is_loopback(listen) && !token_required(cfg->tokens)) {
     snprintf(msg, msgsz,
              "--grpc-listen %s is not a loopback address; give an API token (--tokens) or "
              "listen on 127.0.0.1",

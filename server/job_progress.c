@@ -5,6 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "api/jobspec.h"
+#include "common/dtype.h"
 #include "db/db_obs.h"
 #include "server/progress.h"
 #include "server/service.h"
@@ -19,11 +21,19 @@ static void compute(svc_t *s, const char *id, int state, const db_report_t *r, p
   int attempt = 0;
   for (size_t i = 0; pr && i < n; i++) {
     attempt = f[i].attempt;
-    pr[i] = (progress_rank_t){f[i].phase,        f[i].step,         f[i].total_steps,
-                              f[i].tokens_per_s, f[i].bytes_loaded, f[i].bytes_total};
+    pr[i] = (progress_rank_t){.phase = f[i].phase,
+                              .step = f[i].step,
+                              .total_steps = f[i].total_steps,
+                              .tokens_per_s = f[i].tokens_per_s,
+                              .bytes_loaded = f[i].bytes_loaded,
+                              .bytes_total = f[i].bytes_total};
     if (r && r->rank == f[i].rank && r->attempt == f[i].attempt)
-      pr[i] = (progress_rank_t){r->phase,        r->step,         r->total_steps,
-                                r->tokens_per_s, r->bytes_loaded, r->bytes_total};
+      pr[i] = (progress_rank_t){.phase = r->phase,
+                                .step = r->step,
+                                .total_steps = r->total_steps,
+                                .tokens_per_s = r->tokens_per_s,
+                                .bytes_loaded = r->bytes_loaded,
+                                .bytes_total = r->bytes_total};
   }
   int64_t steps[PROGRESS_RECENT_STEPS];
   double t[PROGRESS_RECENT_STEPS];
@@ -35,8 +45,25 @@ static void compute(svc_t *s, const char *id, int state, const db_report_t *r, p
   free(f);
 }
 
+/* The base model's size, which the page draws the ranks' memory against:
+ * its parameters and their bytes in the job's dtype (left out where the
+ * count cannot be known: a config.json gone). */
+static void model_size_to_json(const db_job_t *j, json_t *o) {
+  jobspec_t spec;
+  jobspec_init(&spec);
+  ty_errlist_t errs = TY_ERRLIST_INIT;
+  int64_t n = jobspec_parse_json(&spec, j->spec, strlen(j->spec), &errs) == 0 && !errs.len
+                  ? jobspec_param_count(&spec)
+                  : 0;
+  ty_errlist_clear(&errs);
+  if (n <= 0) return;
+  json_object_set_new(o, "param_count", json_integer(n));
+  json_object_set_new(o, "model_bytes", json_integer(n * (int64_t)ty_dtype_size(spec.dtype)));
+}
+
 json_t *svc_job_view(svc_t *s, const db_job_t *j) {
   json_t *o = svc_job_json(j);
+  model_size_to_json(j, o);
   progress_t p;
   compute(s, j->id, j->state, NULL, &p);
   progress_to_json(&p, "", o);

@@ -12,7 +12,6 @@
 #include "server/recovery.h"
 #include "server/rest.h"
 #include "server/scheduler.h"
-#include "worker/rank/train.h"
 #include "server/service.h"
 
 /* Where ranks send reports: the bound port on a host they can reach. */
@@ -31,8 +30,8 @@ static void report_base(const char *listen, int port, char *out, size_t size) {
 }
 
 int main(int argc, char **argv) {
-  /* Submit and validate check a JSONL file's examples with the tokenizer. */
-  jobspec_jsonl_check = train_jsonl_check;
+  /* Submit and validate check a JSONL file's examples with the tokenizer:
+   * jobspec_jsonl_check, installed by the ty_jsonl_rule object linked in. */
   srv_config_t cfg;
   srv_config_init(&cfg);
   char msg[1024];

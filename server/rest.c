@@ -21,6 +21,7 @@
 #include "server/prom_jobs.h"
 #include "server/rest_deadline.h"
 #include "server/service.h"
+#include "server/token.h"
 
 /* How long shutdown waits for open event streams to end cleanly. */
 #define STREAM_END_S 2.0
@@ -106,29 +107,6 @@ const char *rest_bearer(struct MHD_Connection *c) {
   return *h ? h : NULL;
 }
 
-/* Whether token is one of the comma-separated API tokens. Every entry is
- * compared in full, so the time taken says nothing about the match. */
-static bool api_token_ok(const char *tokens, const char *token) {
-  bool ok = false;
-  size_t tl = strlen(token);
-  for (const char *p = tokens; *p;) {
-    while (*p == ',' || *p == ' ') p++;
-    size_t len = strcspn(p, ", ");
-    if (len) {
-      unsigned char diff = len != tl;
-      for (size_t i = 0; i < len && i < tl; i++) diff |= (unsigned char)(p[i] ^ token[i]);
-      ok |= diff == 0;
-    }
-    p += len;
-  }
-  return ok;
-}
-
-static bool auth_required(const srv_config_t *cfg) {
-  for (const char *p = cfg->tokens; *p; p++)
-    if (*p != ',' && *p != ' ') return true;
-  return false;
-}
 
 enum MHD_Result rest_queue(struct MHD_Connection *c, rest_req_t *q, int status,
                            struct MHD_Response *resp) {
@@ -306,9 +284,9 @@ static enum MHD_Result first_call(rest_t *r, struct MHD_Connection *c, rest_req_
     if (method_ok(&g_routes[i], method) && rest_route_match(g_routes[i].pattern, url, q->params))
       q->route = &g_routes[i];
   if (!q->route) return no_route(c, q, url, method);
-  if (q->route->auth == AUTH_API && auth_required(r->cfg)) {
+  if (q->route->auth == AUTH_API && token_required(r->cfg->tokens)) {
     const char *tok = rest_bearer(c);
-    if (!tok || !api_token_ok(r->cfg->tokens, tok))
+    if (!tok || !token_listed(r->cfg->tokens, tok))
       return send_error_with(c, q, MHD_HTTP_UNAUTHORIZED, TY_EUNAUTHENTICATED,
                              tok ? "the bearer token is not valid for this server"
                                  : "this server needs 'Authorization: Bearer <token>'",

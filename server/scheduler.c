@@ -291,16 +291,9 @@ static bool spec_wants_gloo(const char *spec) {
 /* Starts the job's next attempt; TY_EPRECONDITION when it could not be moved
  * to starting (cancelled meanwhile), another error when that could not be
  * written (nothing started). */
-static int start_attempt(sched_t *s, const db_job_t *j) {
-  int attempt;
-  char why[128];
-  snprintf(why, sizeof why, "%d %s slot%s free: starting the ranks", j->world_size,
-           !strcmp(j->device, "cuda") ? "GPU" : "CPU", j->world_size == 1 ? "" : "s");
-  int moved = svc_transition_now(s->svc, j->id, DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, why, NULL,
-                                 &attempt);
-  if (moved) return moved;
-  s->start_backoff = 0;
-  svc_start_blocked(s->svc, NULL);
+/* Claims the slots of job j's attempt: a run in s->runs, its ranks' CPU
+ * slots or GPUs (each rank its own free GPU). */
+static run_t *claim_slots(sched_t *s, const db_job_t *j, int attempt) {
   run_t *r = xcalloc(1, sizeof *r);
   snprintf(r->id, sizeof r->id, "%s", j->id);
   r->attempt = attempt;
@@ -316,24 +309,6 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
     s->gpu_used += r->world;
   else
     s->cpu_used += r->world;
-
-  char dir[2048], spec_path[2200], url[512];
-  char *rdv = r->rdv;
-  snprintf(dir, sizeof dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, attempt);
-  snprintf(spec_path, sizeof spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
-  snprintf(url, sizeof url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
-  /* GPU ranks meet through NCCL, CPU ranks through this host's shared
-   * memory, or over TCP (Gloo) where the spec asks: its ranks exchange
-   * addresses through files in the attempt's folder. */
-  char gloo_dir[2100] = "";
-  if (r->gpu) {
-    snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
-  } else if (spec_wants_gloo(j->spec)) {
-    snprintf(gloo_dir, sizeof gloo_dir, "%s/gloo", dir);
-    snprintf(rdv, sizeof r->rdv, "gloo:file:%s", gloo_dir);
-  } else {
-    ty_shm_server_rendezvous(j->id, attempt, rdv, sizeof r->rdv);
-  }
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
     for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
@@ -343,58 +318,100 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
         break;
       }
   }
-  char mkerr[2400];
-  int mk = ty_mkdirs(dir, mkerr, sizeof mkerr);
-  if (!mk && gloo_dir[0]) mk = ty_mkdirs(gloo_dir, mkerr, sizeof mkerr);
-  if (!mk) write_spec_file(spec_path, j->spec);
+  return r;
+}
+
+/* Where an attempt's files are: its folder, the job's spec file, the
+ * report URL and each rank's log. */
+typedef struct {
+  char dir[2048];
+  char spec_path[2200];
+  char url[512];
+  char gloo_dir[2100]; /* "" unless the ranks meet over Gloo */
+  char (*log_paths)[2300];
+  const char **log_ptrs;
+  int *gpus;
+} attempt_files_t;
+
+static void attempt_files_free(attempt_files_t *f) {
+  free(f->log_paths);
+  free(f->log_ptrs);
+  free(f->gpus);
+}
+
+/* Prepares run r's attempt of job j: where its ranks meet (r->rdv: GPU
+ * ranks through NCCL, CPU ranks through this host's shared memory, or over
+ * TCP (Gloo) where the spec asks, exchanging addresses through files in the
+ * attempt's folder), the attempt's folder, the spec file and the output
+ * folder's lock. 0, or a TY_E* code with the reason in msg. */
+static int prepare_attempt(sched_t *s, const db_job_t *j, run_t *r, attempt_files_t *f, char *msg,
+                           size_t msgsz) {
+  snprintf(f->dir, sizeof f->dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, r->attempt);
+  snprintf(f->spec_path, sizeof f->spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
+  snprintf(f->url, sizeof f->url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
+  f->gloo_dir[0] = '\0';
+  if (r->gpu) {
+    snprintf(r->rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", f->dir);
+  } else if (spec_wants_gloo(j->spec)) {
+    snprintf(f->gloo_dir, sizeof f->gloo_dir, "%s/gloo", f->dir);
+    snprintf(r->rdv, sizeof r->rdv, "gloo:file:%s", f->gloo_dir);
+  } else {
+    ty_shm_server_rendezvous(j->id, r->attempt, r->rdv, sizeof r->rdv);
+  }
+  f->log_paths = xcalloc((size_t)r->world, sizeof *f->log_paths);
+  f->log_ptrs = xcalloc((size_t)r->world, sizeof *f->log_ptrs);
+  f->gpus = xcalloc((size_t)r->world, sizeof *f->gpus);
+  for (int i = 0; i < r->world; i++) {
+    snprintf(f->log_paths[i], sizeof f->log_paths[i], "%s/rank-%d.log", f->dir, i);
+    f->log_ptrs[i] = f->log_paths[i];
+    f->gpus[i] = r->ranks[i].gpu;
+  }
+  int mk = ty_mkdirs(f->dir, msg, msgsz);
+  if (!mk && f->gloo_dir[0]) mk = ty_mkdirs(f->gloo_dir, msg, msgsz);
+  if (!mk) write_spec_file(f->spec_path, j->spec);
   /* The output folder is this attempt's alone, also against runs that the
    * database does not know (a `trainyard train`, another trainyardd). */
   if (!mk && j->output_dir[0]) {
-    r->out_lock = ty_dir_lock(j->output_dir, mkerr, sizeof mkerr);
+    r->out_lock = ty_dir_lock(j->output_dir, msg, msgsz);
     if (r->out_lock == TY_EPRECONDITION)
-      snprintf(mkerr, sizeof mkerr,
+      snprintf(msg, msgsz,
                "output_dir %s is in use by another trainyard run on this host (a `trainyard "
                "train`, or another trainyardd); wait for it to end, or submit the job again "
                "with another output_dir",
                j->output_dir);
     if (r->out_lock < 0) mk = r->out_lock;
   }
-  char(*log_paths)[2300] = xcalloc((size_t)r->world, sizeof *log_paths);
-  const char **log_ptrs = xcalloc((size_t)r->world, sizeof *log_ptrs);
-  int *gpus = xcalloc((size_t)r->world, sizeof *gpus);
-  for (int i = 0; i < r->world; i++) {
-    snprintf(log_paths[i], sizeof log_paths[i], "%s/rank-%d.log", dir, i);
-    log_ptrs[i] = log_paths[i];
-    gpus[i] = r->ranks[i].gpu;
-  }
-  char msg[2600];
-  int started = 0, rc = mk;
-  if (mk) {
-    snprintf(msg, sizeof msg, "%s", mkerr);
-  } else {
-    line_ctx_t *lc = xcalloc(1, sizeof *lc);
-    lc->svc = s->svc;
-    snprintf(lc->id, sizeof lc->id, "%s", j->id);
-    snprintf(lc->token, sizeof lc->token, "%s", j->token);
-    dispatch_attempt_t a = {.worker = s->worker,
-                            .spec_path = spec_path,
-                            .job_id = j->id,
-                            .attempt = attempt,
-                            .world_size = r->world,
-                            .rendezvous = rdv,
-                            .report_url = url,
-                            .token = j->token,
-                            .gpus = gpus,
-                            .log_paths = log_ptrs,
-                            .log_max = s->cfg->log_max,
-                            .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
-                            .heartbeat_ms = heartbeat_ms(s->cfg),
-                            .on_line = on_report_line,
-                            .line_ctx = lc};
-    rc = s->disp->ops->start(s->disp, &a, &r->drun, &started, msg, sizeof msg);
-  }
+  return mk;
+}
+
+/* Starts run r's ranks through the dispatcher and records each one that
+ * started; *started receives their number. 0, or the dispatcher's code
+ * with the reason in msg. */
+static int spawn_ranks(sched_t *s, const db_job_t *j, run_t *r, const attempt_files_t *f,
+                       int *started, char *msg, size_t msgsz) {
+  line_ctx_t *lc = xcalloc(1, sizeof *lc);
+  lc->svc = s->svc;
+  snprintf(lc->id, sizeof lc->id, "%s", j->id);
+  snprintf(lc->token, sizeof lc->token, "%s", j->token);
+  dispatch_attempt_t a = {.worker = s->worker,
+                          .spec_path = f->spec_path,
+                          .job_id = j->id,
+                          .attempt = r->attempt,
+                          .world_size = r->world,
+                          .rendezvous = r->rdv,
+                          .report_url = f->url,
+                          .token = j->token,
+                          .gpus = f->gpus,
+                          .log_paths = f->log_ptrs,
+                          .log_max = s->cfg->log_max,
+                          .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
+                          .heartbeat_ms = heartbeat_ms(s->cfg),
+                          .on_line = on_report_line,
+                          .line_ctx = lc};
+  *started = 0;
+  int rc = s->disp->ops->start(s->disp, &a, &r->drun, started, msg, msgsz);
   double now = ty_mono_s();
-  for (int i = 0; i < started; i++) {
+  for (int i = 0; i < *started; i++) {
     srank_t *k = &r->ranks[i];
     k->started = true;
     k->last_report = k->last_progress = now;
@@ -402,16 +419,37 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
     int pid;
     int64_t ticks;
     s->disp->ops->where(r->drun, i, &pid, &ticks);
-    svc_rank_spawned(s->svc, j->id, attempt, i, pid, ticks, log_paths[i]);
+    svc_rank_spawned(s->svc, j->id, r->attempt, i, pid, ticks, f->log_paths[i]);
   }
+  return rc;
+}
+
+/* Job j's next attempt: queued -> starting, its slots claimed, its folder
+ * prepared, its ranks spawned; an attempt that cannot start fails with the
+ * reason (and is retried as any failed attempt). 0, or the transition's
+ * code when the job was no longer queued. */
+static int start_attempt(sched_t *s, const db_job_t *j) {
+  int attempt;
+  char why[128];
+  snprintf(why, sizeof why, "%d %s slot%s free: starting the ranks", j->world_size,
+           !strcmp(j->device, "cuda") ? "GPU" : "CPU", j->world_size == 1 ? "" : "s");
+  int moved = svc_transition_now(s->svc, j->id, DB_MASK(DB_JOB_QUEUED), DB_JOB_STARTING, why, NULL,
+                                 &attempt);
+  if (moved) return moved;
+  s->start_backoff = 0;
+  svc_start_blocked(s->svc, NULL);
+  run_t *r = claim_slots(s, j, attempt);
+  attempt_files_t f = {0};
+  char msg[2600];
+  int started = 0;
+  int rc = prepare_attempt(s, j, r, &f, msg, sizeof msg);
+  if (!rc) rc = spawn_ranks(s, j, r, &f, &started, msg, sizeof msg);
   if (rc) {
     char reason[2700];
     snprintf(reason, sizeof reason, "cannot start rank %d: %s", started, msg);
     fail_attempt(s, r, reason);
   }
-  free(log_paths);
-  free(log_ptrs);
-  free(gpus);
+  attempt_files_free(&f);
   return 0;
 }
 

@@ -28,6 +28,7 @@
 #include "server/health.h"
 #include "server/pending.h"
 #include "server/scheduler.h"
+#include "server/token.h"
 
 #define PAGE_DEFAULT 50
 #define ROOTS_MAX 32
@@ -623,15 +624,6 @@ static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
   snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
   snprintf(r->sample_prompt, sizeof r->sample_prompt, "%s", w->sample_prompt);
   snprintf(r->sample_text, sizeof r->sample_text, "%s", w->sample_text);
-}
-
-/* Constant-time string comparison, so the token cannot be guessed by
- * timing. */
-static bool token_equal(const char *a, const char *b) {
-  size_t la = strlen(a), lb = strlen(b);
-  unsigned char diff = la != lb;
-  for (size_t i = 0; i < la && i < lb; i++) diff |= (unsigned char)(a[i] ^ b[i]);
-  return diff == 0;
 }
 
 int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,

@@ -141,14 +141,15 @@ static int bench_mode(const llama_config_t *c, bool lora, int steps, int B, int 
   if (lo) lora_init(lo, 1);
   comm_open(&comm, "self", 0, 1, err, sizeof err);
   rates_t r = {{0}, 0};
-  train_args_t a = {.spec = &s,
-                    .comm = comm,
-                    .model = m,
-                    .lora = lo,
-                    .progress = on_progress,
-                    .progress_ctx = &r};
+  train_backend_t b;
   train_result_t res;
-  rc = train_run(&a, &res, err, sizeof err);
+  rc = train_backend_host(&b, m, lo, err, sizeof err);
+  if (!rc) {
+    train_args_t a = {
+        .spec = &s, .comm = comm, .backend = &b, .progress = on_progress, .progress_ctx = &r};
+    rc = train_run(&a, &res, err, sizeof err);
+  }
+  train_backend_free(&b);
   comm_close(comm);
   if (rc || r.n < 2) {
     fprintf(stderr, "train_bench: %s\n", rc ? err : "too few steps");

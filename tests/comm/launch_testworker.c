@@ -23,6 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common/rankenv.h"
 #include "worker/dist/comm.h"
 
 static int g_rank, g_world;
@@ -32,7 +33,7 @@ static void report_step(const char *phase, int step, const char *message) {
   printf(
       "{\"job_id\":\"%s\",\"attempt\":%s,\"rank\":%d,\"world_size\":%d,\"phase\":\"%s\","
       "\"step\":%d,\"message\":\"%s\"}\n",
-      getenv("TRAINYARD_JOB_ID"), getenv("TRAINYARD_ATTEMPT"), g_rank, g_world, phase, step,
+      rankenv_str(RANKENV_JOB_ID), rankenv_str(RANKENV_ATTEMPT), g_rank, g_world, phase, step,
       message);
   fflush(stdout);
 }
@@ -142,18 +143,19 @@ static int run_kill9(void) {
 }
 
 int main(void) {
-  const char *rank = getenv("TRAINYARD_RANK"), *world = getenv("TRAINYARD_WORLD_SIZE");
-  const char *need[] = {"TRAINYARD_JOB_ID", "TRAINYARD_ATTEMPT", "TRAINYARD_RENDEZVOUS",
-                        "TRAINYARD_MODE", "TRAINYARD_SPEC"};
+  const char *rank = rankenv_str(RANKENV_RANK), *world = rankenv_str(RANKENV_WORLD_SIZE);
+  const rankenv_id_t need[] = {RANKENV_JOB_ID, RANKENV_ATTEMPT, RANKENV_RENDEZVOUS, RANKENV_MODE,
+                               RANKENV_SPEC};
   if (!rank || !world) {
-    fprintf(stderr, "launch_testworker: TRAINYARD_RANK/WORLD_SIZE unset\n");
+    fprintf(stderr, "launch_testworker: %s or %s unset\n", rankenv_name(RANKENV_RANK),
+            rankenv_name(RANKENV_WORLD_SIZE));
     return 2;
   }
   g_rank = atoi(rank);
   g_world = atoi(world);
   for (size_t i = 0; i < sizeof need / sizeof *need; i++)
-    if (!getenv(need[i])) {
-      report("failed", need[i]);
+    if (!rankenv_str(need[i])) {
+      report("failed", rankenv_name(need[i]));
       return 2;
     }
   write_pid("rank", getpid());
@@ -164,7 +166,7 @@ int main(void) {
   if (!strcmp(what, "roots")) { /* the roots it was given, into TY_TESTWORKER_ROOTS_FILE */
     FILE *f = fopen(getenv("TY_TESTWORKER_ROOTS_FILE"), "w");
     if (!f) return 2;
-    const char *r = getenv("TRAINYARD_READ_ROOTS"), *w = getenv("TRAINYARD_WRITE_ROOTS");
+    const char *r = rankenv_str(RANKENV_READ_ROOTS), *w = rankenv_str(RANKENV_WRITE_ROOTS);
     fprintf(f, "read=%s write=%s", r ? r : "(unset)", w ? w : "(unset)");
     fclose(f);
     report("done", "roots written");

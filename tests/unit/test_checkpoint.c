@@ -17,19 +17,12 @@
 #include "worker/model/model.h"
 #include "worker/model/weightinit.h"
 
+#include "ckpt_testutil.h"
 #include "tmpdir_testutil.h"
 
+/* head_dim 5 != C / NH: q is [15, 12], o is [12, 15]. */
 static llama_config_t tiny(void) {
-  llama_config_t c;
-  llama_config_init(&c);
-  c.hidden_size = 12;
-  c.intermediate_size = 10;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
-  c.head_dim = 5; /* != C / NH: q is [15, 12], o is [12, 15] */
-  c.vocab_size = 7;
-  return c;
+  return tu_tiny_config(12, 10, 2, 3, 1, 5, 7, false);
 }
 
 static void sub(char *buf, size_t n, const char *name) {
@@ -146,7 +139,7 @@ static void test_write_values_and_shards(void **state) {
   for (int k = 0; k < 3; k++) {
     snprintf(dir, sizeof dir, "%s/w%d", g_dir, k);
     uint64_t bytes;
-    assert_int_equal(ckpt_write_random(dir, &c, dts[k], shards[k], 7, &bytes, err, sizeof err), 0);
+    tu_write_ckpt(dir, &c, dts[k], shards[k], 7, &bytes);
     ckpt_t *ck;
     if (ckpt_open(dir, &ck, err, sizeof err)) fail_msg("%s", err);
     assert_int_equal(ck->st->nfiles, (size_t)shards[k]);
@@ -176,11 +169,11 @@ static void test_write_values_and_shards(void **state) {
   }
   /* The same seed writes the same bytes; shards 0 and too many are refused. */
   snprintf(dir, sizeof dir, "%s/w0b", g_dir);
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_F32, 1, 7, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_F32, 1, 7, NULL);
   char cmd[700];
   snprintf(cmd, sizeof cmd, "cmp -s %s/w0/model.safetensors %s/model.safetensors", g_dir, dir);
   assert_int_equal(system(cmd), 0);
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_F32, 1, 8, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_F32, 1, 8, NULL);
   assert_int_not_equal(system(cmd), 0);
   assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_F32, 0, 7, NULL, err, sizeof err),
                    TY_EINVAL);
@@ -213,7 +206,7 @@ static void test_strict_match(void **state) {
   llama_config_t c = tiny();
   char dir[300], err[1024];
   sub(dir, sizeof dir, "strict");
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 2, 1, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_BF16, 2, 1, NULL);
   set_config(dir, "num_hidden_layers", json_integer(3));
   expect_open_fails(dir, TY_EINVAL,
                     "tensor 'model.layers.2.input_layernorm.weight' (shape [12] from config.json) "
@@ -246,7 +239,7 @@ static void test_strict_match(void **state) {
   expect_open_fails(dir, TY_ENOTFOUND, "config.json: missing");
   /* A truncated shard of an otherwise valid checkpoint. */
   sub(dir, sizeof dir, "trunc");
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_F16, 1, 1, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_F16, 1, 1, NULL);
   snprintf(p, sizeof p, "%s/model.safetensors", dir);
   assert_int_equal(truncate(p, 2000), 0);
   expect_open_fails(dir, TY_EINVAL, "model.safetensors");
@@ -262,8 +255,8 @@ static void test_fingerprint(void **state) {
   sub(a, sizeof a, "fp-a");
   sub(b, sizeof b, "fp-b");
   sub(copy, sizeof copy, "fp-copy");
-  assert_int_equal(ckpt_write_random(a, &c, TY_DTYPE_BF16, 2, 1, NULL, err, sizeof err), 0);
-  assert_int_equal(ckpt_write_random(b, &c, TY_DTYPE_BF16, 2, 2, NULL, err, sizeof err), 0);
+  tu_write_ckpt(a, &c, TY_DTYPE_BF16, 2, 1, NULL);
+  tu_write_ckpt(b, &c, TY_DTYPE_BF16, 2, 2, NULL);
   snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", a, copy);
   assert_int_equal(system(cmd), 0);
   assert_int_equal(ckpt_fingerprint(a, fa, err, sizeof err), 0);

@@ -37,6 +37,8 @@ static void test_file_env_flags_order(void **state) {
   close(fd);
   setenv("TRAINYARD_CPU_SLOTS", "5", 1);
   setenv("TRAINYARD_LISTEN", "127.0.0.1:9001", 1);
+  /* The variable trainyard train reads for the same setting. */
+  setenv("TRAINYARD_PROGRESS_TIMEOUT_S", "42", 1);
   char cfgflag[64];
   snprintf(cfgflag, sizeof cfgflag, "--config=%s", path);
   char *argv[] = {"trainyardd", cfgflag, "--listen", "127.0.0.1:9002", "--page-max=7", NULL};
@@ -50,7 +52,9 @@ static void test_file_env_flags_order(void **state) {
   assert_int_equal(c.cpu_slots, 5);             /* env over file */
   assert_string_equal(c.listen, "127.0.0.1:9002"); /* flag over env */
   assert_int_equal(c.page_max, 7);
+  assert_true(c.progress_timeout == 42.0);
   srv_config_free(&c);
+  unsetenv("TRAINYARD_PROGRESS_TIMEOUT_S");
   unsetenv("TRAINYARD_CPU_SLOTS");
   unsetenv("TRAINYARD_LISTEN");
   unlink(path);

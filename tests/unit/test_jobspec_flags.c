@@ -193,6 +193,20 @@ static void test_flags_win_over_file(void **state) {
   assert_int_equal(args(&s, &e, NULL, path, "--world_size", "5", NULL), TY_EINVAL);
   assert_true(tu_has(&e, "world_size", "must be an integer"));
   assert_int_equal(s.world_size, 5);
+  /* The one reader of spec files: a file past the size the parser takes
+   * is refused by its size (read no further), a missing one by name. */
+  f = fopen(path, "w");
+  fputs("{\"name\": \"", f);
+  for (int i = 0; i < (1 << 20); i++) fputc('x', f);
+  fputs("\"}", f);
+  fclose(f);
+  ty_errlist_clear(&e);
+  jobspec_init(&s);
+  assert_int_equal(jobspec_parse_file(&s, path, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "", "at most 1048576 are accepted"));
+  ty_errlist_clear(&e);
+  assert_int_equal(jobspec_parse_file(&s, "/nonexistent/spec.json", &e), TY_ENOTFOUND);
+  assert_true(tu_has(&e, "", "cannot open spec file /nonexistent/spec.json"));
   unlink(path);
   ty_errlist_clear(&e);
 }

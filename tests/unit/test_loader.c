@@ -18,22 +18,13 @@
 #include "common/clock.h"
 #include "worker/ckpt/loader.h"
 
+#include "ckpt_testutil.h"
 #include "tmpdir_testutil.h"
 
 /* C 12, NH 3, NKV 1, HS 4: k/v have 4 rows; FF 10; V 3, so a world of 4
  * leaves rank 3 without embedding rows. */
 static llama_config_t tiny(bool tied) {
-  llama_config_t c;
-  llama_config_init(&c);
-  c.hidden_size = 12;
-  c.intermediate_size = 10;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.vocab_size = 3;
-  c.tie_word_embeddings = tied;
-  return c;
+  return tu_tiny_config(12, 10, 2, 3, 1, 4, 3, tied);
 }
 
 static void test_rows(void **state) {
@@ -147,14 +138,14 @@ static void compare_world(const char *dir, ty_dtype_t dt, int world) {
 
 static void test_paths_agree(void **state) {
   (void)state;
-  char dir[300], err[1024];
+  char dir[300];
   const ty_dtype_t files[] = {TY_DTYPE_F32, TY_DTYPE_BF16, TY_DTYPE_F16};
   const ty_dtype_t shards[] = {TY_DTYPE_F32, TY_DTYPE_BF16, TY_DTYPE_F16};
   for (int f = 0; f < 3; f++) {
     llama_config_t c = tiny(f == 1);
     c.qkv_bias = f == 2; /* Qwen2: 1-D biases sharded (and read by byte range) too */
     snprintf(dir, sizeof dir, "%s/m%d", g_dir, f);
-    assert_int_equal(ckpt_write_random(dir, &c, files[f], f + 1, 3, NULL, err, sizeof err), 0);
+    tu_write_ckpt(dir, &c, files[f], f + 1, 3, NULL);
     check_stats(dir, TY_DTYPE_F32);
     for (int s = 0; s < 3; s++)
       for (int world = 1; world <= 4; world++) compare_world(dir, shards[s], world);
@@ -163,10 +154,10 @@ static void test_paths_agree(void **state) {
 
 static void test_views(void **state) {
   (void)state;
-  char dir[300], err[1024];
+  char dir[300];
   llama_config_t c = tiny(true);
   snprintf(dir, sizeof dir, "%s/v", g_dir);
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 1, 3, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_BF16, 1, 3, NULL);
   placement_t pl;
   placement_cpu_init(&pl);
   loader_shard_t *s = load_rank(dir, 1, 3, TY_DTYPE_F32, true, 1 << 20, &pl, NULL);
@@ -192,7 +183,7 @@ static void test_scratch(void **state) {
   llama_config_t c = tiny(false);
   /* A float32 mkmodel checkpoint with the same seed holds the same values. */
   snprintf(dir, sizeof dir, "%s/s", g_dir);
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_F32, 1, 99, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_F32, 1, 99, NULL);
   const ty_dtype_t dts[] = {TY_DTYPE_F32, TY_DTYPE_BF16};
   for (int d = 0; d < 2; d++) {
     for (int world = 1; world <= 4; world++) {
@@ -230,7 +221,7 @@ static void test_failures(void **state) {
   char dir[300], err[1024], p[400];
   llama_config_t c = tiny(false);
   snprintf(dir, sizeof dir, "%s/bad", g_dir);
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 2, 3, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_BF16, 2, 3, NULL);
   /* A shard file cut short: both paths fail with the file's name. */
   snprintf(p, sizeof p, "%s/model-00002-of-00002.safetensors", dir);
   FILE *f = fopen(p, "r+");
@@ -291,7 +282,7 @@ static void test_placement_faults(void **state) {
   char dir[300], err[1024];
   llama_config_t c = tiny(false);
   snprintf(dir, sizeof dir, "%s/f", g_dir);
-  assert_int_equal(ckpt_write_random(dir, &c, TY_DTYPE_BF16, 1, 3, NULL, err, sizeof err), 0);
+  tu_write_ckpt(dir, &c, TY_DTYPE_BF16, 1, 3, NULL);
   const struct {
     bool eff, scratch;
     int fail_alloc, copies;

@@ -258,6 +258,20 @@ static void test_lora_init_and_table(void **state) {
   lora_t *bad = NULL;
   assert_int_equal(lora_create(&bad, m, 0, 16.0, mask, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "lora_rank"));
+  /* The job spec's bound, the same number. */
+  assert_int_equal(
+      lora_create(&bad, m, JOBSPEC_LORA_RANK_MAX + 1, 16.0, mask, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "between 1 and 4096"));
+  jobspec_t s;
+  jobspec_init(&s);
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  char body[96];
+  snprintf(body, sizeof body, "{\"model_path\": \"m\", \"lora_rank\": %d}",
+           JOBSPEC_LORA_RANK_MAX + 1);
+  if (jobspec_parse_json(&s, body, strlen(body), &e) == 0) jobspec_validate(&s, false, &e);
+  assert_true(e.len >= 1);
+  assert_string_equal(e.items[0].field, "lora_rank");
+  ty_errlist_clear(&e);
   assert_int_equal(lora_create(&bad, m, 4, 16.0, 0, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "target_modules"));
   assert_null(bad);

@@ -24,28 +24,17 @@
 #include "common/errors.h"
 #include "worker/dist/prefetch.h"
 
+#include "ckpt_testutil.h"
 #include "tmpdir_testutil.h"
 
 /* C 12, FF 10, NKV 1 x HS 4, V 6, 2 layers: units 0 (embed), 1, 2, 3 (head). */
 static llama_config_t tiny(bool tied) {
-  llama_config_t c;
-  llama_config_init(&c);
-  c.hidden_size = 12;
-  c.intermediate_size = 10;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 3;
-  c.num_key_value_heads = 1;
-  c.head_dim = 4;
-  c.vocab_size = 6;
-  c.tie_word_embeddings = tied;
-  return c;
+  return tu_tiny_config(12, 10, 2, 3, 1, 4, 6, tied);
 }
 
 static void make_ckpt(const char *dir, bool tied) {
   llama_config_t c = tiny(tied);
-  char err[512];
-  if (ckpt_write_random(dir, &c, TY_DTYPE_F32, 1, 7, NULL, err, sizeof err))
-    fail_msg("checkpoint: %s", err);
+  tu_write_ckpt(dir, &c, TY_DTYPE_F32, 1, 7, NULL);
 }
 
 static loader_shard_t *load(const char *dir, int rank, int world, ty_dtype_t dt, placement_t *pl,

@@ -28,6 +28,8 @@
 #include "worker/ckpt/safetensors.h"
 #include "worker/rank/train.h"
 
+#include "ckpt_testutil.h"
+
 static char g_dir[64];    /* a fresh temporary directory per test */
 static char g_data[128];  /* its generated text file */
 static char g_data2[128]; /* text of other words, for fine-tuning */
@@ -76,15 +78,7 @@ static int teardown(void **state) {
 }
 
 static llama_config_t tiny_config(void) {
-  llama_config_t c;
-  llama_config_init(&c);
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.num_hidden_layers = 2;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.head_dim = 16;
-  c.vocab_size = 256;
+  llama_config_t c = tu_tiny_config(64, 96, 2, 4, 2, 16, 256, false);
   c.max_position_embeddings = 64;
   return c;
 }
@@ -142,13 +136,25 @@ static int record(void *ctx, const train_progress_t *p) {
   return 0;
 }
 
-/* One run of the loop over what a (fsdp, lora, device, stop) names,
- * recording the losses into l. */
-static int run_loop(train_args_t a, const jobspec_t *s, comm_t *c, model_t *m, losses_t *l,
-                    train_result_t *res, char *err, size_t errlen) {
-  a.spec = s, a.comm = c, a.model = m, a.progress = record, a.progress_ctx = l;
-  a.eval_windows = 16;
-  return train_run(&a, res, err, errlen);
+/* One run of the loop over backend b (which it frees) until stop,
+ * recording the losses into l. With dev, b is the host's side of a device
+ * backend of dev's passes. */
+static int run_loop(train_backend_t *b, const train_device_t *dev, int64_t stop, const jobspec_t *s,
+                    comm_t *c, losses_t *l, train_result_t *res, char *err, size_t errlen) {
+  train_backend_t db;
+  int rc = 0;
+  if (dev && !(rc = train_backend_device(&db, b, dev, comm_world_size(c), err, errlen)))
+    *b = db;
+  train_args_t a = {.spec = s,
+                    .comm = c,
+                    .backend = b,
+                    .progress = record,
+                    .progress_ctx = l,
+                    .eval_windows = 16,
+                    .stop_at_step = stop};
+  if (!rc) rc = train_run(&a, res, err, errlen);
+  train_backend_free(b);
+  return rc;
 }
 
 static train_result_t run_on(const jobspec_t *s, model_t *m, lora_t *lo, const train_device_t *dev,
@@ -157,8 +163,9 @@ static train_result_t run_on(const jobspec_t *s, model_t *m, lora_t *lo, const t
   char err[512];
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
   train_result_t res;
-  train_args_t a = {.lora = lo, .device = dev, .stop_at_step = stop};
-  int rc = run_loop(a, s, comm, m, l, &res, err, sizeof err);
+  train_backend_t b;
+  int rc = train_backend_host(&b, m, lo, err, sizeof err);
+  if (!rc) rc = run_loop(&b, dev, stop, s, comm, l, &res, err, sizeof err);
   comm_close(comm);
   if (rc) fail_msg("train_run: %s", err);
   return res;
@@ -405,10 +412,13 @@ static void test_resume_rejects_other_batch(void **state) {
   comm_t *comm;
   char err[512];
   assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
-  train_args_t a = {.spec = &s, .comm = comm, .model = m, .lora = lo};
+  train_backend_t b;
+  assert_int_equal(train_backend_host(&b, m, lo, err, sizeof err), 0);
+  train_args_t a = {.spec = &s, .comm = comm, .backend = &b};
   train_result_t res;
   assert_int_equal(train_run(&a, &res, err, sizeof err), TY_EPRECONDITION);
   assert_non_null(strstr(err, "global batch"));
+  train_backend_free(&b);
   comm_close(comm);
   lora_free(lo);
   model_free(m);
@@ -617,13 +627,9 @@ static void test_device_full_training_matches_host(void **state) {
   assert_int_equal(model_init_shape(&shape, &c, s.train.micro_batch_size, s.data.seq_len,
                                     MODEL_TRAIN_FULL, err, sizeof err),
                    0);
-  comm_t *comm;
-  assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
-  train_args_t a = {.spec = &s, .comm = comm, .model = &shape, .device = &dev};
-  train_result_t res;
-  assert_int_equal(train_run(&a, &res, err, sizeof err), TY_EINTERNAL);
+  train_backend_t b;
+  assert_int_equal(train_backend_host(&b, &shape, NULL, err, sizeof err), TY_EINTERNAL);
   assert_non_null(strstr(err, "model_create_weights"));
-  comm_close(comm);
   model_free(hw);
   model_free(f.m);
   model_free(m);
@@ -678,13 +684,11 @@ static void test_device_optimizer_matches_host(void **state) {
   make_model(&sl, &f.m, &f.lo);
   train_device_t dev = fd_hooks(&f);
   with_device_adamw(&dev);
-  comm_t *comm;
-  assert_int_equal(comm_open(&comm, "self", 0, 1, err, sizeof err), 0);
-  train_args_t a = {.spec = &sl, .comm = comm, .model = f.m, .lora = f.lo, .device = &dev};
-  train_result_t res;
-  assert_int_equal(train_run(&a, &res, err, sizeof err), TY_EINTERNAL);
+  train_backend_t hb, b;
+  assert_int_equal(train_backend_host(&hb, f.m, f.lo, err, sizeof err), 0);
+  assert_int_equal(train_backend_device(&b, &hb, &dev, 1, err, sizeof err), TY_EINTERNAL);
   assert_non_null(strstr(err, "not for a replicated span"));
-  comm_close(comm);
+  train_backend_free(&hb);
   lora_free(f.lo);
   model_free(f.m);
 }
@@ -731,11 +735,12 @@ static int shard_model(comm_t *c, model_mode_t mmode, fsdp_mode_t fmode, const j
   return rc ? rc : fsdp_create(f, *m, c, sh, fmode, err, errlen);
 }
 
-static int train_sharded(comm_t *c, const jobspec_t *s, fsdp_t *f, model_t *m,
-                         const train_device_t *dev, losses_t *l, char *err, size_t errlen) {
+static int train_sharded(comm_t *c, const jobspec_t *s, fsdp_t *f, const train_device_t *dev,
+                         losses_t *l, char *err, size_t errlen) {
   train_result_t res;
-  train_args_t a = {.fsdp = f, .device = dev};
-  return run_loop(a, s, c, m, l, &res, err, errlen);
+  train_backend_t b;
+  int rc = fsdp_backend(&b, f, NULL, err, errlen);
+  return rc ? rc : run_loop(&b, dev, 0, s, c, l, &res, err, errlen);
 }
 
 /* One line per failure, written at once (ranks share stderr). */
@@ -775,7 +780,7 @@ static int sharded_rank(const char *rdv, int rank, int world) {
   losses_t host = {{0}, 0};
   /* The host's own sharded passes. */
   CHILD_CHECK(!shard_model(c, MODEL_TRAIN_FULL, FSDP_FULL, &s, &mh, &fh, err, sizeof err) &&
-                  !train_sharded(c, &s, fh, mh, NULL, &host, err, sizeof err),
+                  !train_sharded(c, &s, fh, NULL, &host, err, sizeof err),
               "host: %s", err);
   llama_config_t cfg = tiny_config();
   char out[200];
@@ -800,7 +805,7 @@ static int sharded_rank(const char *rdv, int rank, int world) {
     train_device_t dev = fs_hooks(&d);
     if (opt) with_device_adamw(&dev);
     snprintf(s.output_dir, sizeof s.output_dir, "%s/shard-dev-%d", g_dir, opt);
-    CHILD_CHECK(!train_sharded(c, &s, ft, mt, &dev, &onDev, err, sizeof err), "device %d: %s", opt,
+    CHILD_CHECK(!train_sharded(c, &s, ft, &dev, &onDev, err, sizeof err), "device %d: %s", opt,
                 err);
     for (int i = 1; i <= 6; i++)
       CHILD_CHECK(host.loss[i] == onDev.loss[i],

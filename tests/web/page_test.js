@@ -51,13 +51,21 @@ async function waitFor(what, fn, timeoutMs = 15000) {
   throw new Error('timed out waiting for ' + what + (last instanceof Error ? ': ' + last.message : ''));
 }
 
+// The model the jobs name: 115008 parameters (embeddings 256 x 64, two
+// layers of 4 x 64 x 64 attention + 3 x 64 x 128 MLP + 2 x 64 norms, the
+// final norm, an untied 256 x 64 head), counted by hand from the Llama
+// layout, not by trainyard's code.
+const TINY_CONFIG = { hidden_size: 64, intermediate_size: 128, num_hidden_layers: 2,
+                      num_attention_heads: 4, num_key_value_heads: 4, vocab_size: 256 };
+const TINY_PARAMS = 115008;
+
 // A trainyardd in its own directory with a model directory and a data file
 // for specs to name.
 async function startServer(dir, extra = []) {
   for (const f of [TRAINYARDD, WORKER, CHROMIUM])
     if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
   fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
-  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), '{"hidden_size": 64}\n');
+  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), JSON.stringify(TINY_CONFIG) + '\n');
   // train.sample_prompts need a tokenizer beside the model (the test worker reads none).
   fs.writeFileSync(path.join(dir, 'models', 'tiny', 'tokenizer.json'), '{}\n');
   fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(1024));
@@ -185,8 +193,15 @@ async function main() {
     assert.ok(p1[0] > p0[0] && p1[1] > p0[1], `chart points must grow: ${p0} -> ${p1}`);
     assert.ok(await page.locator('#chart-loss canvas').count() > 0, 'the loss chart is drawn');
     assert.ok(await page.locator('#chart-tps canvas').count() > 0, 'the throughput chart is drawn');
-    assert.match(await page.textContent('#mem-note'), /full model: 2\.00 MiB/,
-                 'peaks are drawn against the full model (2 ranks x 1 MiB read each)');
+    // Peaks are drawn against the full model: the server's parameter
+    // count (computed once, in C) in the job's dtype.
+    const view = (await call(srv, 'GET', '/v1/jobs/' + jobId)).body;
+    assert.equal(view.param_count, TINY_PARAMS, 'the server counts the model\'s parameters');
+    const elem = { float32: 4, bfloat16: 2, float16: 2 }[view.spec.dtype];
+    assert.equal(view.model_bytes, TINY_PARAMS * elem, 'model_bytes: the parameters in the job\'s dtype');
+    const kib = (TINY_PARAMS * elem / 1024).toPrecision(3);
+    assert.ok((await page.textContent('#mem-note')).includes('full model: ' + kib + ' KiB'),
+              'peaks are drawn against the server\'s model_bytes: ' + await page.textContent('#mem-note'));
     assert.ok(await page.locator('#timeline li.state').count() >= 2, 'state changes are on the timeline');
     // The job's own progress (the server's figures, moved by each event).
     await waitFor('the job progress bar while training', async () =>

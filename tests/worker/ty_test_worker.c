@@ -32,6 +32,7 @@
 #include <jansson.h>
 
 #include "common/errors.h"
+#include "common/rankenv.h"
 #include "worker/rank/report.h"
 
 typedef struct {
@@ -90,11 +91,12 @@ static int send_or_stop(const report_t *r) {
 }
 
 int main(void) {
-  const char *spec_path = getenv("TRAINYARD_SPEC");
+  const char *spec_path = rankenv_str(RANKENV_SPEC);
   json_error_t jerr;
   json_t *spec = spec_path ? json_load_file(spec_path, 0, &jerr) : NULL;
   if (!spec) {
-    fprintf(stderr, "test worker: cannot read TRAINYARD_SPEC (%s)\n", spec_path ? spec_path : "unset");
+    fprintf(stderr, "test worker: cannot read %s (%s)\n", rankenv_name(RANKENV_SPEC),
+            spec_path ? spec_path : "unset");
     return 2;
   }
   worker_env_t e;
@@ -176,7 +178,7 @@ int main(void) {
     mkdir(dir, 0755);
     FILE *f = fopen(path, "w");
     if (f) {
-      const char *gpu = getenv("CUDA_VISIBLE_DEVICES"), *rdv = getenv("TRAINYARD_RENDEZVOUS");
+      const char *gpu = getenv("CUDA_VISIBLE_DEVICES"), *rdv = rankenv_str(RANKENV_RENDEZVOUS);
       fprintf(f, "steps %lld\nrendezvous %s\ngpu %s\n", (long long)steps, rdv ? rdv : "",
               gpu ? gpu : "");
       fclose(f);

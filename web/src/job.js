@@ -14,21 +14,9 @@ const LOG_REFRESH_MS = 3000;
 const DELETE_RETRY_MS = 500;  // while a cancelled job's ranks still stop (503)
 const DELETE_TRIES = 120;
 const LOG_KEEP = 256 * 1024; // bytes of a log shown (its tail)
-const DTYPE_BYTES = { float32: 4, bfloat16: 2, float16: 2 };
 // The charts' first fill: each rank's curve thinned by the server to at
 // most this many points (its extremes kept), however long the job.
 const CHART_POINTS = 2000;
-
-// Bytes of a Llama model's weights from its config (the spec's "model").
-function modelBytesFromConfig(m, dtype) {
-  if (!m || !m.hidden_size) return null;
-  const C = m.hidden_size, V = m.vocab_size, L = m.num_hidden_layers, FF = m.intermediate_size;
-  const NH = m.num_attention_heads, NKV = m.num_key_value_heads || NH;
-  const HS = m.head_dim || C / NH;
-  const layer = C * NH * HS * 2 + C * NKV * HS * 2 + 3 * C * FF + 2 * C;
-  const params = V * C + L * layer + C + (m.tie_word_embeddings ? 0 : V * C);
-  return params * (DTYPE_BYTES[dtype] || 4);
-}
 
 export function mountJob(root, id) {
   const base = '/v1/jobs/' + encodeURIComponent(id);
@@ -212,19 +200,17 @@ export function mountJob(root, id) {
   }
 
   // --- ranks and memory -----------------------------------------------------
-  // The full model's size: the server's figure when it gives one; else what
-  // the ranks read while loading (each reads its own shard with
+  // The full model's size: the server's model_bytes (its parameter count,
+  // computed once in C, in the job's dtype); where the server cannot know
+  // it, what the ranks read while loading (each reads its own shard with
   // memory_efficient_load, so the sum; else each reads everything, so the
-  // largest); else computed from the spec's model config.
+  // largest).
   function modelBytes() {
     if (job && job.model_bytes > 0) return job.model_bytes;
     const vals = [...loadBytes.values()].filter((v) => v > 0);
-    if (vals.length) {
-      const me = job && job.spec && job.spec.fsdp && job.spec.fsdp.memory_efficient_load;
-      return me ? vals.reduce((a, b) => a + b, 0) : Math.max(...vals);
-    }
-    const spec = (job && job.spec) || {};
-    return modelBytesFromConfig(spec.model, spec.dtype);
+    if (!vals.length) return null;
+    const me = job && job.spec && job.spec.fsdp && job.spec.fsdp.memory_efficient_load;
+    return me ? vals.reduce((a, b) => a + b, 0) : Math.max(...vals);
   }
 
   function memCell(label0, bytes, model, scale) {

@@ -155,38 +155,117 @@ static void finish_stats(loader_stats_t *st, const loader_shard_t *s, double t0)
   st->load_seconds = ty_mono_s() - t0;
 }
 
+/* --- The staging bucket every path converts through on the host (the
+ * placement may be a device): one allocation of fsdp.bucket_mb (at least
+ * LOADER_MIN_BUCKET bytes), refused with TY_EEXHAUSTED naming its size. */
+
+typedef struct {
+  char *buf;
+  size_t bytes;
+} bucket_t;
+
+static int bucket_open(bucket_t *b, const loader_opts_t *o, char *err, size_t errlen) {
+  b->bytes = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
+  b->buf = malloc(b->bytes);
+  return b->buf ? 0
+                : ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket",
+                          b->bytes);
+}
+
+/* Source elements [done, done + m) of one tensor: written into raw (room
+ * for m elements of the source dtype), or *src pointed at them elsewhere. */
+typedef int (*bucket_src_fn)(void *ctx, size_t done, size_t m, void *raw, const void **src,
+                             char *err, size_t errlen);
+
+/* n elements of dtype sdt from fill, converted to ddt, into dst at byte
+ * offset off on placement pl, a bucket at a time: [converted | raw], both
+ * k elements (k a multiple of 8, so raw stays aligned; one half when the
+ * dtypes are the same). A failed copy says "copying <what> to <pl> failed";
+ * fill's failures keep their own message. */
+static int bucket_stream(const bucket_t *b, placement_t *pl, void *dst, size_t off, size_t n,
+                         ty_dtype_t sdt, ty_dtype_t ddt, bucket_src_fn fill, void *ctx,
+                         const char *what, char *err, size_t errlen) {
+  const size_t ssz = ty_dtype_size(sdt), dsz = ty_dtype_size(ddt);
+  const bool same = sdt == ddt;
+  const size_t k = (same ? b->bytes / dsz : b->bytes / (ssz + dsz)) & ~(size_t)7;
+  char *conv = b->buf, *raw = same ? b->buf : b->buf + k * dsz;
+  int rc = 0;
+  for (size_t done = 0; done < n && !rc; done += k) {
+    const size_t m = n - done < k ? n - done : k;
+    const void *src = raw;
+    if ((rc = fill(ctx, done, m, raw, &src, err, errlen))) break;
+    const void *out = src;
+    if (!same) convert(sdt, src, ddt, conv, m), out = conv;
+    rc = pl->ops->copy_in(pl, dst, off + done * dsz, out, m * dsz);
+    if (rc) ty_errf(err, errlen, rc, "copying %s to %s failed", what, pl->ops->name);
+  }
+  return rc;
+}
+
+/* One tensor's rows from the checkpoint file. */
+typedef struct {
+  const ckpt_t *ck;
+  const st_tensor_t *ft;
+  uint64_t first; /* element of the file tensor where the rows start */
+  loader_stats_t *st;
+} file_src_t;
+
+static int file_fill(void *ctx, size_t done, size_t m, void *raw, const void **src, char *err,
+                     size_t errlen) {
+  file_src_t *f = ctx;
+  const size_t ssz = ty_dtype_size(f->ft->dtype);
+  *src = raw;
+  int rc = st_read(f->ck->st, f->ft, (f->first + done) * ssz, raw, m * ssz, err, errlen);
+  if (!rc) f->st->bytes_read += m * ssz;
+  return rc;
+}
+
+/* A tensor already in host memory. */
+typedef struct {
+  const char *bytes;
+  size_t ssz; /* bytes of one element */
+} mem_src_t;
+
+static int mem_fill(void *ctx, size_t done, size_t m, void *raw, const void **src, char *err,
+                    size_t errlen) {
+  (void)m, (void)raw, (void)err, (void)errlen;
+  const mem_src_t *t = ctx;
+  *src = t->bytes + done * t->ssz;
+  return 0;
+}
+
+/* Seeded initial weights of one tensor's rows, in float32. */
+typedef struct {
+  uint64_t stream, first;
+  bool is_norm;
+} init_src_t;
+
+static int init_fill(void *ctx, size_t done, size_t m, void *raw, const void **src, char *err,
+                     size_t errlen) {
+  (void)err, (void)errlen;
+  const init_src_t *w = ctx;
+  winit_fill(w->stream, w->is_norm, w->first + done, raw, m);
+  *src = raw;
+  return 0;
+}
+
 /* Memory-efficient path: this rank's byte range of each tensor, through one
  * bucket: [raw | converted], sized so both halves fit. */
 static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts_t *o,
                           loader_stats_t *st, char *err, size_t errlen) {
-  size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
-  char *buf = malloc(bucket);
-  if (!buf)
-    return ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate a %zu-byte staging bucket", bucket);
-  const size_t dsz = ty_dtype_size(s->dtype);
-  int rc = 0;
+  bucket_t b;
+  int rc = bucket_open(&b, o, err, errlen);
   for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
     const loader_view_t *v = &s->views[i];
     const st_tensor_t *ft = ck->file_tensor[i];
-    const size_t ssz = ty_dtype_size(ft->dtype);
-    const bool same = ft->dtype == s->dtype;
-    /* Elements per bucket; the raw bytes sit after the converted ones. */
-    size_t k = (same ? bucket / dsz : bucket / (ssz + dsz)) & ~(size_t)7; /* raw stays aligned */
-    char *conv = buf, *raw = same ? buf : buf + k * dsz;
-    const size_t n = (size_t)v->rows * (size_t)v->t->cols;
-    const uint64_t first = (uint64_t)v->row0 * (uint64_t)v->t->cols;
-    for (size_t done = 0; done < n && !rc; done += k) {
-      size_t m = n - done < k ? n - done : k;
-      rc = st_read(ck->st, ft, (first + done) * ssz, raw, m * ssz, err, errlen);
-      if (rc) break;
-      st->bytes_read += m * ssz;
-      if (!same) convert(ft->dtype, raw, s->dtype, conv, m);
-      rc = s->pl->ops->copy_in(s->pl, s->base, v->offset + done * dsz, conv, m * dsz);
-      if (rc) ty_errf(err, errlen, rc, "copying '%s' to %s failed", v->t->name, s->pl->ops->name);
-    }
+    file_src_t f = {ck, ft, (uint64_t)v->row0 * (uint64_t)v->t->cols, st};
+    char what[160];
+    snprintf(what, sizeof what, "'%s'", v->t->name);
+    rc = bucket_stream(&b, s->pl, s->base, v->offset, (size_t)v->rows * (size_t)v->t->cols,
+                       ft->dtype, s->dtype, file_fill, &f, what, err, errlen);
     if (o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
   }
-  free(buf);
+  free(b.buf);
   return rc;
 }
 
@@ -208,7 +287,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   int rc = 0;
   char *raw = malloc(raw_bytes ? raw_bytes : 1);
   void *full = NULL;
-  char *stage = NULL;
+  bucket_t stage = {0};
   if (!raw) {
     rc = ty_errf(err, errlen, TY_EEXHAUSTED,
                  "standard load: cannot hold the %.1f MiB checkpoint in host memory (try "
@@ -231,25 +310,17 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
                  (double)full_bytes / 1048576.0, s->pl->ops->name);
     goto out;
   }
-  /* Convert through a staging buffer of one bucket (the conversion runs on
-   * the host; the placement may be a device). */
-  size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
-  stage = xmalloc(bucket);
+  /* Converted through the bucket. */
+  rc = bucket_open(&stage, o, err, errlen);
   for (size_t i = 0; i < nt && !rc; i++) {
     const st_tensor_t *ft = ck->file_tensor[i];
-    const size_t ssz = ty_dtype_size(ft->dtype), k = bucket / dsz;
-    for (size_t done = 0; done < ft->nelem && !rc; done += k) {
-      size_t m = ft->nelem - done < k ? ft->nelem - done : k;
-      convert(ft->dtype, raw + raw_off[i] + done * ssz, s->dtype, stage, m);
-      rc = s->pl->ops->copy_in(s->pl, full, full_off[i] + done * dsz, stage, m * dsz);
-    }
+    mem_src_t t = {raw + raw_off[i], ty_dtype_size(ft->dtype)};
+    rc = bucket_stream(&stage, s->pl, full, full_off[i], ft->nelem, ft->dtype, s->dtype, mem_fill,
+                       &t, "the model", err, errlen);
   }
   free(raw);
   raw = NULL;
-  if (rc) {
-    ty_errf(err, errlen, rc, "copying the model to %s failed", s->pl->ops->name);
-    goto out;
-  }
+  if (rc) goto out;
   if ((rc = shard_alloc(s, err, errlen))) {
     ty_errf(err, errlen, rc,
             "cannot allocate its %.1f MiB shard on %s beside the whole %.1f MiB model "
@@ -265,7 +336,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   }
   if (rc) ty_errf(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
 out:
-  free(stage);
+  free(stage.buf);
   if (full) placement_release(s->pl, full, full_bytes);
   free(raw);
   free(raw_off);
@@ -318,28 +389,19 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
     loader_shard_free(s);
     return rc;
   }
-  size_t bucket = o->bucket_bytes < LOADER_MIN_BUCKET ? LOADER_MIN_BUCKET : o->bucket_bytes;
-  const size_t dsz = ty_dtype_size(s->dtype);
-  /* One bucket: [converted | pad to 4 | fp32], both halves k elements. */
-  const size_t k = (bucket - 4) / (4 + dsz);
-  char *buf = xmalloc(bucket);
-  float *f32 = (float *)(buf + ((k * dsz + 3) & ~(size_t)3));
+  bucket_t b;
+  rc = bucket_open(&b, o, err, errlen);
   for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
     const loader_view_t *v = &s->views[i];
-    uint64_t stream = winit_stream(o->seed, v->t->name);
-    const size_t n = (size_t)v->rows * (size_t)v->t->cols;
-    const uint64_t first = (uint64_t)v->row0 * (uint64_t)v->t->cols;
-    for (size_t done = 0; done < n && !rc; done += k) {
-      size_t m = n - done < k ? n - done : k;
-      winit_fill(stream, v->t->is_norm, first + done, f32, m);
-      convert(TY_DTYPE_F32, f32, s->dtype, buf, m);
-      rc = s->pl->ops->copy_in(s->pl, s->base, v->offset + done * dsz, buf, m * dsz);
-    }
+    init_src_t w = {winit_stream(o->seed, v->t->name), (uint64_t)v->row0 * (uint64_t)v->t->cols,
+                    v->t->is_norm};
+    rc = bucket_stream(&b, s->pl, s->base, v->offset, (size_t)v->rows * (size_t)v->t->cols,
+                       TY_DTYPE_F32, s->dtype, init_fill, &w, "initial weights", err, errlen);
   }
-  free(buf);
+  free(b.buf);
   if (rc) {
     loader_shard_free(s);
-    return ty_errf(err, errlen, rc, "copying initial weights to %s failed", o->pl->ops->name);
+    return rc;
   }
   finish_stats(st, s, t0);
   *out = s;

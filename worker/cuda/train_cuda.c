@@ -108,7 +108,7 @@ static int tc_params_from_host(void *ctx, const float *params, size_t n, char *e
                          "copying the adapters to the device", err, errlen);
 }
 
-/* --- Full training's optimizer on the device (train.h's adamw hooks). */
+/* --- Full training's optimizer on the device (train_device_t's adamw hooks). */
 
 static int tc_grad_sumsq(void *ctx, double *sumsq, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;

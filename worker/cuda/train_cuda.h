@@ -1,4 +1,5 @@
-/* train_cuda.h - training on GPU ranks for the loop of worker/rank/train.h:
+/* train_cuda.h - training on GPU ranks for the loop of worker/rank/train.h,
+ * the device side of a train_backend_device (worker/model/train_backend.h):
  * the base weights on the device (loaded there through the loader, its
  * memory-efficient or standard path into a CUDA placement, in spec->dtype:
  * float32 or bfloat16; with several ranks only this rank's shard, gathered
@@ -11,7 +12,7 @@
  * shards, loaded on the host) is copied onto the device and each unit's
  * gradients are reduce-scattered there, so the host, the device and the
  * optimizer hold 1/N of the model each. Full training also runs AdamW on
- * the device (train.h's adamw hooks: the moments beside the shard, one
+ * the device (train_device_t's adamw hooks: the moments beside the shard, one
  * cuda_adamw_step per tensor, norm gains without decay), so no weight or
  * gradient crosses PCIe during the steps; the span and the moments come
  * down for checkpoints and the outputs. Built only with the CUDA toolkit
@@ -28,7 +29,7 @@
 #include "worker/ckpt/loader.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
-#include "worker/rank/train.h"
+#include "worker/model/train_backend.h"
 
 typedef struct train_cuda train_cuda_t;
 

@@ -335,3 +335,74 @@ int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char
   }
   return rc;
 }
+
+/* --- The loop's backend (worker/model/train_backend.h). */
+
+typedef struct {
+  fsdp_t *f;
+  lora_t *lora;
+  train_span_t span;
+} fsdp_backend_t;
+
+static int fb_zero_grads(void *ctx, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  const train_span_t *s = &((fsdp_backend_t *)ctx)->span;
+  memset(s->grads, 0, s->n * sizeof *s->grads);
+  return 0;
+}
+static int fb_forward(void *ctx, const model_batch_t *bt, double *loss, char *err, size_t errlen) {
+  fsdp_backend_t *b = ctx;
+  return fsdp_forward(b->f, bt, b->lora, loss, err, errlen);
+}
+static int fb_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
+  fsdp_backend_t *b = ctx;
+  return fsdp_backward(b->f, b->lora, loss_scale, err, errlen);
+}
+static int fb_sumsq(void *ctx, double *sumsq, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  const train_span_t *s = &((fsdp_backend_t *)ctx)->span;
+  *sumsq = optim_sumsq(s->grads, s->n);
+  return 0;
+}
+static int fb_step(void *ctx, optim_t *o, double lr, double grad_scale, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  const train_span_t *s = &((fsdp_backend_t *)ctx)->span;
+  optim_step(o, s->params, s->grads, lr, grad_scale);
+  return 0;
+}
+static void exclude_decay(void *ctx, size_t off, size_t len) {
+  optim_exclude_decay(ctx, off, len);
+}
+static void fb_no_decay(void *ctx, optim_t *o) {
+  const fsdp_backend_t *b = ctx;
+  if (!b->lora) fsdp_each_norm(b->f, exclude_decay, o);
+}
+
+int fsdp_backend(train_backend_t *b, fsdp_t *f, lora_t *lora, char *err, size_t errlen) {
+  memset(b, 0, sizeof *b);
+  if (!lora != !!f->gspan)
+    return ty_errf(err, errlen, TY_EINTERNAL,
+                   "fsdp: adapters train over a frozen base (FSDP_FROZEN), every weight over "
+                   "shards with gradients (FSDP_FULL, FSDP_SPAN)");
+  fsdp_backend_t *fb = xcalloc(1, sizeof *fb);
+  fb->f = f, fb->lora = lora;
+  fb->span = lora ? (train_span_t){.params = lora->params,
+                                   .grads = lora->grads,
+                                   .n = lora->n_params,
+                                   .adapters = true}
+                  : (train_span_t){.params = f->span,
+                                   .grads = f->gspan,
+                                   .n = f->n,
+                                   .sharded = f->world > 1};
+  *b = (train_backend_t){.ctx = fb,
+                         .span = fb->span,
+                         .shape = f->m,
+                         .zero_grads = fb_zero_grads,
+                         .forward = fb_forward,
+                         .backward = fb_backward,
+                         .grad_sumsq = fb_sumsq,
+                         .step = fb_step,
+                         .no_decay = fb_no_decay,
+                         .free = free};
+  return 0;
+}

@@ -27,6 +27,7 @@
 #include "worker/ckpt/loader.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
+#include "worker/model/train_backend.h"
 
 typedef struct fsdp fsdp_t;
 
@@ -64,6 +65,13 @@ int fsdp_forward(fsdp_t *f, const model_batch_t *batch, lora_t *lora, double *lo
  * gradients (lora) are added locally; with full, every unit's gradients are
  * reduce-scattered (summed over ranks) and added into the gradient shards. */
 int fsdp_backward(fsdp_t *f, lora_t *lora, float loss_scale, char *err, size_t errlen);
+
+/* The loop's backend over f (worker/model/train_backend.h): the adapters
+ * lora over f's frozen base (FSDP_FROZEN), or with lora NULL every weight,
+ * this rank's shards the span (FSDP_FULL; an FSDP_SPAN, whose passes run
+ * elsewhere, as the host side of train_backend_device). f and lora are
+ * borrowed; train_backend_free(b). 0, or TY_EINTERNAL for another pair. */
+int fsdp_backend(train_backend_t *b, fsdp_t *f, lora_t *lora, char *err, size_t errlen);
 
 /* Writes config.json + model.safetensors of the whole model into dir: every
  * rank gathers each tensor in turn (into the unit buffer, or for an

@@ -49,8 +49,9 @@ int lora_create(lora_t **out, const model_t *m, int R, double alpha, unsigned ta
                 size_t errlen) {
   const model_dims_t *d = &m->d;
   *out = NULL;
-  if (R < 1 || R > 65536)
-    return ty_errf(err, errlen, TY_EINVAL, "lora_rank is %d; it must be between 1 and 65536", R);
+  if (R < 1 || R > JOBSPEC_LORA_RANK_MAX)
+    return ty_errf(err, errlen, TY_EINVAL, "lora_rank is %d; it must be between 1 and %d", R,
+                   JOBSPEC_LORA_RANK_MAX);
   if (!(alpha > 0) || !isfinite(alpha))
     return ty_errf(err, errlen, TY_EINVAL, "lora_alpha is %g; it must be a positive number", alpha);
   if (!targets || (targets & ~JOBSPEC_TARGET_ALL_LINEAR))

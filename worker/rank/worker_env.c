@@ -25,42 +25,14 @@ int worker_env_read(worker_env_t *e, char *err, size_t errlen) {
 }
 
 int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
-  FILE *f = fopen(path, "rb");
-  if (!f) {
-    snprintf(err, errlen, "cannot open the spec %s: %s", path, strerror(errno));
-    return TY_ENOTFOUND;
-  }
-  char *text = NULL;
-  size_t len = 0, cap = 0;
-  for (;;) {
-    if (len + 4096 > cap) {
-      cap = cap ? cap * 2 : 65536;
-      char *grown = realloc(text, cap);
-      if (!grown) {
-        free(text);
-        text = NULL;
-        break;
-      }
-      text = grown;
-    }
-    size_t r = fread(text + len, 1, cap - len, f);
-    len += r;
-    if (r == 0) break;
-  }
-  fclose(f);
-  if (!text) {
-    snprintf(err, errlen, "out of memory reading %s", path);
-    return TY_EEXHAUSTED;
-  }
   ty_errlist_t errs = TY_ERRLIST_INIT;
   jobspec_init(s);
-  int rc = jobspec_parse_json(s, text, len, &errs);
+  int rc = jobspec_parse_file(s, path, &errs);
   if (!rc) rc = jobspec_validate(s, false, &errs);
-  free(text);
-  if (rc) {
-    snprintf(err, errlen, "spec %s: %s%s%s", path, errs.len ? errs.items[0].field : "",
-             errs.len ? ": " : "invalid", errs.len ? errs.items[0].message : "");
-  }
+  const char *field = errs.len ? errs.items[0].field : "";
+  if (rc)
+    snprintf(err, errlen, "spec %s: %s%s%s", path, field, field[0] ? ": " : "",
+             errs.len ? errs.items[0].message : "invalid");
   ty_errlist_clear(&errs);
   return rc;
 }

@@ -151,12 +151,6 @@ static int on_progress(void *ctx, const train_progress_t *p) {
   return r->stop ? TY_ECANCELLED : 0;
 }
 
-/* Builds the model the spec asks for: its shape from the checkpoint's
- * config.json or from spec.model. One rank fills the model's own buffer
- * from the checkpoint or the seeded initialisation; several ranks create
- * the model without one and load only their shards (the loader's standard or
- * memory-efficient path, as fsdp.memory_efficient_load says), in float32,
- * the compute type. */
 /* The model's shape: spec.model, or the checkpoint's config.json. */
 static int job_config(const jobspec_t *s, llama_config_t *cfg, char *err, size_t errlen) {
   if (s->init_from_scratch) {
@@ -215,24 +209,78 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
   return rc ? rc : fsdp_create(f, m, comm, shard, mode, err, errlen);
 }
 
+/* What a rank trains, as the host holds it: the model (the CPU model with
+ * its weights or without (several ranks), or for device cuda a
+ * weights-only or table-only model, or the shape alone), this rank's
+ * shards, the adapters, and the backend over them. */
+typedef struct {
+  model_t *m;
+  model_t shape; /* device cuda, LoRA: the host knows the model's shape only */
+  fsdp_t *f;
+  lora_t *lo;
+  train_backend_t b;
+#ifdef TRAINYARD_HAVE_CUDA
+  train_cuda_t *tc;
+#endif
+} trained_t;
+
+static void trained_free(trained_t *t) {
+  train_backend_free(&t->b);
+  lora_free(t->lo);
+#ifdef TRAINYARD_HAVE_CUDA
+  train_cuda_free(t->tc);
+#endif
+  fsdp_free(t->f);
+  model_free(t->m);
+}
+
+/* The model the loop's passes read on the host: the CPU model, or on
+ * device cuda the host's weights or table, or the shape alone. */
+static model_t *host_model(trained_t *t) {
+  return t->m ? t->m : &t->shape;
+}
+
+/* The host's side of the model: on the CPU one rank fills the model's own
+ * buffer from the checkpoint or the seeded initialisation, several ranks
+ * create the model without one and load only their shards (the loader's
+ * standard or memory-efficient path, as fsdp.memory_efficient_load says),
+ * in float32, the compute type. On device cuda (whose base weights the
+ * device loads itself): LoRA, the model's shape; every weight on one GPU,
+ * a weights-only model the device's weights come down into (the trained
+ * span, what the outputs are written from); over several GPUs, this rank's
+ * shards in host memory (an FSDP_SPAN over a table-only model). */
 static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
-                       reporter_t *rep, model_t **m, fsdp_t **f, loader_stats_t *ls, char *err,
+                       bool cuda, reporter_t *rep, trained_t *t, loader_stats_t *ls, char *err,
                        size_t errlen) {
+  const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
+  const int B = s->train.micro_batch_size, T = s->data.seq_len;
+  const bool one = comm_world_size(comm) == 1;
+  if (cuda && s->use_lora) return model_init_shape(&t->shape, cfg, B, T, mode, err, errlen);
+  if (cuda && one) return model_create_weights(&t->m, cfg, B, T, mode, err, errlen);
+  if (cuda) {
+    int rc = model_create_table(&t->m, cfg, B, T, mode, err, errlen);
+    return rc ? rc : load_span(s, comm, pl, cfg, t->m, FSDP_SPAN, rep, &t->f, ls, err, errlen);
+  }
   /* Several ranks: no whole-model buffers, only activations. */
-  int (*create)(model_t **, const llama_config_t *, int, int, model_mode_t, char *, size_t) =
-      comm_world_size(comm) == 1 ? model_create : model_create_unowned;
-  int rc = create(m, cfg, s->train.micro_batch_size, s->data.seq_len,
-                  s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL, err, errlen);
-  if (rc) return rc;
-  if (comm_world_size(comm) == 1) {
+  int rc = (one ? model_create : model_create_unowned)(&t->m, cfg, B, T, mode, err, errlen);
+  if (!rc && one) {
     load_progress_t prog = {rep, ty_mono_s()};
     if (!s->init_from_scratch)
-      return model_io_load(*m, s->model_path, on_load_progress, &prog, ls, err, errlen);
-    model_io_init_scratch(*m, s->train.seed);
-    return 0;
+      rc = model_io_load(t->m, s->model_path, on_load_progress, &prog, ls, err, errlen);
+    else
+      model_io_init_scratch(t->m, s->train.seed);
+  } else if (!rc) {
+    rc = load_span(s, comm, pl, cfg, t->m, s->use_lora ? FSDP_FROZEN : FSDP_FULL, rep, &t->f, ls,
+                   err, errlen);
   }
-  return load_span(s, comm, pl, cfg, *m, s->use_lora ? FSDP_FROZEN : FSDP_FULL, rep, f, ls, err,
-                   errlen);
+  if (!rc && s->gradient_checkpointing) rc = model_recompute_layers(t->m, err, errlen);
+  return rc;
+}
+
+/* The host's side of the backend: the shards', or the host model's. */
+static int host_backend(trained_t *t, train_backend_t *b, char *err, size_t errlen) {
+  return t->f ? fsdp_backend(b, t->f, t->lo, err, errlen)
+              : train_backend_host(b, host_model(t), t->lo, err, errlen);
 }
 
 /* What this worker trains on device cuda: LoRA adapters on one GPU per
@@ -263,52 +311,33 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 }
 
 #ifdef TRAINYARD_HAVE_CUDA
-/* device cuda: the model's shape on the host (no weights) and the
- * adapters (the trained span); or for full training on one GPU a
- * weights-only host model (*m: the trained span, what the outputs are
- * written from); or over several GPUs this rank's shards in host memory
- * (*f, an FSDP_SPAN over a table-only *m). The base weights (this rank's
- * shard) on the rank's GPU: device rank % visible devices, as the nccl comm
- * picks it (the server makes each rank's GPU its only one,
- * CUDA_VISIBLE_DEVICES). */
-static int build_cuda(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
-                      reporter_t *rep, model_t *shape, model_t **m, fsdp_t **f, lora_t **lo,
-                      train_cuda_t **tc, train_device_t *dev, loader_stats_t *ls, char *err,
-                      size_t errlen) {
-  const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
-  const int B = s->train.micro_batch_size, T = s->data.seq_len;
-  int rc = model_init_shape(shape, cfg, B, T, mode, err, errlen);
-  if (rc) return rc;
-  train_cuda_trained_t tr = {0};
-  if (s->use_lora) {
-    rc = lora_create(lo, shape, s->lora_rank, s->lora_alpha, s->target_modules, err, errlen);
-    if (!rc) lora_init(*lo, s->train.seed);
-    tr.lora = *lo;
-  } else if (comm_world_size(comm) == 1) {
-    rc = model_create_weights(m, cfg, B, T, mode, err, errlen);
-    tr.host = *m;
-  } else {
-    rc = model_create_table(m, cfg, B, T, mode, err, errlen);
-    if (!rc) rc = load_span(s, comm, pl, cfg, *m, FSDP_SPAN, rep, f, ls, err, errlen);
-    tr.span = *f;
-  }
-  if (rc) return rc;
+/* device cuda: the passes on the rank's GPU (device rank % visible
+ * devices, as the nccl comm picks it; the server makes each rank's GPU its
+ * only one, CUDA_VISIBLE_DEVICES), with the base weights (this rank's
+ * shard) loaded there, over the host's span. */
+static int build_cuda(const jobspec_t *s, comm_t *comm, const llama_config_t *cfg, trained_t *t,
+                      loader_stats_t *ls, char *err, size_t errlen) {
+  const train_cuda_trained_t tr = {.lora = t->lo, .host = t->f ? NULL : t->m, .span = t->f};
   int ndev;
-  rc = placement_cuda_devices(&ndev, err, errlen);
-  if (rc) return rc;
-  return train_cuda_create(tc, s, cfg, comm, comm_rank(comm) % ndev, &tr, B, T, ls, dev, err,
-                           errlen);
+  train_device_t dev;
+  train_backend_t host;
+  int rc = placement_cuda_devices(&ndev, err, errlen);
+  if (!rc)
+    rc = train_cuda_create(&t->tc, s, cfg, comm, comm_rank(comm) % ndev, &tr,
+                           s->train.micro_batch_size, s->data.seq_len, ls, &dev, err, errlen);
+  if (!rc) rc = host_backend(t, &host, err, errlen);
+  if (!rc && (rc = train_backend_device(&t->b, &host, &dev, comm_world_size(comm), err, errlen)))
+    train_backend_free(&host);
+  return rc;
 }
 #endif
 
 int worker_train_main(const worker_env_t *e) {
   char err[1024] = "";
   jobspec_t spec;
-  reporter_t rep = {0, false, e->rank, e->world_size, NULL, 0, NULL, NULL, NAN};
+  reporter_t rep = {.rank = e->rank, .world = e->world_size, .loss = NAN};
   comm_t *comm = NULL;
-  model_t *m = NULL;
-  fsdp_t *f = NULL;
-  lora_t *lo = NULL;
+  trained_t t = {0};
   llama_config_t cfg;
   placement_t pl;
   placement_cpu_init(&pl);
@@ -329,11 +358,6 @@ int worker_train_main(const worker_env_t *e) {
   /* Never the CPU model under a cuda label: a job it cannot run there fails. */
   const bool cuda = !rc && spec.device == JOBSPEC_DEVICE_CUDA;
   if (cuda) rc = cuda_supported(&spec, err, sizeof err);
-  model_t shape = {0}; /* device cuda, LoRA: the host knows the model's shape only */
-  train_device_t dev = {0};
-#ifdef TRAINYARD_HAVE_CUDA
-  train_cuda_t *tc = NULL;
-#endif
   if (!rc) {
     rep.total_steps = spec.train.steps;
     rc = comm_open_env(&comm, err, sizeof err);
@@ -356,46 +380,45 @@ int worker_train_main(const worker_env_t *e) {
                           note, sizeof note, err, sizeof err);
   if (!rc && note[0] && comm_rank(comm) == 0)
     fprintf(stderr, "[rank 0/%d] data %s\n", comm_world_size(comm), note);
+  /* The host's side of the model, the adapters over it, and the backend:
+   * on the CPU the host's, on device cuda the GPU's passes over the host's
+   * span. */
   if (!rc) {
     emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL,
          spec.init_from_scratch ? "initialising" : spec.model_path);
-    if (cuda) {
-#ifdef TRAINYARD_HAVE_CUDA
-      rc = build_cuda(&spec, comm, &pl, &cfg, &rep, &shape, &m, &f, &lo, &tc, &dev, &ls, err,
-                      sizeof err);
-      if (!rc) {
-        rep.loaded = &ls;
-        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, "weights loaded onto the GPU");
-      }
-#endif
-    } else {
-      rc = build_model(&spec, comm, &pl, &cfg, &rep, &m, &f, &ls, err, sizeof err);
-      if (!rc && spec.gradient_checkpointing) rc = model_recompute_layers(m, err, sizeof err);
-      if (!rc && (f || !spec.init_from_scratch)) {
-        rep.loaded = &ls;
-        char msg[160];
-        snprintf(msg, sizeof msg, "%s; activations %.1f MiB a rank%s",
-                 f ? "shards loaded" : "weights loaded",
-                 (double)model_activation_bytes(m) / (1024.0 * 1024.0),
-                 spec.gradient_checkpointing ? " (gradient_checkpointing)" : "");
-        emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, msg);
-      }
-    }
+    rc = build_model(&spec, comm, &pl, &cfg, cuda, &rep, &t, &ls, err, sizeof err);
   }
-  if (!rc && spec.use_lora && !cuda) {
-    rc = lora_create(&lo, m, spec.lora_rank, spec.lora_alpha, spec.target_modules, err, sizeof err);
-    if (!rc) lora_init(lo, spec.train.seed);
+  if (!rc && !cuda && (t.f || !spec.init_from_scratch)) {
+    rep.loaded = &ls;
+    char msg[160];
+    snprintf(msg, sizeof msg, "%s; activations %.1f MiB a rank%s",
+             t.f ? "shards loaded" : "weights loaded",
+             (double)model_activation_bytes(t.m) / (1024.0 * 1024.0),
+             spec.gradient_checkpointing ? " (gradient_checkpointing)" : "");
+    emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, msg);
+  }
+  if (!rc && spec.use_lora) {
+    rc = lora_create(&t.lo, host_model(&t), spec.lora_rank, spec.lora_alpha, spec.target_modules,
+                     err, sizeof err);
+    if (!rc) lora_init(t.lo, spec.train.seed);
   }
   if (!rc)
-    rc = samples_open(&rep.samples, &spec, &cfg, m, f, lo, comm_rank(comm), err, sizeof err);
+    rc = samples_open(&rep.samples, &spec, &cfg, t.m, t.f, t.lo, comm_rank(comm), err, sizeof err);
+  if (!rc && !cuda) rc = host_backend(&t, &t.b, err, sizeof err);
+#ifdef TRAINYARD_HAVE_CUDA
+  if (!rc && cuda) {
+    rc = build_cuda(&spec, comm, &cfg, &t, &ls, err, sizeof err);
+    if (!rc) {
+      rep.loaded = &ls;
+      emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, "weights loaded onto the GPU");
+    }
+  }
+#endif
   train_result_t res = {0};
   if (!rc) {
     train_args_t a = {.spec = &spec,
                       .comm = comm,
-                      .model = cuda && !m ? &shape : m,
-                      .fsdp = f,
-                      .lora = lo,
-                      .device = cuda ? &dev : NULL,
+                      .backend = &t.b,
                       .progress = on_progress,
                       .progress_ctx = &rep,
                       .held_out_done = on_held_out,
@@ -412,14 +435,15 @@ int worker_train_main(const worker_env_t *e) {
     if (comm_rank(comm) == 0)
       emit(&rep, REPORT_PHASE_SAVING, res.steps_done, res.last_loss, rep.tokens_per_s, NULL,
            spec.output_dir);
-    if (spec.use_lora && comm_rank(comm) == 0)
-      rc = outputs_write_adapter(spec.output_dir, lo, spec.model_path, err, sizeof err);
-    if (!rc && spec.use_lora && spec.merge_adapter && comm_rank(comm) == 0)
-      rc = merge_write_outputs(spec.output_dir, lo, spec.model_path, err, sizeof err);
-    else if (!spec.use_lora && f)
-      rc = fsdp_write_model(f, spec.output_dir, &cfg, err, sizeof err);
-    else if (!spec.use_lora && comm_rank(comm) == 0)
-      rc = outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
+    if (t.lo && comm_rank(comm) == 0) {
+      rc = outputs_write_adapter(spec.output_dir, t.lo, spec.model_path, err, sizeof err);
+      if (!rc && spec.merge_adapter)
+        rc = merge_write_outputs(spec.output_dir, t.lo, spec.model_path, err, sizeof err);
+    } else if (!t.lo && t.f) {
+      rc = fsdp_write_model(t.f, spec.output_dir, &cfg, err, sizeof err);
+    } else if (!t.lo && comm_rank(comm) == 0) {
+      rc = outputs_write_model(spec.output_dir, t.m, &cfg, err, sizeof err);
+    }
   }
   if (!rc) {
     char msg[160] = "";
@@ -433,12 +457,7 @@ int worker_train_main(const worker_env_t *e) {
   }
   run_metrics_close(rep.curves);
   samples_free(rep.samples);
-  lora_free(lo);
-#ifdef TRAINYARD_HAVE_CUDA
-  train_cuda_free(tc);
-#endif
-  fsdp_free(f);
-  model_free(m);
+  trained_free(&t);
   comm_close(comm);
   report_close();
   return rc ? 1 : 0;

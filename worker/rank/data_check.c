@@ -1,0 +1,92 @@
+/* data_check.c - a job's data checked and prepared before the model is
+ * built; see data_check.h. */
+#include "worker/rank/data_check.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fsutil.h"
+#include "worker/ckpt/model_io.h"
+
+/* The data layout of spec s for rank of world over a vocabulary of V. */
+data_config_t train_data_config(const jobspec_t *s, const data_prepared_t *prep, int64_t V,
+                                 int rank, int world) {
+  return (data_config_t){.path = s->data.path,
+                         .examples_path = prep && prep->path[0] ? prep->path : NULL,
+                         .examples_key = prep ? prep->key : 0,
+                         .pad_id = prep ? prep->pad_id : 0,
+                         .packing = s->data.packing,
+                         .format = s->data.format,
+                         .vocab_size = V,
+                         .seq_len = s->data.seq_len,
+                         .eval_fraction = s->data.eval_fraction,
+                         .seed = s->train.seed,
+                         .world_size = world,
+                         .rank = rank,
+                         .micro_batch_size = s->train.micro_batch_size,
+                         .grad_accum = s->train.grad_accum};
+}
+
+int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
+                       char *err, size_t errlen) {
+  memset(out, 0, sizeof *out);
+  if (s->data.format != JOBSPEC_DATA_JSONL) return 0;
+  const char *tokenizer = s->data.tokenizer[0] ? s->data.tokenizer : s->model_path;
+  if (!tokenizer[0])
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "data.format jsonl needs a tokenizer: set data.tokenizer (a folder with "
+                   "tokenizer.json, or the file) or model_path");
+  char dir[JOBSPEC_PATH_MAX + 16];
+  if (!cache_dir) snprintf(dir, sizeof dir, "%s/tokenized", s->output_dir);
+  const data_prepare_t p = {.path = s->data.path,
+                            .tokenizer = tokenizer,
+                            .kind = s->data.kind,
+                            .chat_template = s->data.chat_template,
+                            .loss_on = s->data.loss_on,
+                            .vocab_size = vocab_size};
+  return data_prepare(&p, cache_dir ? cache_dir : dir, progress, ctx, out, err, errlen);
+}
+
+void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
+  llama_config_t cfg;
+  char err[2048];
+  if (s->init_from_scratch)
+    cfg = s->model;
+  else if (llama_config_init(&cfg), model_io_read_config(s->model_path, &cfg, err, sizeof err))
+    return; /* the checkpoint's own rules name what is wrong with it */
+  const char *tmp = getenv("TMPDIR");
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s/trainyard-check-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  if (!mkdtemp(dir)) {
+    ty_errlist_add(errs, "data.path", "cannot make a scratch folder to tokenize %s in: %s",
+                   s->data.path, strerror(errno));
+    return;
+  }
+  data_prepared_t prep;
+  int rc = train_data_prepare(s, cfg.vocab_size, dir, NULL, NULL, &prep, err, sizeof err);
+  if (!rc)
+    rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, NULL, 0, err, sizeof err);
+  if (rc) ty_errlist_add(errs, "data.path", "%s", err);
+  ty_rmtree(dir, NULL, 0);
+}
+
+int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
+                     int world, char *note, size_t notelen, char *err, size_t errlen) {
+  const data_config_t dc = train_data_config(s, prep, vocab_size, rank, world);
+  data_t *d = NULL;
+  int rc = data_open(&d, &dc, err, errlen);
+  if (note && notelen) note[0] = '\0';
+  if (!rc && note && data_masked(d))
+    snprintf(note, notelen,
+             "%s: %lld examples (%lld tokens) in %lld training and %lld held-out rows of %d "
+             "tokens%s; %lld cut to seq_len+1, %lld with no counted token left out",
+             s->data.path, (long long)data_num_examples(d), (long long)data_num_tokens(d),
+             (long long)data_num_train_windows(d), (long long)data_num_eval_windows(d),
+             s->data.seq_len + 1, s->data.packing ? ", packed" : "",
+             (long long)data_num_truncated(d), (long long)data_num_skipped(d));
+  data_free(d);
+  return rc;
+}
