@@ -88,6 +88,10 @@ typedef struct {
   struct {
     jobspec_dist_backend_t backend; /* default auto */
   } dist;
+  struct {
+    int nodes;          /* hosts the ranks spread over; default 1 */
+    int ranks_per_node; /* default 0 (unset): world_size / nodes once validated */
+  } resources;
   bool use_lora;           /* default false */
   int lora_rank;           /* default 8 */
   double lora_alpha;       /* default 16 */
@@ -228,6 +232,13 @@ int jobspec_resolve_path(const char *path, const char *base, char *out);
 /* device cuda needs one GPU per rank: world_size <= gpus_available.
  * Returns 0 or TY_EINVAL (error on "device"). */
 int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *errs);
+
+/* Ranks on more than one node (resources.nodes > 1) need a dispatcher
+ * that reaches other hosts (many_nodes); dispatcher names the one that
+ * does not ("local", "trainyard train") in the message. Returns 0 or
+ * TY_EINVAL (error on "resources.nodes"). */
+int jobspec_check_nodes(const jobspec_t *s, const char *dispatcher, bool many_nodes,
+                        ty_errlist_t *errs);
 
 /* This host's memory: /proc/meminfo's MemTotal in bytes, 0 where unknown. */
 uint64_t jobspec_host_memory(void);

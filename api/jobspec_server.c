@@ -186,6 +186,17 @@ int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *
   return 0;
 }
 
+int jobspec_check_nodes(const jobspec_t *s, const char *dispatcher, bool many_nodes,
+                        ty_errlist_t *errs) {
+  if (s->resources.nodes <= 1 || many_nodes) return 0;
+  ty_errlist_add(errs, "resources.nodes",
+                 "is %d, and the %s dispatcher runs every rank on one host; set "
+                 "resources.nodes to 1, or submit to a trainyardd that dispatches to a "
+                 "cluster (trainyardd --dispatcher slurm)",
+                 s->resources.nodes, dispatcher);
+  return TY_EINVAL;
+}
+
 uint64_t jobspec_host_memory(void) {
   FILE *f = fopen("/proc/meminfo", "r");
   if (!f) return 0;

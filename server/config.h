@@ -34,6 +34,8 @@
     "MiB of device memory each GPU rank may allocate (0: no cap)")                         \
   X(worker, STR, "", 0, 0, "TRAINYARD_WORKER_BIN",                                         \
     "rank program (default: trainyard-worker beside trainyardd, or ../worker/ in a build tree)")                         \
+  X(dispatcher, STR, "local", 0, 0, "TRAINYARD_DISPATCHER",                                \
+    "where ranks run: local (this host)")                                                  \
   X(grace, SEC, "10", 0.05, 3600, "TRAINYARD_GRACE",                                       \
     "seconds between SIGTERM and SIGKILL when ranks are stopped")                          \
   X(heartbeat_timeout, SEC, "60", 0.2, 86400, "TRAINYARD_HEARTBEAT_TIMEOUT",               \

@@ -259,6 +259,7 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
       resolve(spec->data.path, sizeof spec->data.path, true);
       resolve(spec->output_dir, sizeof spec->output_dir, true);
     }
+    jobspec_check_nodes(spec, s->cfg->dispatcher, strcmp(s->cfg->dispatcher, "local") != 0, errs);
     jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     const char *device = resolve_device(s, spec);
     if (!strcmp(device, "cpu")) {

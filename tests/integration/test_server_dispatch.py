@@ -44,6 +44,22 @@ class Dispatch(unittest.TestCase):
             time.sleep(0.05)
         self.assertFalse([p for p in pids if group_alive(p)], "rank process groups still alive")
 
+    def test_local_dispatcher_refuses_nodes(self):
+        # Rule nodes-dispatcher: this server runs every rank on its host.
+        srv = self.srv
+        r = srv.post("/v1/jobs", srv.spec(name="two-nodes", steps=3, world_size=2,
+                                           resources={"nodes": 2, "ranks_per_node": 1}))
+        self.assertEqual(r.status_code, 400, r.text)
+        fields = {d["field"]: d["message"] for d in r.json()["error"]["details"]}
+        self.assertIn("local dispatcher runs every rank on one host", fields["resources.nodes"])
+        self.assertIn("--dispatcher slurm", fields["resources.nodes"])
+        # One node of two ranks is this server's to run.
+        job = self.run_job("one-node", ["succeeded", "failed"], steps=3, world_size=2,
+                           resources={"nodes": 1})
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        spec = srv.get("/v1/jobs/" + job["id"]).json()["spec"]
+        self.assertEqual(spec["resources"], {"nodes": 1, "ranks_per_node": 2})
+
     def test_success_two_ranks(self):
         job = self.run_job("ok", ["succeeded", "failed"], steps=12)
         self.assertEqual(job["state"], "succeeded", job["reason"])
