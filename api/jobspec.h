@@ -257,6 +257,11 @@ uint64_t jobspec_host_memory(void);
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs);
 
+/* The host memory one training CPU rank of s holds at least, in bytes, as
+ * jobspec_check_host_memory counts it (a cluster dispatcher asks the nodes
+ * for it); 0 where the model's size cannot be known. */
+uint64_t jobspec_rank_host_bytes(const jobspec_t *s);
+
 /* A job of GPU ranks (device cuda, as the caller resolved it), each
  * allowed device_bytes of its GPU, must fit them. device_what says whence
  * that figure, after "more than the <size>" (e.g. "that

@@ -241,6 +241,14 @@ static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool 
   return W * (load > train ? load : train);
 }
 
+uint64_t jobspec_rank_host_bytes(const jobspec_t *s) {
+  const int64_t params = model_params(s);
+  if (params <= 0 || s->world_size < 1) return 0;
+  const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
+  return (uint64_t)(ranks_bytes(s, params, (double)ty_dtype_size(TY_DTYPE_F32), true, standard) /
+                    s->world_size);
+}
+
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs) {
   const int64_t params = model_params(s);

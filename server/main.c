@@ -67,7 +67,12 @@ int main(int argc, char **argv) {
   sched_t *sched = NULL;
   int rc = svc_open(&cfg, &svc, msg, sizeof msg);
   if (rc) goto fail;
-  if ((rc = recovery_run(svc, &cfg, &dispatch_local)) < 0) {
+  dispatcher_t slurm, *disp = &dispatch_local;
+  if (!strcmp(cfg.dispatcher, "slurm")) {
+    dispatch_slurm_init(&slurm, &cfg);
+    disp = &slurm;
+  }
+  if ((rc = recovery_run(svc, &cfg, disp)) < 0) {
     snprintf(msg, sizeof msg, "recovery of the previous state failed (see the log)");
     goto fail;
   }
@@ -75,7 +80,12 @@ int main(int argc, char **argv) {
   if ((rc = rest_start(svc, &cfg, &rest, &port, msg, sizeof msg))) goto fail;
   char base[300];
   report_base(cfg.listen, port, base, sizeof base);
-  if ((rc = sched_create(svc, &cfg, &dispatch_local, base, &sched, msg, sizeof msg))) goto fail;
+  /* Ranks on other hosts reach this server where the operator says. */
+  if (*cfg.advertise_url) {
+    snprintf(base, sizeof base, "%s", cfg.advertise_url);
+    for (size_t n = strlen(base); n && base[n - 1] == '/';) base[--n] = '\0';
+  }
+  if ((rc = sched_create(svc, &cfg, disp, base, &sched, msg, sizeof msg))) goto fail;
   svc_set_scheduler(svc, sched);
   if ((rc = sched_start(sched))) {
     snprintf(msg, sizeof msg, "cannot start the scheduler thread");

@@ -21,6 +21,7 @@
 #include "common/log.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
+#include "api/jobspec.h"
 #include "server/dispatcher.h"
 #include "server/service.h"
 
@@ -221,7 +222,13 @@ static void reap(sched_t *s) {
   for (run_t *r = s->runs; r; r = r->next)
     for (int i = 0; i < r->world; i++) {
       srank_t *k = &r->ranks[i];
-      if (k->started && !k->exited && s->disp->ops->ended(r->drun, i, &k->status)) k->exited = true;
+      if (k->started && !k->exited && s->disp->ops->ended(r->drun, i, &k->status)) {
+        k->exited = true;
+        /* What the engine saw (a time limit, a failed node) where the
+         * rank itself said nothing. */
+        if (!k->fail_msg[0] && s->disp->ops->why)
+          s->disp->ops->why(r->drun, i, k->fail_msg, sizeof k->fail_msg);
+      }
     }
 }
 
@@ -328,7 +335,9 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   char gloo_dir[2100] = "";
   if (r->gpu) {
     snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
-  } else if (spec_wants_gloo(j->spec)) {
+  } else if (spec_wants_gloo(j->spec) || s->disp->ops->queues) {
+    /* A batch system may place the ranks on several hosts: shm reaches
+     * none but its own. */
     snprintf(gloo_dir, sizeof gloo_dir, "%s/gloo", dir);
     snprintf(rdv, sizeof r->rdv, "gloo:file:%s", gloo_dir);
   } else {
@@ -336,7 +345,7 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   }
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
-    for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
+    for (int g = 0; r->gpu && !s->disp->ops->queues && g < s->cfg->gpus && g < 64; g++)
       if (!(s->gpu_busy & (1ull << g))) {
         s->gpu_busy |= 1ull << g;
         r->ranks[i].gpu = g;
@@ -376,7 +385,26 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
     lc->svc = s->svc;
     snprintf(lc->id, sizeof lc->id, "%s", j->id);
     snprintf(lc->token, sizeof lc->token, "%s", j->token);
+    /* What a cluster engine asks for: the spec's resources and the
+     * memory rules' bound of a rank. */
+    jobspec_t spec;
+    jobspec_init(&spec);
+    json_t *sj = json_loads(j->spec, 0, NULL);
+    ty_errlist_t serr = TY_ERRLIST_INIT;
+    if (sj) jobspec_from_json(&spec, sj, &serr);
+    ty_errlist_clear(&serr);
+    json_decref(sj);
+    const int nodes = spec.resources.nodes >= 1 ? spec.resources.nodes : 1;
+    const int rpn =
+        spec.resources.ranks_per_node >= 1 ? spec.resources.ranks_per_node : r->world / nodes;
     dispatch_attempt_t a = {.worker = s->worker,
+                            .job_name = j->name,
+                            .dir = dir,
+                            .nodes = nodes,
+                            .ranks_per_node = rpn,
+                            .cuda = r->gpu,
+                            .mem_mib_per_rank = (int64_t)((jobspec_rank_host_bytes(&spec) + (1u << 20) - 1) >> 20),
+                            .grace_s = s->cfg->grace < 1 ? 1 : (int)(s->cfg->grace + 0.5),
                             .spec_path = spec_path,
                             .job_id = j->id,
                             .attempt = attempt,
@@ -467,7 +495,7 @@ static void start_queued(sched_t *s) {
     db_job_t *j = jobs[0];
     bool gpu = !strcmp(j->device, "cuda");
     int64_t free_slots = gpu ? s->cfg->gpus - s->gpu_used : s->cfg->cpu_slots - s->cpu_used;
-    bool go = j->world_size <= free_slots && !job_has_run(s, j->id) &&
+    bool go = (s->disp->ops->queues || j->world_size <= free_slots) && !job_has_run(s, j->id) &&
               !dir_has_run(s, j->output_dir);
     int rc = go ? start_attempt(s, j) : 0;
     /* A start that could not be written is tried again after a backoff,
@@ -502,6 +530,11 @@ static bool step_run(sched_t *s, run_t *r, double now) {
     svc_rank_finished(s->svc, r->id, r->attempt, i, state, code, ok ? "" : why);
     if (!ok && !r->decided) fail_attempt(s, r, why);
   }
+  /* Ranks that a batch system still holds in its queue say nothing: their
+   * silence starts when they do. */
+  if (!r->decided && !r->stopping && r->drun && s->disp->ops->waiting &&
+      s->disp->ops->waiting(r->drun))
+    for (int i = 0; i < r->world; i++) r->ranks[i].last_report = r->ranks[i].last_progress = now;
   if (!r->decided && !r->stopping) {
     for (int i = 0; i < r->world && !r->decided; i++) {
       srank_t *k = &r->ranks[i];

@@ -260,9 +260,15 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
       resolve(spec->output_dir, sizeof spec->output_dir, true);
     }
     jobspec_check_nodes(spec, s->cfg->dispatcher, strcmp(s->cfg->dispatcher, "local") != 0, errs);
-    jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
+    /* The checks of this host's devices, memory and slots are the local
+     * dispatcher's: a cluster's nodes are sized by its batch system, which
+     * refuses a job asking more than they have. */
+    const bool local = !strcmp(s->cfg->dispatcher, "local");
+    if (local) jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     const char *device = resolve_device(s, spec);
-    if (!strcmp(device, "cpu")) {
+    if (!local) {
+      /* nodes-dispatcher and the rules above only */
+    } else if (!strcmp(device, "cpu")) {
       const bool set = s->cfg->host_mem_mib > 0;
       jobspec_check_host_memory(spec, true,
                                 set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
@@ -280,7 +286,7 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
                                     "or GPUs with more memory", errs);
     }
     char why[256];
-    if (sched_fits(s->cfg, device, spec->world_size, why, sizeof why))
+    if (local && sched_fits(s->cfg, device, spec->world_size, why, sizeof why))
       ty_errlist_add(errs, "world_size", "%s", why);
   } else if (!spec->output_dir[0] || jobspec_resolve_path(spec->output_dir, NULL, out_dir)) {
     out_dir[0] = '\0';
