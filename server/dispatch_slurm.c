@@ -334,6 +334,15 @@ static int slurm_start(dispatcher_t *d, const dispatch_attempt_t *a, dispatch_ru
   return 0;
 }
 
+static dispatch_run_t *slurm_adopt(dispatcher_t *d, int pid, int64_t start_ticks, int world) {
+  if (start_ticks != DISPATCH_SLURM_TICKS || pid <= 0) return NULL;
+  dispatch_run_t *r = xcalloc(1, sizeof *r);
+  r->world = world;
+  r->jobid = pid;
+  r->cfg = d->impl;
+  return r;
+}
+
 static void slurm_where(const dispatch_run_t *run, int rank, int *pid, int64_t *start_ticks) {
   (void)rank;
   *pid = (int)run->jobid;
@@ -417,6 +426,7 @@ static const dispatcher_ops_t g_slurm_ops = {
     .queues = true,
     .waiting = slurm_waiting,
     .why = slurm_why,
+    .adopt = slurm_adopt,
     .recorded_alive = slurm_recorded_alive,
     .recorded_signal = slurm_recorded_signal,
 };

@@ -83,6 +83,11 @@ typedef struct {
    * status (a time limit, a failed node, ...), into buf; false where it
    * has nothing to add. NULL: never. */
   bool (*why)(dispatch_run_t *run, int rank, char *buf, size_t size);
+  /* Takes over a run an earlier trainyardd started and the engine still
+   * runs (as `where` recorded it: pid, start_ticks), of world ranks; NULL
+   * where it cannot. NULL op: runs are never taken over (the local
+   * engine's ranks die with their watcher's pipes). */
+  dispatch_run_t *(*adopt)(dispatcher_t *d, int pid, int64_t start_ticks, int world);
   /* Recovery of ranks an earlier trainyardd started (as `where` said):
    * whether one still runs, and a signal to it and all it started. */
   bool (*recorded_alive)(dispatcher_t *d, int pid, int64_t start_ticks);

@@ -72,7 +72,9 @@ int main(int argc, char **argv) {
     dispatch_slurm_init(&slurm, &cfg);
     disp = &slurm;
   }
-  if ((rc = recovery_run(svc, &cfg, disp)) < 0) {
+  recovery_adopt_t *adopt = NULL;
+  size_t nadopt = 0;
+  if ((rc = recovery_run(svc, &cfg, disp, &adopt, &nadopt)) < 0) {
     snprintf(msg, sizeof msg, "recovery of the previous state failed (see the log)");
     goto fail;
   }
@@ -87,6 +89,13 @@ int main(int argc, char **argv) {
   }
   if ((rc = sched_create(svc, &cfg, disp, base, &sched, msg, sizeof msg))) goto fail;
   svc_set_scheduler(svc, sched);
+  /* Attempts still running in the cluster are watched again; one that
+   * cannot be is failed (a restart queues it again where allowed). */
+  for (size_t i = 0; i < nadopt; i++)
+    if (sched_adopt(sched, adopt[i].id, adopt[i].attempt, adopt[i].pid, adopt[i].start))
+      svc_transition(svc, adopt[i].id, DB_MASK_ACTIVE, DB_JOB_FAILED,
+                     "trainyardd restarted and could not watch the attempt again", NULL, NULL);
+  free(adopt);
   if ((rc = sched_start(sched))) {
     snprintf(msg, sizeof msg, "cannot start the scheduler thread");
     goto fail;

@@ -443,6 +443,50 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   return 0;
 }
 
+int sched_adopt(sched_t *s, const char *id, int attempt, int pid, int64_t start_ticks) {
+  db_job_t *j = NULL;
+  int rc = db_job_get(svc_db(s->svc), id, &j);
+  if (rc) return rc;
+  dispatch_run_t *drun =
+      s->disp->ops->adopt ? s->disp->ops->adopt(s->disp, pid, start_ticks, j->world_size) : NULL;
+  if (!drun) {
+    db_job_free(j);
+    return TY_EUNAVAILABLE;
+  }
+  pthread_mutex_lock(&s->lock);
+  run_t *r = xcalloc(1, sizeof *r);
+  snprintf(r->id, sizeof r->id, "%s", j->id);
+  r->attempt = attempt;
+  r->world = j->world_size;
+  r->max_restarts = j->max_restarts;
+  r->gpu = !strcmp(j->device, "cuda");
+  r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
+  r->drun = drun;
+  r->out_lock = -1;
+  r->out_dir = j->output_dir && j->output_dir[0] ? xstrdup(j->output_dir) : NULL;
+  if (r->out_dir) r->out_lock = ty_dir_lock(r->out_dir, NULL, 0);
+  if (r->out_lock < 0) r->out_lock = -1;
+  snprintf(r->rdv, sizeof r->rdv, "gloo:file:%s/jobs/%s/attempt-%d/gloo", s->cfg->state_dir, j->id,
+           attempt);
+  const double now = ty_mono_s();
+  for (int i = 0; i < r->world; i++) {
+    srank_t *k = &r->ranks[i];
+    k->started = true;
+    k->gpu = -1;
+    k->last_report = k->last_progress = now;
+    report_wire_init(&k->last);
+  }
+  if (r->gpu)
+    s->gpu_used += r->world;
+  else
+    s->cpu_used += r->world;
+  r->next = s->runs;
+  s->runs = r;
+  pthread_mutex_unlock(&s->lock);
+  db_job_free(j);
+  return 0;
+}
+
 /* Whether an attempt of job id still has ranks to stop or reap (the caller
  * holds s->lock). */
 static bool job_has_run(const sched_t *s, const char *id) {

@@ -8,7 +8,9 @@ happens), with the real trainyard-worker:
   - the attempt's batch script is kept in its folder;
   - a cancel ends it in Slurm with no rank left on the machine;
   - a rank killed with SIGKILL fails the attempt; the restart resumes from
-    the checkpoint.
+    the checkpoint;
+  - trainyardd killed with SIGKILL and started again watches the batch job
+    it left running to its end (no new attempt).
 Skips (77), saying why, when not root or when Slurm is not installed."""
 import json
 import os
@@ -209,6 +211,28 @@ class SlurmDispatch(unittest.TestCase):
         m = re.search(r"resumed from the checkpoint of step (\d+)", log)
         self.assertTrue(m, log[-2000:])
         self.assertGreaterEqual(int(m.group(1)), 2)
+
+    def test_restart_reattaches(self):
+        # trainyardd killed with SIGKILL while the batch job runs: the
+        # ranks keep running in the cluster, and the next trainyardd
+        # watches them again (same attempt) to their end.
+        job_id = self.submit(self.spec("reattach", 40))
+        self.wait_step(job_id, 2)
+        pids = sorted(rank_pids(job_id))
+        self.srv.proc.send_signal(signal.SIGKILL)
+        self.srv.proc.wait(timeout=20)
+        time.sleep(1)
+        self.assertEqual(sorted(rank_pids(job_id)), pids)  # untouched
+        self.srv.start()
+        self.assertIn("still runs (slurm", self.srv.read_log())
+        job = self.srv.get("/v1/jobs/" + job_id).json()
+        self.assertIn(job["state"], ["running", "succeeded"], job["reason"])
+        job = self.srv.wait_state(job_id, ["succeeded", "failed"], timeout=300)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        self.assertEqual(job["attempt"], 1)
+        ranks = self.srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
+        self.assertEqual([r["state"] for r in ranks], ["exited", "exited"])
+        self.assertEqual([r["step"] for r in ranks], [40, 40])
 
 
 if __name__ == "__main__":
