@@ -83,11 +83,10 @@ int main(int argc, char **argv) {
   char base[300];
   report_base(cfg.listen, port, base, sizeof base);
   /* Ranks on other hosts reach this server where the operator says. */
-  if (*cfg.advertise_url) {
-    snprintf(base, sizeof base, "%s", cfg.advertise_url);
-    for (size_t n = strlen(base); n && base[n - 1] == '/';) base[--n] = '\0';
-  }
-  if ((rc = sched_create(svc, &cfg, disp, base, &sched, msg, sizeof msg))) goto fail;
+  char ranks_base[300];
+  snprintf(ranks_base, sizeof ranks_base, "%s", *cfg.advertise_url ? cfg.advertise_url : base);
+  for (size_t n = strlen(ranks_base); n && ranks_base[n - 1] == '/';) ranks_base[--n] = '\0';
+  if ((rc = sched_create(svc, &cfg, disp, ranks_base, &sched, msg, sizeof msg))) goto fail;
   svc_set_scheduler(svc, sched);
   /* Attempts still running in the cluster are watched again; one that
    * cannot be is failed (a restart queues it again where allowed). */
@@ -105,8 +104,10 @@ int main(int argc, char **argv) {
     if ((rc = gsrv_start(svc, &cfg, cfg.grpc_listen, &grpc, &gport, msg, sizeof msg))) goto fail;
     ty_info("trainyardd gRPC listening on %s (port %d)", cfg.grpc_listen, gport);
   }
-  ty_info("trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s)", base, cfg.db,
-          (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off");
+  ty_info("trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s, dispatcher %s, "
+          "ranks report to %s)",
+          base, cfg.db, (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off",
+          cfg.dispatcher, ranks_base);
   int sig = 0;
   sigdelset(&set, SIGPIPE);
   sigwait(&set, &sig);
