@@ -639,6 +639,29 @@ static bool token_equal(const char *a, const char *b) {
   return diff == 0;
 }
 
+int svc_rendezvous_check(svc_t *s, const char *id, const char *token, int attempt, char *msg,
+                         size_t msgsz) {
+  db_job_brief_t j;
+  int rc = db_job_brief(s->db, id, &j);
+  if (rc == TY_ENOTFOUND || (rc == 0 && (!token || !token_equal(token, j.token)))) {
+    /* Unknown job or wrong token: the same answer, so ids cannot be probed. */
+    set_msg(msg, msgsz, "a rendezvous needs the job's own token (%s)",
+            rankenv_name(RANKENV_TOKEN));
+    return TY_EUNAUTHENTICATED;
+  }
+  if (rc) return rc;
+  if (attempt < 1 || attempt > j.attempt) {
+    set_msg(msg, msgsz, "job %s has no attempt %d (its latest is %d)", id, attempt, j.attempt);
+    return TY_ENOTFOUND;
+  }
+  if (!(DB_MASK_ACTIVE & DB_MASK(j.state)) || attempt != j.attempt) {
+    set_msg(msg, msgsz, "attempt %d of job %s has ended (the job is %s, attempt %d)", attempt, id,
+            db_state_name(j.state), j.attempt);
+    return TY_EPRECONDITION;
+  }
+  return 0;
+}
+
 int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,
                ty_errlist_t *errs, char *msg, size_t msgsz) {
   db_job_brief_t jb, *j = &jb;

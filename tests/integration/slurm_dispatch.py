@@ -216,14 +216,16 @@ class SlurmDispatch(unittest.TestCase):
         # trainyardd killed with SIGKILL while the batch job runs: the
         # ranks keep running in the cluster, and the next trainyardd
         # watches them again (same attempt) to their end.
-        job_id = self.submit(self.spec("reattach", 40))
+        job_id = self.submit(self.spec("reattach", 150))
         self.wait_step(job_id, 2)
         pids = sorted(rank_pids(job_id))
         self.srv.proc.send_signal(signal.SIGKILL)
         self.srv.proc.wait(timeout=20)
         time.sleep(1)
         self.assertEqual(sorted(rank_pids(job_id)), pids)  # untouched
+        port = self.srv.port
         self.srv.start()
+        self.assertEqual(self.srv.port, port)  # where the ranks report
         self.assertIn("still runs (slurm", self.srv.read_log())
         job = self.srv.get("/v1/jobs/" + job_id).json()
         self.assertIn(job["state"], ["running", "succeeded"], job["reason"])
@@ -232,7 +234,7 @@ class SlurmDispatch(unittest.TestCase):
         self.assertEqual(job["attempt"], 1)
         ranks = self.srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
         self.assertEqual([r["state"] for r in ranks], ["exited", "exited"])
-        self.assertEqual([r["step"] for r in ranks], [40, 40])
+        self.assertEqual([r["step"] for r in ranks], [150, 150], self.srv.read_log())
 
 
 if __name__ == "__main__":
