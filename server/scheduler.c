@@ -19,6 +19,7 @@
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/rankproc.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
 #include "api/jobspec.h"
@@ -42,6 +43,7 @@ typedef struct {
 typedef struct run {
   char id[DB_ID_MAX];
   int attempt, world, max_restarts;
+  int preempted_before;    /* earlier attempts preempted: not counted against max_restarts */
   bool gpu;
   srank_t *ranks;
   dispatch_run_t *drun;    /* the ranks as the dispatcher started them; NULL: none */
@@ -183,10 +185,11 @@ static void fail_attempt(sched_t *s, run_t *r, const char *why) {
     r->decided = true;
     char reason[1024];
     int to;
-    if (r->attempt <= r->max_restarts) {
+    const int restart = r->attempt - r->preempted_before;
+    if (restart <= r->max_restarts) {
       to = DB_JOB_QUEUED;
       snprintf(reason, sizeof reason, "attempt %d failed: %s; retrying (restart %d of %d)",
-               r->attempt, why, r->attempt, r->max_restarts);
+               r->attempt, why, restart, r->max_restarts);
     } else {
       to = DB_JOB_FAILED;
       snprintf(reason, sizeof reason, "%s", why);
@@ -197,6 +200,26 @@ static void fail_attempt(sched_t *s, run_t *r, const char *why) {
     int rc = svc_transition(s->svc, r->id, DB_MASK_ACTIVE, to, reason, NULL, NULL);
     if (rc && rc != TY_EPRECONDITION)
       ty_error("job %s: cannot record the failure (%s): %s", r->id, ty_err_name(rc), reason);
+  }
+  begin_stop(s, r);
+}
+
+/* The ranks stopped on SIGTERM at a step boundary, a checkpoint written
+ * (RANKPROC_EXIT_PREEMPTED): the job is queued again, and the next
+ * attempt resumes from that checkpoint; this one does not count against
+ * max_restarts. */
+static void preempt_attempt(sched_t *s, run_t *r, int rank) {
+  if (!r->decided) {
+    r->decided = true;
+    char reason[512];
+    snprintf(reason, sizeof reason,
+             "attempt %d preempted: rank %d stopped on SIGTERM after the ranks wrote a checkpoint "
+             "together; resuming from it (a preemption does not count against max_restarts)",
+             r->attempt, rank);
+    int rc = svc_transition(s->svc, r->id, DB_MASK_ACTIVE, DB_JOB_QUEUED, reason, NULL, NULL);
+    if (!rc) rc = db_attempt_set_preempted(svc_db(s->svc), r->id, r->attempt);
+    if (rc && rc != TY_EPRECONDITION)
+      ty_error("job %s: cannot record the preemption (%s)", r->id, ty_err_name(rc));
   }
   begin_stop(s, r);
 }
@@ -313,6 +336,7 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   r->attempt = attempt;
   r->world = j->world_size;
   r->max_restarts = j->max_restarts;
+  db_job_preemptions(svc_db(s->svc), j->id, &r->preempted_before);
   r->gpu = !strcmp(j->device, "cuda");
   r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
   r->out_lock = -1;
@@ -459,6 +483,7 @@ int sched_adopt(sched_t *s, const char *id, int attempt, int pid, int64_t start_
   r->attempt = attempt;
   r->world = j->world_size;
   r->max_restarts = j->max_restarts;
+  db_job_preemptions(svc_db(s->svc), j->id, &r->preempted_before);
   r->gpu = !strcmp(j->device, "cuda");
   r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
   r->drun = drun;
@@ -570,8 +595,12 @@ static bool step_run(sched_t *s, run_t *r, double now) {
     int code;
     exit_reason(k, i, why, sizeof why, &code);
     bool ok = WIFEXITED(k->status) && code == 0;
-    const char *state = ok ? "exited" : (k->signalled ? "stopped" : "failed");
+    bool preempted = WIFEXITED(k->status) && code == RANKPROC_EXIT_PREEMPTED;
+    if (preempted)
+      snprintf(why, sizeof why, "rank %d stopped on SIGTERM after a checkpoint (preempted)", i);
+    const char *state = ok ? "exited" : (k->signalled || preempted ? "stopped" : "failed");
     svc_rank_finished(s->svc, r->id, r->attempt, i, state, code, ok ? "" : why);
+    if (preempted && !r->decided) preempt_attempt(s, r, i);
     if (!ok && !r->decided) fail_attempt(s, r, why);
   }
   /* Ranks that a batch system still holds in its queue say nothing: their

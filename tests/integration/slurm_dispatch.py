@@ -10,7 +10,9 @@ happens), with the real trainyard-worker:
   - a rank killed with SIGKILL fails the attempt; the restart resumes from
     the checkpoint;
   - trainyardd killed with SIGKILL and started again watches the batch job
-    it left running to its end (no new attempt).
+    it left running to its end (no new attempt);
+  - SIGTERM to a rank: the ranks checkpoint together and stop, the attempt
+    is resubmitted and resumes, not counted against max_restarts.
 Skips (77), saying why, when not root or when Slurm is not installed."""
 import json
 import os
@@ -211,6 +213,28 @@ class SlurmDispatch(unittest.TestCase):
         m = re.search(r"resumed from the checkpoint of step (\d+)", log)
         self.assertTrue(m, log[-2000:])
         self.assertGreaterEqual(int(m.group(1)), 2)
+
+    def test_sigterm_preempts_and_resumes(self):
+        # SIGTERM to one rank (as a preemption or Slurm's --signal sends
+        # it): the ranks agree at the step boundary, write a checkpoint
+        # together and stop; the attempt is resubmitted and resumes from it,
+        # and with max_restarts 0 that is no restart.
+        job_id = self.submit(self.spec("preempt", 60, max_restarts=0))
+        self.wait_step(job_id, 4)
+        victims = [pid for pid, procid in rank_pids(job_id) if procid == 1]
+        self.assertEqual(len(victims), 1)
+        os.kill(victims[0], signal.SIGTERM)
+        job = self.srv.wait_state(job_id, ["succeeded", "failed"], timeout=300)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        self.assertEqual(job["attempt"], 2)
+        first = self.srv.get("/v1/jobs/%s/ranks?attempt=1" % job_id).json()["ranks"]
+        self.assertEqual([r["state"] for r in first], ["stopped", "stopped"], first)
+        stopped_at = min(r["step"] for r in first)
+        log = self.srv.get("/v1/jobs/%s/ranks/0/log" % job_id).text
+        m = re.search(r"resumed from the checkpoint of step (\d+)", log)
+        self.assertTrue(m, log[-2000:])
+        self.assertGreaterEqual(int(m.group(1)), 4)
+        self.assertGreaterEqual(int(m.group(1)), stopped_at)
 
     def test_restart_reattaches(self):
         # trainyardd killed with SIGKILL while the batch job runs: the

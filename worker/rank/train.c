@@ -12,6 +12,7 @@
 #include "common/xalloc.h"
 #include "common/fsutil.h"
 #include "worker/ckpt/checkpoint.h"
+#include "worker/rank/preempt.h"
 #include "worker/ckpt/model_io.h"
 #include "worker/model/optim.h"
 #include "worker/ckpt/train_state.h"
@@ -257,7 +258,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const int64_t steps = s->train.steps;
   /* Each rank holds different shards: sharded full training. */
   const bool sharded = a->fsdp && !a->lora && world > 1;
-  const int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
+  int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
   memset(res, 0, sizeof *res);
   res->eval_loss_start = res->eval_loss_end = NAN;
   if (m->B < B || m->T < T || m->mode == MODEL_EVAL || (m->mode == MODEL_TRAIN_LORA) != !!a->lora) {
@@ -440,6 +441,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
                           .eval_loss = NAN,
                           .message = ""};
     if ((rc = report(a, &p, err, errlen))) goto out;
+    /* SIGTERM to any rank: all stop after this step, with a checkpoint. */
+    if ((rc = preempt_at_step(a->comm, &res->preempted, err, errlen))) goto out;
+    if (res->preempted && (res->preempted = step + 1 < steps)) stop = step + 1;
     int every = s->train.checkpoint_every;
     bool periodic = every > 0 && (step + 1) % every == 0 && step + 1 < steps;
     if (periodic || (step + 1 == stop && stop < steps)) {
@@ -455,7 +459,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       if ((rc = report(a, &p, err, errlen))) goto out;
     }
   }
-  rc = held_out(a, d, &res->eval_loss_end, err, errlen);
+  rc = res->preempted ? 0 : held_out(a, d, &res->eval_loss_end, err, errlen);
   if (!rc && a->held_out_done && isfinite(res->eval_loss_end))
     a->held_out_done(a->progress_ctx, res->steps_done > start ? res->steps_done : start,
                      res->eval_loss_end);

@@ -115,6 +115,7 @@ typedef struct {
   double last_loss;
   double eval_loss_start; /* held-out loss before the first step (NAN if none) */
   double eval_loss_end;   /* after the last (NAN if none) */
+  bool preempted;         /* stopped on SIGTERM after a checkpoint (preempt.h) */
 } train_result_t;
 
 /* For data.format jsonl: s's examples tokenized into cache_dir (NULL:

@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rankenv.h"
+#include "common/rankproc.h"
 #include "worker/dist/comm.h"
 #include "worker/dist/fsdp.h"
 #include "worker/ckpt/loader.h"
@@ -363,7 +364,7 @@ int worker_train_main(const worker_env_t *e) {
     if (comm_rank(comm) == 0) rc = run_metrics_open(&rep.curves, spec.output_dir, err, sizeof err);
     if (!rc) rc = train_run(&a, &res, err, sizeof err);
   }
-  if (!rc) {
+  if (!rc && !res.preempted) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
     if (comm_rank(comm) == 0)
       emit(&rep, REPORT_PHASE_SAVING, res.steps_done, res.last_loss, rep.tokens_per_s, NULL,
@@ -375,7 +376,9 @@ int worker_train_main(const worker_env_t *e) {
     else if (!spec.use_lora && comm_rank(comm) == 0)
       rc = outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
   }
-  if (!rc) {
+  if (!rc && res.preempted) {
+    ty_info("stopped on SIGTERM after step %lld, its checkpoint written", (long long)res.steps_done);
+  } else if (!rc) {
     char msg[160] = "";
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
@@ -394,5 +397,5 @@ int worker_train_main(const worker_env_t *e) {
   model_free(m);
   comm_close(comm);
   report_close();
-  return rc ? 1 : 0;
+  return rc ? 1 : res.preempted ? RANKPROC_EXIT_PREEMPTED : 0;
 }
