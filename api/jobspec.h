@@ -235,7 +235,7 @@ int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *
 
 /* Ranks on more than one node (resources.nodes > 1) need a dispatcher
  * that reaches other hosts (many_nodes); dispatcher names the one that
- * does not ("local", "trainyard train") in the message. Returns 0 or
+ * does not ("the local dispatcher", "trainyard train") in the message. Returns 0 or
  * TY_EINVAL (error on "resources.nodes"). */
 int jobspec_check_nodes(const jobspec_t *s, const char *dispatcher, bool many_nodes,
                         ty_errlist_t *errs);

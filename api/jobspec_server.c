@@ -190,7 +190,7 @@ int jobspec_check_nodes(const jobspec_t *s, const char *dispatcher, bool many_no
                         ty_errlist_t *errs) {
   if (s->resources.nodes <= 1 || many_nodes) return 0;
   ty_errlist_add(errs, "resources.nodes",
-                 "is %d, and the %s dispatcher runs every rank on one host; set "
+                 "is %d, and %s runs every rank on one host; set "
                  "resources.nodes to 1, or submit to a trainyardd that dispatches to a "
                  "cluster (trainyardd --dispatcher slurm)",
                  s->resources.nodes, dispatcher);

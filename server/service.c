@@ -259,7 +259,8 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
       resolve(spec->data.path, sizeof spec->data.path, true);
       resolve(spec->output_dir, sizeof spec->output_dir, true);
     }
-    jobspec_check_nodes(spec, s->cfg->dispatcher, strcmp(s->cfg->dispatcher, "local") != 0, errs);
+    jobspec_check_nodes(spec, "the local dispatcher", strcmp(s->cfg->dispatcher, "local") != 0,
+                        errs);
     /* The checks of this host's devices, memory and slots are the local
      * dispatcher's: a cluster's nodes are sized by its batch system, which
      * refuses a job asking more than they have. */

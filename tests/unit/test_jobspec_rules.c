@@ -992,13 +992,13 @@ static void test_nodes_dispatcher(void **state) {
       tu_check(&s, "{\"model_path\": \"m\", \"resources\": {\"nodes\": 2, \"ranks_per_node\": 1}}",
                &e),
       0);
-  assert_int_equal(jobspec_check_nodes(&s, "local", false, &e), TY_EINVAL);
+  assert_int_equal(jobspec_check_nodes(&s, "the local dispatcher", false, &e), TY_EINVAL);
   assert_true(tu_has(&e, "resources.nodes", "is 2, and the local dispatcher runs every rank on one host"));
   assert_true(tu_has(&e, "resources.nodes", "--dispatcher slurm"));
   ty_errlist_clear(&e);
   assert_int_equal(jobspec_check_nodes(&s, "slurm", true, &e), 0);
   assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"world_size\": 4}", &e), 0);
-  assert_int_equal(jobspec_check_nodes(&s, "local", false, &e), 0);
+  assert_int_equal(jobspec_check_nodes(&s, "the local dispatcher", false, &e), 0);
   assert_int_equal(e.len, 0);
 }
 
