@@ -411,7 +411,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (!q) return;
   count_request(q->route, q->status ? q->status : 500);
   free(q->body);
-  free(q->ctx);
+  if (q->ctx_free)
+    q->ctx_free(q->ctx);
+  else
+    free(q->ctx);
   free(q);
   *con_cls = NULL;
 }

@@ -25,8 +25,8 @@ typedef struct {
   size_t body_len;
   bool body_too_big;
   int status;                        /* HTTP status sent (for /metrics) */
-  void *ctx;                         /* a handler's state across calls (a suspended wait);
-                                        freed with free() at completion */
+  void *ctx;                         /* a handler's state across calls (a suspended wait) */
+  void (*ctx_free)(void *ctx);       /* frees ctx at completion; NULL: free() */
 } rest_req_t;
 
 typedef enum MHD_Result (*rest_handler_fn)(rest_t *r, struct MHD_Connection *c, rest_req_t *q);

@@ -24,6 +24,7 @@
 
 /* One suspended GET. */
 typedef struct waiter {
+  struct rest_rdv *rdv;
   struct MHD_Connection *conn;
   char job[128], key[RDV_KEY_MAX + 1];
   int attempt;
@@ -37,10 +38,20 @@ struct rest_rdv {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   waiter_t *waiting;
-  int resumed;  /* readers resumed but not yet answered */
+  int open;     /* readers whose request has not completed */
   bool quit;
   pthread_t thread;
 };
+
+/* The request of a reader has completed (its answer sent, or the
+ * connection closed). */
+static void waiter_free(void *p) {
+  waiter_t *w = p;
+  pthread_mutex_lock(&w->rdv->lock);
+  w->rdv->open--;
+  pthread_mutex_unlock(&w->rdv->lock);
+  free(w);
+}
 
 /* Resumes w (under the lock): it leaves the list, and MHD calls its
  * handler again. */
@@ -49,8 +60,8 @@ static void resume(rest_rdv_t *v, waiter_t **link) {
   *link = w->next;
   w->next = NULL;
   w->waiting = false;
-  v->resumed++;
   MHD_resume_connection(w->conn);
+  (void)v;
 }
 
 static void *waker_main(void *arg) {
@@ -107,11 +118,12 @@ void rest_rdv_release(rest_t *r) {
   v->quit = true;
   pthread_cond_signal(&v->cond);
   pthread_mutex_unlock(&v->lock);
-  /* Each resumed reader is answered (404) before the daemon stops, so that
-   * it sees an answer rather than a closed connection. */
+  /* Each resumed reader is answered (404) and its answer sent before the
+   * daemon stops, so that it sees an answer rather than a closed
+   * connection. */
   for (double until = ty_mono_s() + 2;; nanosleep(&(struct timespec){.tv_nsec = 10000000}, NULL)) {
     pthread_mutex_lock(&v->lock);
-    int left = v->resumed;
+    int left = v->open;
     pthread_mutex_unlock(&v->lock);
     if (!left || ty_mono_s() > until) break;
   }
@@ -187,11 +199,6 @@ enum MHD_Result rest_h_rdv_put(rest_t *r, struct MHD_Connection *c, rest_req_t *
 enum MHD_Result rest_h_rdv_get(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
   rest_rdv_t *v = r->rdv;
   waiter_t *w = q->ctx;
-  if (w) { /* called again: resumed, and answered below */
-    pthread_mutex_lock(&v->lock);
-    v->resumed--;
-    pthread_mutex_unlock(&v->lock);
-  }
   int attempt;
   enum MHD_Result ret;
   if (!check(r, c, q, &attempt, &ret)) return ret;
@@ -204,7 +211,12 @@ enum MHD_Result rest_h_rdv_get(rest_t *r, struct MHD_Connection *c, rest_req_t *
       return ret;
     }
     w = xcalloc(1, sizeof *w);
+    w->rdv = v;
     w->conn = c;
+    pthread_mutex_lock(&v->lock);
+    v->open++;
+    pthread_mutex_unlock(&v->lock);
+    q->ctx_free = waiter_free;
     snprintf(w->job, sizeof w->job, "%s", q->params[0]);
     snprintf(w->key, sizeof w->key, "%.64s", q->params[2]);
     w->attempt = attempt;
