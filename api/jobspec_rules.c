@@ -682,8 +682,7 @@ int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs) {
     }
   }
   const int nodes = s->resources.nodes, rpn = s->resources.ranks_per_node;
-  if (!s->world_size_given && a.d == 0 && nodes >= 1 && rpn >= 1 &&
-      (int64_t)nodes * rpn <= 4096)
+  if (!s->world_size_given && a.d == 0 && nodes >= 1 && rpn >= 1 && (int64_t)nodes * rpn <= 4096)
     s->world_size = nodes * rpn;
   if (rpn == 0 && nodes >= 1 && s->world_size >= 1 && s->world_size <= 4096 &&
       s->world_size % nodes == 0)

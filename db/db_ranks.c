@@ -222,8 +222,7 @@ int db_job_preemptions(db_t *db, const char *id, int *n) {
   *n = 0;
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
-  int rc = dbi_prepare(db,
-                       "SELECT count(*) FROM attempts WHERE job_id = ? AND state = 'preempted'",
+  int rc = dbi_prepare(db, "SELECT count(*) FROM attempts WHERE job_id = ? AND state = 'preempted'",
                        &st);
   if (!rc) {
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);

@@ -254,8 +254,7 @@ int srv_config_check(srv_config_t *c, char *msg, size_t msgsz) {
     return TY_EINVAL;
   }
   if (strcmp(c->dispatcher, "local") && strcmp(c->dispatcher, "slurm")) {
-    snprintf(msg, msgsz,
-             "dispatcher \"%s\" is not known; use local (ranks on this host) or slurm",
+    snprintf(msg, msgsz, "dispatcher \"%s\" is not known; use local (ranks on this host) or slurm",
              c->dispatcher);
     return TY_EINVAL;
   }

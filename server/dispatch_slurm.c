@@ -33,10 +33,10 @@ struct dispatch_run {
   int world;
   long jobid;
   const srv_config_t *cfg;
-  char state[32];  /* Slurm's last word on the job ("PENDING", ...); "" before the first */
+  char state[32]; /* Slurm's last word on the job ("PENDING", ...); "" before the first */
   bool ended;
-  int status;      /* every rank's wait status once ended */
-  char why[512];   /* what Slurm said of an end that was not COMPLETED */
+  int status;    /* every rank's wait status once ended */
+  char why[512]; /* what Slurm said of an end that was not COMPLETED */
   bool term_sent, kill_sent;
   double next_poll; /* ty_mono_s() before which Slurm is not asked again */
   void *line_ctx;   /* owned; no rank prints reports to us (they POST) */
@@ -112,8 +112,8 @@ static int run_cmd(char *const argv[], char *const envp[], double timeout_s, cha
 
 /* States in which the job's ranks may still run (or are about to). */
 static bool state_live(const char *st) {
-  static const char *const live[] = {"PENDING",  "CONFIGURING", "RUNNING",   "COMPLETING",
-                                     "SUSPENDED", "REQUEUED",   "RESIZING", "SIGNALING",
+  static const char *const live[] = {"PENDING",   "CONFIGURING",  "RUNNING",     "COMPLETING",
+                                     "SUSPENDED", "REQUEUED",     "RESIZING",    "SIGNALING",
                                      "STAGE_OUT", "REQUEUE_HOLD", "REQUEUE_FED", NULL};
   for (int i = 0; live[i]; i++)
     if (!strcmp(st, live[i])) return true;
@@ -316,8 +316,12 @@ static int slurm_start(dispatcher_t *d, const dispatch_attempt_t *a, dispatch_ru
   long jobid = st == 0 ? strtol(answer, &end, 10) : 0;
   if (st != 0 || jobid <= 0 || (end && *end && *end != ';')) {
     snprintf(msg, msgsz, "sbatch %s failed (%s%d): %s", script,
-             st < 0 ? "" : WIFEXITED(st) ? "exit status " : "signal ",
-             st < 0 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st),
+             st < 0          ? ""
+             : WIFEXITED(st) ? "exit status "
+                             : "signal ",
+             st < 0          ? -1
+             : WIFEXITED(st) ? WEXITSTATUS(st)
+                             : WTERMSIG(st),
              answer[0] ? answer : "no output");
     free(a->line_ctx);
     return TY_EUNAVAILABLE;
@@ -374,8 +378,8 @@ static bool slurm_ended(dispatch_run_t *run, int rank, int *status) {
 
 static bool slurm_waiting(dispatch_run_t *run) {
   poll_job(run);
-  return !run->ended && (!run->state[0] || !strcmp(run->state, "PENDING") ||
-                         !strcmp(run->state, "CONFIGURING"));
+  return !run->ended &&
+         (!run->state[0] || !strcmp(run->state, "PENDING") || !strcmp(run->state, "CONFIGURING"));
 }
 
 static bool slurm_why(dispatch_run_t *run, int rank, char *buf, size_t size) {

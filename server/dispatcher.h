@@ -37,12 +37,12 @@ typedef struct {
   int heartbeat_ms;             /* how often a rank repeats its last report while busy */
   /* For an engine that places ranks on other hosts (the local one reads
    * none of these): */
-  const char *job_name;         /* the spec's name */
-  const char *dir;              /* the attempt's folder (shared with the nodes) */
-  int nodes, ranks_per_node;    /* resources: world_size = nodes x ranks_per_node */
-  bool cuda;                    /* GPU ranks: a GPU each */
-  int64_t mem_mib_per_rank;     /* host memory a rank holds at least (the memory rules); 0: unknown */
-  int grace_s;                  /* seconds between SIGTERM and SIGKILL */
+  const char *job_name;      /* the spec's name */
+  const char *dir;           /* the attempt's folder (shared with the nodes) */
+  int nodes, ranks_per_node; /* resources: world_size = nodes x ranks_per_node */
+  bool cuda;                 /* GPU ranks: a GPU each */
+  int64_t mem_mib_per_rank;  /* host memory a rank holds at least (the memory rules); 0: unknown */
+  int grace_s;               /* seconds between SIGTERM and SIGKILL */
   /* Called (from an engine's thread) with each line a rank prints that
    * starts with '{' (a report; see DESIGN.md "Worker contract"),
    * NUL-terminated, without its newline; may be NULL. line_ctx is taken

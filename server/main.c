@@ -104,10 +104,11 @@ int main(int argc, char **argv) {
     if ((rc = gsrv_start(svc, &cfg, cfg.grpc_listen, &grpc, &gport, msg, sizeof msg))) goto fail;
     ty_info("trainyardd gRPC listening on %s (port %d)", cfg.grpc_listen, gport);
   }
-  ty_info("trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s, dispatcher %s, "
-          "ranks report to %s)",
-          base, cfg.db, (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off",
-          cfg.dispatcher, ranks_base);
+  ty_info(
+      "trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s, dispatcher %s, "
+      "ranks report to %s)",
+      base, cfg.db, (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off",
+      cfg.dispatcher, ranks_base);
   int sig = 0;
   sigdelset(&set, SIGPIPE);
   sigwait(&set, &sig);

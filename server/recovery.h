@@ -32,7 +32,7 @@ typedef struct dispatcher dispatcher_t;
 typedef struct {
   char id[64];
   int attempt;
-  int pid;       /* where its ranks run, as the engine recorded it */
+  int pid; /* where its ranks run, as the engine recorded it */
   int64_t start;
 } recovery_adopt_t;
 

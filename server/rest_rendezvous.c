@@ -28,8 +28,8 @@ typedef struct waiter {
   struct MHD_Connection *conn;
   char job[128], key[RDV_KEY_MAX + 1];
   int attempt;
-  double deadline;   /* monotonic seconds */
-  bool waiting;      /* in the list (suspended) */
+  double deadline; /* monotonic seconds */
+  bool waiting;    /* in the list (suspended) */
   struct waiter *next;
 } waiter_t;
 
@@ -38,7 +38,7 @@ struct rest_rdv {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   waiter_t *waiting;
-  int open;     /* readers whose request has not completed */
+  int open; /* readers whose request has not completed */
   bool quit;
   pthread_t thread;
 };

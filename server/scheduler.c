@@ -43,7 +43,7 @@ typedef struct {
 typedef struct run {
   char id[DB_ID_MAX];
   int attempt, world, max_restarts;
-  int preempted_before;    /* earlier attempts preempted: not counted against max_restarts */
+  int preempted_before; /* earlier attempts preempted: not counted against max_restarts */
   bool gpu;
   srank_t *ranks;
   dispatch_run_t *drun;    /* the ranks as the dispatcher started them; NULL: none */
@@ -421,28 +421,29 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
     const int nodes = spec.resources.nodes >= 1 ? spec.resources.nodes : 1;
     const int rpn =
         spec.resources.ranks_per_node >= 1 ? spec.resources.ranks_per_node : r->world / nodes;
-    dispatch_attempt_t a = {.worker = s->worker,
-                            .job_name = j->name,
-                            .dir = dir,
-                            .nodes = nodes,
-                            .ranks_per_node = rpn,
-                            .cuda = r->gpu,
-                            .mem_mib_per_rank = (int64_t)((jobspec_rank_host_bytes(&spec) + (1u << 20) - 1) >> 20),
-                            .grace_s = s->cfg->grace < 1 ? 1 : (int)(s->cfg->grace + 0.5),
-                            .spec_path = spec_path,
-                            .job_id = j->id,
-                            .attempt = attempt,
-                            .world_size = r->world,
-                            .rendezvous = rdv,
-                            .report_url = url,
-                            .token = j->token,
-                            .gpus = gpus,
-                            .log_paths = log_ptrs,
-                            .log_max = s->cfg->log_max,
-                            .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
-                            .heartbeat_ms = heartbeat_ms(s->cfg),
-                            .on_line = on_report_line,
-                            .line_ctx = lc};
+    dispatch_attempt_t a = {
+        .worker = s->worker,
+        .job_name = j->name,
+        .dir = dir,
+        .nodes = nodes,
+        .ranks_per_node = rpn,
+        .cuda = r->gpu,
+        .mem_mib_per_rank = (int64_t)((jobspec_rank_host_bytes(&spec) + (1u << 20) - 1) >> 20),
+        .grace_s = s->cfg->grace < 1 ? 1 : (int)(s->cfg->grace + 0.5),
+        .spec_path = spec_path,
+        .job_id = j->id,
+        .attempt = attempt,
+        .world_size = r->world,
+        .rendezvous = rdv,
+        .report_url = url,
+        .token = j->token,
+        .gpus = gpus,
+        .log_paths = log_ptrs,
+        .log_max = s->cfg->log_max,
+        .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
+        .heartbeat_ms = heartbeat_ms(s->cfg),
+        .on_line = on_report_line,
+        .line_ctx = lc};
     rc = s->disp->ops->start(s->disp, &a, &r->drun, &started, msg, sizeof msg);
   }
   double now = ty_mono_s();

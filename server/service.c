@@ -646,8 +646,7 @@ int svc_rendezvous_check(svc_t *s, const char *id, const char *token, int attemp
   int rc = db_job_brief(s->db, id, &j);
   if (rc == TY_ENOTFOUND || (rc == 0 && (!token || !token_equal(token, j.token)))) {
     /* Unknown job or wrong token: the same answer, so ids cannot be probed. */
-    set_msg(msg, msgsz, "a rendezvous needs the job's own token (%s)",
-            rankenv_name(RANKENV_TOKEN));
+    set_msg(msg, msgsz, "a rendezvous needs the job's own token (%s)", rankenv_name(RANKENV_TOKEN));
     return TY_EUNAUTHENTICATED;
   }
   if (rc) return rc;

@@ -114,7 +114,8 @@ int slurm_script(const slurm_script_t *in, char **out, char *msg, size_t msgsz) 
   if (in->cuda) sb_printf(&b, "#SBATCH --gpus-per-node=%d\n", in->ranks_per_node);
   sb_printf(&b, "#SBATCH --no-requeue\n#SBATCH --signal=TERM@%d\n", in->grace_s);
   for (size_t i = 0; i < sizeof named / sizeof *named; i++)
-    if (named[i].val && *named[i].val) sb_printf(&b, "#SBATCH --%s=%s\n", named[i].opt, named[i].val);
+    if (named[i].val && *named[i].val)
+      sb_printf(&b, "#SBATCH --%s=%s\n", named[i].opt, named[i].val);
   /* Extra options: one token each, as the operator wrote them. */
   for (const char *p = in->extra ? in->extra : ""; *p;) {
     const char *end = strchr(p, ';');

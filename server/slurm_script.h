@@ -17,9 +17,9 @@ typedef struct {
   int attempt;
   int nodes, ranks_per_node;
   int cpus_per_rank;
-  int64_t mem_mib;     /* --mem per node; 0: none asked */
-  bool cuda;           /* --gpus-per-node ranks_per_node */
-  int grace_s;         /* --signal=TERM@grace_s: Slurm warns the ranks before the time limit */
+  int64_t mem_mib; /* --mem per node; 0: none asked */
+  bool cuda;       /* --gpus-per-node ranks_per_node */
+  int grace_s;     /* --signal=TERM@grace_s: Slurm warns the ranks before the time limit */
   const char *partition, *account, *qos, *time_limit; /* "" or NULL: not asked */
   const char *extra;   /* ';'-separated sbatch options, each one #SBATCH line; may be NULL */
   const char *worker;  /* the program srun starts on each task */

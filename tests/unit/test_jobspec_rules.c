@@ -958,7 +958,8 @@ static void test_resources_world_size(void **state) {
       tu_check(&s, SPEC("\"world_size\": 3, \"resources\": {\"nodes\": 2, \"ranks_per_node\": 2}"),
                &e),
       1);
-  assert_true(tu_has(&e, "resources.ranks_per_node", "2 nodes x 2 ranks = 4 ranks, and world_size is 3"));
+  assert_true(
+      tu_has(&e, "resources.ranks_per_node", "2 nodes x 2 ranks = 4 ranks, and world_size is 3"));
   /* Not spreading evenly. */
   assert_int_equal(tu_check(&s, SPEC("\"world_size\": 3, \"resources\": {\"nodes\": 2}"), &e), 1);
   assert_true(tu_has(&e, "resources.nodes", "does not spread evenly over 2 nodes"));
@@ -993,7 +994,8 @@ static void test_nodes_dispatcher(void **state) {
                &e),
       0);
   assert_int_equal(jobspec_check_nodes(&s, "the local dispatcher", false, &e), TY_EINVAL);
-  assert_true(tu_has(&e, "resources.nodes", "is 2, and the local dispatcher runs every rank on one host"));
+  assert_true(
+      tu_has(&e, "resources.nodes", "is 2, and the local dispatcher runs every rank on one host"));
   assert_true(tu_has(&e, "resources.nodes", "--dispatcher slurm"));
   ty_errlist_clear(&e);
   assert_int_equal(jobspec_check_nodes(&s, "slurm", true, &e), 0);

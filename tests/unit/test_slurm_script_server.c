@@ -134,8 +134,8 @@ static void test_nothing_is_interpreted(void **state) {
   snprintf(args, sizeof args, "%s/args", g_tmp);
   snprintf(pwned, sizeof pwned, "%s/PWNED", g_tmp);
   /* Every way a shell could be made to run something. */
-  snprintf(dir, sizeof dir, "%s/a b'c\"$(touch %s)`touch %s`;touch %s\n%%j%%%%t$HOME", g_tmp,
-           pwned, pwned, pwned);
+  snprintf(dir, sizeof dir, "%s/a b'c\"$(touch %s)`touch %s`;touch %s\n%%j%%%%t$HOME", g_tmp, pwned,
+           pwned, pwned);
   snprintf(worker, sizeof worker, "%s/w'; touch %s; '$(touch %s)", g_tmp, pwned, pwned);
   slurm_script_t in = base();
   in.job_name = "x'$(touch /tmp/x)\n#SBATCH --wrap=touch";
@@ -144,7 +144,8 @@ static void test_nothing_is_interpreted(void **state) {
   char *text, msg[512];
   assert_int_equal(slurm_script(&in, &text, msg, sizeof msg), 0);
   /* The name keeps only safe characters: one line, no second option. */
-  assert_true(has_line(text, "#SBATCH --job-name=trainyard-x___touch__tmp_x___SBATCH_--wrap_touch-j-0123"));
+  assert_true(
+      has_line(text, "#SBATCH --job-name=trainyard-x___touch__tmp_x___SBATCH_--wrap_touch-j-0123"));
   assert_null(strstr(text, "#SBATCH --wrap"));
   snprintf(script, sizeof script, "%s/sbatch.sh", g_tmp);
   f = fopen(script, "w");

@@ -377,7 +377,8 @@ int worker_train_main(const worker_env_t *e) {
       rc = outputs_write_model(spec.output_dir, m, &cfg, err, sizeof err);
   }
   if (!rc && res.preempted) {
-    ty_info("stopped on SIGTERM after step %lld, its checkpoint written", (long long)res.steps_done);
+    ty_info("stopped on SIGTERM after step %lld, its checkpoint written",
+            (long long)res.steps_done);
   } else if (!rc) {
     char msg[160] = "";
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
