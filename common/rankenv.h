@@ -36,7 +36,8 @@ extern "C" {
   X(RANK, "TRAINYARD_RANK", INT, 0, 65535, 0, "this process's rank")                               \
   X(WORLD_SIZE, "TRAINYARD_WORLD_SIZE", INT, 1, 65536, 1, "the job's ranks")                       \
   X(RENDEZVOUS, "TRAINYARD_RENDEZVOUS", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
-    "where the ranks meet: self, shm:<name>, nccl:file:<path>, gloo:file:<dir>")                   \
+    "where the ranks meet: self, shm:<name>, nccl:file:<path>, gloo:file:<dir>, "                   \
+    "gloo:http:<url>")                                                                             \
   X(REPORT_URL, "TRAINYARD_REPORT_URL", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
     "where reports are POSTed; unset: one JSON line each on stdout")                               \
   X(TOKEN, "TRAINYARD_TOKEN", STR, 0, 0, RANKENV_NO_DEFAULT,                                       \

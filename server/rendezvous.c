@@ -87,9 +87,11 @@ int rdv_put(rdv_store_t *st, const char *job, int attempt, const char *key, cons
   pthread_mutex_lock(&st->lock);
   drop_others(st, job, attempt);
   int n = 0, rc = 0;
+  size_t bytes = 0;
   for (entry_t *e = st->head; e; e = e->next) {
     if (strcmp(e->job, job) || e->attempt != attempt) continue;
     n++;
+    bytes += e->len;
     if (strcmp(e->key, key)) continue;
     if (e->len != len || (len && memcmp(e->value, value, len))) {
       snprintf(msg, msgsz,
@@ -101,9 +103,11 @@ int rdv_put(rdv_store_t *st, const char *job, int attempt, const char *key, cons
     pthread_mutex_unlock(&st->lock);
     return rc; /* the same value again: nothing changes */
   }
-  if (n >= RDV_KEYS_MAX) {
-    snprintf(msg, msgsz, "attempt %d of job %s holds %d rendezvous keys, the most an attempt may",
-             attempt, job, RDV_KEYS_MAX);
+  if (n >= RDV_KEYS_MAX || bytes + len > (size_t)RDV_BYTES_MAX) {
+    snprintf(msg, msgsz,
+             "attempt %d of job %s holds %d rendezvous keys of %zu bytes; an attempt may hold "
+             "%d keys of %d bytes in all",
+             attempt, job, n, bytes, RDV_KEYS_MAX, RDV_BYTES_MAX);
     pthread_mutex_unlock(&st->lock);
     return TY_EEXHAUSTED;
   }

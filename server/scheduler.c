@@ -359,9 +359,13 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   char gloo_dir[2100] = "";
   if (r->gpu) {
     snprintf(rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", dir);
-  } else if (spec_wants_gloo(j->spec) || s->disp->ops->queues) {
+  } else if (s->disp->ops->queues) {
     /* A batch system may place the ranks on several hosts: shm reaches
-     * none but its own. */
+     * none but its own, and they meet through this server's rendezvous
+     * keys (no shared folder needed for it). */
+    snprintf(rdv, sizeof r->rdv, "gloo:http:%s/v1/jobs/%s/attempts/%d/rendezvous", s->url_base,
+             j->id, attempt);
+  } else if (spec_wants_gloo(j->spec)) {
     snprintf(gloo_dir, sizeof gloo_dir, "%s/gloo", dir);
     snprintf(rdv, sizeof r->rdv, "gloo:file:%s", gloo_dir);
   } else {

@@ -6,7 +6,8 @@ happens), with the real trainyard-worker:
     its losses are bit for bit those of the same job as 2 local ranks
     (`trainyard train`, shm);
   - the attempt's batch script is kept in its folder;
-  - a cancel ends it in Slurm with no rank left on the machine;
+  - its ranks meet over Gloo through trainyardd's rendezvous keys
+    (gloo:http:...); a cancel ends it in Slurm with no rank left;
   - a rank killed with SIGKILL fails the attempt; the restart resumes from
     the checkpoint;
   - trainyardd killed with SIGKILL and started again watches the batch job
@@ -179,6 +180,11 @@ class SlurmDispatch(unittest.TestCase):
         job_id = self.submit(self.spec("cancel-me", 100000))
         self.wait_step(job_id, 1)
         self.assertEqual(sorted(p for _, p in rank_pids(job_id)), [0, 1])
+        # They met through this server's rendezvous keys, no shared folder.
+        with open("/proc/%d/environ" % rank_pids(job_id)[0][0], "rb") as f:
+            env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+        self.assertEqual(env[b"TRAINYARD_RENDEZVOUS"].decode(),
+                         "gloo:http:%s/v1/jobs/%s/attempts/1/rendezvous" % (self.srv.url, job_id))
         slurm_id = self.slurm_job(job_id, 1)
         r = self.srv.post("/v1/jobs/%s:cancel" % job_id)
         self.assertEqual(r.status_code, 200, r.text)
