@@ -45,6 +45,12 @@ const jobspec_field_t jobspec_fields[] = {
     {"dist.backend", JF_ENUM, OFF(dist.backend), 0, g_dist_names, false, 0, 0, false,
      "auto (shm for CPU ranks, nccl for GPU ranks), shm (CPU ranks, one host's shared memory), "
      "gloo (CPU ranks over TCP) or nccl (GPU ranks)"},
+    {"resources", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "where the ranks run"},
+    {"resources.nodes", JF_INT, OFF(resources.nodes), 0, NULL, true, 1, 4096, false,
+     "hosts the ranks spread over (more than 1 needs a cluster dispatcher: trainyardd "
+     "--dispatcher slurm)"},
+    {"resources.ranks_per_node", JF_INT, OFF(resources.ranks_per_node), 0, NULL, true, 0, 4096,
+     false, "ranks on each host; 0: world_size / nodes"},
     {"use_lora", JF_BOOL, OFF(use_lora), 0, NULL, false, 0, 0, false,
      "train LoRA adapters instead of every weight"},
     {"lora_rank", JF_INT, OFF(lora_rank), 0, NULL, true, 1, JOBSPEC_LORA_RANK_MAX, false,
@@ -140,6 +146,8 @@ void jobspec_init(jobspec_t *s) {
   s->dtype = TY_DTYPE_F32;
   s->device = JOBSPEC_DEVICE_AUTO;
   s->dist.backend = JOBSPEC_DIST_AUTO;
+  s->resources.nodes = 1;
+  s->resources.ranks_per_node = 0;
   jobspec_copy_str(s->allocation_mode, sizeof s->allocation_mode, "static");
   s->world_size = 1;
   s->fsdp.memory_efficient_load = false;

@@ -93,6 +93,10 @@ typedef struct {
   struct {
     jobspec_dist_backend_t backend; /* default auto */
   } dist;
+  struct {
+    int nodes;          /* hosts the ranks spread over; default 1 */
+    int ranks_per_node; /* default 0 (unset): world_size / nodes once validated */
+  } resources;
   bool use_lora;           /* default false */
   int lora_rank;           /* default 8 */
   double lora_alpha;       /* default 16 */
@@ -252,6 +256,13 @@ int jobspec_resolve_path(const char *path, const char *base, char *out);
  * Returns 0 or TY_EINVAL (error on "device"). */
 int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *errs);
 
+/* Ranks on more than one node (resources.nodes > 1) need a dispatcher
+ * that reaches other hosts (many_nodes); dispatcher names the one that
+ * does not ("the local dispatcher", "trainyard train") in the message. Returns 0 or
+ * TY_EINVAL (error on "resources.nodes"). */
+int jobspec_check_nodes(const jobspec_t *s, const char *dispatcher, bool many_nodes,
+                        ty_errlist_t *errs);
+
 /* This host's memory: /proc/meminfo's MemTotal in bytes, 0 where unknown. */
 uint64_t jobspec_host_memory(void);
 
@@ -274,6 +285,11 @@ uint64_t jobspec_activation_bytes(const jobspec_t *s, const llama_config_t *c, b
 
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
                               const char *host_what, ty_errlist_t *errs);
+
+/* The host memory one training CPU rank of s holds at least, in bytes, as
+ * jobspec_check_host_memory counts it (a cluster dispatcher asks the nodes
+ * for it); 0 where the model's size cannot be known. */
+uint64_t jobspec_rank_host_bytes(const jobspec_t *s);
 
 /* A job of GPU ranks (device cuda, as the caller resolved it), each
  * allowed device_bytes of its GPU, must fit them. device_what says whence

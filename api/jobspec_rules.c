@@ -228,6 +228,29 @@ static void check_dist_device(const vctx_t *v, ty_errlist_t *errs) {
                    s->device == JOBSPEC_DEVICE_CUDA ? "cuda" : "auto");
 }
 
+/* resources: world_size is nodes x ranks_per_node (ranks_per_node 0 was
+ * left unset and, where world_size divides, resolved by jobspec_validate). */
+static void check_resources(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  const int n = s->resources.nodes, r = s->resources.ranks_per_node;
+  if (n > 1 && s->dist.backend == JOBSPEC_DIST_SHM)
+    ty_errlist_add(errs, "dist.backend",
+                   "\"shm\" connects ranks through one host's shared memory, and resources asks "
+                   "for %d nodes; use \"gloo\" (or \"auto\"), or resources.nodes 1",
+                   n);
+  if (n < 1 || r < 0 || s->world_size < 1 || s->world_size > 4096) return; /* ranges says so */
+  if (r == 0)
+    ty_errlist_add(errs, "resources.nodes",
+                   "world_size %d does not spread evenly over %d nodes; give a world_size that "
+                   "is a multiple of resources.nodes, or resources.ranks_per_node",
+                   s->world_size, n);
+  else if ((int64_t)n * r != s->world_size)
+    ty_errlist_add(errs, "resources.ranks_per_node",
+                   "resources asks for %d nodes x %d ranks = %lld ranks, and world_size is %d; "
+                   "make world_size %lld, or change resources to match it",
+                   n, r, (long long)n * r, s->world_size, (long long)n * r);
+}
+
 static void check_alloc_world(const vctx_t *v, ty_errlist_t *errs) {
   alloc_t a;
   if (alloc_parse(v->s->allocation_mode, &a, NULL) != 0 || a.d == 0) return;
@@ -617,6 +640,15 @@ static const rule_t g_rules[] = {
      "shm and gloo move CPU ranks' tensors, nccl GPU ranks'; a backend named for the other kind "
      "of device (or for device auto, which may become either) cannot connect the ranks",
      check_dist_device},
+    {"resources-world-size", "resources.nodes, resources.ranks_per_node, world_size", "spec",
+     "the ranks are nodes x ranks_per_node: when both that and world_size are given they must "
+     "agree; given alone, ranks_per_node sets world_size, and world_size alone spreads evenly "
+     "over the nodes; shm cannot reach ranks on another node",
+     check_resources},
+    {"nodes-dispatcher", "resources.nodes", "submit",
+     "ranks on more than one node need a dispatcher that reaches other hosts (trainyardd "
+     "--dispatcher slurm); the local dispatcher, and trainyard train, refuse them by name",
+     NULL},
     {"lora-targets", "target_modules, use_lora", "spec",
      "a LoRA job with no target module has nothing to train", check_targets},
     {"warmup-within-steps", "train.warmup_steps, train.steps", "spec",
@@ -726,6 +758,12 @@ int jobspec_validate(jobspec_t *s, bool check_paths, ty_errlist_t *errs) {
       if (!s->world_size_given) s->world_size = a.d;
     }
   }
+  const int nodes = s->resources.nodes, rpn = s->resources.ranks_per_node;
+  if (!s->world_size_given && a.d == 0 && nodes >= 1 && rpn >= 1 && (int64_t)nodes * rpn <= 4096)
+    s->world_size = nodes * rpn;
+  if (rpn == 0 && nodes >= 1 && s->world_size >= 1 && s->world_size <= 4096 &&
+      s->world_size % nodes == 0)
+    s->resources.ranks_per_node = s->world_size / nodes;
   s->world_size_given = true;
   if (!s->output_dir[0]) {
     char dir[JOBSPEC_PATH_MAX];

@@ -187,6 +187,17 @@ int jobspec_check_devices(const jobspec_t *s, int gpus_available, ty_errlist_t *
   return 0;
 }
 
+int jobspec_check_nodes(const jobspec_t *s, const char *dispatcher, bool many_nodes,
+                        ty_errlist_t *errs) {
+  if (s->resources.nodes <= 1 || many_nodes) return 0;
+  ty_errlist_add(errs, "resources.nodes",
+                 "is %d, and %s runs every rank on one host; set "
+                 "resources.nodes to 1, or submit to a trainyardd that dispatches to a "
+                 "cluster (trainyardd --dispatcher slurm)",
+                 s->resources.nodes, dispatcher);
+  return TY_EINVAL;
+}
+
 uint64_t jobspec_host_memory(void) {
   FILE *f = fopen("/proc/meminfo", "r");
   if (!f) return 0;
@@ -239,14 +250,25 @@ static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool 
   double train = training ? (!s->use_lora ? 4.0 * shard : shard) + act : shard;
   /* train.sample_prompts under LoRA on several ranks: rank 0 also reads
    * the whole frozen base to decode with (worker/rank/samples.h). */
-  const double samples = training && s->use_lora && W > 1 && s->train.sample_prompts[0][0]
-                             ? whole
-                             : 0.0;
+  const double samples =
+      training && s->use_lora && W > 1 && s->train.sample_prompts[0][0] ? whole : 0.0;
   return W * (load > train ? load : train) + samples;
 }
 
 uint64_t jobspec_activation_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute) {
   return llama_activation_bytes(c, s->train.micro_batch_size, s->data.seq_len, true, recompute, 0);
+}
+
+uint64_t jobspec_rank_host_bytes(const jobspec_t *s) {
+  llama_config_t c;
+  if (s->world_size < 1 || !model_config(s, &c)) return 0;
+  const int64_t params = llama_config_num_params(&c);
+  if (params <= 0) return 0;
+  const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
+  const double act = (double)jobspec_activation_bytes(s, &c, s->gradient_checkpointing);
+  return (
+      uint64_t)(ranks_bytes(s, params, (double)ty_dtype_size(TY_DTYPE_F32), true, standard, act) /
+                s->world_size);
 }
 
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,

@@ -156,7 +156,9 @@ int cmd_train(int argc, char **argv) {
   ty_errlist_t errs = TY_ERRLIST_INIT;
   int rc = jobspec_from_args(&s, argc - 1, argv + 1, passthrough, &errs);
   if (!rc) rc = jobspec_validate(&s, true, &errs);
-  /* Every rank runs on this host: CPU ranks must fit its memory. */
+  /* Every rank runs on this host: one node, and CPU ranks must fit its
+   * memory. */
+  if (!rc) rc = jobspec_check_nodes(&s, "trainyard train", false, &errs);
   if (!rc && s.device != JOBSPEC_DEVICE_CUDA)
     rc = jobspec_check_host_memory(&s, true, jobspec_host_memory(), "MemTotal", &errs);
   if (rc) {

@@ -35,15 +35,30 @@ const char *rankenv_meaning(rankenv_id_t id) {
   return g_vars[id].meaning;
 }
 
-const char *rankenv_str(rankenv_id_t id) {
+static const char *env_nonempty(rankenv_id_t id) {
   const char *s = getenv(g_vars[id].name);
   return s && *s ? s : NULL;
+}
+
+/* The variable read in id's place where id is unset: a rank that srun
+ * started has Slurm's numbering of its tasks and no TRAINYARD_ rank of its
+ * own. id itself where it has no stand-in or is set. */
+static rankenv_id_t source(rankenv_id_t id) {
+  rankenv_id_t alt = id == RANKENV_RANK         ? RANKENV_SLURM_RANK
+                     : id == RANKENV_WORLD_SIZE ? RANKENV_SLURM_WORLD_SIZE
+                                                : id;
+  return alt != id && !env_nonempty(id) && env_nonempty(alt) ? alt : id;
+}
+
+const char *rankenv_str(rankenv_id_t id) {
+  return env_nonempty(source(id));
 }
 
 int rankenv_long_in(rankenv_id_t id, long lo, long hi, long *out, char *err, size_t errlen) {
   assert(g_vars[id].type == RANKENV_INT); /* a caller's mistake, not the environment's */
   if (g_vars[id].dflt != RANKENV_NO_DEFAULT && !rankenv_str(id)) *out = g_vars[id].dflt;
-  return ty_env_long(g_vars[id].name, lo, hi, g_vars[id].meaning, out, err, errlen);
+  const rankenv_id_t from = source(id);
+  return ty_env_long(g_vars[from].name, lo, hi, g_vars[from].meaning, out, err, errlen);
 }
 
 int rankenv_long(rankenv_id_t id, long *out, char *err, size_t errlen) {

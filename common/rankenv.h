@@ -36,7 +36,8 @@ extern "C" {
   X(RANK, "TRAINYARD_RANK", INT, 0, 65535, 0, "this process's rank")                               \
   X(WORLD_SIZE, "TRAINYARD_WORLD_SIZE", INT, 1, 65536, 1, "the job's ranks")                       \
   X(RENDEZVOUS, "TRAINYARD_RENDEZVOUS", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
-    "where the ranks meet: self, shm:<name>, nccl:file:<path>, gloo:file:<dir>")                   \
+    "where the ranks meet: self, shm:<name>, nccl:file:<path>, gloo:file:<dir>, "                   \
+    "gloo:http:<url>")                                                                             \
   X(REPORT_URL, "TRAINYARD_REPORT_URL", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
     "where reports are POSTed; unset: one JSON line each on stdout")                               \
   X(TOKEN, "TRAINYARD_TOKEN", STR, 0, 0, RANKENV_NO_DEFAULT,                                       \
@@ -63,7 +64,15 @@ extern "C" {
   X(HEAD_ROWS, "TRAINYARD_HEAD_ROWS", INT, 1, 1L << 30, RANKENV_NO_DEFAULT,                        \
     "tokens per chunk of the output head's logits; unset: what 256 MiB holds")                     \
   X(CUDA_ATTN_MIB, "TRAINYARD_CUDA_ATTN_MIB", INT, 0, 1L << 20, 128,                               \
-    "MiB of scores for a bf16 model's tensor-core attention; 0: fp32 attention")
+    "MiB of scores for a bf16 model's tensor-core attention; 0: fp32 attention")                   \
+  X(SLURM_RANK, "SLURM_PROCID", INT, 0, 65535, RANKENV_NO_DEFAULT,                                 \
+    "the rank as Slurm's srun numbers its tasks; read where TRAINYARD_RANK is unset")              \
+  X(SLURM_WORLD_SIZE, "SLURM_NTASKS", INT, 1, 65536, RANKENV_NO_DEFAULT,                           \
+    "the tasks of Slurm's job step; read where TRAINYARD_WORLD_SIZE is unset")                     \
+  X(SLURM_NODE, "SLURM_NODEID", INT, 0, 65535, RANKENV_NO_DEFAULT,                                 \
+    "the node of this task within the Slurm allocation, from 0")                                   \
+  X(SLURM_LOCAL_RANK, "SLURM_LOCALID", INT, 0, 65535, RANKENV_NO_DEFAULT,                          \
+    "this task's index among those of its node, from 0")
 
 typedef enum {
 #define RANKENV_ENUM(id, name, type, lo, hi, dflt, meaning) RANKENV_##id,
@@ -82,7 +91,10 @@ const char *rankenv_meaning(rankenv_id_t id);
 
 /* ---- a rank reading its environment ---- */
 
-/* The variable's value, or NULL when it is unset or empty. */
+/* The variable's value, or NULL when it is unset or empty. TRAINYARD_RANK
+ * and TRAINYARD_WORLD_SIZE, where unset, are read from Slurm's
+ * SLURM_PROCID and SLURM_NTASKS (ranks that srun started), and an error
+ * then names the variable that was read. */
 const char *rankenv_str(rankenv_id_t id);
 /* An INT variable in the table's range into *out (its default, or *out as
  * it is when the table has none, when unset); 0, or TY_EINVAL with the

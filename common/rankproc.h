@@ -27,6 +27,12 @@ typedef struct {
  * value from fork. */
 int rankproc_spawn(const rankproc_spec_t *spec, pid_t *pid, int64_t *start_ticks);
 
+/* The exit status of a rank that stopped on SIGTERM at a step boundary
+ * after writing a checkpoint with the others (worker/rank/preempt.h):
+ * trainyardd resubmits its attempt without counting it against
+ * max_restarts (EX_TEMPFAIL). */
+#define RANKPROC_EXIT_PREEMPTED 75
+
 /* Signals the rank's whole process group when pid still names the process
  * that started at start_ticks (a pid may be reused after a restart; <= 0:
  * not checked). 0, or TY_ENOTFOUND when there is no such group. */

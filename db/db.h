@@ -207,6 +207,13 @@ int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx);
  * receives how many. */
 int db_attempts_close_stale(db_t *db, const char *reason, int *n);
 
+/* An attempt whose ranks stopped on SIGTERM with a checkpoint: its state
+ * becomes 'preempted' (after the transition that closed it). */
+int db_attempt_set_preempted(db_t *db, const char *id, int attempt);
+/* How many of job id's attempts were preempted: they do not count against
+ * its max_restarts. */
+int db_job_preemptions(db_t *db, const char *id, int *n);
+
 /* JSON views (new objects, the caller's). */
 /* {"job_id","attempt","ranks":[{rank, state, phase, step, ...}]}: the
  * given attempt, or the newest when attempt <= 0. */

@@ -216,6 +216,37 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
   return rc;
 }
 
+int db_attempt_set_preempted(db_t *db, const char *id, int attempt) {
+  pthread_mutex_lock(&db->lock);
+  sqlite3_stmt *st;
+  int rc = dbi_flush(db);
+  if (!rc)
+    rc = dbi_prepare(db, "UPDATE attempts SET state = 'preempted' WHERE job_id = ? AND attempt = ?",
+                     &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    sqlite3_bind_int(st, 2, attempt);
+    rc = step_done(db, st, "attempt preempted");
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
+int db_job_preemptions(db_t *db, const char *id, int *n) {
+  *n = 0;
+  pthread_mutex_lock(&db->lock);
+  sqlite3_stmt *st;
+  int rc = dbi_prepare(db, "SELECT count(*) FROM attempts WHERE job_id = ? AND state = 'preempted'",
+                       &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    if (sqlite3_step(st) == SQLITE_ROW) *n = sqlite3_column_int(st, 0);
+    dbi_finish(db, st);
+  }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
 int db_job_unfinished_ranks(db_t *db, const char *id, int *n) {
   *n = 0;
   pthread_mutex_lock(&db->lock);

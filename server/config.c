@@ -253,6 +253,11 @@ int srv_config_check(srv_config_t *c, char *msg, size_t msgsz) {
              c->listen);
     return TY_EINVAL;
   }
+  if (strcmp(c->dispatcher, "local") && strcmp(c->dispatcher, "slurm")) {
+    snprintf(msg, msgsz, "dispatcher \"%s\" is not known; use local (ranks on this host) or slurm",
+             c->dispatcher);
+    return TY_EINVAL;
+  }
   if (c->cpu_slots == 0) c->cpu_slots = online_cpus();
   if (c->http_threads == 0) c->http_threads = online_cpus();
   if (!*c->roots) {

@@ -34,6 +34,25 @@
     "MiB of device memory each GPU rank may allocate (0: no cap)")                         \
   X(worker, STR, "", 0, 0, "TRAINYARD_WORKER_BIN",                                         \
     "rank program (default: trainyard-worker beside trainyardd, or ../worker/ in a build tree)")                         \
+  X(dispatcher, STR, "local", 0, 0, "TRAINYARD_DISPATCHER",                                \
+    "where ranks run: local (this host) or slurm (one sbatch per attempt; README "         \
+    "'Running on a Slurm cluster')")                                                       \
+  X(advertise_url, STR, "", 0, 0, "TRAINYARD_ADVERTISE_URL",                               \
+    "http://host:port at which ranks on other hosts reach this server (empty: from "       \
+    "--listen, 127.0.0.1 for a wildcard address)")                                         \
+  X(slurm_partition, STR, "", 0, 0, "TRAINYARD_SLURM_PARTITION",                           \
+    "slurm: sbatch --partition (empty: the cluster's default)")                            \
+  X(slurm_account, STR, "", 0, 0, "TRAINYARD_SLURM_ACCOUNT", "slurm: sbatch --account")    \
+  X(slurm_qos, STR, "", 0, 0, "TRAINYARD_SLURM_QOS", "slurm: sbatch --qos")                \
+  X(slurm_time, STR, "", 0, 0, "TRAINYARD_SLURM_TIME",                                     \
+    "slurm: sbatch --time of each attempt (e.g. 4:00:00; empty: the partition's limit)")   \
+  X(slurm_extra, STR, "", 0, 0, "TRAINYARD_SLURM_EXTRA",                                   \
+    "slurm: more sbatch options, ';'-separated, each one #SBATCH line (e.g. "              \
+    "--constraint=a100;--exclusive)")                                                      \
+  X(slurm_cpus_per_rank, INT, "1", 1, 4096, "TRAINYARD_SLURM_CPUS_PER_RANK",               \
+    "slurm: sbatch --cpus-per-task")                                                       \
+  X(slurm_poll, SEC, "2", 0.05, 600, "TRAINYARD_SLURM_POLL",                               \
+    "slurm: seconds between squeue polls of an attempt's batch job")                       \
   X(grace, SEC, "10", 0.05, 3600, "TRAINYARD_GRACE",                                       \
     "seconds between SIGTERM and SIGKILL when ranks are stopped")                          \
   X(heartbeat_timeout, SEC, "60", 0.2, 86400, "TRAINYARD_HEARTBEAT_TIMEOUT",               \

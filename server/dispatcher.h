@@ -14,6 +14,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "server/config.h"
+
 typedef struct dispatcher dispatcher_t;
 /* One attempt's ranks, as an engine started them (engine-owned). */
 typedef struct dispatch_run dispatch_run_t;
@@ -33,6 +35,14 @@ typedef struct {
   int64_t log_max;              /* bytes of output kept per rank */
   int64_t gpu_mem_limit_mib;    /* device memory a GPU rank may allocate; 0: no cap */
   int heartbeat_ms;             /* how often a rank repeats its last report while busy */
+  /* For an engine that places ranks on other hosts (the local one reads
+   * none of these): */
+  const char *job_name;      /* the spec's name */
+  const char *dir;           /* the attempt's folder (shared with the nodes) */
+  int nodes, ranks_per_node; /* resources: world_size = nodes x ranks_per_node */
+  bool cuda;                 /* GPU ranks: a GPU each */
+  int64_t mem_mib_per_rank;  /* host memory a rank holds at least (the memory rules); 0: unknown */
+  int grace_s;               /* seconds between SIGTERM and SIGKILL */
   /* Called (from an engine's thread) with each line a rank prints that
    * starts with '{' (a report; see DESIGN.md "Worker contract"),
    * NUL-terminated, without its newline; may be NULL. line_ctx is taken
@@ -63,6 +73,21 @@ typedef struct {
   /* Waits for the engine's threads of the run (a rank's output still
    * being copied) and frees it; NULL is fine. */
   void (*release)(dispatch_run_t *run);
+  /* Engines that queue attempts themselves (a batch system): the
+   * scheduler counts no slots of its own for them, and a rank still queued
+   * there is not timed out for its silence. false for the local engine. */
+  bool queues;
+  /* Whether the run is still waiting for its resources (NULL: never). */
+  bool (*waiting)(dispatch_run_t *run);
+  /* Why the engine saw rank i end, when it knows more than the wait
+   * status (a time limit, a failed node, ...), into buf; false where it
+   * has nothing to add. NULL: never. */
+  bool (*why)(dispatch_run_t *run, int rank, char *buf, size_t size);
+  /* Takes over a run an earlier trainyardd started and the engine still
+   * runs (as `where` recorded it: pid, start_ticks), of world ranks; NULL
+   * where it cannot. NULL op: runs are never taken over (the local
+   * engine's ranks die with their watcher's pipes). */
+  dispatch_run_t *(*adopt)(dispatcher_t *d, int pid, int64_t start_ticks, int world);
   /* Recovery of ranks an earlier trainyardd started (as `where` said):
    * whether one still runs, and a signal to it and all it started. */
   bool (*recorded_alive)(dispatcher_t *d, int pid, int64_t start_ticks);
@@ -76,5 +101,13 @@ struct dispatcher {
 
 /* The local engine (server/dispatch.c); it has no state of its own. */
 extern dispatcher_t dispatch_local;
+
+/* The Slurm engine (server/dispatch_slurm.c): each attempt one batch job
+ * (sbatch), srun starting its ranks on the allocated nodes; cfg (a
+ * srv_config_t, borrowed for the engine's life) gives the sbatch options.
+ * A rank's `where` is the batch job's id as pid, with start_ticks
+ * DISPATCH_SLURM_TICKS. */
+#define DISPATCH_SLURM_TICKS (-2)
+void dispatch_slurm_init(dispatcher_t *d, const srv_config_t *cfg);
 
 #endif

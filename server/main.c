@@ -66,7 +66,14 @@ int main(int argc, char **argv) {
   sched_t *sched = NULL;
   int rc = svc_open(&cfg, &svc, msg, sizeof msg);
   if (rc) goto fail;
-  if ((rc = recovery_run(svc, &cfg, &dispatch_local)) < 0) {
+  dispatcher_t slurm, *disp = &dispatch_local;
+  if (!strcmp(cfg.dispatcher, "slurm")) {
+    dispatch_slurm_init(&slurm, &cfg);
+    disp = &slurm;
+  }
+  recovery_adopt_t *adopt = NULL;
+  size_t nadopt = 0;
+  if ((rc = recovery_run(svc, &cfg, disp, &adopt, &nadopt)) < 0) {
     snprintf(msg, sizeof msg, "recovery of the previous state failed (see the log)");
     goto fail;
   }
@@ -74,8 +81,19 @@ int main(int argc, char **argv) {
   if ((rc = rest_start(svc, &cfg, &rest, &port, msg, sizeof msg))) goto fail;
   char base[300];
   report_base(cfg.listen, port, base, sizeof base);
-  if ((rc = sched_create(svc, &cfg, &dispatch_local, base, &sched, msg, sizeof msg))) goto fail;
+  /* Ranks on other hosts reach this server where the operator says. */
+  char ranks_base[300];
+  snprintf(ranks_base, sizeof ranks_base, "%s", *cfg.advertise_url ? cfg.advertise_url : base);
+  for (size_t n = strlen(ranks_base); n && ranks_base[n - 1] == '/';) ranks_base[--n] = '\0';
+  if ((rc = sched_create(svc, &cfg, disp, ranks_base, &sched, msg, sizeof msg))) goto fail;
   svc_set_scheduler(svc, sched);
+  /* Attempts still running in the cluster are watched again; one that
+   * cannot be is failed (a restart queues it again where allowed). */
+  for (size_t i = 0; i < nadopt; i++)
+    if (sched_adopt(sched, adopt[i].id, adopt[i].attempt, adopt[i].pid, adopt[i].start))
+      svc_transition(svc, adopt[i].id, DB_MASK_ACTIVE, DB_JOB_FAILED,
+                     "trainyardd restarted and could not watch the attempt again", NULL, NULL);
+  free(adopt);
   if ((rc = sched_start(sched))) {
     snprintf(msg, sizeof msg, "cannot start the scheduler thread");
     goto fail;
@@ -85,8 +103,11 @@ int main(int argc, char **argv) {
     if ((rc = gsrv_start(svc, &cfg, cfg.grpc_listen, &grpc, &gport, msg, sizeof msg))) goto fail;
     ty_info("trainyardd gRPC listening on %s (port %d)", cfg.grpc_listen, gport);
   }
-  ty_info("trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s)", base, cfg.db,
-          (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off");
+  ty_info(
+      "trainyardd listening on %s (db %s, %lld CPU slots, %lld GPUs, auth %s, dispatcher %s, "
+      "ranks report to %s)",
+      base, cfg.db, (long long)cfg.cpu_slots, (long long)cfg.gpus, *cfg.tokens ? "on" : "off",
+      cfg.dispatcher, ranks_base);
   int sig = 0;
   sigdelset(&set, SIGPIPE);
   sigwait(&set, &sig);

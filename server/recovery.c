@@ -23,6 +23,7 @@ typedef struct {
   int attempt, rank, pid;
   int64_t start;
   bool alive;
+  bool adopted; /* left running: the scheduler takes it over */
 } live_t;
 
 typedef struct {
@@ -133,10 +134,42 @@ static void remove_leftovers(svc_t *svc, const srv_config_t *cfg, const char *id
   db_job_free(j);
 }
 
-int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp) {
+/* Whether job id has an attempt adopted (in the first n entries of a). */
+static bool adopted_job(const recovery_adopt_t *a, size_t n, const char *id) {
+  for (size_t i = 0; i < n; i++)
+    if (!strcmp(a[i].id, id)) return true;
+  return false;
+}
+
+int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp, recovery_adopt_t **adopt,
+                 size_t *nadopt) {
   live_list_t l = {.disp = disp};
+  *adopt = NULL;
+  *nadopt = 0;
   int rc = db_live_ranks_each(svc_db(svc), collect, &l);
   if (rc) return rc;
+  /* Attempts of active jobs that the engine still runs, and can watch
+   * again, are taken over rather than stopped: a batch job queued or
+   * running in the cluster is not this process's child. */
+  for (size_t i = 0; disp->ops->adopt && i < l.n; i++) {
+    live_t *x = &l.items[i];
+    db_job_brief_t b;
+    if (!x->alive || db_job_brief(svc_db(svc), x->id, &b) || b.attempt != x->attempt ||
+        !(DB_MASK(b.state) & DB_MASK_ACTIVE))
+      continue;
+    x->adopted = true;
+    if (adopted_job(*adopt, *nadopt, x->id)) continue;
+    *adopt = xrealloc(*adopt, (*nadopt + 1) * sizeof **adopt);
+    recovery_adopt_t *a = &(*adopt)[(*nadopt)++];
+    snprintf(a->id, sizeof a->id, "%s", x->id);
+    a->attempt = x->attempt;
+    a->pid = x->pid;
+    a->start = x->start;
+    ty_info("recovery: job %s attempt %d still runs (%s, %d): watched again", x->id, x->attempt,
+            disp->ops->name, x->pid);
+  }
+  for (size_t i = 0; i < l.n; i++)
+    if (l.items[i].adopted) l.items[i].alive = false; /* not to be stopped below */
   /* Stop the survivors: they report to an instance that no longer knows
    * them and hold slots this one is about to hand out. */
   for (size_t i = 0; i < l.n; i++)
@@ -166,6 +199,7 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp) {
    * event streams never end and it can never be deleted. */
   for (size_t i = 0; i < l.n; i++) {
     live_t *x = &l.items[i];
+    if (x->adopted) continue;
     bool had_pid = x->pid > 0;
     svc_rank_finished(svc, x->id, x->attempt, x->rank, "stopped", -1,
                       had_pid ? "trainyardd restarted: the rank was stopped"
@@ -180,6 +214,7 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp) {
     db_job_t *j = jobs[i];
     char reason[256];
     int to;
+    if (adopted_job(*adopt, *nadopt, j->id)) continue;
     if (j->attempt <= j->max_restarts) {
       to = DB_JOB_QUEUED;
       snprintf(reason, sizeof reason,
@@ -198,7 +233,8 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp) {
   }
   db_jobs_free(jobs, n);
   for (size_t i = 0; i < l.n; i++)
-    if (i == 0 || strcmp(l.items[i].id, l.items[i - 1].id))
+    if ((i == 0 || strcmp(l.items[i].id, l.items[i - 1].id)) &&
+        !adopted_job(*adopt, *nadopt, l.items[i].id))
       remove_leftovers(svc, cfg, l.items[i].id);
   free(l.items);
   int stale = 0;

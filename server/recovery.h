@@ -5,6 +5,9 @@
 #ifndef TY_SERVER_RECOVERY_H
 #define TY_SERVER_RECOVERY_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #include "server/config.h"
 
 typedef struct svc svc_t;
@@ -23,6 +26,20 @@ typedef struct dispatcher dispatcher_t;
  * where no other run holds the output folder). Queued jobs stay queued.
  * Returns the number of jobs left starting or running that were reconciled,
  * or a TY_E* code. */
-int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp);
+/* An attempt whose ranks an engine that queues attempts itself (Slurm)
+ * still runs: recovery leaves it be, and the scheduler watches it again
+ * (sched_adopt). */
+typedef struct {
+  char id[64];
+  int attempt;
+  int pid; /* where its ranks run, as the engine recorded it */
+  int64_t start;
+} recovery_adopt_t;
+
+/* With an engine that can take over a run (dispatcher_ops_t.adopt), the
+ * attempts it still runs are left running and listed in *adopt (n entries;
+ * the caller frees the array; NULL when none) instead. */
+int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp, recovery_adopt_t **adopt,
+                 size_t *nadopt);
 
 #endif

@@ -45,6 +45,8 @@ static const rest_route_t g_routes[] = {
     {"GET", "/v1/jobs/{id}/events", rest_h_events, 0, AUTH_API},
     {"GET", "/v1/jobs/{id}/ranks/{rank}/log", rest_h_log, 0, AUTH_API},
     {"POST", "/v1/internal/jobs/{id}/report", rest_h_report, 65536, AUTH_JOB},
+    {"PUT", "/v1/jobs/{id}/attempts/{n}/rendezvous/{key}", rest_h_rdv_put, 65536, AUTH_JOB},
+    {"GET", "/v1/jobs/{id}/attempts/{n}/rendezvous/{key}", rest_h_rdv_get, 0, AUTH_JOB},
     {"GET", "/healthz", h_healthz, 0, AUTH_NONE},
     {"GET", "/metrics", h_prometheus, 0, AUTH_API},
     {"GET", "/", rest_h_web, 0, AUTH_NONE},
@@ -387,6 +389,10 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
   if (!q) return;
   count_request(q->route, q->status ? q->status : 500);
   free(q->body);
+  if (q->ctx_free)
+    q->ctx_free(q->ctx);
+  else
+    free(q->ctx);
   free(q);
   *con_cls = NULL;
 }
@@ -532,6 +538,15 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
     free(r);
     return TY_EINTERNAL;
   }
+  if (rest_rdv_start(r)) {
+    snprintf(msg, msgsz, "cannot start the rendezvous thread");
+    atomic_store(&r->stopping, true);
+    rest_events_release(r, 0);
+    rest_events_join(r);
+    rdl_stop(r->deadlines);
+    free(r);
+    return TY_EINTERNAL;
+  }
   r->mhd = MHD_start_daemon(
       flags, 0, NULL, NULL, on_request, r, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, r,
       MHD_OPTION_THREAD_POOL_SIZE, (unsigned)cfg->http_threads, MHD_OPTION_SOCK_ADDR, &ss,
@@ -546,6 +561,8 @@ int rest_start(svc_t *svc, const srv_config_t *cfg, rest_t **out, int *port, cha
     atomic_store(&r->stopping, true);
     rest_events_release(r, 0);
     rest_events_join(r);
+    rest_rdv_release(r);
+    rest_rdv_join(r);
     rdl_stop(r->deadlines);
     free(r);
     return TY_EUNAVAILABLE;
@@ -560,8 +577,10 @@ void rest_stop(rest_t *r) {
   if (!r) return;
   atomic_store(&r->stopping, true);
   rest_events_release(r, STREAM_END_S);
+  rest_rdv_release(r);
   MHD_stop_daemon(r->mhd);
   rest_events_join(r);
+  rest_rdv_join(r);
   rdl_stop(r->deadlines); /* after the daemon: every connection has closed */
   free(r);
 }

@@ -25,6 +25,8 @@ typedef struct {
   size_t body_len;
   bool body_too_big;
   int status;                        /* HTTP status sent (for /metrics) */
+  void *ctx;                         /* a handler's state across calls (a suspended wait) */
+  void (*ctx_free)(void *ctx);       /* frees ctx at completion; NULL: free() */
 } rest_req_t;
 
 typedef enum MHD_Result (*rest_handler_fn)(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
@@ -40,6 +42,7 @@ typedef struct route_s {
 } rest_route_t;
 
 typedef struct sse sse_t; /* one event stream (rest_events.c) */
+typedef struct rest_rdv rest_rdv_t; /* rendezvous keys and their waiting readers */
 
 struct rest {
   svc_t *svc;
@@ -56,6 +59,7 @@ struct rest {
   atomic_int sse_open;     /* streams not yet freed */
   bool sse_quit;
   pthread_t sse_waker;
+  rest_rdv_t *rdv; /* rest_rendezvous.c */
 };
 
 /* Response helpers: each queues its response, records the status in q and
@@ -81,6 +85,14 @@ enum MHD_Result rest_h_metrics(rest_t *r, struct MHD_Connection *c, rest_req_t *
 enum MHD_Result rest_h_log(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_report(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
 enum MHD_Result rest_h_events(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_rdv_put(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+enum MHD_Result rest_h_rdv_get(rest_t *r, struct MHD_Connection *c, rest_req_t *q);
+/* The rendezvous waker (rest_rendezvous.c): started with the daemon;
+ * released (every waiting reader resumed, none waits again) before it
+ * stops, joined after. */
+int rest_rdv_start(rest_t *r);
+void rest_rdv_release(rest_t *r);
+void rest_rdv_join(rest_t *r);
 enum MHD_Result rest_h_web(rest_t *r, struct MHD_Connection *c, rest_req_t *q); /* rest_web.c */
 
 /* The event streams' waker: started before the daemon; released once

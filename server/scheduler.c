@@ -19,38 +19,41 @@
 #include "common/clock.h"
 #include "common/fsutil.h"
 #include "common/log.h"
+#include "common/rankproc.h"
 #include "common/shm_name.h"
 #include "common/xalloc.h"
+#include "api/jobspec.h"
 #include "server/dispatcher.h"
 #include "server/service.h"
 
 #define TICK_S 0.1
 
 typedef struct {
-  bool started;            /* the process was created */
-  bool exited, recorded;   /* reaped; its finish written to the database */
-  int status;              /* wait status once exited */
-  bool signalled;          /* we sent it SIGTERM or SIGKILL */
-  double last_report;      /* monotonic seconds: any report */
-  double last_progress;    /* monotonic seconds: phase, step or bytes changed */
-  report_wire_t last;      /* the report that last moved its progress */
-  char fail_msg[512];      /* message of its last "failed" report */
-  int gpu;                 /* GPU index held, or -1 */
+  bool started;          /* the process was created */
+  bool exited, recorded; /* reaped; its finish written to the database */
+  int status;            /* wait status once exited */
+  bool signalled;        /* we sent it SIGTERM or SIGKILL */
+  double last_report;    /* monotonic seconds: any report */
+  double last_progress;  /* monotonic seconds: phase, step or bytes changed */
+  report_wire_t last;    /* the report that last moved its progress */
+  char fail_msg[512];    /* message of its last "failed" report */
+  int gpu;               /* GPU index held, or -1 */
 } srank_t;
 
 typedef struct run {
   char id[DB_ID_MAX];
   int attempt, world, max_restarts;
+  int preempted_before; /* earlier attempts preempted: not counted against max_restarts */
   bool gpu;
   srank_t *ranks;
-  dispatch_run_t *drun;    /* the ranks as the dispatcher started them; NULL: none */
-  bool decided;            /* the job's state for this attempt is written */
-  bool stopping;           /* SIGTERM sent; SIGKILL at kill_at */
+  dispatch_run_t *drun; /* the ranks as the dispatcher started them; NULL: none */
+  bool decided;         /* the job's state for this attempt is written */
+  bool stopping;        /* SIGTERM sent; SIGKILL at kill_at */
   double kill_at;
   bool killed;
-  char rdv[2200];          /* the ranks' rendezvous; an shm one is removed at the end */
-  int out_lock;            /* ty_dir_lock of the output folder while the ranks run; -1 */
-  char *out_dir;           /* the job's resolved output folder; NULL: none */
+  char rdv[2200]; /* the ranks' rendezvous; an shm one is removed at the end */
+  int out_lock;   /* ty_dir_lock of the output folder while the ranks run; -1 */
+  char *out_dir;  /* the job's resolved output folder; NULL: none */
   struct run *next;
 } run_t;
 
@@ -73,9 +76,9 @@ struct sched {
   run_t *ending; /* runs being released by tick, outside s->lock */
   cancel_req_t *cancels;
   int64_t cpu_used, gpu_used;
-  uint64_t gpu_busy;       /* bit g: GPU g is held by a rank (gpus <= 64) */
-  double start_backoff;    /* seconds; 0 while starts are written */
-  double start_at;         /* ty_mono_s() before which no start is tried again */
+  uint64_t gpu_busy;    /* bit g: GPU g is held by a rank (gpus <= 64) */
+  double start_backoff; /* seconds; 0 while starts are written */
+  double start_at;      /* ty_mono_s() before which no start is tried again */
 };
 
 /* The default worker: trainyard-worker in the directory of this binary (an
@@ -113,8 +116,8 @@ int sched_fits(const srv_config_t *cfg, const char *device, int world_size, char
   if (world_size <= slots) return 0;
   snprintf(msg, msgsz,
            "%d %s ranks can never run on this server: it has %lld %s (%s); lower world_size",
-           world_size, gpu ? "GPU" : "CPU", (long long)slots,
-           gpu ? "GPUs" : "CPU rank slots", gpu ? "--gpus" : "--cpu_slots");
+           world_size, gpu ? "GPU" : "CPU", (long long)slots, gpu ? "GPUs" : "CPU rank slots",
+           gpu ? "--gpus" : "--cpu_slots");
   return TY_EINVAL;
 }
 
@@ -182,10 +185,11 @@ static void fail_attempt(sched_t *s, run_t *r, const char *why) {
     r->decided = true;
     char reason[1024];
     int to;
-    if (r->attempt <= r->max_restarts) {
+    const int restart = r->attempt - r->preempted_before;
+    if (restart <= r->max_restarts) {
       to = DB_JOB_QUEUED;
       snprintf(reason, sizeof reason, "attempt %d failed: %s; retrying (restart %d of %d)",
-               r->attempt, why, r->attempt, r->max_restarts);
+               r->attempt, why, restart, r->max_restarts);
     } else {
       to = DB_JOB_FAILED;
       snprintf(reason, sizeof reason, "%s", why);
@@ -196,6 +200,26 @@ static void fail_attempt(sched_t *s, run_t *r, const char *why) {
     int rc = svc_transition(s->svc, r->id, DB_MASK_ACTIVE, to, reason, NULL, NULL);
     if (rc && rc != TY_EPRECONDITION)
       ty_error("job %s: cannot record the failure (%s): %s", r->id, ty_err_name(rc), reason);
+  }
+  begin_stop(s, r);
+}
+
+/* The ranks stopped on SIGTERM at a step boundary, a checkpoint written
+ * (RANKPROC_EXIT_PREEMPTED): the job is queued again, and the next
+ * attempt resumes from that checkpoint; this one does not count against
+ * max_restarts. */
+static void preempt_attempt(sched_t *s, run_t *r, int rank) {
+  if (!r->decided) {
+    r->decided = true;
+    char reason[512];
+    snprintf(reason, sizeof reason,
+             "attempt %d preempted: rank %d stopped on SIGTERM after the ranks wrote a checkpoint "
+             "together; resuming from it (a preemption does not count against max_restarts)",
+             r->attempt, rank);
+    int rc = svc_transition(s->svc, r->id, DB_MASK_ACTIVE, DB_JOB_QUEUED, reason, NULL, NULL);
+    if (!rc) rc = db_attempt_set_preempted(svc_db(s->svc), r->id, r->attempt);
+    if (rc && rc != TY_EPRECONDITION)
+      ty_error("job %s: cannot record the preemption (%s)", r->id, ty_err_name(rc));
   }
   begin_stop(s, r);
 }
@@ -221,7 +245,13 @@ static void reap(sched_t *s) {
   for (run_t *r = s->runs; r; r = r->next)
     for (int i = 0; i < r->world; i++) {
       srank_t *k = &r->ranks[i];
-      if (k->started && !k->exited && s->disp->ops->ended(r->drun, i, &k->status)) k->exited = true;
+      if (k->started && !k->exited && s->disp->ops->ended(r->drun, i, &k->status)) {
+        k->exited = true;
+        /* What the engine saw (a time limit, a failed node) where the
+         * rank itself said nothing. */
+        if (!k->fail_msg[0] && s->disp->ops->why)
+          s->disp->ops->why(r->drun, i, k->fail_msg, sizeof k->fail_msg);
+      }
     }
 }
 
@@ -299,6 +329,7 @@ static run_t *claim_slots(sched_t *s, const db_job_t *j, int attempt) {
   r->attempt = attempt;
   r->world = j->world_size;
   r->max_restarts = j->max_restarts;
+  db_job_preemptions(svc_db(s->svc), j->id, &r->preempted_before);
   r->gpu = !strcmp(j->device, "cuda");
   r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
   r->out_lock = -1;
@@ -311,7 +342,7 @@ static run_t *claim_slots(sched_t *s, const db_job_t *j, int attempt) {
     s->cpu_used += r->world;
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
-    for (int g = 0; r->gpu && g < s->cfg->gpus && g < 64; g++)
+    for (int g = 0; r->gpu && !s->disp->ops->queues && g < s->cfg->gpus && g < 64; g++)
       if (!(s->gpu_busy & (1ull << g))) {
         s->gpu_busy |= 1ull << g;
         r->ranks[i].gpu = g;
@@ -342,7 +373,8 @@ static void attempt_files_free(attempt_files_t *f) {
 /* Prepares run r's attempt of job j: where its ranks meet (r->rdv: GPU
  * ranks through NCCL, CPU ranks through this host's shared memory, or over
  * TCP (Gloo) where the spec asks, exchanging addresses through files in the
- * attempt's folder), the attempt's folder, the spec file and the output
+ * attempt's folder, or where a batch system places them, through this
+ * server's rendezvous keys), the attempt's folder, the spec file and the output
  * folder's lock. 0, or a TY_E* code with the reason in msg. */
 static int prepare_attempt(sched_t *s, const db_job_t *j, run_t *r, attempt_files_t *f, char *msg,
                            size_t msgsz) {
@@ -352,6 +384,12 @@ static int prepare_attempt(sched_t *s, const db_job_t *j, run_t *r, attempt_file
   f->gloo_dir[0] = '\0';
   if (r->gpu) {
     snprintf(r->rdv, sizeof r->rdv, "nccl:file:%s/nccl.id", f->dir);
+  } else if (s->disp->ops->queues) {
+    /* A batch system may place the ranks on several hosts: shm reaches
+     * none but its own, and they meet through this server's rendezvous
+     * keys (no shared folder needed for it). */
+    snprintf(r->rdv, sizeof r->rdv, "gloo:http:%s/v1/jobs/%s/attempts/%d/rendezvous", s->url_base,
+             j->id, r->attempt);
   } else if (spec_wants_gloo(j->spec)) {
     snprintf(f->gloo_dir, sizeof f->gloo_dir, "%s/gloo", f->dir);
     snprintf(r->rdv, sizeof r->rdv, "gloo:file:%s", f->gloo_dir);
@@ -393,21 +431,41 @@ static int spawn_ranks(sched_t *s, const db_job_t *j, run_t *r, const attempt_fi
   lc->svc = s->svc;
   snprintf(lc->id, sizeof lc->id, "%s", j->id);
   snprintf(lc->token, sizeof lc->token, "%s", j->token);
-  dispatch_attempt_t a = {.worker = s->worker,
-                          .spec_path = f->spec_path,
-                          .job_id = j->id,
-                          .attempt = r->attempt,
-                          .world_size = r->world,
-                          .rendezvous = r->rdv,
-                          .report_url = f->url,
-                          .token = j->token,
-                          .gpus = f->gpus,
-                          .log_paths = f->log_ptrs,
-                          .log_max = s->cfg->log_max,
-                          .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
-                          .heartbeat_ms = heartbeat_ms(s->cfg),
-                          .on_line = on_report_line,
-                          .line_ctx = lc};
+  /* What a cluster engine asks for: the spec's resources and the memory
+   * rules' bound of a rank. */
+  jobspec_t spec;
+  jobspec_init(&spec);
+  json_t *sj = json_loads(j->spec, 0, NULL);
+  ty_errlist_t serr = TY_ERRLIST_INIT;
+  if (sj) jobspec_from_json(&spec, sj, &serr);
+  ty_errlist_clear(&serr);
+  json_decref(sj);
+  const int nodes = spec.resources.nodes >= 1 ? spec.resources.nodes : 1;
+  const int rpn =
+      spec.resources.ranks_per_node >= 1 ? spec.resources.ranks_per_node : r->world / nodes;
+  dispatch_attempt_t a = {
+      .worker = s->worker,
+      .job_name = j->name,
+      .dir = f->dir,
+      .nodes = nodes,
+      .ranks_per_node = rpn,
+      .cuda = r->gpu,
+      .mem_mib_per_rank = (int64_t)((jobspec_rank_host_bytes(&spec) + (1u << 20) - 1) >> 20),
+      .grace_s = s->cfg->grace < 1 ? 1 : (int)(s->cfg->grace + 0.5),
+      .spec_path = f->spec_path,
+      .job_id = j->id,
+      .attempt = r->attempt,
+      .world_size = r->world,
+      .rendezvous = r->rdv,
+      .report_url = f->url,
+      .token = j->token,
+      .gpus = f->gpus,
+      .log_paths = f->log_ptrs,
+      .log_max = s->cfg->log_max,
+      .gpu_mem_limit_mib = s->cfg->gpu_mem_limit_mib,
+      .heartbeat_ms = heartbeat_ms(s->cfg),
+      .on_line = on_report_line,
+      .line_ctx = lc};
   *started = 0;
   int rc = s->disp->ops->start(s->disp, &a, &r->drun, started, msg, msgsz);
   double now = ty_mono_s();
@@ -450,6 +508,51 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
     fail_attempt(s, r, reason);
   }
   attempt_files_free(&f);
+  return 0;
+}
+
+int sched_adopt(sched_t *s, const char *id, int attempt, int pid, int64_t start_ticks) {
+  db_job_t *j = NULL;
+  int rc = db_job_get(svc_db(s->svc), id, &j);
+  if (rc) return rc;
+  dispatch_run_t *drun =
+      s->disp->ops->adopt ? s->disp->ops->adopt(s->disp, pid, start_ticks, j->world_size) : NULL;
+  if (!drun) {
+    db_job_free(j);
+    return TY_EUNAVAILABLE;
+  }
+  pthread_mutex_lock(&s->lock);
+  run_t *r = xcalloc(1, sizeof *r);
+  snprintf(r->id, sizeof r->id, "%s", j->id);
+  r->attempt = attempt;
+  r->world = j->world_size;
+  r->max_restarts = j->max_restarts;
+  db_job_preemptions(svc_db(s->svc), j->id, &r->preempted_before);
+  r->gpu = !strcmp(j->device, "cuda");
+  r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
+  r->drun = drun;
+  r->out_lock = -1;
+  r->out_dir = j->output_dir && j->output_dir[0] ? xstrdup(j->output_dir) : NULL;
+  if (r->out_dir) r->out_lock = ty_dir_lock(r->out_dir, NULL, 0);
+  if (r->out_lock < 0) r->out_lock = -1;
+  snprintf(r->rdv, sizeof r->rdv, "gloo:file:%s/jobs/%s/attempt-%d/gloo", s->cfg->state_dir, j->id,
+           attempt);
+  const double now = ty_mono_s();
+  for (int i = 0; i < r->world; i++) {
+    srank_t *k = &r->ranks[i];
+    k->started = true;
+    k->gpu = -1;
+    k->last_report = k->last_progress = now;
+    report_wire_init(&k->last);
+  }
+  if (r->gpu)
+    s->gpu_used += r->world;
+  else
+    s->cpu_used += r->world;
+  r->next = s->runs;
+  s->runs = r;
+  pthread_mutex_unlock(&s->lock);
+  db_job_free(j);
   return 0;
 }
 
@@ -505,7 +608,7 @@ static void start_queued(sched_t *s) {
     db_job_t *j = jobs[0];
     bool gpu = !strcmp(j->device, "cuda");
     int64_t free_slots = gpu ? s->cfg->gpus - s->gpu_used : s->cfg->cpu_slots - s->cpu_used;
-    bool go = j->world_size <= free_slots && !job_has_run(s, j->id) &&
+    bool go = (s->disp->ops->queues || j->world_size <= free_slots) && !job_has_run(s, j->id) &&
               !dir_has_run(s, j->output_dir);
     int rc = go ? start_attempt(s, j) : 0;
     /* A start that could not be written is tried again after a backoff,
@@ -536,10 +639,19 @@ static bool step_run(sched_t *s, run_t *r, double now) {
     int code;
     exit_reason(k, i, why, sizeof why, &code);
     bool ok = WIFEXITED(k->status) && code == 0;
-    const char *state = ok ? "exited" : (k->signalled ? "stopped" : "failed");
+    bool preempted = WIFEXITED(k->status) && code == RANKPROC_EXIT_PREEMPTED;
+    if (preempted)
+      snprintf(why, sizeof why, "rank %d stopped on SIGTERM after a checkpoint (preempted)", i);
+    const char *state = ok ? "exited" : (k->signalled || preempted ? "stopped" : "failed");
     svc_rank_finished(s->svc, r->id, r->attempt, i, state, code, ok ? "" : why);
+    if (preempted && !r->decided) preempt_attempt(s, r, i);
     if (!ok && !r->decided) fail_attempt(s, r, why);
   }
+  /* Ranks that a batch system still holds in its queue say nothing: their
+   * silence starts when they do. */
+  if (!r->decided && !r->stopping && r->drun && s->disp->ops->waiting &&
+      s->disp->ops->waiting(r->drun))
+    for (int i = 0; i < r->world; i++) r->ranks[i].last_report = r->ranks[i].last_progress = now;
   if (!r->decided && !r->stopping) {
     for (int i = 0; i < r->world && !r->decided; i++) {
       srank_t *k = &r->ranks[i];

@@ -47,4 +47,12 @@ int64_t sched_ranks_running(sched_t *s);
  * reap or record, or an output folder lock to release. */
 bool sched_has_run(sched_t *s, const char *id);
 
+/* Before sched_start: watches again attempt `attempt` of job id, whose
+ * ranks an earlier trainyardd started through this dispatcher and which
+ * still run there (recovery_run's list): their reports, their end and a
+ * cancel are handled as if this process had started them. 0, or a TY_E*
+ * code when the job cannot be read or the dispatcher cannot take it over
+ * (the caller then fails the attempt). */
+int sched_adopt(sched_t *s, const char *id, int attempt, int pid, int64_t start_ticks);
+
 #endif

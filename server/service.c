@@ -260,9 +260,17 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
       resolve(spec->data.path, sizeof spec->data.path, true);
       resolve(spec->output_dir, sizeof spec->output_dir, true);
     }
-    jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
+    jobspec_check_nodes(spec, "the local dispatcher", strcmp(s->cfg->dispatcher, "local") != 0,
+                        errs);
+    /* The checks of this host's devices, memory and slots are the local
+     * dispatcher's: a cluster's nodes are sized by its batch system, which
+     * refuses a job asking more than they have. */
+    const bool local = !strcmp(s->cfg->dispatcher, "local");
+    if (local) jobspec_check_devices(spec, (int)s->cfg->gpus, errs);
     const char *device = resolve_device(s, spec);
-    if (!strcmp(device, "cpu")) {
+    if (!local) {
+      /* nodes-dispatcher and the rules above only */
+    } else if (!strcmp(device, "cpu")) {
       const bool set = s->cfg->host_mem_mib > 0;
       jobspec_check_host_memory(spec, true,
                                 set ? (uint64_t)s->cfg->host_mem_mib << 20 : s->host_mem_total,
@@ -280,7 +288,7 @@ static void check_spec(svc_t *s, jobspec_t *spec, ty_errlist_t *errs, char *out_
                                     "or GPUs with more memory", errs);
     }
     char why[256];
-    if (sched_fits(s->cfg, device, spec->world_size, why, sizeof why))
+    if (local && sched_fits(s->cfg, device, spec->world_size, why, sizeof why))
       ty_errlist_add(errs, "world_size", "%s", why);
   } else if (!spec->output_dir[0] || jobspec_resolve_path(spec->output_dir, NULL, out_dir)) {
     out_dir[0] = '\0';
@@ -624,6 +632,28 @@ static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
   snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
   snprintf(r->sample_prompt, sizeof r->sample_prompt, "%s", w->sample_prompt);
   snprintf(r->sample_text, sizeof r->sample_text, "%s", w->sample_text);
+}
+
+int svc_rendezvous_check(svc_t *s, const char *id, const char *token, int attempt, char *msg,
+                         size_t msgsz) {
+  db_job_brief_t j;
+  int rc = db_job_brief(s->db, id, &j);
+  if (rc == TY_ENOTFOUND || (rc == 0 && (!token || !token_equal(token, j.token)))) {
+    /* Unknown job or wrong token: the same answer, so ids cannot be probed. */
+    set_msg(msg, msgsz, "a rendezvous needs the job's own token (%s)", rankenv_name(RANKENV_TOKEN));
+    return TY_EUNAUTHENTICATED;
+  }
+  if (rc) return rc;
+  if (attempt < 1 || attempt > j.attempt) {
+    set_msg(msg, msgsz, "job %s has no attempt %d (its latest is %d)", id, attempt, j.attempt);
+    return TY_ENOTFOUND;
+  }
+  if (!(DB_MASK_ACTIVE & DB_MASK(j.state)) || attempt != j.attempt) {
+    set_msg(msg, msgsz, "attempt %d of job %s has ended (the job is %s, attempt %d)", attempt, id,
+            db_state_name(j.state), j.attempt);
+    return TY_EPRECONDITION;
+  }
+  return 0;
 }
 
 int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,

@@ -92,6 +92,13 @@ int svc_delete(svc_t *s, const char *id, db_job_t **out, char *msg, size_t msgsz
  * job's own token. TY_EUNAUTHENTICATED for a wrong token, TY_EINVAL for a
  * malformed report (details in errs), TY_EPRECONDITION when the report's
  * attempt is not the job's open one (the rank should stop). */
+/* Whether a rendezvous request may read or write attempt `attempt` of job
+ * id: 0 when token is the job's own and the attempt is the job's current
+ * one, still starting or running; TY_EUNAUTHENTICATED (unknown job or
+ * another token: the same answer), TY_ENOTFOUND (no such attempt) or
+ * TY_EPRECONDITION (the attempt has ended), with msg. */
+int svc_rendezvous_check(svc_t *s, const char *id, const char *token, int attempt, char *msg,
+                         size_t msgsz);
 int svc_report(svc_t *s, const char *id, const char *token, const json_t *report,
                ty_errlist_t *errs, char *msg, size_t msgsz);
 

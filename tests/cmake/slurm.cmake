@@ -14,3 +14,20 @@ add_test(NAME integration/train_gloo
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_gloo.sh)
 set_tests_properties(integration/train_gloo PROPERTIES LABELS integration TIMEOUT 600
                      SKIP_RETURN_CODE 77 ENVIRONMENT "${TY_TEST_ENV}")
+
+# trainyardd --dispatcher slurm on that cluster with the real worker: a
+# 2-node x 1-rank LoRA job (on both nodes, in the completion log, the local
+# job's losses), cancel with no rank left, a killed rank restarted from its
+# checkpoint. Starts and stops the cluster itself.
+add_test(NAME integration/slurm_dispatch
+         COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/integration/slurm_dispatch.py)
+set_tests_properties(integration/slurm_dispatch PROPERTIES LABELS integration TIMEOUT 600
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK slurm
+                     ENVIRONMENT "${TY_TEST_ENV}")
+
+# The README's "Running on a Slurm cluster" block, run as written.
+add_test(NAME integration/slurm_readme
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/slurm_readme.sh)
+set_tests_properties(integration/slurm_readme PROPERTIES LABELS integration TIMEOUT 300
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK slurm
+                     ENVIRONMENT "${TY_TEST_ENV}")

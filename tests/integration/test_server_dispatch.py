@@ -6,6 +6,8 @@ one run at a time in an output folder, deleting jobs that have ended."""
 import fcntl
 import json
 import os
+import re
+import signal
 import subprocess
 import sys
 import time
@@ -43,6 +45,22 @@ class Dispatch(unittest.TestCase):
         while time.time() < deadline and any(group_alive(p) for p in pids):
             time.sleep(0.05)
         self.assertFalse([p for p in pids if group_alive(p)], "rank process groups still alive")
+
+    def test_local_dispatcher_refuses_nodes(self):
+        # Rule nodes-dispatcher: this server runs every rank on its host.
+        srv = self.srv
+        r = srv.post("/v1/jobs", srv.spec(name="two-nodes", steps=3, world_size=2,
+                                           resources={"nodes": 2, "ranks_per_node": 1}))
+        self.assertEqual(r.status_code, 400, r.text)
+        fields = {d["field"]: d["message"] for d in r.json()["error"]["details"]}
+        self.assertIn("local dispatcher runs every rank on one host", fields["resources.nodes"])
+        self.assertIn("--dispatcher slurm", fields["resources.nodes"])
+        # One node of two ranks is this server's to run.
+        job = self.run_job("one-node", ["succeeded", "failed"], steps=3, world_size=2,
+                           resources={"nodes": 1})
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        spec = srv.get("/v1/jobs/" + job["id"]).json()["spec"]
+        self.assertEqual(spec["resources"], {"nodes": 1, "ranks_per_node": 2})
 
     def test_success_two_ranks(self):
         job = self.run_job("ok", ["succeeded", "failed"], steps=12)
@@ -224,6 +242,48 @@ class RealWorker(unittest.TestCase):
             m = srv.get("/v1/jobs/%s/metrics" % job["id"]).json()
             self.assertEqual(m["ranks"][0]["steps"], list(range(1, 9)))
             self.assertIsNotNone(job["started_at"])
+        finally:
+            srv.cleanup()
+
+
+    def test_sigterm_preempts_and_resumes(self):
+        # SIGTERM to one local rank: the ranks stop together at the step
+        # boundary after a checkpoint (exit 75); the job is queued again and
+        # its next attempt resumes there, which max_restarts 0 allows: a
+        # preemption is no restart.
+        srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
+                                         "--progress-timeout", "120"]).start()
+        try:
+            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
+                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
+                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
+                            "--vocab-size", "256"], cwd=srv.dir, check=True,
+                           capture_output=True)
+            spec = srv.spec(name="preempt", model_path="models/small", device="cpu",
+                            lora_rank=4, max_restarts=0,
+                            data={"path": "train.txt", "seq_len": 16},
+                            train={"steps": 400, "micro_batch_size": 2})
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            job_id = r.json()["id"]
+            deadline = time.time() + 60
+            while time.time() < deadline:
+                ranks = srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
+                if all((k["step"] or 0) >= 3 for k in ranks):
+                    break
+                time.sleep(0.02)
+            os.kill(ranks[1]["pid"], signal.SIGTERM)
+            job = srv.wait_state(job_id, ["succeeded", "failed"], timeout=120)
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            self.assertEqual(job["attempt"], 2)
+            first = srv.get("/v1/jobs/%s/ranks?attempt=1" % job_id).json()["ranks"]
+            self.assertEqual([k["state"] for k in first], ["stopped", "stopped"], first)
+            self.assertEqual([k["exit_code"] for k in first], [75, 75])
+            log = srv.get("/v1/jobs/%s/ranks/0/log" % job_id).text
+            m = re.search(r"resumed from the checkpoint of step (\d+)", log)
+            self.assertTrue(m, log[-2000:])
+            self.assertGreaterEqual(int(m.group(1)), 3)
+            self.assertLess(int(m.group(1)), 400)
         finally:
             srv.cleanup()
 

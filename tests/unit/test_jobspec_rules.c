@@ -1076,13 +1076,95 @@ static void test_dist_backend(void **state) {
   }
 }
 
+/* resources-world-size: nodes x ranks_per_node is world_size; either side
+ * given alone sets the other. */
+static void test_resources_world_size(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  const char *base = "{\"model_path\": \"m\", ";
+  char text[512];
+#define SPEC(rest) (snprintf(text, sizeof text, "%s%s}", base, rest), text)
+  /* Defaults: one node, world_size ranks on it. */
+  assert_int_equal(tu_check(&s, SPEC("\"world_size\": 3"), &e), 0);
+  assert_int_equal(s.resources.nodes, 1);
+  assert_int_equal(s.resources.ranks_per_node, 3);
+  /* Both given and agreeing. */
+  assert_int_equal(
+      tu_check(&s, SPEC("\"world_size\": 4, \"resources\": {\"nodes\": 2, \"ranks_per_node\": 2}"),
+               &e),
+      0);
+  /* ranks_per_node alone sets world_size. */
+  assert_int_equal(tu_check(&s, SPEC("\"resources\": {\"nodes\": 2, \"ranks_per_node\": 3}"), &e),
+                   0);
+  assert_int_equal(s.world_size, 6);
+  /* world_size alone spreads over the nodes. */
+  assert_int_equal(tu_check(&s, SPEC("\"world_size\": 4, \"resources\": {\"nodes\": 2}"), &e), 0);
+  assert_int_equal(s.resources.ranks_per_node, 2);
+  /* ... with allocation_mode's degree too. */
+  assert_int_equal(
+      tu_check(&s, SPEC("\"allocation_mode\": \"fsdp:d2\", \"resources\": {\"nodes\": 2}"), &e), 0);
+  assert_int_equal(s.resources.ranks_per_node, 1);
+  /* Disagreeing. */
+  assert_int_equal(
+      tu_check(&s, SPEC("\"world_size\": 3, \"resources\": {\"nodes\": 2, \"ranks_per_node\": 2}"),
+               &e),
+      1);
+  assert_true(
+      tu_has(&e, "resources.ranks_per_node", "2 nodes x 2 ranks = 4 ranks, and world_size is 3"));
+  /* Not spreading evenly. */
+  assert_int_equal(tu_check(&s, SPEC("\"world_size\": 3, \"resources\": {\"nodes\": 2}"), &e), 1);
+  assert_true(tu_has(&e, "resources.nodes", "does not spread evenly over 2 nodes"));
+  /* shm reaches no other node. */
+  assert_int_equal(tu_check(&s,
+                            SPEC("\"device\": \"cpu\", \"dist\": {\"backend\": \"shm\"}, "
+                                 "\"resources\": {\"nodes\": 2, \"ranks_per_node\": 1}"),
+                            &e),
+                   1);
+  assert_true(tu_has(&e, "dist.backend", "asks for 2 nodes; use \"gloo\""));
+  /* The normalized spec parses back to itself. */
+  assert_int_equal(tu_check(&s, SPEC("\"resources\": {\"nodes\": 2, \"ranks_per_node\": 1}"), &e),
+                   0);
+  char *dump = jobspec_dumps(&s, false);
+  jobspec_t back;
+  assert_int_equal(tu_check(&back, dump, &e), 0);
+  assert_true(jobspec_equal(&s, &back));
+  assert_int_equal(back.world_size, 2);
+  free(dump);
+#undef SPEC
+  ty_errlist_clear(&e);
+}
+
+/* nodes-dispatcher: more than one node only where the dispatcher reaches
+ * other hosts; refused naming the dispatcher otherwise. */
+static void test_nodes_dispatcher(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(
+      tu_check(&s, "{\"model_path\": \"m\", \"resources\": {\"nodes\": 2, \"ranks_per_node\": 1}}",
+               &e),
+      0);
+  assert_int_equal(jobspec_check_nodes(&s, "the local dispatcher", false, &e), TY_EINVAL);
+  assert_true(
+      tu_has(&e, "resources.nodes", "is 2, and the local dispatcher runs every rank on one host"));
+  assert_true(tu_has(&e, "resources.nodes", "--dispatcher slurm"));
+  ty_errlist_clear(&e);
+  assert_int_equal(jobspec_check_nodes(&s, "slurm", true, &e), 0);
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"world_size\": 4}", &e), 0);
+  assert_int_equal(jobspec_check_nodes(&s, "the local dispatcher", false, &e), 0);
+  assert_int_equal(e.len, 0);
+}
+
 static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 26);
+  assert_int_equal(n, 28);
   assert_string_equal(jobspec_rule_stage("sample-prompts"), "spec");
   assert_string_equal(jobspec_rule_stage("sample-tokenizer"), "paths");
+  assert_string_equal(jobspec_rule_stage("resources-world-size"), "spec");
+  assert_string_equal(jobspec_rule_stage("nodes-dispatcher"), "submit");
   assert_null(jobspec_rule_stage("no-such-rule"));
   assert_string_equal(jobspec_rule_stage("dist-backend-device"), "spec");
   assert_string_equal(jobspec_rule_stage("data-holds-a-batch"), "paths");
@@ -1137,6 +1219,8 @@ int main(void) {
       cmocka_unit_test(test_merge_needs_lora),
       cmocka_unit_test(test_sample_prompts),
       cmocka_unit_test_setup_teardown(test_sample_tokenizer, make_tmp, remove_tmp),
+      cmocka_unit_test(test_resources_world_size),
+      cmocka_unit_test(test_nodes_dispatcher),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
   };

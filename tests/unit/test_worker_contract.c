@@ -99,6 +99,42 @@ static void test_rank_reads_numbers(void **state) {
   unsetenv("TRAINYARD_GLOO_HOST");
 }
 
+/* A rank that srun started has no TRAINYARD_ rank of its own: it reads
+ * Slurm's numbering, and an error names the variable it read; its own
+ * variables win where both are set. */
+static void test_rank_from_slurm(void **state) {
+  (void)state;
+  long rank = -1, world = -1;
+  char err[256];
+  unsetenv("TRAINYARD_RANK");
+  unsetenv("TRAINYARD_WORLD_SIZE");
+  setenv("SLURM_PROCID", "3", 1);
+  setenv("SLURM_NTASKS", "4", 1);
+  assert_int_equal(rankenv_long(RANKENV_WORLD_SIZE, &world, err, sizeof err), 0);
+  assert_int_equal(world, 4);
+  assert_int_equal(rankenv_long_in(RANKENV_RANK, 0, world - 1, &rank, err, sizeof err), 0);
+  assert_int_equal(rank, 3);
+  assert_string_equal(rankenv_str(RANKENV_RANK), "3");
+  setenv("SLURM_PROCID", "4", 1);
+  assert_int_equal(rankenv_long_in(RANKENV_RANK, 0, world - 1, &rank, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "SLURM_PROCID='4'"));
+  setenv("TRAINYARD_RANK", "1", 1);
+  setenv("TRAINYARD_WORLD_SIZE", "2", 1);
+  assert_int_equal(rankenv_long(RANKENV_WORLD_SIZE, &world, err, sizeof err), 0);
+  assert_int_equal(rankenv_long_in(RANKENV_RANK, 0, world - 1, &rank, err, sizeof err), 0);
+  assert_int_equal(world, 2);
+  assert_int_equal(rank, 1);
+  /* Neither: the table's defaults, a single rank. */
+  unsetenv("TRAINYARD_RANK");
+  unsetenv("TRAINYARD_WORLD_SIZE");
+  unsetenv("SLURM_PROCID");
+  unsetenv("SLURM_NTASKS");
+  assert_int_equal(rankenv_long(RANKENV_WORLD_SIZE, &world, err, sizeof err), 0);
+  assert_int_equal(world, 1);
+  assert_string_equal(rankenv_name(RANKENV_SLURM_NODE), "SLURM_NODEID");
+  assert_string_equal(rankenv_name(RANKENV_SLURM_LOCAL_RANK), "SLURM_LOCALID");
+}
+
 static void test_report_round_trip(void **state) {
   (void)state;
   report_wire_t a, b;
@@ -165,8 +201,8 @@ static void test_report_refusals(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names_are_the_contract), cmocka_unit_test(test_launcher_environments),
-      cmocka_unit_test(test_rank_reads_numbers),     cmocka_unit_test(test_report_round_trip),
-      cmocka_unit_test(test_report_refusals),
+      cmocka_unit_test(test_rank_reads_numbers),     cmocka_unit_test(test_rank_from_slurm),
+      cmocka_unit_test(test_report_round_trip),      cmocka_unit_test(test_report_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

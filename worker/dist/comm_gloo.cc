@@ -6,8 +6,12 @@
  *
  * Rendezvous "gloo:file:<dir>": the ranks exchange their TCP addresses
  * through Gloo's FileStore in <dir>, a folder every rank sees (a shared
- * file system across nodes). Each rank listens on RANKENV_GLOO_HOST (a
- * name or address of this node; unset: this machine's hostname).
+ * file system across nodes). "gloo:http:<url>": through the control
+ * server's rendezvous keys of the attempt (<url> is .../v1/jobs/<id>/
+ * attempts/<n>/rendezvous; PUT to publish, a waiting GET to read, with the
+ * job's token, RANKENV_TOKEN), no shared folder needed. Each rank listens
+ * on RANKENV_GLOO_HOST (a name or address of this node; unset: this
+ * machine's hostname).
  *
  * The collectives are written on Gloo's point-to-point transport (unbound
  * buffers), not on its algorithms, so that sums are made exactly as the shm
@@ -35,6 +39,8 @@
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include <curl/curl.h>
+
 #include <algorithm>
 #include <chrono>
 #include <csignal>
@@ -45,6 +51,7 @@
 #include <signal.h>
 #include <string>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <vector>
 
 extern "C" {
@@ -54,6 +61,111 @@ extern "C" {
 }
 
 namespace {
+
+/* Gloo's key-value store over trainyardd's rendezvous endpoints. Keys are
+ * hex-encoded (the server takes [A-Za-z0-9._-]); a wait is a series of
+ * waiting GETs of at most 60 s each, until its timeout. */
+class HttpStore : public gloo::rendezvous::Store {
+ public:
+  HttpStore(std::string base, std::string token) : base_(std::move(base)) {
+    curl_ = curl_easy_init();
+    if (!curl_) throw std::runtime_error("curl_easy_init failed");
+    auth_ = curl_slist_append(nullptr, ("Authorization: Bearer " + token).c_str());
+    auth_ = curl_slist_append(auth_, "Content-Type: application/octet-stream");
+  }
+  ~HttpStore() override {
+    curl_slist_free_all(auth_);
+    curl_easy_cleanup(curl_);
+  }
+
+  void set(const std::string &key, const std::vector<char> &data) override {
+    long status = request(key, "PUT", &data, 0, nullptr);
+    if (status != 204)
+      throw std::runtime_error("rendezvous PUT of " + key + " answered " + std::to_string(status) +
+                               ": " + body_);
+  }
+
+  std::vector<char> get(const std::string &key) override {
+    std::vector<char> out;
+    if (!fetch(key, std::chrono::milliseconds(kDefaultTimeout), &out))
+      throw std::runtime_error("Wait timeout for rendezvous key " + key);
+    return out;
+  }
+
+  void wait(const std::vector<std::string> &keys) override { wait(keys, kDefaultTimeout); }
+
+  void wait(const std::vector<std::string> &keys,
+            const std::chrono::milliseconds &timeout) override {
+    std::vector<char> out;
+    for (const auto &k : keys)
+      if (!fetch(k, timeout, &out))
+        throw std::runtime_error("Wait timeout for rendezvous key " + k);
+  }
+
+ private:
+  static size_t collect(char *p, size_t size, size_t n, void *ctx) {
+    static_cast<std::string *>(ctx)->append(p, size * n);
+    return size * n;
+  }
+
+  /* One request; its HTTP status (0: no answer), the body in body_. */
+  long request(const std::string &key, const char *method, const std::vector<char> *data,
+               long wait_s, std::string *url_out) {
+    static const char hex[] = "0123456789abcdef";
+    std::string k;
+    for (unsigned char ch : key) {
+      k += hex[ch >> 4];
+      k += hex[ch & 15];
+    }
+    std::string url = base_ + "/" + k;
+    if (!data) url += "?timeout_s=" + std::to_string(wait_s);
+    if (url_out) *url_out = url;
+    body_.clear();
+    curl_easy_reset(curl_);
+    curl_easy_setopt(curl_, CURLOPT_URL, url.c_str());
+    curl_easy_setopt(curl_, CURLOPT_HTTPHEADER, auth_);
+    curl_easy_setopt(curl_, CURLOPT_NOSIGNAL, 1L);
+    curl_easy_setopt(curl_, CURLOPT_WRITEFUNCTION, collect);
+    curl_easy_setopt(curl_, CURLOPT_WRITEDATA, &body_);
+    curl_easy_setopt(curl_, CURLOPT_TIMEOUT, (long)(wait_s + 30));
+    if (data) {
+      curl_easy_setopt(curl_, CURLOPT_CUSTOMREQUEST, method);
+      curl_easy_setopt(curl_, CURLOPT_POSTFIELDS, data->empty() ? "" : data->data());
+      curl_easy_setopt(curl_, CURLOPT_POSTFIELDSIZE, (long)data->size());
+    }
+    if (curl_easy_perform(curl_) != CURLE_OK) return 0;
+    long status = 0;
+    curl_easy_getinfo(curl_, CURLINFO_RESPONSE_CODE, &status);
+    return status;
+  }
+
+  /* The key's value into *out once published, waiting up to timeout;
+   * false when it was not. A refusal (another job's token, an ended
+   * attempt) is thrown at once. */
+  bool fetch(const std::string &key, std::chrono::milliseconds timeout, std::vector<char> *out) {
+    const auto until = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+      auto left =
+          std::chrono::duration_cast<std::chrono::seconds>(until - std::chrono::steady_clock::now())
+              .count();
+      long wait_s = left < 0 ? 0 : left > 60 ? 60 : left;
+      long status = request(key, "GET", nullptr, wait_s, nullptr);
+      if (status == 200) {
+        out->assign(body_.begin(), body_.end());
+        return true;
+      }
+      if (status != 404 && status != 0)
+        throw std::runtime_error("rendezvous GET of " + key + " answered " +
+                                 std::to_string(status) + ": " + body_);
+      if (std::chrono::steady_clock::now() >= until) return false;
+      if (status == 0) usleep(100000); /* no answer: the server restarts? ask again */
+    }
+  }
+
+  std::string base_, body_;
+  CURL *curl_ = nullptr;
+  struct curl_slist *auth_ = nullptr;
+};
 
 struct gloo_state {
   std::shared_ptr<gloo::rendezvous::Context> ctx;
@@ -326,13 +438,20 @@ const comm_ops_t gloo_ops = {
 }  // namespace
 
 extern "C" int comm_gloo_open(comm_t *c, const char *arg, char *err, size_t errlen) {
-  if (std::strncmp(arg, "file:", 5) != 0 || !arg[5]) {
+  const bool http = std::strncmp(arg, "http:", 5) == 0 && arg[5];
+  if (!http && (std::strncmp(arg, "file:", 5) != 0 || !arg[5])) {
     return ty_errf(err, errlen, TY_EINVAL,
-                   "rendezvous 'gloo:%s': use gloo:file:<dir>, a folder every rank sees", arg);
+                   "rendezvous 'gloo:%s': use gloo:file:<dir>, a folder every rank sees, or "
+                   "gloo:http:<url> of trainyardd's rendezvous keys",
+                   arg);
   }
   const std::string dir(arg + 5);
   struct stat st;
-  if (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+  if (http && !rankenv_str(RANKENV_TOKEN)) {
+    return ty_errf(err, errlen, TY_EINVAL, "rendezvous 'gloo:%s' needs the job's token in %s", arg,
+                   rankenv_name(RANKENV_TOKEN));
+  }
+  if (!http && (stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))) {
     return ty_errf(err, errlen, TY_ENOTFOUND,
                    "gloo rendezvous folder '%s' does not exist (create it on a file system "
                    "every rank sees before starting the ranks)",
@@ -351,8 +470,12 @@ extern "C" int comm_gloo_open(comm_t *c, const char *arg, char *err, size_t errl
     gloo::transport::tcp::attr attr;
     if (host && *host) attr.hostname = host;
     auto dev = gloo::transport::tcp::CreateDevice(attr);
-    gloo::rendezvous::FileStore fstore(dir);
-    gloo::rendezvous::PrefixStore store("trainyard", fstore);
+    std::unique_ptr<gloo::rendezvous::Store> base;
+    if (http)
+      base.reset(new HttpStore(dir, rankenv_str(RANKENV_TOKEN)));
+    else
+      base.reset(new gloo::rendezvous::FileStore(dir));
+    gloo::rendezvous::PrefixStore store("trainyard", *base);
     s->ctx = std::make_shared<gloo::rendezvous::Context>(c->rank, c->world);
     s->ctx->setTimeout(timeout(c));
     s->ctx->connectFullMesh(store, dev);

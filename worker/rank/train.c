@@ -12,6 +12,7 @@
 #include "common/xalloc.h"
 #include "common/fsutil.h"
 #include "worker/ckpt/checkpoint.h"
+#include "worker/rank/preempt.h"
 #include "worker/ckpt/model_io.h"
 #include "worker/model/optim.h"
 #include "worker/ckpt/train_state.h"
@@ -38,7 +39,7 @@ typedef struct {
 } model_lora_t;
 
 static int model_lora_forward(void *ctx, const model_batch_t *bt, double *loss, char *err,
-                         size_t errlen) {
+                              size_t errlen) {
   const model_lora_t *ml = ctx;
   return model_forward_batch(ml->m, bt, ml->lora, loss, err, errlen);
 }
@@ -49,8 +50,8 @@ typedef int (*eval_row_fn)(void *ctx, int64_t i, int32_t *tokens, float *weights
                            char *err, size_t errlen);
 
 /* The mean loss over the counted targets of n rows, B at a time. */
-static int eval_loop(const passes_t *p, int T, int64_t n, eval_row_fn row, void *ctx,
-                     bool masked, double *loss, int64_t *tokens_out, char *err, size_t errlen) {
+static int eval_loop(const passes_t *p, int T, int64_t n, eval_row_fn row, void *ctx, bool masked,
+                     double *loss, int64_t *tokens_out, char *err, size_t errlen) {
   const model_t *model = p->shape;
   const int B = model->B;
   if (T > model->T || n < 1) {
@@ -153,7 +154,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const int T = s->data.seq_len, B = s->train.micro_batch_size, A = s->train.grad_accum;
   const int rank = comm_rank(a->comm), world = comm_world_size(a->comm);
   const int64_t steps = s->train.steps;
-  const int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
+  int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
   memset(res, 0, sizeof *res);
   res->eval_loss_start = res->eval_loss_end = NAN;
   if (b->shape->B < B || b->shape->T < T)
@@ -191,8 +192,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     goto out;
   const train_base_t base = {s->model_path, fp};
   int64_t start = 0;
-  rc = train_state_resume(s->output_dir, a->comm, d, o, span->params, span->n, span->sharded,
-                          &base, &start, err, errlen);
+  rc = train_state_resume(s->output_dir, a->comm, d, o, span->params, span->n, span->sharded, &base,
+                          &start, err, errlen);
   if (rc) goto out;
   res->start_step = start;
   /* A device's copy of the span (and the moments, where its optimizer
@@ -294,6 +295,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
                           .eval_loss = NAN,
                           .message = ""};
     if ((rc = report(a, &p, err, errlen))) goto out;
+    /* SIGTERM to any rank: all stop after this step, with a checkpoint. */
+    if ((rc = preempt_at_step(a->comm, &res->preempted, err, errlen))) goto out;
+    if (res->preempted && (res->preempted = step + 1 < steps)) stop = step + 1;
 
     /* --- Checkpoints. */
     int every = s->train.checkpoint_every;
@@ -310,7 +314,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       if ((rc = report(a, &p, err, errlen))) goto out;
     }
   }
-  rc = held_out(a, d, &res->eval_loss_end, err, errlen);
+  rc = res->preempted ? 0 : held_out(a, d, &res->eval_loss_end, err, errlen);
   if (!rc && a->held_out_done && isfinite(res->eval_loss_end))
     a->held_out_done(a->progress_ctx, res->steps_done > start ? res->steps_done : start,
                      res->eval_loss_end);

@@ -76,6 +76,7 @@ typedef struct {
   double last_loss;
   double eval_loss_start; /* held-out loss before the first step (NAN if none) */
   double eval_loss_end;   /* after the last (NAN if none) */
+  bool preempted;         /* stopped on SIGTERM after a checkpoint (preempt.h) */
 } train_result_t;
 
 /* Runs the loop from step 0, or from the newest complete checkpoint under

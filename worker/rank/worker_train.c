@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/log.h"
 #include "common/rankenv.h"
+#include "common/rankproc.h"
 #include "worker/dist/comm.h"
 #include "worker/dist/fsdp.h"
 #include "worker/ckpt/loader.h"
@@ -123,8 +124,8 @@ static void on_sample(void *ctx, int64_t step, const char *prompt, const char *t
 static void sample(reporter_t *r, int64_t step, bool final) {
   char err[512];
   if (!samples_at_step(r->samples, step, final, on_sample, r, err, sizeof err)) return;
-  fprintf(stderr, "[rank %d/%d] %s; no more samples are made for this attempt\n", r->rank,
-          r->world, err);
+  fprintf(stderr, "[rank %d/%d] %s; no more samples are made for this attempt\n", r->rank, r->world,
+          err);
   samples_free(r->samples);
   r->samples = NULL;
 }
@@ -430,7 +431,7 @@ int worker_train_main(const worker_env_t *e) {
     if (!rc) rc = train_run(&a, &res, err, sizeof err);
     if (!rc) sample(&rep, res.steps_done, true);
   }
-  if (!rc) {
+  if (!rc && !res.preempted) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
     if (comm_rank(comm) == 0)
       emit(&rep, REPORT_PHASE_SAVING, res.steps_done, res.last_loss, rep.tokens_per_s, NULL,
@@ -445,7 +446,10 @@ int worker_train_main(const worker_env_t *e) {
       rc = outputs_write_model(spec.output_dir, t.m, &cfg, err, sizeof err);
     }
   }
-  if (!rc) {
+  if (!rc && res.preempted) {
+    ty_info("stopped on SIGTERM after step %lld, its checkpoint written",
+            (long long)res.steps_done);
+  } else if (!rc) {
     char msg[160] = "";
     if (isfinite(res.eval_loss_start) && isfinite(res.eval_loss_end))
       snprintf(msg, sizeof msg, "held-out loss %.4f -> %.4f", res.eval_loss_start,
@@ -460,5 +464,5 @@ int worker_train_main(const worker_env_t *e) {
   trained_free(&t);
   comm_close(comm);
   report_close();
-  return rc ? 1 : 0;
+  return rc ? 1 : res.preempted ? RANKPROC_EXIT_PREEMPTED : 0;
 }
