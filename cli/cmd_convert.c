@@ -10,7 +10,7 @@
 #include "common/clock.h"
 #include "common/numbers.h"
 #include "worker/ckpt/ckpt_convert.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 
 static void convert_usage(FILE *f) {
   fprintf(f,

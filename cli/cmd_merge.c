@@ -10,7 +10,7 @@
 #include "cli/commands.h"
 #include "common/clock.h"
 #include "worker/ckpt/merge.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 
 static void merge_usage(FILE *f) {
   fprintf(f,

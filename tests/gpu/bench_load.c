@@ -12,7 +12,7 @@
 
 #include "tests/gpu/gpu_util.h"
 #include "worker/ckpt/loader.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 
 int main(int argc, char **argv) {
   if (argc < 3) {

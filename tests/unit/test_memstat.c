@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 
 static void test_peak_follows_touched_pages(void **state) {
   (void)state;

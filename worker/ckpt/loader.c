@@ -10,7 +10,7 @@
 #include "common/errors.h"
 #include "common/clock.h"
 #include "common/xalloc.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 #include "worker/model/weightinit.h"
 
 #define LOADER_ALIGN 64

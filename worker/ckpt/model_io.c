@@ -9,7 +9,7 @@
 #include "common/errors.h"
 #include "common/clock.h"
 #include "worker/ckpt/checkpoint.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 #include "worker/model/weightinit.h"
 
 int model_io_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen) {

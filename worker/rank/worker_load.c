@@ -12,7 +12,7 @@
 #include "common/errors.h"
 #include "common/clock.h"
 #include "common/rankenv.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 #include "worker/rank/report.h"
 #ifdef TRAINYARD_HAVE_CUDA
 #include "worker/cuda/mem_cuda.h"

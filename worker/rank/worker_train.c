@@ -16,7 +16,7 @@
 #include "worker/dist/fsdp.h"
 #include "worker/ckpt/loader.h"
 #include "worker/model/lora.h"
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 #include "worker/model/model.h"
 #include "worker/ckpt/model_io.h"
 #include "worker/ckpt/merge.h"

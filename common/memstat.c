@@ -1,5 +1,5 @@
 /* memstat.c - VmRSS and VmHWM from /proc/self/status; see memstat.h. */
-#include "worker/rank/memstat.h"
+#include "common/memstat.h"
 
 #include <stdio.h>
 #include <string.h>

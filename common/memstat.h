@@ -3,8 +3,8 @@
  * The host peak trainyard reports is VmHWM (the resident-set high-water
  * mark): it counts touched pages of mapped files too, so an mmap read in
  * full is no saving, and it cannot be fooled by freeing before a sample. */
-#ifndef TY_WORKER_MEMSTAT_H
-#define TY_WORKER_MEMSTAT_H
+#ifndef TY_COMMON_MEMSTAT_H
+#define TY_COMMON_MEMSTAT_H
 
 #include <stdint.h>
 
