@@ -1,5 +1,5 @@
 /* cmd_generate.c - trainyard generate: text from a checkpoint (and a LoRA
- * adapter, applied unmerged) on the CPU, decoding over a key/value cache
+ * adapter, applied unmerged) on the CPU or a GPU, decoding over a key/value cache
  * (worker/model/generate.h), streamed to stdout as the tokens come.
  *
  * The prompt is text (encoded with the tokenizer's special tokens), a
@@ -8,7 +8,10 @@
  * (generation_config.json's or config.json's eos_token_id, else the
  * tokenizer's EOS), after --max_new_tokens, or at max_position_embeddings.
  * Greedy when --temperature is 0, else top-p sampling seeded by --seed.
- * Prompt and generation speeds go to stderr. */
+ * Prompt and generation speeds go to stderr. --device cuda (or auto, where
+ * the build has CUDA and a GPU is visible) runs the decoder on GPU 0
+ * (worker/cuda/generate_cuda.h); the token choice, stopping and streaming
+ * below are the same on either device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +38,8 @@ static void generate_usage(FILE *f) {
       "                          (--prompt TEXT | --messages JSON | --prompt_ids JSON)\n"
       "                          [--max_new_tokens N] [--temperature T] [--top_p P]\n"
       "                          [--seed S] [--tokenizer PATH] [--chat_template NAME]\n"
-      "                          [--output text|ids] [--no_cache]\n"
-      "Decodes on the CPU and streams the text to stdout as the tokens come.\n"
+      "                          [--output text|ids] [--device cpu|cuda|auto] [--no_cache]\n"
+      "Decodes on the CPU or a GPU and streams the text to stdout as the tokens come.\n"
       "  --prompt TEXT        encoded with the tokenizer's special tokens (BOS)\n"
       "  --messages JSON      [{\"role\": \"user\", \"content\": \"...\"}, ...] through the chat\n"
       "                       template (the tokenizer's, or --chat_template llama3, llama2,\n"
@@ -50,7 +53,11 @@ static void generate_usage(FILE *f) {
       "  --tokenizer PATH     a tokenizer.json or its folder; default DIR/tokenizer.json\n"
       "  --output text|ids    text (default with a tokenizer), or the generated ids as one\n"
       "                       JSON list (default without one)\n"
-      "  --no_cache           recompute the whole sequence each token (slow; a check)\n"
+      "  --device D           cpu (default), cuda (the model's weights in float32, the\n"
+      "                       key/value cache on GPU 0; a build with the CUDA toolkit),\n"
+      "                       or auto (cuda where built and a GPU is visible, else cpu)\n"
+      "  --no_cache           recompute the whole sequence each token on the CPU (slow; a\n"
+      "                       check)\n"
       "With --adapter DIR (adapter_config.json + adapter_model.safetensors, as a LoRA job\n"
       "writes them) the adapter is applied unmerged. Prompt and generation tokens/s go to\n"
       "stderr.\n");
@@ -64,7 +71,7 @@ static double now_s(void) {
 
 typedef struct {
   const char *model_path, *adapter, *prompt, *messages, *prompt_ids, *tokenizer, *chat_template;
-  const char *output;
+  const char *output, *device;
   long max_new;
   double temperature, top_p;
   long seed;
@@ -112,6 +119,8 @@ static int parse_args(int argc, char **argv, gen_opts_t *o) {
       o->prompt_ids = v;
     } else if (!strcmp(a, "--tokenizer")) {
       o->tokenizer = v;
+    } else if (!strcmp(a, "--device")) {
+      o->device = v;
     } else if (!strcmp(a, "--chat_template")) {
       o->chat_template = v;
     } else if (!strcmp(a, "--output")) {
@@ -247,6 +256,15 @@ int cmd_generate(int argc, char **argv) {
     return 2;
   }
   if (!o.output) o.output = tokpath[0] ? "text" : "ids";
+  gen_device_t dev = GEN_DEVICE_CPU;
+  if (o.no_cache && o.device && !strcmp(o.device, "cuda")) {
+    fprintf(stderr, "trainyard generate: --no_cache recomputes on the CPU; drop --device cuda\n");
+    return 2;
+  }
+  if (!o.no_cache && o.device && (rc = gen_device_pick(o.device, &dev, err, sizeof err))) {
+    fprintf(stderr, "trainyard generate: %s\n", err);
+    return rc == TY_EINVAL ? 2 : 1;
+  }
   const int text_out = !strcmp(o.output, "text");
   if (text_out && !tokpath[0]) {
     fprintf(stderr, "trainyard generate: --output text needs a tokenizer (--tokenizer PATH)\n");
@@ -292,7 +310,7 @@ int cmd_generate(int argc, char **argv) {
   if (!rc) rc = model_io_load(m, o.model_path, NULL, NULL, NULL, err, sizeof err);
   if (!rc && o.adapter) rc = outputs_read_adapter(o.adapter, m, &lo, err, sizeof err);
   if (!rc && !o.no_cache)
-    rc = gen_create(&g, &m->d, &m->w, lo, S, (int)cfg.sliding_window, err, sizeof err);
+    rc = gen_create_on(&g, dev, &m->d, &m->w, lo, S, (int)cfg.sliding_window, err, sizeof err);
   if (!rc) rc = gentext_eos(o.model_path, tok, eos, MAX_EOS, &n_eos, err, sizeof err);
   if (!rc) {
     seq = malloc(sizeof(int) * (S + 1));
@@ -352,9 +370,9 @@ int cmd_generate(int argc, char **argv) {
   if (!rc)
     fprintf(stderr,
             "trainyard generate: prompt %d tokens in %.3f s (%.1f tokens/s); generated %d "
-            "tokens in %.3f s (%.1f tokens/s); stopped at %s\n",
+            "tokens in %.3f s (%.1f tokens/s); stopped at %s; device %s\n",
             n_prompt, t_prompt, t_prompt > 0 ? n_prompt / t_prompt : 0.0, n_gen, t_gen,
-            t_gen > 0 ? n_gen / t_gen : 0.0, why);
+            t_gen > 0 ? n_gen / t_gen : 0.0, why, gen_device_name(dev));
   else
     fprintf(stderr, "trainyard generate: %s\n", err);
   gentext_stream_free(&stream);

@@ -3,13 +3,24 @@
 # exits 77 (a ctest skip) with the reason printed when no GPU is visible.
 # tests/gpu/run.sh runs them, and the GPU bench, on a GPU host.
 if(TRAINYARD_HAVE_CUDA)
-  foreach(check kernels load model mem)
+  foreach(check kernels load model mem generate)
     add_executable(gpu_${check}_check ${CMAKE_SOURCE_DIR}/tests/gpu/${check}_check.c)
     target_link_libraries(gpu_${check}_check PRIVATE ty_worker)
     add_test(NAME gpu/${check} COMMAND gpu_${check}_check)
     set_tests_properties(gpu/${check} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
                          ENVIRONMENT "${TY_TEST_ENV}")
   endforeach()
+endif()
+# `trainyard generate --device cuda`: greedy tokens equal to the PyTorch
+# reference's and the CPU decoder's (tests/numerics/generate_ref.py's cases:
+# Llama, tied + Llama 3 rope with a prompt over one chunk, LoRA, Mistral's
+# window, an eos list, Qwen2 with and without an adapter).
+if(TRAINYARD_HAVE_CUDA)
+  add_test(NAME gpu/generate_cli
+           COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/numerics/generate_ref.py
+                   $<TARGET_FILE:trainyard> ${CMAKE_CURRENT_BINARY_DIR}/gpu-generate --device cuda)
+  set_tests_properties(gpu/generate_cli PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
 endif()
 # Sharded LoRA passes over NCCL against the whole model (one rank per GPU).
 if(TRAINYARD_HAVE_CUDA AND NCCL_LIB AND NCCL_INCLUDE)

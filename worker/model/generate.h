@@ -41,6 +41,25 @@ int gen_create(gen_t **out, const model_dims_t *d, const model_weights_t *w, con
                int S, int sliding_window, char *err, size_t errlen);
 void gen_free(gen_t *g); /* accepts NULL */
 
+/* Where a decoder runs. */
+typedef enum { GEN_DEVICE_CPU = 0, GEN_DEVICE_CUDA = 1 } gen_device_t;
+
+/* name "cpu", "cuda" or "auto" (cuda where this build has the CUDA
+ * backend and a GPU is visible, else cpu) into *dev. 0, or TY_EINVAL (another
+ * name) or TY_EUNAVAILABLE (cuda asked for in a build without CUDA, or with
+ * no GPU visible), saying what to do. */
+int gen_device_pick(const char *name, gen_device_t *dev, char *err, size_t errlen);
+const char *gen_device_name(gen_device_t dev);
+
+/* gen_create on dev. GEN_DEVICE_CUDA (worker/cuda/generate_cuda.h, CUDA
+ * device 0): the weights and the adapter are copied to the GPU here (so,
+ * unlike the CPU decoder's, later changes to them are not seen), and the
+ * cache and scratch live in device memory; gen_feed returns the same
+ * logits up to summation order. TY_EUNAVAILABLE in a build without CUDA or
+ * with no GPU; TY_EEXHAUSTED for device memory. */
+int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const model_weights_t *w,
+                  const lora_t *lo, int S, int sliding_window, char *err, size_t errlen);
+
 /* Empties the cache (the next gen_feed starts at position 0). */
 void gen_reset(gen_t *g);
 
