@@ -38,7 +38,8 @@ static void generate_usage(FILE *f) {
       "                          (--prompt TEXT | --messages JSON | --prompt_ids JSON)\n"
       "                          [--max_new_tokens N] [--temperature T] [--top_p P]\n"
       "                          [--seed S] [--tokenizer PATH] [--chat_template NAME]\n"
-      "                          [--output text|ids] [--device cpu|cuda|auto] [--no_cache]\n"
+      "                          [--output text|ids] [--device cpu|cuda|auto]\n"
+      "                          [--dtype float32|bfloat16] [--no_cache]\n"
       "Decodes on the CPU or a GPU and streams the text to stdout as the tokens come.\n"
       "  --prompt TEXT        encoded with the tokenizer's special tokens (BOS)\n"
       "  --messages JSON      [{\"role\": \"user\", \"content\": \"...\"}, ...] through the chat\n"
@@ -53,9 +54,12 @@ static void generate_usage(FILE *f) {
       "  --tokenizer PATH     a tokenizer.json or its folder; default DIR/tokenizer.json\n"
       "  --output text|ids    text (default with a tokenizer), or the generated ids as one\n"
       "                       JSON list (default without one)\n"
-      "  --device D           cpu (default), cuda (the model's weights in float32, the\n"
-      "                       key/value cache on GPU 0; a build with the CUDA toolkit),\n"
-      "                       or auto (cuda where built and a GPU is visible, else cpu)\n"
+      "  --device D           cpu (default), cuda (the weights and the key/value cache on\n"
+      "                       GPU 0; a build with the CUDA toolkit), or auto (cuda where\n"
+      "                       built and a GPU is visible, else cpu)\n"
+      "  --dtype T            on cuda, the weight matrices' type: float32 (the CPU's\n"
+      "                       logits up to rounding) or bfloat16 (half the memory); default\n"
+      "                       bfloat16 for a bfloat16 checkpoint, else float32\n"
       "  --no_cache           recompute the whole sequence each token on the CPU (slow; a\n"
       "                       check)\n"
       "With --adapter DIR (adapter_config.json + adapter_model.safetensors, as a LoRA job\n"
@@ -71,7 +75,7 @@ static double now_s(void) {
 
 typedef struct {
   const char *model_path, *adapter, *prompt, *messages, *prompt_ids, *tokenizer, *chat_template;
-  const char *output, *device;
+  const char *output, *device, *dtype;
   long max_new;
   double temperature, top_p;
   long seed;
@@ -121,6 +125,12 @@ static int parse_args(int argc, char **argv, gen_opts_t *o) {
       o->tokenizer = v;
     } else if (!strcmp(a, "--device")) {
       o->device = v;
+    } else if (!strcmp(a, "--dtype")) {
+      if (strcmp(v, "float32") && strcmp(v, "bfloat16")) {
+        fprintf(stderr, "trainyard generate: --dtype %s: use float32 or bfloat16\n", v);
+        return 2;
+      }
+      o->dtype = v;
     } else if (!strcmp(a, "--chat_template")) {
       o->chat_template = v;
     } else if (!strcmp(a, "--output")) {
@@ -261,6 +271,12 @@ int cmd_generate(int argc, char **argv) {
     fprintf(stderr, "trainyard generate: --no_cache recomputes on the CPU; drop --device cuda\n");
     return 2;
   }
+  if (o.dtype && (!o.device || strcmp(o.device, "cuda"))) {
+    fprintf(stderr,
+            "trainyard generate: --dtype sets the GPU's weights; use it with --device "
+            "cuda (the CPU decodes in float32)\n");
+    return 2;
+  }
   if (!o.no_cache && o.device && (rc = gen_device_pick(o.device, &dev, err, sizeof err))) {
     fprintf(stderr, "trainyard generate: %s\n", err);
     return rc == TY_EINVAL ? 2 : 1;
@@ -308,9 +324,13 @@ int cmd_generate(int argc, char **argv) {
     rc = o.no_cache ? model_create(&m, &cfg, 1, S, MODEL_EVAL, err, sizeof err)
                     : model_create_weights(&m, &cfg, 1, 1, MODEL_EVAL, err, sizeof err);
   if (!rc) rc = model_io_load(m, o.model_path, NULL, NULL, NULL, err, sizeof err);
+  /* On a GPU: the matrices as --dtype, else as a bf16 checkpoint lies. */
+  const ty_dtype_t wdt = o.dtype ? (strcmp(o.dtype, "bfloat16") ? TY_DTYPE_F32 : TY_DTYPE_BF16)
+                         : cfg.torch_dtype == TY_DTYPE_BF16 ? TY_DTYPE_BF16
+                                                            : TY_DTYPE_F32;
   if (!rc && o.adapter) rc = outputs_read_adapter(o.adapter, m, &lo, err, sizeof err);
   if (!rc && !o.no_cache)
-    rc = gen_create_on(&g, dev, &m->d, &m->w, lo, S, (int)cfg.sliding_window, err, sizeof err);
+    rc = gen_create_on(&g, dev, &m->d, &m->w, lo, S, (int)cfg.sliding_window, wdt, err, sizeof err);
   if (!rc) rc = gentext_eos(o.model_path, tok, eos, MAX_EOS, &n_eos, err, sizeof err);
   if (!rc) {
     seq = malloc(sizeof(int) * (S + 1));
@@ -370,9 +390,10 @@ int cmd_generate(int argc, char **argv) {
   if (!rc)
     fprintf(stderr,
             "trainyard generate: prompt %d tokens in %.3f s (%.1f tokens/s); generated %d "
-            "tokens in %.3f s (%.1f tokens/s); stopped at %s; device %s\n",
+            "tokens in %.3f s (%.1f tokens/s); stopped at %s; device %s%s\n",
             n_prompt, t_prompt, t_prompt > 0 ? n_prompt / t_prompt : 0.0, n_gen, t_gen,
-            t_gen > 0 ? n_gen / t_gen : 0.0, why, gen_device_name(dev));
+            t_gen > 0 ? n_gen / t_gen : 0.0, why, gen_device_name(dev),
+            dev == GEN_DEVICE_CUDA && wdt == TY_DTYPE_BF16 ? " (bfloat16 weights)" : "");
   else
     fprintf(stderr, "trainyard generate: %s\n", err);
   gentext_stream_free(&stream);

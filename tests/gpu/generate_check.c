@@ -5,7 +5,9 @@
  * time, every step within 1e-4 of the largest logit; over a Llama shape
  * (GQA, untied head), a tied head with Llama 3.1's rope_scaling, Qwen2's
  * q/k/v biases, a LoRA adapter on every projection (unmerged), and
- * Mistral's sliding window of 8; and the same refusals as the CPU's. Exits
+ * Mistral's sliding window of 8; with bf16 matrices on the GPU (the CPU
+ * decoder over the same bf16-rounded weights, within 6e-2: each product's
+ * input is rounded to bf16 as well); and the same refusals as the CPU's. Exits
  * 77 (a ctest skip), saying why, where no GPU is visible. */
 #include <math.h>
 #include <stdbool.h>
@@ -26,7 +28,10 @@ typedef struct {
   const char *name;
   bool tied, llama3, bias, lora;
   int window;
+  bool bf16; /* bf16 matrices on the GPU (the CPU's weights rounded alike) */
 } gcase_t;
+
+static double g_worst; /* the largest max|diff| / max|logit| of a case */
 
 /* max |a - b| <= tol * max |b|, printed on a failure. */
 static int close_to(const char *what, int step, const float *a, const float *b, double tol) {
@@ -36,6 +41,7 @@ static int close_to(const char *what, int step, const float *a, const float *b, 
     mx = isnan(e) || e > mx ? (isnan(e) ? INFINITY : e) : mx;
     ref = fmax(ref, fabs((double)b[i]));
   }
+  if (mx / ref > g_worst) g_worst = mx / ref;
   if (mx <= tol * ref) return 0;
   printf("FAIL %s at position %d: max|diff| %.3g over max|logit| %.3g\n", what, step, mx, ref);
   return 1;
@@ -56,7 +62,7 @@ static int run(const gcase_t *c) {
                                               .low_freq_factor = 1,
                                               .high_freq_factor = 4,
                                               .original_max_position_embeddings = 16};
-  char err[1024];
+  char err[1024] = "";
   model_t *m = NULL;
   lora_t *lo = NULL;
   gen_t *cpu = NULL, *gpu = NULL;
@@ -66,6 +72,17 @@ static int run(const gcase_t *c) {
     return 1;
   }
   model_init_random(m, 7, 0.3f);
+  if (c->bf16) { /* the values a bf16 checkpoint holds */
+    uint16_t *h = malloc(sizeof *h * m->n_params);
+    ty_dtype_from_f32(TY_DTYPE_BF16, m->params, h, m->n_params);
+    ty_dtype_to_f32(TY_DTYPE_BF16, h, m->params, m->n_params);
+    free(h);
+  }
+  const ty_dtype_t wdt = c->bf16 ? TY_DTYPE_BF16 : TY_DTYPE_F32;
+  /* fp32: summation order only; bf16: each product's input rounded too
+   * (2^-9 relative), through two layers of weights of std 0.3. */
+  const double tol = c->bf16 ? 6e-2 : 1e-4;
+  g_worst = 0;
   if (c->lora) {
     if (lora_create(&lo, m, 4, 8.0, JOBSPEC_TARGET_ALL_LINEAR, err, sizeof err)) {
       printf("FAIL %s: %s\n", c->name, err);
@@ -78,33 +95,43 @@ static int run(const gcase_t *c) {
   }
   int tokens[T];
   for (int i = 0; i < T; i++) tokens[i] = (i * 37 + 11) % V;
-  if (gen_create_on(&cpu, GEN_DEVICE_CPU, &m->d, &m->w, lo, T, c->window, err, sizeof err) ||
-      gen_create_on(&gpu, GEN_DEVICE_CUDA, &m->d, &m->w, lo, T, c->window, err, sizeof err)) {
+  if (gen_create_on(&cpu, GEN_DEVICE_CPU, &m->d, &m->w, lo, T, c->window, wdt, err, sizeof err) ||
+      gen_create_on(&gpu, GEN_DEVICE_CUDA, &m->d, &m->w, lo, T, c->window, wdt, err, sizeof err)) {
     printf("FAIL %s: %s\n", c->name, err);
     bad = 1;
     goto out;
   }
   /* The whole sequence at once (three chunks): the last row's logits. */
   bad |= gen_feed(cpu, tokens, T, err, sizeof err) || gen_feed(gpu, tokens, T, err, sizeof err);
-  if (!bad) bad |= close_to(c->name, T - 1, gen_logits(gpu), gen_logits(cpu), 1e-4);
+  if (!bad) bad |= close_to(c->name, T - 1, gen_logits(gpu), gen_logits(cpu), tol);
   /* A prompt of 70, then a token at a time: every step. */
   gen_reset(cpu);
   gen_reset(gpu);
   bad |= gen_feed(cpu, tokens, 70, err, sizeof err) || gen_feed(gpu, tokens, 70, err, sizeof err);
-  if (!bad) bad |= close_to(c->name, 69, gen_logits(gpu), gen_logits(cpu), 1e-4);
+  if (!bad) bad |= close_to(c->name, 69, gen_logits(gpu), gen_logits(cpu), tol);
   for (int t = 70; t < T && !bad; t++) {
     bad |= gen_feed(cpu, tokens + t, 1, err, sizeof err) ||
            gen_feed(gpu, tokens + t, 1, err, sizeof err);
-    if (!bad) bad |= close_to(c->name, t, gen_logits(gpu), gen_logits(cpu), 1e-4);
+    if (!bad) bad |= close_to(c->name, t, gen_logits(gpu), gen_logits(cpu), tol);
   }
-  if (bad && err[0]) printf("FAIL %s: %s\n", c->name, err);
+  if (bad && err[0]) printf("FAIL %s: %s\n", c->name, err); /* a feed's refusal */
+  /* bf16 products round their inputs: exact agreement would mean the
+   * fp32 path ran. */
+  if (!bad && c->bf16 && !(g_worst > 1e-6)) {
+    printf("FAIL %s: the bf16 decoder's logits equal the fp32 CPU's exactly\n", c->name);
+    bad = 1;
+  }
   /* Full: one more token does not fit, as on the CPU. */
   if (!bad && (gen_feed(gpu, tokens, 1, err, sizeof err) != TY_EINVAL ||
                !strstr(err, "150-token cache") || gen_len(gpu) != T)) {
     printf("FAIL %s: a full GPU cache took one more token (%s)\n", c->name, err);
     bad = 1;
   }
-  if (!bad) printf("ok   %s: %d positions on the GPU decoder equal the CPU's\n", c->name, T);
+  if (!bad)
+    printf(
+        "ok   %s: %d positions on the GPU decoder agree with the CPU's (worst %.2g of the largest "
+        "logit)\n",
+        c->name, T, g_worst);
 out:
   gen_free(cpu);
   gen_free(gpu);
@@ -116,12 +143,14 @@ out:
 int main(void) {
   gpu_require_device("gpu/generate");
   const gcase_t cases[] = {
-      {"llama", false, false, false, false, 0},
-      {"tied_llama3", true, true, false, false, 0},
-      {"qwen2_bias", false, false, true, false, 0},
-      {"lora", false, false, false, true, 0},
-      {"qwen2_lora", true, false, true, true, 0},
-      {"mistral_window", false, false, false, false, 8},
+      {"llama", false, false, false, false, 0, false},
+      {"tied_llama3", true, true, false, false, 0, false},
+      {"qwen2_bias", false, false, true, false, 0, false},
+      {"lora", false, false, false, true, 0, false},
+      {"qwen2_lora", true, false, true, true, 0, false},
+      {"mistral_window", false, false, false, false, 8, false},
+      {"bf16_qwen2_lora", false, false, true, true, 0, true},
+      {"bf16_tied_window", true, true, false, false, 8, true},
   };
   int bad = 0;
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) bad |= run(&cases[i]);

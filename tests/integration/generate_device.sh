@@ -4,10 +4,12 @@
 # do, and auto decodes on the CPU. In a CUDA build, --device cuda with no
 # GPU visible (CUDA_VISIBLE_DEVICES empty) is refused naming why, auto then
 # falls back to the CPU, and where a GPU is visible cuda and auto decode
-# there (a bf16 checkpoint, a 100-token prompt: 16 ids in the vocabulary;
+# there (a bf16 checkpoint, a 100-token prompt: 16 ids in the vocabulary,
+# the matrices bf16 on the GPU unless --dtype float32;
 # that the GPU's tokens are the CPU's and the reference's, with the logits'
-# gaps kept away from ties, is gpu/generate_cli's). Everywhere: an unknown device, and --no_cache with cuda, are
-# refused.
+# gaps kept away from ties, is gpu/generate_cli's). Everywhere: an unknown
+# device, --no_cache with cuda, and --dtype without cuda or of another type
+# are refused.
 #
 #   generate_device.sh cuda|none   (whether this build has the CUDA backend)
 set -euo pipefail
@@ -30,6 +32,8 @@ refused() {
 }
 refused 2 "--device tpu: use cpu, cuda or auto" --device tpu
 refused 2 "--no_cache recomputes on the CPU; drop --device cuda" --device cuda --no_cache
+refused 2 "--dtype float16: use float32 or bfloat16" --device cuda --dtype float16
+refused 2 "--dtype sets the GPU's weights; use it with --device cuda" --dtype bfloat16
 
 gen --device cpu >"$tmp/cpu.ids" 2>"$tmp/cpu.err" || fail "$(cat "$tmp/cpu.err")"
 grep -q "device cpu$" "$tmp/cpu.err" || fail "no device in $(cat "$tmp/cpu.err")"
@@ -52,12 +56,21 @@ if [ $rc -ne 0 ] && grep -q "no CUDA device is visible" "$tmp/cuda.err"; then
   exit 0
 fi
 [ $rc -eq 0 ] || fail "--device cuda: $(cat "$tmp/cuda.err")"
-grep -q "device cuda$" "$tmp/cuda.err" || fail "$(cat "$tmp/cuda.err")"
+grep -q "device cuda (bfloat16 weights)$" "$tmp/cuda.err" || fail "$(cat "$tmp/cuda.err")"
+gen --device cuda --dtype float32 >"$tmp/cuda32.ids" 2>"$tmp/cuda32.err" \
+  || fail "$(cat "$tmp/cuda32.err")"
+grep -q "device cuda$" "$tmp/cuda32.err" || fail "--dtype float32: $(cat "$tmp/cuda32.err")"
 gen --device auto >"$tmp/auto.ids" 2>"$tmp/auto.err" || fail "$(cat "$tmp/auto.err")"
-grep -q "device cuda$" "$tmp/auto.err" || fail "auto with a GPU: $(cat "$tmp/auto.err")"
+grep -q "device cuda (bfloat16 weights)$" "$tmp/auto.err" \
+  || fail "auto with a GPU: $(cat "$tmp/auto.err")"
 python3 -c "
 import json, sys
 ids = json.load(open(sys.argv[1]))
 assert len(ids) == 16 and all(0 <= i < 128 for i in ids), ids" "$tmp/cuda.ids" \
   || fail "--device cuda printed $(cat "$tmp/cuda.ids")"
+python3 -c "
+import json, sys
+ids = json.load(open(sys.argv[1]))
+assert len(ids) == 16 and all(0 <= i < 128 for i in ids), ids" "$tmp/cuda32.ids" \
+  || fail "--device cuda --dtype float32 printed $(cat "$tmp/cuda32.ids")"
 echo "# cuda: $(cat "$tmp/cuda.ids"); $(tail -1 "$tmp/cuda.err")"

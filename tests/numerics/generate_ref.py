@@ -118,7 +118,7 @@ DEVICE = None  # --device cuda: the GPU decoder
 def run(ty, args):
     r = subprocess.run([ty, "generate"] + args, capture_output=True, text=True)
     if r.returncode != 0 and "no CUDA device is visible" in r.stderr:
-        print(f"SKIP gpu/generate: {r.stderr.strip().splitlines()[-1]}")
+        print(f"SKIP gpu/generate_cli: {r.stderr.strip().splitlines()[-1]}")
         sys.exit(77)
     if r.returncode != 0:
         sys.exit(f"trainyard generate {' '.join(args)} failed:\n{r.stderr}")

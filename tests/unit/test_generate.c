@@ -198,8 +198,9 @@ static void device_names(void **state) {
   assert_int_equal(dev, GEN_DEVICE_CPU);
   model_t *m = small_model(4, 0);
   gen_t *g = (gen_t *)&dev;
-  assert_int_equal(gen_create_on(&g, GEN_DEVICE_CUDA, &m->d, &m->w, NULL, 4, 0, err, sizeof err),
-                   TY_EUNAVAILABLE);
+  assert_int_equal(
+      gen_create_on(&g, GEN_DEVICE_CUDA, &m->d, &m->w, NULL, 4, 0, TY_DTYPE_F32, err, sizeof err),
+      TY_EUNAVAILABLE);
   assert_null(g);
   assert_non_null(strstr(err, "built without the CUDA toolkit"));
   model_free(m);

@@ -2,6 +2,7 @@
  * generate.c's feed_chunk on the kernels of backend_cuda.h. */
 #include "worker/cuda/generate_cuda.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,9 +22,13 @@ struct gen_cuda {
   int S, window, R;
   float scale;           /* the adapter's alpha / R */
   unsigned targets;      /* the adapter's JOBSPEC_TARGET_* (0: none) */
-  model_weights_t w;     /* device pointers into wbuf (layers: a host array) */
+  ty_dtype_t wdt;        /* the matrices' type (F32 or BF16); vectors are F32 */
+  model_weights_t w;     /* device pointers into wbuf (layers: a host array); the
+                            matrices' of wdt, whatever the pointers' type */
   lora_pair_t *ab;       /* [L * TC] device pointers into lbuf (host array) */
-  float *wbuf, *lbuf;    /* the weights, the adapter's A and B */
+  void *wbuf;            /* the weights */
+  float *lbuf;           /* the adapter's A and B */
+  uint16_t *xb;          /* (CH, max(C, QD, FF)): a product's input in bf16 */
   float *kc, *vc;        /* (L, S, KVD) each */
   float *cos_t, *sin_t;  /* (S, HS/2) */
   float *x, *ln, *rstd;  /* (CH, C), (CH, C), (CH) */
@@ -33,21 +38,38 @@ struct gen_cuda {
   int *tokens, *pos;     /* (CH) each */
 };
 
-/* Floats of a model's weights on the device, as model.h lays them out per
- * layer (the tied head is the embedding's). */
-static size_t weight_floats(const model_dims_t *d) {
+/* Each tensor starts on a GEN_ALIGN-byte boundary of the arena (bf16
+ * matrices and fp32 vectors mix; cuBLAS wants aligned operands). */
+#define GEN_ALIGN 256
+
+/* Bytes of a model's weights on the device, matrices (cols != 0) of wdt
+ * and vectors (norms, biases) float32, as model.h lays them out per layer
+ * (the tied head is the embedding's), each tensor aligned. */
+static size_t weight_bytes(const model_dims_t *d, ty_dtype_t wdt) {
+  const size_t ws = ty_dtype_size(wdt);
   size_t per = 0;
-#define TY_X(field, name, rows, cols) per += (size_t)(rows) * ((cols) != 0 ? (size_t)(cols) : 1);
+#define TY_X(field, name, rows, cols) \
+  per += GEN_ALIGN +                  \
+         ((cols) != 0 ? (size_t)(rows) * (size_t)(cols)*ws : (size_t)(rows) * sizeof(float));
   MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
-  return (size_t)d->V * d->C * (d->tied ? 1 : 2) + (size_t)d->L * per + (size_t)d->C;
+  return ((size_t)d->V * d->C * ws + GEN_ALIGN) * (d->tied ? 1 : 2) + (size_t)d->L * per +
+         (size_t)d->C * sizeof(float) + GEN_ALIGN;
 }
 
-/* Takes floats from the device arena *p; copies host there unless NULL. */
-static float *put(float **p, const float *host, size_t n, int *bad) {
-  float *at = *p;
-  *p += n;
-  if (host && n && cudaMemcpy(at, host, sizeof(float) * n, cudaMemcpyHostToDevice) != cudaSuccess)
+/* Takes n elements of dt from the device arena *p (bytes), host's floats
+ * copied there (narrowed to dt through tmp, room for n bf16 values). */
+static float *put(char **p, const float *host, size_t n, ty_dtype_t dt, uint16_t *tmp, int *bad) {
+  const size_t off = (size_t)(uintptr_t)*p % GEN_ALIGN;
+  if (off) *p += GEN_ALIGN - off;
+  void *at = *p;
+  *p += n * ty_dtype_size(dt);
+  const void *src = host;
+  if (dt != TY_DTYPE_F32) {
+    ty_dtype_from_f32(dt, host, tmp, n);
+    src = tmp;
+  }
+  if (n && cudaMemcpy(at, src, n * ty_dtype_size(dt), cudaMemcpyHostToDevice) != cudaSuccess)
     *bad = 1;
   return at;
 }
@@ -56,19 +78,24 @@ static int alloc(void **p, size_t bytes, const char *what, char *err, size_t err
   if (!mem_cuda_alloc(p, bytes ? bytes : 4)) return 0;
   int rc = ty_errf(err, errlen, TY_EEXHAUSTED,
                    "device cuda: no device memory for the decoder's %s (%.1f MiB); use a "
-                   "smaller --max_new_tokens or prompt, or --device cpu",
+                   "smaller --max_new_tokens or prompt, --dtype bfloat16, or --device cpu",
                    what, (double)bytes / (1 << 20));
   mem_cuda_explain(rc, err, errlen);
   return rc;
 }
 
 int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights_t *w,
-                    const lora_t *lo, int S, int sliding_window, int device, char *err,
-                    size_t errlen) {
+                    const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, int device,
+                    char *err, size_t errlen) {
   *out = NULL;
+  if (wdt != TY_DTYPE_F32 && wdt != TY_DTYPE_BF16)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "device cuda: the decoder keeps weights in float32 or bfloat16, not %s",
+                   ty_dtype_name(wdt));
   gen_cuda_t *g = calloc(1, sizeof *g);
   if (!g) return ty_errf(err, errlen, TY_EEXHAUSTED, "no memory for the GPU decoder");
   g->d = *d;
+  g->wdt = wdt;
   g->S = S;
   g->window = sliding_window;
   g->R = lo ? lo->R : 0;
@@ -86,7 +113,11 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
   const size_t R = (size_t)g->R;
   const size_t act = 2 * CH * d->C + CH + 2 * CH * QD + 2 * CH * d->FF + CH * R + d->V;
   float *a = NULL;
-  if (!rc) rc = alloc((void **)&g->wbuf, sizeof(float) * weight_floats(d), "weights", err, errlen);
+  size_t widest = (size_t)d->C > QD ? (size_t)d->C : QD;
+  if ((size_t)d->FF > widest) widest = (size_t)d->FF;
+  if (!rc) rc = alloc(&g->wbuf, weight_bytes(d, wdt), "weights", err, errlen);
+  if (!rc && wdt == TY_DTYPE_BF16)
+    rc = alloc((void **)&g->xb, sizeof(uint16_t) * CH * widest, "bf16 inputs", err, errlen);
   if (!rc && lo)
     rc = alloc((void **)&g->lbuf, sizeof(float) * lo->n_params, "adapter", err, errlen);
   if (!rc)
@@ -100,20 +131,31 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
   }
   /* The weights, in the host model's tensor order. */
   int bad = 0;
-  float *p = g->wbuf;
-  g->w.embed_tokens = put(&p, w->embed_tokens, (size_t)d->V * d->C, &bad);
+  char *p = g->wbuf;
+  size_t big = (size_t)d->C * (d->V > d->FF ? d->V : d->FF); /* the largest tensor */
+  if (QD * d->C > big) big = QD * d->C;
+  uint16_t *tmp = wdt == TY_DTYPE_F32 ? NULL : malloc(sizeof(uint16_t) * big);
+  if (wdt != TY_DTYPE_F32 && !tmp) {
+    gen_cuda_free(g);
+    return ty_errf(err, errlen, TY_EEXHAUSTED, "no memory to convert the weights to %s",
+                   ty_dtype_name(wdt));
+  }
+  g->w.embed_tokens = put(&p, w->embed_tokens, (size_t)d->V * d->C, wdt, tmp, &bad);
   for (int l = 0; l < d->L; l++) {
     model_layer_t *dl = &g->w.layers[l];
     const model_layer_t *hl = &w->layers[l];
-#define TY_X(field, name, rows, cols)                                                             \
-  dl->field = (rows) != 0                                                                         \
-                  ? put(&p, hl->field, (size_t)(rows) * ((cols) != 0 ? (size_t)(cols) : 1), &bad) \
+#define TY_X(field, name, rows, cols)                                                       \
+  dl->field = (rows) != 0                                                                   \
+                  ? put(&p, hl->field, (size_t)(rows) * ((cols) != 0 ? (size_t)(cols) : 1), \
+                        (cols) != 0 ? wdt : TY_DTYPE_F32, tmp, &bad)                        \
                   : NULL;
     MODEL_LAYER_TENSORS(TY_X)
 #undef TY_X
   }
-  g->w.norm = put(&p, w->norm, (size_t)d->C, &bad);
-  g->w.lm_head = d->tied ? g->w.embed_tokens : put(&p, w->lm_head, (size_t)d->V * d->C, &bad);
+  g->w.norm = put(&p, w->norm, (size_t)d->C, TY_DTYPE_F32, tmp, &bad);
+  g->w.lm_head =
+      d->tied ? g->w.embed_tokens : put(&p, w->lm_head, (size_t)d->V * d->C, wdt, tmp, &bad);
+  free(tmp);
   if (lo) { /* one copy of the adapter's buffer; its pairs at the same offsets */
     if (cudaMemcpy(g->lbuf, lo->params, sizeof(float) * lo->n_params, cudaMemcpyHostToDevice) !=
         cudaSuccess)
@@ -152,6 +194,7 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
 void gen_cuda_free(gen_cuda_t *g) {
   if (!g) return;
   mem_cuda_free(g->wbuf);
+  mem_cuda_free(g->xb);
   mem_cuda_free(g->lbuf);
   mem_cuda_free(g->kc);
   mem_cuda_free(g->cos_t);
@@ -163,12 +206,18 @@ void gen_cuda_free(gen_cuda_t *g) {
   free(g);
 }
 
-/* out (n, OUT) = beta * out + x (n, IN) @ W^T, plus the adapter's
- * scale * (x A^T) B^T when target is adapted in layer l. */
+/* out (n, OUT) = beta * out + x (n, IN) @ W^T (W of g->wdt), plus the
+ * adapter's scale * (x A^T) B^T when target (-1: none, the head) is
+ * adapted in layer l. */
 static int proj(gen_cuda_t *g, int l, int target, float *out, const float *x, const float *W, int n,
                 int IN, int OUT, float beta) {
-  int rc = cuda_matmul_forward(g->cb, out, x, W, TY_DTYPE_F32, n, IN, OUT, beta);
-  if (rc || !(g->targets & (1u << target))) return rc;
+  const void *in = x;
+  if (g->wdt == TY_DTYPE_BF16) { /* the input rounded to bf16, as model_cuda.c's products */
+    cuda_f32_to_bf16(g->cb, g->xb, x, (size_t)n * IN);
+    in = g->xb;
+  }
+  int rc = cuda_matmul_forward(g->cb, out, in, W, g->wdt, n, IN, OUT, beta);
+  if (rc || target < 0 || !(g->targets & (1u << target))) return rc;
   const lora_pair_t *ab = &g->ab[(size_t)l * TC + target];
   return cuda_lora_forward(g->cb, out, g->xa, x, ab->A, ab->B, n, IN, OUT, g->R, g->scale);
 }
@@ -186,7 +235,7 @@ int gen_cuda_feed(gen_cuda_t *g, const int *tokens, int n, int p0, float *logits
     return ty_errf(err, errlen, TY_EINTERNAL, "device cuda: copying token ids to the GPU failed");
   }
   int rc = 0;
-  cuda_embedding_forward(g->cb, g->x, g->tokens, w->embed_tokens, TY_DTYPE_F32, n, C);
+  cuda_embedding_forward(g->cb, g->x, g->tokens, w->embed_tokens, g->wdt, n, C);
   for (int l = 0; l < d->L && !rc; l++) {
     const model_layer_t *lw = &w->layers[l];
     float *kc = g->kc + (size_t)l * g->S * KVD, *vc = g->vc + (size_t)l * g->S * KVD;
@@ -215,7 +264,7 @@ int gen_cuda_feed(gen_cuda_t *g, const int *tokens, int n, int p0, float *logits
   }
   if (!rc && logits) {
     cuda_rmsnorm_forward(g->cb, g->ln, g->rstd, g->x + (size_t)(n - 1) * C, w->norm, 1, C, d->eps);
-    rc = cuda_matmul_forward(g->cb, g->logits, g->ln, w->lm_head, TY_DTYPE_F32, 1, C, d->V, 0.0f);
+    rc = proj(g, -1, -1, g->logits, g->ln, w->lm_head, 1, C, d->V, 0.0f);
   }
   if (rc)
     return ty_errf(err, errlen, TY_EINTERNAL, "device cuda: a matrix product failed (cuBLAS)");

@@ -1,5 +1,5 @@
 /* generate_cuda.h - generate.h's decoder on a GPU: the model's weights
- * (float32, copied once from the host model at create), the key/value
+ * (float32 or bfloat16, copied once from the host model at create), the key/value
  * cache and every activation in device memory, a prompt chunk or one new
  * token at a time through backend_cuda.h's kernels, and the logits of the
  * last token copied back to the host for generate.c's choice of the next
@@ -35,13 +35,16 @@ typedef struct gen_cuda gen_cuda_t;
 #include "worker/model/model.h"
 
 /* A decoder on CUDA device `device` for the model of shape d and host
- * weights w (copied), adapter lo (copied; NULL for none), a cache of S
- * tokens, sliding_window 0 for none. 0, TY_EUNAVAILABLE (no device, or
- * cuBLAS missing) or TY_EEXHAUSTED (device memory), with the reason in
- * err. */
+ * weights w (copied; the matrices narrowed to wdt, TY_DTYPE_F32 or
+ * TY_DTYPE_BF16, the norms and biases float32), adapter lo (copied,
+ * float32; NULL for none), a cache of S tokens, sliding_window 0 for none.
+ * Over bf16 matrices each product's input is rounded to bf16 on the way in
+ * (cublasGemmEx, fp32 accumulation), as model_cuda.h's training does. 0,
+ * TY_EINVAL (another wdt), TY_EUNAVAILABLE (no device, or cuBLAS missing)
+ * or TY_EEXHAUSTED (device memory), with the reason in err. */
 int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights_t *w,
-                    const lora_t *lo, int S, int sliding_window, int device, char *err,
-                    size_t errlen);
+                    const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, int device,
+                    char *err, size_t errlen);
 void gen_cuda_free(gen_cuda_t *g); /* accepts NULL */
 
 /* Runs tokens (n <= GEN_CHUNK, checked by the caller: ids in [0, V),

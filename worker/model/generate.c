@@ -71,7 +71,8 @@ const char *gen_device_name(gen_device_t dev) {
 }
 
 int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const model_weights_t *w,
-                  const lora_t *lo, int S, int sliding_window, char *err, size_t errlen) {
+                  const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, char *err,
+                  size_t errlen) {
   if (dev == GEN_DEVICE_CPU) return gen_create(out, d, w, lo, S, sliding_window, err, errlen);
   *out = NULL;
 #ifdef TRAINYARD_HAVE_CUDA
@@ -89,7 +90,7 @@ int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const mo
   g->S = S;
   g->window = sliding_window;
   g->block = g->logits = logits;
-  int rc = gen_cuda_create(&g->cu, d, w, lo, S, sliding_window, 0, err, errlen);
+  int rc = gen_cuda_create(&g->cu, d, w, lo, S, sliding_window, wdt, 0, err, errlen);
   if (rc) {
     gen_free(g);
     return rc;
@@ -97,7 +98,7 @@ int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const mo
   *out = g;
   return 0;
 #else
-  (void)d, (void)w, (void)lo, (void)S, (void)sliding_window;
+  (void)d, (void)w, (void)lo, (void)S, (void)sliding_window, (void)wdt;
   return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", GEN_NO_CUDA);
 #endif
 }
