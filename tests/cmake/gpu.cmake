@@ -14,12 +14,20 @@ endif()
 # `trainyard generate --device cuda`: greedy tokens equal to the PyTorch
 # reference's and the CPU decoder's (tests/numerics/generate_ref.py's cases:
 # Llama, tied + Llama 3 rope with a prompt over one chunk, LoRA, Mistral's
-# window, an eos list, Qwen2 with and without an adapter).
+# window, an eos list, Qwen2 with and without an adapter). Labelled
+# numerics, as it needs PyTorch, which a GPU host running tests/gpu/run.sh
+# (label gpu) may lack; there gpu/generate checks the same decoder against
+# the CPU one. gpu/generate_device: --device cpu|cuda|auto through the CLI
+# (refusals, auto's choice, bf16 and float32 weights on the GPU).
 if(TRAINYARD_HAVE_CUDA)
   add_test(NAME gpu/generate_cli
            COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/numerics/generate_ref.py
                    $<TARGET_FILE:trainyard> ${CMAKE_CURRENT_BINARY_DIR}/gpu-generate --device cuda)
-  set_tests_properties(gpu/generate_cli PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+  set_tests_properties(gpu/generate_cli PROPERTIES LABELS numerics SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
+  add_test(NAME gpu/generate_device
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/integration/generate_device.sh cuda)
+  set_tests_properties(gpu/generate_device PROPERTIES LABELS gpu TIMEOUT 300
                        ENVIRONMENT "${TY_TEST_ENV}")
 endif()
 # Sharded LoRA passes over NCCL against the whole model (one rank per GPU).
