@@ -1,5 +1,5 @@
 /* cmd_generate.c - trainyard generate: text from a checkpoint (and a LoRA
- * adapter, applied unmerged) on the CPU, decoding over a key/value cache
+ * adapter, applied unmerged) on the CPU or a GPU, decoding over a key/value cache
  * (worker/model/generate.h), streamed to stdout as the tokens come.
  *
  * The prompt is text (encoded with the tokenizer's special tokens), a
@@ -8,7 +8,10 @@
  * (generation_config.json's or config.json's eos_token_id, else the
  * tokenizer's EOS), after --max_new_tokens, or at max_position_embeddings.
  * Greedy when --temperature is 0, else top-p sampling seeded by --seed.
- * Prompt and generation speeds go to stderr. */
+ * Prompt and generation speeds go to stderr. --device cuda (or auto, where
+ * the build has CUDA and a GPU is visible) runs the decoder on GPU 0
+ * (worker/cuda/generate_cuda.h); the token choice, stopping and streaming
+ * below are the same on either device. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -35,8 +38,9 @@ static void generate_usage(FILE *f) {
       "                          (--prompt TEXT | --messages JSON | --prompt_ids JSON)\n"
       "                          [--max_new_tokens N] [--temperature T] [--top_p P]\n"
       "                          [--seed S] [--tokenizer PATH] [--chat_template NAME]\n"
-      "                          [--output text|ids] [--no_cache]\n"
-      "Decodes on the CPU and streams the text to stdout as the tokens come.\n"
+      "                          [--output text|ids] [--device cpu|cuda|auto]\n"
+      "                          [--dtype float32|bfloat16] [--no_cache]\n"
+      "Decodes on the CPU or a GPU and streams the text to stdout as the tokens come.\n"
       "  --prompt TEXT        encoded with the tokenizer's special tokens (BOS)\n"
       "  --messages JSON      [{\"role\": \"user\", \"content\": \"...\"}, ...] through the chat\n"
       "                       template (the tokenizer's, or --chat_template llama3, llama2,\n"
@@ -50,7 +54,14 @@ static void generate_usage(FILE *f) {
       "  --tokenizer PATH     a tokenizer.json or its folder; default DIR/tokenizer.json\n"
       "  --output text|ids    text (default with a tokenizer), or the generated ids as one\n"
       "                       JSON list (default without one)\n"
-      "  --no_cache           recompute the whole sequence each token (slow; a check)\n"
+      "  --device D           cpu (default), cuda (the weights and the key/value cache on\n"
+      "                       GPU 0; a build with the CUDA toolkit), or auto (cuda where\n"
+      "                       built and a GPU is visible, else cpu)\n"
+      "  --dtype T            on cuda, the weight matrices' type: float32 (the CPU's\n"
+      "                       logits up to rounding) or bfloat16 (half the memory); default\n"
+      "                       bfloat16 for a bfloat16 checkpoint, else float32\n"
+      "  --no_cache           recompute the whole sequence each token on the CPU (slow; a\n"
+      "                       check)\n"
       "With --adapter DIR (adapter_config.json + adapter_model.safetensors, as a LoRA job\n"
       "writes them) the adapter is applied unmerged. Prompt and generation tokens/s go to\n"
       "stderr.\n");
@@ -64,7 +75,7 @@ static double now_s(void) {
 
 typedef struct {
   const char *model_path, *adapter, *prompt, *messages, *prompt_ids, *tokenizer, *chat_template;
-  const char *output;
+  const char *output, *device, *dtype;
   long max_new;
   double temperature, top_p;
   long seed;
@@ -112,6 +123,14 @@ static int parse_args(int argc, char **argv, gen_opts_t *o) {
       o->prompt_ids = v;
     } else if (!strcmp(a, "--tokenizer")) {
       o->tokenizer = v;
+    } else if (!strcmp(a, "--device")) {
+      o->device = v;
+    } else if (!strcmp(a, "--dtype")) {
+      if (strcmp(v, "float32") && strcmp(v, "bfloat16")) {
+        fprintf(stderr, "trainyard generate: --dtype %s: use float32 or bfloat16\n", v);
+        return 2;
+      }
+      o->dtype = v;
     } else if (!strcmp(a, "--chat_template")) {
       o->chat_template = v;
     } else if (!strcmp(a, "--output")) {
@@ -247,6 +266,21 @@ int cmd_generate(int argc, char **argv) {
     return 2;
   }
   if (!o.output) o.output = tokpath[0] ? "text" : "ids";
+  gen_device_t dev = GEN_DEVICE_CPU;
+  if (o.no_cache && o.device && !strcmp(o.device, "cuda")) {
+    fprintf(stderr, "trainyard generate: --no_cache recomputes on the CPU; drop --device cuda\n");
+    return 2;
+  }
+  if (o.dtype && (!o.device || strcmp(o.device, "cuda"))) {
+    fprintf(stderr,
+            "trainyard generate: --dtype sets the GPU's weights; use it with --device "
+            "cuda (the CPU decodes in float32)\n");
+    return 2;
+  }
+  if (!o.no_cache && o.device && (rc = gen_device_pick(o.device, &dev, err, sizeof err))) {
+    fprintf(stderr, "trainyard generate: %s\n", err);
+    return rc == TY_EINVAL ? 2 : 1;
+  }
   const int text_out = !strcmp(o.output, "text");
   if (text_out && !tokpath[0]) {
     fprintf(stderr, "trainyard generate: --output text needs a tokenizer (--tokenizer PATH)\n");
@@ -290,9 +324,13 @@ int cmd_generate(int argc, char **argv) {
     rc = o.no_cache ? model_create(&m, &cfg, 1, S, MODEL_EVAL, err, sizeof err)
                     : model_create_weights(&m, &cfg, 1, 1, MODEL_EVAL, err, sizeof err);
   if (!rc) rc = model_io_load(m, o.model_path, NULL, NULL, NULL, err, sizeof err);
+  /* On a GPU: the matrices as --dtype, else as a bf16 checkpoint lies. */
+  const ty_dtype_t wdt = o.dtype ? (strcmp(o.dtype, "bfloat16") ? TY_DTYPE_F32 : TY_DTYPE_BF16)
+                         : cfg.torch_dtype == TY_DTYPE_BF16 ? TY_DTYPE_BF16
+                                                            : TY_DTYPE_F32;
   if (!rc && o.adapter) rc = outputs_read_adapter(o.adapter, m, &lo, err, sizeof err);
   if (!rc && !o.no_cache)
-    rc = gen_create(&g, &m->d, &m->w, lo, S, (int)cfg.sliding_window, err, sizeof err);
+    rc = gen_create_on(&g, dev, &m->d, &m->w, lo, S, (int)cfg.sliding_window, wdt, err, sizeof err);
   if (!rc) rc = gentext_eos(o.model_path, tok, eos, MAX_EOS, &n_eos, err, sizeof err);
   if (!rc) {
     seq = malloc(sizeof(int) * (S + 1));
@@ -352,9 +390,10 @@ int cmd_generate(int argc, char **argv) {
   if (!rc)
     fprintf(stderr,
             "trainyard generate: prompt %d tokens in %.3f s (%.1f tokens/s); generated %d "
-            "tokens in %.3f s (%.1f tokens/s); stopped at %s\n",
+            "tokens in %.3f s (%.1f tokens/s); stopped at %s; device %s%s\n",
             n_prompt, t_prompt, t_prompt > 0 ? n_prompt / t_prompt : 0.0, n_gen, t_gen,
-            t_gen > 0 ? n_gen / t_gen : 0.0, why);
+            t_gen > 0 ? n_gen / t_gen : 0.0, why, gen_device_name(dev),
+            dev == GEN_DEVICE_CUDA && wdt == TY_DTYPE_BF16 ? " (bfloat16 weights)" : "");
   else
     fprintf(stderr, "trainyard generate: %s\n", err);
   gentext_stream_free(&stream);

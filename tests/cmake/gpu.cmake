@@ -3,13 +3,32 @@
 # exits 77 (a ctest skip) with the reason printed when no GPU is visible.
 # tests/gpu/run.sh runs them, and the GPU bench, on a GPU host.
 if(TRAINYARD_HAVE_CUDA)
-  foreach(check kernels load model mem)
+  foreach(check kernels load model mem generate)
     add_executable(gpu_${check}_check ${CMAKE_SOURCE_DIR}/tests/gpu/${check}_check.c)
     target_link_libraries(gpu_${check}_check PRIVATE ty_worker)
     add_test(NAME gpu/${check} COMMAND gpu_${check}_check)
     set_tests_properties(gpu/${check} PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
                          ENVIRONMENT "${TY_TEST_ENV}")
   endforeach()
+endif()
+# `trainyard generate --device cuda`: greedy tokens equal to the PyTorch
+# reference's and the CPU decoder's (tests/numerics/generate_ref.py's cases:
+# Llama, tied + Llama 3 rope with a prompt over one chunk, LoRA, Mistral's
+# window, an eos list, Qwen2 with and without an adapter). Labelled
+# numerics, as it needs PyTorch, which a GPU host running tests/gpu/run.sh
+# (label gpu) may lack; there gpu/generate checks the same decoder against
+# the CPU one. gpu/generate_device: --device cpu|cuda|auto through the CLI
+# (refusals, auto's choice, bf16 and float32 weights on the GPU).
+if(TRAINYARD_HAVE_CUDA)
+  add_test(NAME gpu/generate_cli
+           COMMAND /usr/bin/python3 ${CMAKE_SOURCE_DIR}/tests/numerics/generate_ref.py
+                   $<TARGET_FILE:trainyard> ${CMAKE_CURRENT_BINARY_DIR}/gpu-generate --device cuda)
+  set_tests_properties(gpu/generate_cli PROPERTIES LABELS numerics SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
+  add_test(NAME gpu/generate_device
+           COMMAND bash ${CMAKE_SOURCE_DIR}/tests/integration/generate_device.sh cuda)
+  set_tests_properties(gpu/generate_device PROPERTIES LABELS gpu TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
 endif()
 # Sharded LoRA passes over NCCL against the whole model (one rank per GPU).
 if(TRAINYARD_HAVE_CUDA AND NCCL_LIB AND NCCL_INCLUDE)

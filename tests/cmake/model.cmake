@@ -14,3 +14,12 @@ add_test(NAME numerics/generate
                  $<TARGET_FILE:trainyard> ${CMAKE_CURRENT_BINARY_DIR}/numerics-generate)
 set_tests_properties(numerics/generate PROPERTIES LABELS numerics TIMEOUT 300
                      ENVIRONMENT "${TY_TEST_ENV}")
+# `trainyard generate --device cpu|cuda|auto` in a build without CUDA:
+# cuda refused saying so, auto on the CPU (a CUDA build runs the same
+# script as gpu/generate_device, tests/cmake/gpu.cmake).
+if(NOT TRAINYARD_HAVE_CUDA)
+  add_test(NAME integration/generate_device
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/generate_device.sh none)
+  set_tests_properties(integration/generate_device PROPERTIES LABELS integration TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
+endif()

@@ -4,7 +4,7 @@ decode in plain PyTorch, after Hugging Face's LlamaForCausalLM /
 MistralForCausalLM and PEFT's LoRA layer (float64 from the same fp32
 weights, the whole sequence recomputed each step: no cache).
 
-usage: generate_ref.py TRAINYARD WORKDIR
+usage: generate_ref.py TRAINYARD WORKDIR [--device cuda]
 
 Cases: a Llama configuration (GQA, untied head); a tied head with Llama 3.1
 rope_scaling and an explicit head_dim; the first with a LoRA adapter on
@@ -16,7 +16,12 @@ first of them). Each case runs with the key/value cache and with
 must give the reference's tokens exactly. The smallest gap between the
 reference's best and second-best logit is printed: a tie within float32
 rounding would make the comparison meaningless, and the seeds keep it
-far from one."""
+far from one.
+
+With --device cuda (gpu/generate) each case runs on the GPU decoder
+instead, whose tokens must equal the reference's and the CPU decoder's
+(--device cpu); it exits 77 (a ctest skip), saying why, where trainyard
+finds no GPU. A Qwen2 case without an adapter runs in both modes."""
 import json
 import math
 import os
@@ -107,8 +112,14 @@ def hf_config(cfg):
     return out
 
 
+DEVICE = None  # --device cuda: the GPU decoder
+
+
 def run(ty, args):
     r = subprocess.run([ty, "generate"] + args, capture_output=True, text=True)
+    if r.returncode != 0 and "no CUDA device is visible" in r.stderr:
+        print(f"SKIP gpu/generate_cli: {r.stderr.strip().splitlines()[-1]}")
+        sys.exit(77)
     if r.returncode != 0:
         sys.exit(f"trainyard generate {' '.join(args)} failed:\n{r.stderr}")
     return json.loads(r.stdout), r.stderr
@@ -145,19 +156,31 @@ def case(ty, work, name, cfg, seed, with_lora=False, eos_at=None):
             json.dump({"eos_token_id": list(eos)}, f)
         ref, gap = greedy(cfg, w, lora, prompt, cfg["new"], eos)
         assert len(ref) <= eos_at, (ref, eos)
-    cached, log = run(ty, args)
-    uncached, _ = run(ty, args + ["--no_cache"]) if "sliding_window" not in cfg else (cached, "")
+    if DEVICE:
+        cached, log = run(ty, args + ["--device", DEVICE])
+        assert log.rstrip().endswith(f"device {DEVICE}"), log
+        uncached, _ = run(ty, args + ["--device", "cpu"])  # the CPU decoder's, as a name
+    else:
+        cached, log = run(ty, args)
+        uncached, _ = run(ty, args + ["--no_cache"]) if "sliding_window" not in cfg else (cached, "")
     print(f"# {name}: prompt {len(prompt)}, {len(ref)} greedy tokens, smallest top-2 gap "
           f"{gap:.2e}; {log.strip().splitlines()[-1]}")
     assert gap > 1e-4, f"{name}: a near tie ({gap}); choose another seed"
+    first, second = (f"on {DEVICE}", "on the cpu") if DEVICE else ("with the cache",
+                                                                   "without the cache")
     if cached != ref:
-        sys.exit(f"{name}: with the cache {cached}\n  reference      {ref}")
+        sys.exit(f"{name}: {first} {cached}\n  reference {ref}")
     if uncached != ref:
-        sys.exit(f"{name}: without the cache {uncached}\n  reference         {ref}")
+        sys.exit(f"{name}: {second} {uncached}\n  reference {ref}")
 
 
 def main():
+    global DEVICE
     ty, work = sys.argv[1], sys.argv[2]
+    if sys.argv[3:5] == ["--device", "cuda"]:
+        DEVICE = "cuda"
+    elif len(sys.argv) != 3:
+        sys.exit("usage: generate_ref.py TRAINYARD WORKDIR [--device cuda]")
     os.makedirs(work, exist_ok=True)
     base = {"hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
             "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
@@ -175,9 +198,12 @@ def main():
     mistral = dict(base, model_type="mistral", sliding_window=8, num_key_value_heads=1)
     case(ty, work, "mistral_window", mistral, 5)
     case(ty, work, "eos_list", base, 6, eos_at=5)
+    qwen2 = dict(base, model_type="qwen2", rope_theta=1000000.0)
+    case(ty, work, "qwen2", qwen2, 8)
     case(ty, work, "qwen2_lora", dict(base, model_type="qwen2", rope_theta=1000000.0,
                                       lora_targets=0x7F), 7, with_lora=True)
-    print("# greedy decoding matches the reference in every case")
+    print("# greedy decoding matches the reference in every case"
+          + (f" on {DEVICE}, and the CPU decoder" if DEVICE else ""))
 
 
 main()

@@ -2,7 +2,8 @@
  * reach: the choice of the next token on a constructed distribution
  * (greedy ties, top-p's nucleus, reproducibility with a seed), the key/value
  * cache against the training forward over the whole sequence (fed at once,
- * a token at a time, and across prompt chunks), the decoder's refusals, and
+ * a token at a time, and across prompt chunks), the decoder's refusals, the
+ * --device names (and cuda refused in a build without CUDA), and
  * the streamed text never splitting a multi-byte character. */
 #include <math.h>
 #include <setjmp.h>
@@ -177,6 +178,35 @@ static void refusals(void **state) {
   model_free(m);
 }
 
+/* --device: the names, and cuda in a build without the CUDA backend
+ * refused saying so (auto then the CPU); with it, gpu/generate checks the
+ * GPU side. */
+static void device_names(void **state) {
+  (void)state;
+  gen_device_t dev = GEN_DEVICE_CUDA;
+  char err[512] = "";
+  assert_int_equal(gen_device_pick("cpu", &dev, err, sizeof err), 0);
+  assert_int_equal(dev, GEN_DEVICE_CPU);
+  assert_int_equal(gen_device_pick("gpu", &dev, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "--device gpu: use cpu, cuda or auto"));
+  assert_string_equal(gen_device_name(GEN_DEVICE_CUDA), "cuda");
+#ifndef TRAINYARD_HAVE_CUDA
+  assert_int_equal(gen_device_pick("cuda", &dev, err, sizeof err), TY_EUNAVAILABLE);
+  assert_non_null(strstr(err, "built without the CUDA toolkit"));
+  assert_non_null(strstr(err, "--device cpu"));
+  assert_int_equal(gen_device_pick("auto", &dev, err, sizeof err), 0);
+  assert_int_equal(dev, GEN_DEVICE_CPU);
+  model_t *m = small_model(4, 0);
+  gen_t *g = (gen_t *)&dev;
+  assert_int_equal(
+      gen_create_on(&g, GEN_DEVICE_CUDA, &m->d, &m->w, NULL, 4, 0, TY_DTYPE_F32, err, sizeof err),
+      TY_EUNAVAILABLE);
+  assert_null(g);
+  assert_non_null(strstr(err, "built without the CUDA toolkit"));
+  model_free(m);
+#endif
+}
+
 /* A byte-level tokenizer: 0xC3 "Ã" and 0xA9 "©" are separate tokens, so
  * "é" (C3 A9) comes in two. */
 static void stream_never_splits_a_character(void **state) {
@@ -215,6 +245,7 @@ int main(void) {
       cmocka_unit_test(cache_equals_the_whole_forward),
       cmocka_unit_test(sliding_window_applies_past_its_length),
       cmocka_unit_test(refusals),
+      cmocka_unit_test(device_names),
       cmocka_unit_test(stream_never_splits_a_character),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <cblas.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -12,6 +13,10 @@
 #include "worker/model/cpu_ops.h"
 #include "worker/model/cpu_pool.h"
 #include "worker/model/rng.h"
+#ifdef TRAINYARD_HAVE_CUDA
+#include "worker/cuda/generate_cuda.h"
+#include "worker/cuda/placement_cuda.h"
+#endif
 
 struct gen {
   model_dims_t d;
@@ -32,7 +37,71 @@ struct gen {
   float *logits; /* (V) */
   int pos[GEN_CHUNK];
   float *block; /* the one allocation behind every buffer above */
+#ifdef TRAINYARD_HAVE_CUDA
+  gen_cuda_t *cu; /* on a GPU: the cache and the scratch are there, block the logits */
+#endif
 };
+
+#define GEN_NO_CUDA                                                                         \
+  "--device cuda: this trainyard was built without the CUDA toolkit; rebuild where one is " \
+  "installed, or use --device cpu (or auto)"
+
+int gen_device_pick(const char *name, gen_device_t *dev, char *err, size_t errlen) {
+  *dev = GEN_DEVICE_CPU;
+  const bool cuda = !strcmp(name, "cuda"), autod = !strcmp(name, "auto");
+  if (!cuda && !autod && strcmp(name, "cpu"))
+    return ty_errf(err, errlen, TY_EINVAL, "--device %s: use cpu, cuda or auto", name);
+  if (!cuda && !autod) return 0;
+#ifdef TRAINYARD_HAVE_CUDA
+  int n;
+  char why[512];
+  if (placement_cuda_devices(&n, why, sizeof why)) {
+    if (autod) return 0;
+    return ty_errf(err, errlen, TY_EUNAVAILABLE, "--%s", why);
+  }
+  *dev = GEN_DEVICE_CUDA;
+  return 0;
+#else
+  return autod ? 0 : ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", GEN_NO_CUDA);
+#endif
+}
+
+const char *gen_device_name(gen_device_t dev) {
+  return dev == GEN_DEVICE_CUDA ? "cuda" : "cpu";
+}
+
+int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const model_weights_t *w,
+                  const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, char *err,
+                  size_t errlen) {
+  if (dev == GEN_DEVICE_CPU) return gen_create(out, d, w, lo, S, sliding_window, err, errlen);
+  *out = NULL;
+#ifdef TRAINYARD_HAVE_CUDA
+  if (S < 1 || sliding_window < 0)
+    return ty_errf(err, errlen, TY_EINVAL, "a decoder needs a cache of at least one token");
+  gen_t *g = calloc(1, sizeof *g);
+  float *logits = g ? malloc(sizeof(float) * d->V) : NULL;
+  if (!logits) {
+    free(g);
+    return ty_errf(err, errlen, TY_EEXHAUSTED, "no memory for the decoder's logits");
+  }
+  g->d = *d;
+  g->w = w;
+  g->lo = lo;
+  g->S = S;
+  g->window = sliding_window;
+  g->block = g->logits = logits;
+  int rc = gen_cuda_create(&g->cu, d, w, lo, S, sliding_window, wdt, 0, err, errlen);
+  if (rc) {
+    gen_free(g);
+    return rc;
+  }
+  *out = g;
+  return 0;
+#else
+  (void)d, (void)w, (void)lo, (void)S, (void)sliding_window, (void)wdt;
+  return ty_errf(err, errlen, TY_EUNAVAILABLE, "%s", GEN_NO_CUDA);
+#endif
+}
 
 int gen_create(gen_t **out, const model_dims_t *d, const model_weights_t *w, const lora_t *lo,
                int S, int sliding_window, char *err, size_t errlen) {
@@ -86,6 +155,9 @@ int gen_create(gen_t **out, const model_dims_t *d, const model_weights_t *w, con
 
 void gen_free(gen_t *g) {
   if (!g) return;
+#ifdef TRAINYARD_HAVE_CUDA
+  gen_cuda_free(g->cu);
+#endif
   free(g->block);
   free(g);
 }
@@ -217,6 +289,18 @@ int gen_feed(gen_t *g, const int *tokens, int n, char *err, size_t errlen) {
       return ty_errf(err, errlen, TY_EINVAL,
                      "token %d at position %d is outside the model's vocabulary [0, %d)", tokens[i],
                      g->len + i, g->d.V);
+#ifdef TRAINYARD_HAVE_CUDA
+  if (g->cu) {
+    for (int i = 0; i < n; i += GEN_CHUNK) {
+      const int k = n - i < GEN_CHUNK ? n - i : GEN_CHUNK;
+      int rc =
+          gen_cuda_feed(g->cu, tokens + i, k, g->len, i + k == n ? g->logits : NULL, err, errlen);
+      if (rc) return rc;
+      g->len += k;
+    }
+    return 0;
+  }
+#endif
   for (int i = 0; i < n; i += GEN_CHUNK)
     feed_chunk(g, tokens + i, n - i < GEN_CHUNK ? n - i : GEN_CHUNK);
   return 0;

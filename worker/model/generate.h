@@ -23,6 +23,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/dtype.h"
 #include "worker/model/lora.h"
 #include "worker/model/model.h"
 
@@ -40,6 +41,29 @@ typedef struct gen gen_t;
 int gen_create(gen_t **out, const model_dims_t *d, const model_weights_t *w, const lora_t *lo,
                int S, int sliding_window, char *err, size_t errlen);
 void gen_free(gen_t *g); /* accepts NULL */
+
+/* Where a decoder runs. */
+typedef enum { GEN_DEVICE_CPU = 0, GEN_DEVICE_CUDA = 1 } gen_device_t;
+
+/* name "cpu", "cuda" or "auto" (cuda where this build has the CUDA
+ * backend and a GPU is visible, else cpu) into *dev. 0, or TY_EINVAL (another
+ * name) or TY_EUNAVAILABLE (cuda asked for in a build without CUDA, or with
+ * no GPU visible), saying what to do. */
+int gen_device_pick(const char *name, gen_device_t *dev, char *err, size_t errlen);
+const char *gen_device_name(gen_device_t dev);
+
+/* gen_create on dev. GEN_DEVICE_CUDA (worker/cuda/generate_cuda.h, CUDA
+ * device 0): the weights and the adapter are copied to the GPU here (so,
+ * unlike the CPU decoder's, later changes to them are not seen), the
+ * matrices as wdt (TY_DTYPE_F32: gen_feed returns the CPU's logits up to
+ * summation order; TY_DTYPE_BF16: half the memory, each product's input
+ * rounded to bf16 too), and the cache and scratch live in device memory.
+ * The CPU decoder ignores wdt. TY_EUNAVAILABLE in a build without CUDA or
+ * with no GPU; TY_EINVAL for another wdt; TY_EEXHAUSTED for device
+ * memory. */
+int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const model_weights_t *w,
+                  const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, char *err,
+                  size_t errlen);
 
 /* Empties the cache (the next gen_feed starts at position 0). */
 void gen_reset(gen_t *g);
