@@ -8,7 +8,6 @@ import json
 import os
 import re
 import signal
-import subprocess
 import sys
 import time
 import unittest
@@ -16,7 +15,7 @@ import unittest
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server, group_alive  # noqa: E402
+from tyserver import Server, group_alive  # noqa: E402
 
 
 class Dispatch(unittest.TestCase):
@@ -216,11 +215,7 @@ class RealWorker(unittest.TestCase):
         srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
                                          "--progress-timeout", "120"]).start()
         try:
-            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
-                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
-                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
-                            "--vocab-size", "256"], cwd=srv.dir, check=True,
-                           capture_output=True)
+            srv.mkmodel("models/small")
             spec = srv.spec(name="real-lora", steps=8, model_path="models/small",
                             fsdp={"memory_efficient_load": True}, lora_rank=4,
                             data={"path": "train.txt", "seq_len": 16},
@@ -254,11 +249,7 @@ class RealWorker(unittest.TestCase):
         srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
                                          "--progress-timeout", "120"]).start()
         try:
-            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
-                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
-                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
-                            "--vocab-size", "256"], cwd=srv.dir, check=True,
-                           capture_output=True)
+            srv.mkmodel("models/small")
             spec = srv.spec(name="preempt", model_path="models/small", device="cpu",
                             lora_rank=4, max_restarts=0,
                             data={"path": "train.txt", "seq_len": 16},

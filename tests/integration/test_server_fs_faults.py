@@ -14,13 +14,12 @@ new job that resumes from the last complete checkpoint there (or starts
 over where none was written) and succeeds."""
 import glob
 import os
-import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server  # noqa: E402
+from tyserver import Server  # noqa: E402
 
 MAX_N = 80  # a job of this size has fewer operations per rank (seen: about 40)
 
@@ -41,11 +40,7 @@ class WorkerFsFaults(unittest.TestCase):
         srv.env["TY_TEST_FS_FAULTS"] = ctl
         srv.start()
         try:
-            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
-                            "models/m", "--hidden-size", "32", "--intermediate-size", "64",
-                            "--layers", "2", "--heads", "2", "--kv-heads", "1",
-                            "--vocab-size", "256"], cwd=srv.dir, check=True,
-                           capture_output=True)
+            srv.mkmodel("models/m", 2)
             failed = []
             done_at = None
             for n in range(1, MAX_N + 1):

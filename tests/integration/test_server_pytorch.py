@@ -11,7 +11,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server  # noqa: E402
+from tyserver import Server  # noqa: E402
 
 TORCH_PY = "/usr/bin/python3"  # the interpreter with python3-torch
 PT_MAKE = os.path.join(os.path.dirname(__file__), "pt_make.py")
@@ -32,11 +32,7 @@ class PyTorchCheckpoint(unittest.TestCase):
         srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
                                          "--progress-timeout", "120"]).start()
         try:
-            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
-                            "models/st", "--hidden-size", "32", "--intermediate-size", "64",
-                            "--layers", "2", "--heads", "2", "--kv-heads", "1",
-                            "--vocab-size", "256", "--dtype", "bf16"], cwd=srv.dir, check=True,
-                           capture_output=True)
+            srv.mkmodel("models/st", 2, "--dtype", "bf16")
             # {"state_dict": ...} of views into one storage, in one file.
             subprocess.run([TORCH_PY, PT_MAKE, "twin", "models/st", "models/pt", "packed"],
                            cwd=srv.dir, check=True)

@@ -124,6 +124,15 @@ class Server:
         s.update(over)
         return s
 
+    def mkmodel(self, out, layers=1, *extra):
+        """A small random Llama (hidden 32, 2 heads over 1 kv head, a byte
+        vocabulary) made by `trainyard mkmodel` at OUT in the server's folder."""
+        subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out", out,
+                        "--hidden-size", "32", "--intermediate-size", "64",
+                        "--layers", str(layers), "--heads", "2", "--kv-heads", "1",
+                        "--vocab-size", "256", *extra], cwd=self.dir, check=True,
+                       capture_output=True)
+
     def write_spec(self, name, **over):
         """spec() written to NAME.json in the server's directory; its path."""
         path = os.path.join(self.dir, name + ".json")

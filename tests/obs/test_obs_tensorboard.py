@@ -7,13 +7,12 @@ peak) are there for every step."""
 import json
 import math
 import os
-import subprocess
 import sys
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "integration"))
-from tyserver import BIN, Server  # noqa: E402
+from tyserver import Server  # noqa: E402
 import tfevents  # noqa: E402
 
 
@@ -22,11 +21,7 @@ class TensorBoard(unittest.TestCase):
         srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
                                          "--progress-timeout", "120"]).start()
         try:
-            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
-                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
-                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
-                            "--vocab-size", "256"], cwd=srv.dir, check=True,
-                           capture_output=True)
+            srv.mkmodel("models/small")
             steps = 12
             spec = srv.spec(name="tb-lora", model_path="models/small", lora_rank=4,
                             data={"path": "train.txt", "seq_len": 16, "eval_fraction": 0.2},
@@ -84,11 +79,7 @@ class TensorBoard(unittest.TestCase):
         srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
                                          "--progress-timeout", "120"]).start()
         try:
-            subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out",
-                            "models/small", "--hidden-size", "32", "--intermediate-size", "64",
-                            "--layers", "1", "--heads", "2", "--kv-heads", "1",
-                            "--vocab-size", "256"], cwd=srv.dir, check=True,
-                           capture_output=True)
+            srv.mkmodel("models/small")
             spec = srv.spec(name="tb-cancel", model_path="models/small", lora_rank=4,
                             data={"path": "train.txt", "seq_len": 16},
                             train={"steps": 1000000, "micro_batch_size": 2})
