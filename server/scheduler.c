@@ -309,13 +309,15 @@ static void start_failed(sched_t *s, const db_job_t *j, int rc) {
   svc_start_blocked(s->svc, cause);
 }
 
-/* Whether the job's spec (normalized JSON) asks for dist.backend "gloo". */
-static bool spec_wants_gloo(const char *spec) {
-  json_t *root = json_loads(spec, 0, NULL);
-  const char *b = json_string_value(json_object_get(json_object_get(root, "dist"), "backend"));
-  bool gloo = b && !strcmp(b, "gloo");
-  json_decref(root);
-  return gloo;
+/* Job j's spec (its stored, normalized JSON) into *spec: what the attempt's
+ * rendezvous and a cluster engine's request are made from. */
+static void job_spec(const db_job_t *j, jobspec_t *spec) {
+  jobspec_init(spec);
+  json_t *sj = json_loads(j->spec, 0, NULL);
+  ty_errlist_t serr = TY_ERRLIST_INIT;
+  if (sj) jobspec_from_json(spec, sj, &serr);
+  ty_errlist_clear(&serr);
+  json_decref(sj);
 }
 
 /* Starts the job's next attempt; TY_EPRECONDITION when it could not be moved
@@ -376,8 +378,8 @@ static void attempt_files_free(attempt_files_t *f) {
  * attempt's folder, or where a batch system places them, through this
  * server's rendezvous keys), the attempt's folder, the spec file and the output
  * folder's lock. 0, or a TY_E* code with the reason in msg. */
-static int prepare_attempt(sched_t *s, const db_job_t *j, run_t *r, attempt_files_t *f, char *msg,
-                           size_t msgsz) {
+static int prepare_attempt(sched_t *s, const db_job_t *j, const jobspec_t *spec, run_t *r,
+                           attempt_files_t *f, char *msg, size_t msgsz) {
   snprintf(f->dir, sizeof f->dir, "%s/jobs/%s/attempt-%d", s->cfg->state_dir, j->id, r->attempt);
   snprintf(f->spec_path, sizeof f->spec_path, "%s/jobs/%s/spec.json", s->cfg->state_dir, j->id);
   snprintf(f->url, sizeof f->url, "%s/v1/internal/jobs/%s/report", s->url_base, j->id);
@@ -390,7 +392,7 @@ static int prepare_attempt(sched_t *s, const db_job_t *j, run_t *r, attempt_file
      * keys (no shared folder needed for it). */
     snprintf(r->rdv, sizeof r->rdv, "gloo:http:%s/v1/jobs/%s/attempts/%d/rendezvous", s->url_base,
              j->id, r->attempt);
-  } else if (spec_wants_gloo(j->spec)) {
+  } else if (spec->dist.backend == JOBSPEC_DIST_GLOO) {
     snprintf(f->gloo_dir, sizeof f->gloo_dir, "%s/gloo", f->dir);
     snprintf(r->rdv, sizeof r->rdv, "gloo:file:%s", f->gloo_dir);
   } else {
@@ -425,24 +427,17 @@ static int prepare_attempt(sched_t *s, const db_job_t *j, run_t *r, attempt_file
 /* Starts run r's ranks through the dispatcher and records each one that
  * started; *started receives their number. 0, or the dispatcher's code
  * with the reason in msg. */
-static int spawn_ranks(sched_t *s, const db_job_t *j, run_t *r, const attempt_files_t *f,
-                       int *started, char *msg, size_t msgsz) {
+static int spawn_ranks(sched_t *s, const db_job_t *j, const jobspec_t *spec, run_t *r,
+                       const attempt_files_t *f, int *started, char *msg, size_t msgsz) {
   line_ctx_t *lc = xcalloc(1, sizeof *lc);
   lc->svc = s->svc;
   snprintf(lc->id, sizeof lc->id, "%s", j->id);
   snprintf(lc->token, sizeof lc->token, "%s", j->token);
   /* What a cluster engine asks for: the spec's resources and the memory
    * rules' bound of a rank. */
-  jobspec_t spec;
-  jobspec_init(&spec);
-  json_t *sj = json_loads(j->spec, 0, NULL);
-  ty_errlist_t serr = TY_ERRLIST_INIT;
-  if (sj) jobspec_from_json(&spec, sj, &serr);
-  ty_errlist_clear(&serr);
-  json_decref(sj);
-  const int nodes = spec.resources.nodes >= 1 ? spec.resources.nodes : 1;
+  const int nodes = spec->resources.nodes >= 1 ? spec->resources.nodes : 1;
   const int rpn =
-      spec.resources.ranks_per_node >= 1 ? spec.resources.ranks_per_node : r->world / nodes;
+      spec->resources.ranks_per_node >= 1 ? spec->resources.ranks_per_node : r->world / nodes;
   dispatch_attempt_t a = {
       .worker = s->worker,
       .job_name = j->name,
@@ -450,7 +445,7 @@ static int spawn_ranks(sched_t *s, const db_job_t *j, run_t *r, const attempt_fi
       .nodes = nodes,
       .ranks_per_node = rpn,
       .cuda = r->gpu,
-      .mem_mib_per_rank = (int64_t)((jobspec_rank_host_bytes(&spec) + (1u << 20) - 1) >> 20),
+      .mem_mib_per_rank = (int64_t)((jobspec_rank_host_bytes(spec) + (1u << 20) - 1) >> 20),
       .grace_s = s->cfg->grace < 1 ? 1 : (int)(s->cfg->grace + 0.5),
       .spec_path = f->spec_path,
       .job_id = j->id,
@@ -500,8 +495,10 @@ static int start_attempt(sched_t *s, const db_job_t *j) {
   attempt_files_t f = {0};
   char msg[2600];
   int started = 0;
-  int rc = prepare_attempt(s, j, r, &f, msg, sizeof msg);
-  if (!rc) rc = spawn_ranks(s, j, r, &f, &started, msg, sizeof msg);
+  jobspec_t spec;
+  job_spec(j, &spec);
+  int rc = prepare_attempt(s, j, &spec, r, &f, msg, sizeof msg);
+  if (!rc) rc = spawn_ranks(s, j, &spec, r, &f, &started, msg, sizeof msg);
   if (rc) {
     char reason[2700];
     snprintf(reason, sizeof reason, "cannot start rank %d: %s", started, msg);

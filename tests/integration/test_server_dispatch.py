@@ -241,6 +241,29 @@ class RealWorker(unittest.TestCase):
             srv.cleanup()
 
 
+    def test_gloo_job_meets_in_its_attempt_folder(self):
+        # dist.backend gloo through trainyardd: the ranks meet over TCP,
+        # exchanging addresses through files in the attempt's gloo folder.
+        srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
+                                         "--progress-timeout", "120"]).start()
+        try:
+            srv.mkmodel("models/small")
+            spec = srv.spec(name="gloo", model_path="models/small", device="cpu",
+                            lora_rank=4, dist={"backend": "gloo"},
+                            data={"path": "train.txt", "seq_len": 16},
+                            train={"steps": 4, "micro_batch_size": 2})
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=120)
+            log = srv.get("/v1/jobs/%s/ranks/0/log" % job["id"]).text
+            if job["state"] == "failed" and "built without" in job["reason"] + log:
+                self.skipTest("this trainyard-worker was built without Gloo")
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            gloo = os.path.join(srv.dir, "var", "jobs", job["id"], "attempt-1", "gloo")
+            self.assertTrue(os.path.isdir(gloo), os.listdir(os.path.dirname(gloo)))
+        finally:
+            srv.cleanup()
+
     def test_sigterm_preempts_and_resumes(self):
         # SIGTERM to one local rank: the ranks stop together at the step
         # boundary after a checkpoint (exit 75); the job is queued again and
