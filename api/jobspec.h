@@ -299,10 +299,15 @@ uint64_t jobspec_rank_host_bytes(const jobspec_t *s);
  * its shard in the job's dtype; on the standard load path it places the
  * whole model on the device beside the shard first (on an H200 both load
  * paths' device peaks were exactly these); training every weight holds
- * the float32 shard's gradients and AdamW moments beside it. A lower
- * bound, as for the host (activations and unit slots are not counted): a
- * job over it can never start, and is refused with the fix. Returns 0 or
- * TY_EINVAL. */
+ * the float32 shard's gradients and AdamW moments beside it; training,
+ * the GPU model's buffers for micro-batches of train.micro_batch_size x
+ * data.seq_len tokens (every layer's activations, or one layer's with
+ * gradient_checkpointing, the adapters and their gradients: api/model_acts.h's
+ * MODEL_ACTS_CUDA) and over several ranks the slots units are gathered
+ * into. A lower bound (attention's optional workspace is not counted): a
+ * job over it can never start, and is refused with the fix
+ * (fsdp.memory_efficient_load or gradient_checkpointing where either would
+ * fit). Returns 0 or TY_EINVAL. */
 int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
                                 const char *more, ty_errlist_t *errs);
 

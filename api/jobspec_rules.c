@@ -717,12 +717,16 @@ static const rule_t g_rules[] = {
      "says when fsdp.memory_efficient_load or gradient_checkpointing would fit",
      NULL},
     {"device-memory",
-     "model_path, model, fsdp.memory_efficient_load, world_size, use_lora, dtype, device", "submit",
+     "model_path, model, fsdp.memory_efficient_load, world_size, use_lora, dtype, device, "
+     "gradient_checkpointing, train.micro_batch_size, data.seq_len, lora_rank, target_modules",
+     "submit",
      "GPU ranks must fit their GPU (trainyardd: the largest GPU NVML reports, or "
      "--gpu_mem_limit_mib where smaller): the rank's shard in the job's dtype, placed beside the "
-     "whole model on the standard load path, and for full training the float32 shard's "
-     "gradients and AdamW moments; a job over that can never start, and the message says when "
-     "fsdp.memory_efficient_load would fit",
+     "whole model on the standard load path, for full training the float32 shard's "
+     "gradients and AdamW moments, the rank's activations (every layer's, or one layer's with "
+     "gradient_checkpointing) and adapters, and over several ranks the slots units are gathered "
+     "into; a job over that can never start, and the message says when "
+     "fsdp.memory_efficient_load or gradient_checkpointing would fit",
      NULL},
     {"cuda-gpus", "device, world_size", "submit",
      "device cuda needs one GPU per rank on the host; fail at submit, not in a worker", NULL},

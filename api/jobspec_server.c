@@ -17,6 +17,7 @@
 
 #include "api/llama_config.h"
 #include "api/model_acts.h"
+#include "api/model_acts.h"
 #include "common/beneath.h"
 #include "common/dtype.h"
 #include "common/json_util.h"
@@ -325,16 +326,38 @@ int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_b
 /* Bytes one GPU rank of s holds at least: its shard in the job's dtype,
  * beside the whole model while the standard path loads (a full-training
  * rank of several loads on the host and copies only its shard up; from
- * scratch a rank initialises only its shard); training every weight, its
- * gradients and AdamW's two moments too. */
-static double rank_device_bytes(const jobspec_t *s, int64_t params, bool standard) {
+ * scratch a rank initialises only its shard); then for training the shard,
+ * every weight's gradients and AdamW's two moments when training every
+ * weight, act (the model's buffers: llama_device_activation_bytes) and,
+ * over several ranks, the slots units are gathered into (two, each the
+ * largest unit: the embedding, a layer, or the final norm and the head;
+ * training every weight one more in float32 for its gradients). */
+static double rank_device_bytes(const jobspec_t *s, const llama_config_t *c, int64_t params,
+                                bool standard, double act) {
   const bool full = !s->use_lora, span = full && s->world_size > 1;
   const double elem = (double)ty_dtype_size(s->dtype);
   const double whole = (double)params * elem;
   const double shard = (double)((params + s->world_size - 1) / s->world_size) * elem;
   const double load = standard && !s->init_from_scratch && !span ? whole + shard : shard;
-  const double train = full ? 4.0 * shard : shard;
+  double slots = 0.0;
+  if (s->world_size > 1) {
+    const double L = c->num_hidden_layers, head = (double)c->vocab_size * c->hidden_size;
+    const double layer =
+        ((double)params - head * (c->tie_word_embeddings ? 1 : 2) - c->hidden_size) / L;
+    const double unit = (layer > head + c->hidden_size ? layer : head + c->hidden_size) * elem;
+    slots = (full ? 3.0 : 2.0) * unit;
+  }
+  const double train = (full ? 4.0 * shard : shard) + act + slots;
   return load > train ? load : train;
+}
+
+/* The GPU model's buffers for s (see rank_device_bytes), with one layer's
+ * activations (recompute) or every layer's. */
+static double device_act_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute) {
+  const int64_t R = s->use_lora ? s->lora_rank : 0;
+  const uint64_t np = s->use_lora ? llama_lora_params(c, R, s->target_modules) : 0;
+  return (double)llama_device_activation_bytes(c, s->train.micro_batch_size, s->data.seq_len,
+                                               recompute, R, np, 0);
 }
 
 /* bytes as "%.1f MiB" under a GiB, else "%.2f GiB": device caps are given
@@ -350,33 +373,48 @@ static const char *mem_str(double bytes, char buf[32]) {
 
 int jobspec_check_device_memory(const jobspec_t *s, uint64_t device_bytes, const char *device_what,
                                 const char *more, ty_errlist_t *errs) {
-  const int64_t params = jobspec_param_count(s);
-  if (!device_bytes || params <= 0) return 0;
+  llama_config_t c;
+  if (!device_bytes || !model_config(s, &c)) return 0;
+  const int64_t params = llama_config_num_params(&c);
+  if (params <= 0) return 0;
   const double cap = (double)device_bytes;
-  const bool standard = !s->fsdp.memory_efficient_load;
-  const double need = rank_device_bytes(s, params, standard);
+  const bool standard = !s->fsdp.memory_efficient_load, ckpt = s->gradient_checkpointing;
+  const double act = device_act_bytes(s, &c, ckpt);
+  const double need = rank_device_bytes(s, &c, params, standard, act);
   if (need <= cap) return 0;
-  const double efficient = rank_device_bytes(s, params, false);
+  const double efficient = rank_device_bytes(s, &c, params, false, act);
+  const double act1 = device_act_bytes(s, &c, true);
+  const double recompute = rank_device_bytes(s, &c, params, false, act1);
   const bool full = !s->use_lora;
-  char a[32], b[32], c[32], d[32]; /* one buffer for each size in a message */
+  char a[32], b[32], c1[32], d[32]; /* one buffer for each size in a message */
   if (standard && efficient <= cap) {
     ty_errlist_add(errs, "fsdp.memory_efficient_load",
                    "is false: on the standard path each GPU rank places the whole model "
                    "(%lld parameters, %s in %s) on its device beside its shard, at least %s, more "
-                   "than the %s %s; set it true: each rank then places only its shard, at least %s",
+                   "than the %s %s; set it true: each rank then places only its shard, at least %s "
+                   "with its training buffers",
                    (long long)params, mem_str((double)params * ty_dtype_size(s->dtype), a),
-                   ty_dtype_name(s->dtype), mem_str(need, b), mem_str(cap, c), device_what,
+                   ty_dtype_name(s->dtype), mem_str(need, b), mem_str(cap, c1), device_what,
                    mem_str(efficient, d));
+  } else if (!ckpt && recompute <= cap) {
+    ty_errlist_add(errs, "gradient_checkpointing",
+                   "is false: each GPU rank keeps every layer's activations for its micro-batch "
+                   "of %d x %d tokens, %s, at least %s in all, more than the %s %s; set it true: "
+                   "a rank then keeps one layer's and each layer's input, %s (or lower "
+                   "train.micro_batch_size or data.seq_len)",
+                   s->train.micro_batch_size, s->data.seq_len, mem_str(act, a),
+                   mem_str(efficient < need ? efficient : need, b), mem_str(cap, c1), device_what,
+                   mem_str(act1, d));
   } else {
     const bool halve = !full && s->dtype == TY_DTYPE_F32;
     ty_errlist_add(errs, s->init_from_scratch ? "model" : "model_path",
                    "the model (%lld parameters) needs at least %s on each GPU for its %s in %s "
-                   "over %d rank%s, more than the %s %s: %s%suse more ranks (world_size, one GPU "
-                   "each), %s",
+                   "and the activations of micro-batches of %d x %d tokens over %d rank%s, more "
+                   "than the %s %s: %s%suse more ranks (world_size, one GPU each), %s",
                    (long long)params, mem_str(efficient < need ? efficient : need, a),
                    full ? "weights, gradients and AdamW moments" : "weights",
-                   ty_dtype_name(s->dtype), s->world_size, s->world_size == 1 ? "" : "s",
-                   mem_str(cap, b), device_what,
+                   ty_dtype_name(s->dtype), s->train.micro_batch_size, s->data.seq_len,
+                   s->world_size, s->world_size == 1 ? "" : "s", mem_str(cap, b), device_what,
                    full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "",
                    halve ? "load the base in bfloat16 (dtype), " : "", more);
   }

@@ -636,3 +636,43 @@ uint64_t llama_activation_bytes(const llama_config_t *c, int64_t B, int64_t T, b
 #undef TY_X
   return floats * sizeof(float) + MODEL_ACTS_ROW_BYTES * N;
 }
+
+uint64_t llama_device_activation_bytes(const llama_config_t *c, int64_t B, int64_t T,
+                                       bool recompute, int64_t lora_rank, uint64_t lora_params,
+                                       int64_t head_rows) {
+  const uint64_t C = (uint64_t)c->hidden_size, NH = (uint64_t)c->num_attention_heads;
+  const uint64_t NKV = (uint64_t)c->num_key_value_heads, FF = (uint64_t)c->intermediate_size;
+  const uint64_t HS = (uint64_t)c->head_dim, QD = NH * HS, KVD = NKV * HS;
+  const uint64_t V = (uint64_t)c->vocab_size, L = (uint64_t)c->num_hidden_layers;
+  const uint64_t N = (uint64_t)(B * T), LS = recompute ? 1 : L, TC = JOBSPEC_TARGET_COUNT;
+  const uint64_t R = (uint64_t)lora_rank, NP = lora_params;
+  const uint64_t HC = (uint64_t)(head_rows > 0 ? head_rows : llama_head_rows(B * T, c->vocab_size));
+  uint64_t floats = 0;
+#define TY_X(field, n) floats += (uint64_t)(n);
+  MODEL_ACTS_CUDA(TY_X)
+#undef TY_X
+  return floats * sizeof(float) + MODEL_ACTS_CUDA_ROW_BYTES * N +
+         llama_device_scratch_elems(c, B * T, (int64_t)HC) * sizeof(uint16_t);
+}
+
+uint64_t llama_device_scratch_elems(const llama_config_t *c, int64_t N, int64_t HC) {
+  uint64_t widest = (uint64_t)c->hidden_size;
+  const uint64_t QD = (uint64_t)c->num_attention_heads * (uint64_t)c->head_dim;
+  if (QD > widest) widest = QD;
+  if ((uint64_t)c->intermediate_size > widest) widest = (uint64_t)c->intermediate_size;
+  const uint64_t rows = (uint64_t)N * widest, head = (uint64_t)HC * (uint64_t)c->vocab_size;
+  return head > rows ? head : rows;
+}
+
+uint64_t llama_lora_params(const llama_config_t *c, int64_t R, unsigned targets) {
+  const uint64_t C = (uint64_t)c->hidden_size, FF = (uint64_t)c->intermediate_size;
+  const uint64_t QD = (uint64_t)c->num_attention_heads * (uint64_t)c->head_dim;
+  const uint64_t KVD = (uint64_t)c->num_key_value_heads * (uint64_t)c->head_dim;
+  /* in + out of q, k, v, o, gate, up, down (jobspec.h's target order) */
+  const uint64_t io[JOBSPEC_TARGET_COUNT] = {C + QD, C + KVD, C + KVD, QD + C,
+                                             C + FF, C + FF,  FF + C};
+  uint64_t per_layer = 0;
+  for (int t = 0; t < JOBSPEC_TARGET_COUNT; t++)
+    if (targets >> t & 1u) per_layer += (uint64_t)R * io[t];
+  return per_layer * (uint64_t)c->num_hidden_layers;
+}

@@ -79,4 +79,77 @@ int64_t llama_head_rows(int64_t rows, int64_t V);
 uint64_t llama_activation_bytes(const llama_config_t *c, int64_t B, int64_t T, bool backward,
                                 bool recompute, int64_t head_rows);
 
+/* The GPU rank's buffers (worker/cuda/model_cuda.c), the same way:
+ * X(field, floats) over the sizes above plus L (layers), QD = NH * HS,
+ * KVD = NKV * HS, TC (the LoRA target slots of a layer, all of them), R
+ * (LoRA rank, 0 for full training) and NP (the adapters' parameters). Per
+ * layer as MODEL_ACTS (LS = L, or 1 with gradient_checkpointing; res keeps
+ * every layer's input either way); the d* buffers one layer's gradients;
+ * xa each adapted product's x @ A^T for the backward pass; lp, lg the
+ * adapters and their gradients. */
+/* clang-format off */
+#define MODEL_ACTS_CUDA(X)                                              \
+  X(res, (L + 1) * N * C)         /* (L+1, B, T, C) */                  \
+  X(ln1, LS * N * C)              /* (LS, B, T, C) */                   \
+  X(rstd1, LS * N)                                                      \
+  X(q, LS * N * QD)                                                     \
+  X(k, LS * N * KVD)                                                    \
+  X(v, LS * N * KVD)                                                    \
+  X(lse, LS * N * NH)                                                   \
+  X(atty, LS * N * QD)                                                  \
+  X(mid, LS * N * C)                                                    \
+  X(ln2, LS * N * C)                                                    \
+  X(rstd2, LS * N)                                                      \
+  X(gate, LS * N * FF)                                                  \
+  X(up, LS * N * FF)                                                    \
+  X(h, LS * N * FF)                                                     \
+  X(lnf, N * C)                                                         \
+  X(rstdf, N)                                                           \
+  X(logits, HC * V)               /* (HC, V) one chunk of the head */   \
+  X(losses, N)                                                          \
+  X(rope_cos, T * (HS / 2))                                             \
+  X(rope_sin, T * (HS / 2))                                             \
+  X(normw, (2 * L + 1) * C)       /* the norms' gains in fp32 */        \
+  X(dres, N * C)                                                        \
+  X(dmid, N * C)                                                        \
+  X(dln, N * C)                                                         \
+  X(dlnf, HC < N ? N * C : 0)                                           \
+  X(datty, N * QD)                                                      \
+  X(dq, N * QD)                                                         \
+  X(dk, N * KVD)                                                        \
+  X(dv, N * KVD)                                                        \
+  X(dh, N * FF)                                                         \
+  X(dgate, N * FF)                                                      \
+  X(dup, N * FF)                                                        \
+  X(attscr, N * NH)               /* each row's dout . out */           \
+  X(xa, L * TC * N * R)                                                 \
+  X(dxa, N * R)                                                         \
+  X(lp, NP)                                                             \
+  X(lg, NP)
+/* clang-format on */
+
+/* Besides the floats, a GPU rank holds per row a token, a target, a
+ * position (ints) and a loss weight (a float), and a bf16 scratch for the
+ * products' operands: the widest activation (C, QD or FF a row) or a head
+ * chunk's logits, whichever is more. */
+#define MODEL_ACTS_CUDA_ROW_BYTES (3 * sizeof(int) + sizeof(float))
+/* Elements of that scratch for N rows and head chunks of HC rows. */
+uint64_t llama_device_scratch_elems(const llama_config_t *c, int64_t N, int64_t HC);
+
+/* Bytes of what one GPU rank's model allocates for micro-batches of B x T
+ * tokens besides its weights (and, training every weight, their gradients
+ * and moments): the MODEL_ACTS_CUDA buffers, the rows and the bf16 scratch,
+ * for LoRA of rank lora_rank with lora_params parameters (both 0: every
+ * weight), head chunks of head_rows rows (0: llama_head_rows's), one
+ * layer's activations with recompute. Attention's optional tensor-core
+ * workspace and a sharded base's unit slots are not in it. */
+uint64_t llama_device_activation_bytes(const llama_config_t *c, int64_t B, int64_t T,
+                                       bool recompute, int64_t lora_rank, uint64_t lora_params,
+                                       int64_t head_rows);
+
+/* Parameters of LoRA adapters of rank R on the targets (a bit per
+ * projection, as jobspec.h's target_modules) of every layer: R * (in +
+ * out) for each adapted product. */
+uint64_t llama_lora_params(const llama_config_t *c, int64_t R, unsigned targets);
+
 #endif

@@ -26,6 +26,7 @@
 
 #include "common/errors.h"
 #include "api/jobspec.h"
+#include "api/model_acts.h"
 #include "tests/gpu/gpu_util.h"
 #include "worker/ckpt/loader.h"
 #include "worker/cuda/mem_cuda.h"
@@ -131,11 +132,25 @@ static int gpu_twin_rc(twins_t *t, cuda_backend_t *cb, const lora_t *lo, char *e
   return model_cuda_create(&t->mc, cb, t->ds, lo, NULL, 0, B, T, g_recompute, err, errlen);
 }
 
-/* gpu_twin_rc, with a failure printed: 0 or 1. */
+/* gpu_twin_rc, with a failure printed: 0 or 1. Also checks that what the
+ * model allocated beyond attention's workspace (and, training every
+ * weight, the base's gradients) is what the memory rules at submit count
+ * (llama_device_activation_bytes, from the same table). */
 static int gpu_twin(twins_t *t, cuda_backend_t *cb, const lora_t *lo) {
   char err[1024];
   if (gpu_twin_rc(t, cb, lo, err, sizeof err)) {
     printf("FAIL gpu setup: %s\n", err);
+    return 1;
+  }
+  const char *hr = getenv("TRAINYARD_HEAD_ROWS");
+  const uint64_t want = llama_device_activation_bytes(
+      &t->ds->layout.cfg, B, T, g_recompute, lo ? lo->R : 0, lo ? lo->n_params : 0,
+      hr ? atoll(hr) : 0);
+  const uint64_t got = model_cuda_bytes(t->mc) - model_cuda_attention_bytes(t->mc) -
+                       (lo ? 0 : t->ds->bytes);
+  if (got != want) {
+    printf("FAIL device buffers: the model allocated %llu bytes, the rules count %llu\n",
+           (unsigned long long)got, (unsigned long long)want);
     return 1;
   }
   return 0;

@@ -390,6 +390,12 @@ class MissingRoot(unittest.TestCase):
             srv.cleanup()
 
 
+# Micro-batches of 1 x 32 tokens, whose activations weigh little beside
+# big_model's weights.
+SMALL_BATCH = {"train": {"steps": 20, "micro_batch_size": 1},
+               "data": {"path": "train.txt", "seq_len": 32}}
+
+
 def big_model(srv):
     """models/big in srv's folder: only the config.json of a 199.8M-parameter
     model (0.74 GiB in float32), which is what the memory rules read."""
@@ -435,13 +441,15 @@ class DeviceMemory(unittest.TestCase):
         # The same 199.8M-parameter model in bfloat16 (381.0 MiB) on GPUs
         # capped at 512 MiB each (--gpu_mem_limit_mib; --gpus needs no GPU
         # to validate against): a standard-path rank places it whole beside
-        # its shard (571.5 MiB), a memory-efficient one its shard (190.5).
-        # device auto is cuda on a server with GPUs, and checked as such.
+        # its shard (571.5 MiB), a memory-efficient one its shard (190.5),
+        # the activations of 1 x 32 tokens (32.6) and two slots for the
+        # units it gathers (125.0). device auto is cuda on a server with
+        # GPUs, and checked as such.
         srv = Server(extra=["--gpus", "2", "--gpu-mem-limit-mib", "512"]).start()
         try:
             big_model(srv)
             spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",
-                    "dtype": "bfloat16"}
+                    "dtype": "bfloat16", **SMALL_BATCH}
             for device in ("cuda", "auto"):
                 for path in ("/v1/jobs:validate", "/v1/jobs"):
                     r = srv.post(path, {**spec, "device": device})
@@ -451,8 +459,9 @@ class DeviceMemory(unittest.TestCase):
                     self.assertIn("each GPU rank places the whole model (199771136 parameters, "
                                   "381.0 MiB in bfloat16) on its device beside its shard, at "
                                   "least 571.5 MiB, more than the 512.0 MiB that "
-                                  "--gpu_mem_limit_mib allows each GPU rank; set it true",
-                                  detail[0]["message"])
+                                  "--gpu_mem_limit_mib allows each GPU rank; set it true: "
+                                  "each rank then places only its shard, at least 348.2 MiB "
+                                  "with its training buffers", detail[0]["message"])
             self.assertEqual(srv.get("/v1/jobs").json()["jobs"], [])
             # CPU ranks are not held to a GPU's cap (their 2 shards, 762.1
             # MiB in float32, are over it).
@@ -471,10 +480,30 @@ class DeviceMemory(unittest.TestCase):
             self.assertEqual(r.status_code, 400, r.text)
             detail = r.json()["error"]["details"]
             self.assertEqual([d["field"] for d in detail], ["model_path"])
-            self.assertIn("needs at least 762.1 MiB on each GPU for its weights in float32 over "
-                          "1 rank, more than the 512.0 MiB that --gpu_mem_limit_mib allows each "
-                          "GPU rank: load the base in bfloat16 (dtype), use more ranks",
+            self.assertIn("needs at least 794.7 MiB on each GPU for its weights in float32 and "
+                          "the activations of micro-batches of 1 x 32 tokens over 1 rank, more "
+                          "than the 512.0 MiB that --gpu_mem_limit_mib allows each GPU rank: "
+                          "load the base in bfloat16 (dtype), use more ranks",
                           detail[0]["message"])
+            # Micro-batches of 2 x 128 tokens on one rank in bfloat16: every
+            # layer's activations (232.6 MiB) are what is over;
+            # gradient_checkpointing is named, and with it one layer's and
+            # each layer's input (99.5 MiB) fit.
+            longer = {**spec, "device": "cuda", "world_size": 1,
+                      "fsdp": {"memory_efficient_load": True},
+                      "train": {"steps": 20, "micro_batch_size": 2},
+                      "data": {"path": "train.txt", "seq_len": 128}}
+            r = srv.post("/v1/jobs:validate", longer)
+            self.assertEqual(r.status_code, 400, r.text)
+            detail = r.json()["error"]["details"]
+            self.assertEqual([d["field"] for d in detail], ["gradient_checkpointing"])
+            self.assertIn("is false: each GPU rank keeps every layer's activations for its "
+                          "micro-batch of 2 x 128 tokens, 232.6 MiB, at least 613.6 MiB in "
+                          "all, more than the 512.0 MiB that --gpu_mem_limit_mib allows each "
+                          "GPU rank; set it true: a rank then keeps one layer's and each "
+                          "layer's input, 99.5 MiB", detail[0]["message"])
+            r = srv.post("/v1/jobs:validate", {**longer, "gradient_checkpointing": True})
+            self.assertEqual(r.status_code, 200, r.text)
         finally:
             srv.cleanup()
 
@@ -493,10 +522,10 @@ class DeviceMemoryFromNvml(unittest.TestCase):
         extra = ["--gpus", "2"] + (["--gpu-mem-limit-mib", str(cap)] if cap else [])
         srv = Server(extra=extra, env=env).start()
         big_model(srv)
-        # 381.0 MiB in bfloat16: 571.5 MiB a standard-path rank, 190.5 a
-        # memory-efficient one.
+        # 381.0 MiB in bfloat16: 571.5 MiB a standard-path rank, 348.2 a
+        # memory-efficient one (its shard, activations and unit slots).
         spec = {**srv.spec(name="big", world_size=2), "model_path": "models/big",
-                "dtype": "bfloat16", "device": "cuda"}
+                "dtype": "bfloat16", "device": "cuda", **SMALL_BATCH}
         return srv, spec
 
     def refused(self, srv, spec):

@@ -777,26 +777,35 @@ static void test_host_memory(void **state) {
 #define CAP_MORE "or a larger --gpu_mem_limit_mib"
 
 /* device_memory's verdict on a cuda spec of models/gpu (LoRA or every
- * weight, dtype, world ranks, memory-efficient or not) whose ranks may each
- * take gib GiB of their GPU: 0, or the error in e. */
-static int device_memory(bool lora, const char *dtype, int world, bool efficient, double gib,
-                         ty_errlist_t *e) {
+ * weight, dtype, world ranks, memory-efficient or not, more: the spec's
+ * other fields) whose ranks may each take gib GiB of their GPU: 0, or the
+ * error in e. */
+static int device_memory(bool lora, const char *dtype, int world, bool efficient, const char *more,
+                         double gib, ty_errlist_t *e) {
   jobspec_t s;
   char text[1024];
   snprintf(text, sizeof text,
            "{\"model_path\": \"%s/models/gpu\", \"device\": \"cuda\", \"use_lora\": %s, "
-           "\"dtype\": \"%s\", \"world_size\": %d, \"fsdp\": {\"memory_efficient_load\": %s}}",
-           g_tmp, lora ? "true" : "false", dtype, world, efficient ? "true" : "false");
+           "\"dtype\": \"%s\", \"world_size\": %d, \"fsdp\": {\"memory_efficient_load\": %s}%s}",
+           g_tmp, lora ? "true" : "false", dtype, world, efficient ? "true" : "false", more);
   assert_int_equal(tu_parse(&s, text, e), 0);
   assert_int_equal(jobspec_validate(&s, false, e), 0);
   return jobspec_check_device_memory(&s, (uint64_t)(gib * 1073741824.0), CAP_WHAT, CAP_MORE, e);
 }
 
+/* Micro-batches of 1 x 32 tokens: the weights outweigh the activations
+ * (32.6 MiB a LoRA rank, 28.6 every weight); 8 x 1024: the activations
+ * outweigh the weights (6.09 GiB, 1.93 GiB with gradient_checkpointing). */
+#define SMALL ", \"train\": {\"micro_batch_size\": 1}, \"data\": {\"seq_len\": 32}"
+#define LARGE ", \"train\": {\"micro_batch_size\": 8}, \"data\": {\"seq_len\": 1024}"
+
 /* GPU ranks must fit their cap: each its shard in the job's dtype, beside
- * the whole model on the standard path, and for full training the float32
- * shard's gradients and moments. models/gpu has 199.8M parameters, 381.0
- * MiB in bfloat16, 762.1 MiB in float32; sizes under a GiB are said in
- * MiB. */
+ * the whole model on the standard path; for training, every weight's
+ * float32 gradients and moments, the activations and adapters
+ * (MODEL_ACTS_CUDA), and over several ranks two slots of the largest unit
+ * (the head and final norm: 62.5 MiB in bfloat16). models/gpu has 199.8M
+ * parameters, 381.0 MiB in bfloat16, 762.1 MiB in float32; sizes under a
+ * GiB are said in MiB. */
 static void test_device_memory(void **state) {
   (void)state;
   char dir[600], path[700];
@@ -804,56 +813,88 @@ static void test_device_memory(void **state) {
   ty_errlist_t e = TY_ERRLIST_INIT;
   /* LoRA in bfloat16 over 2 GPUs: the standard path holds the whole model
    * and the shard, 571.5 MiB a rank; the memory-efficient one the shard,
-   * 190.5 MiB. */
-  assert_int_equal(device_memory(true, "bfloat16", 2, false, 0.6, &e), 0);
-  assert_int_equal(device_memory(true, "bfloat16", 2, false, 0.5, &e), TY_EINVAL);
+   * the activations and the slots, 190.5 + 32.6 + 125.0 MiB. */
+  assert_int_equal(device_memory(true, "bfloat16", 2, false, SMALL, 0.6, &e), 0);
+  assert_int_equal(device_memory(true, "bfloat16", 2, false, SMALL, 0.5, &e), TY_EINVAL);
   assert_true(tu_has(&e, "fsdp.memory_efficient_load",
                      "is false: on the standard path each GPU rank places the whole model "
                      "(199771136 parameters, 381.0 MiB in bfloat16) on its device beside its "
                      "shard, at least 571.5 MiB, more than the 512.0 MiB that "
                      "--gpu_mem_limit_mib allows each GPU rank; set it true: each rank then "
-                     "places only its shard, at least 190.5 MiB"));
+                     "places only its shard, at least 348.2 MiB with its training buffers"));
   assert_int_equal(e.len, 1);
   ty_errlist_clear(&e);
-  assert_int_equal(device_memory(true, "bfloat16", 2, true, 0.5, &e), 0);
+  assert_int_equal(device_memory(true, "bfloat16", 2, true, SMALL, 0.5, &e), 0);
   /* One rank places the whole model twice on the standard path (the H200
-   * measured 2 x 2858 MiB for a 2858 MiB model). */
-  assert_int_equal(device_memory(true, "bfloat16", 1, false, 0.7, &e), TY_EINVAL);
+   * measured 2 x 2858 MiB for a 2858 MiB model); no slots. */
+  assert_int_equal(device_memory(true, "bfloat16", 1, false, SMALL, 0.7, &e), TY_EINVAL);
   assert_true(tu_has(&e, "fsdp.memory_efficient_load", "at least 762.1 MiB"));
+  assert_true(tu_has(&e, "fsdp.memory_efficient_load", "at least 413.7 MiB with its training"));
   ty_errlist_clear(&e);
-  assert_int_equal(device_memory(true, "bfloat16", 1, true, 0.7, &e), 0);
+  assert_int_equal(device_memory(true, "bfloat16", 1, true, SMALL, 0.7, &e), 0);
   /* Too little for the float32 base once: bfloat16 and more ranks are
    * named. */
-  assert_int_equal(device_memory(true, "float32", 1, true, 0.5, &e), TY_EINVAL);
+  assert_int_equal(device_memory(true, "float32", 1, true, SMALL, 0.5, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path",
-                     "needs at least 762.1 MiB on each GPU for its weights in float32 over 1 "
-                     "rank, more than the 512.0 MiB that --gpu_mem_limit_mib allows each GPU rank: "
-                     "load the base in bfloat16 (dtype), use more ranks (world_size, one GPU "
-                     "each), or a larger --gpu_mem_limit_mib"));
+                     "needs at least 794.7 MiB on each GPU for its weights in float32 and the "
+                     "activations of micro-batches of 1 x 32 tokens over 1 rank, more than the "
+                     "512.0 MiB that --gpu_mem_limit_mib allows each GPU rank: load the base in "
+                     "bfloat16 (dtype), use more ranks (world_size, one GPU each), or a larger "
+                     "--gpu_mem_limit_mib"));
   assert_int_equal(e.len, 1);
   ty_errlist_clear(&e);
   /* Every weight over 4 GPUs: each loads its shard on the host and copies
    * it up, whichever the path, then holds 4 x 190.5 MiB of weights,
-   * gradients and moments. LoRA is named as the way out. */
-  assert_int_equal(device_memory(false, "float32", 4, false, 0.8, &e), 0);
-  assert_int_equal(device_memory(false, "float32", 4, true, 0.8, &e), 0);
-  assert_int_equal(device_memory(false, "float32", 4, false, 0.5, &e), TY_EINVAL);
+   * gradients and moments, its activations and three unit-sized buffers
+   * (two slots and the unit's gradients, 125.0 MiB each). LoRA is named as
+   * the way out. */
+  assert_int_equal(device_memory(false, "float32", 4, false, SMALL, 1.2, &e), 0);
+  assert_int_equal(device_memory(false, "float32", 4, true, SMALL, 1.2, &e), 0);
+  assert_int_equal(device_memory(false, "float32", 4, false, SMALL, 1.1, &e), TY_EINVAL);
   assert_true(tu_has(&e, "model_path",
-                     "needs at least 762.1 MiB on each GPU for its weights, gradients and AdamW "
-                     "moments in float32 over 4 ranks"));
+                     "needs at least 1.14 GiB on each GPU for its weights, gradients and AdamW "
+                     "moments in float32 and the activations of micro-batches of 1 x 32 tokens "
+                     "over 4 ranks"));
   assert_true(tu_has(&e, "model_path", "train LoRA adapters (use_lora), use more ranks"));
   assert_int_equal(e.len, 1);
   ty_errlist_clear(&e);
   /* Every weight on one GPU: the training state outweighs the standard
    * load, so the memory-efficient load is no way out. */
-  assert_int_equal(device_memory(false, "float32", 1, false, 2.0, &e), TY_EINVAL);
-  assert_true(tu_has(&e, "model_path", "needs at least 2.98 GiB on each GPU"));
+  assert_int_equal(device_memory(false, "float32", 1, false, SMALL, 2.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path", "needs at least 3.00 GiB on each GPU"));
   assert_false(tu_has(&e, "fsdp.memory_efficient_load", ""));
   ty_errlist_clear(&e);
+  /* Long micro-batches: every layer's activations (6.09 GiB) outweigh the
+   * bfloat16 base; gradient_checkpointing is named where it fits (one
+   * layer's and each layer's input, 1.93 GiB), and then passes. */
+  assert_int_equal(device_memory(true, "bfloat16", 1, true, LARGE, 4.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "gradient_checkpointing",
+                     "is false: each GPU rank keeps every layer's activations for its "
+                     "micro-batch of 8 x 1024 tokens, 6.09 GiB, at least 6.46 GiB in all, more "
+                     "than the 4.00 GiB that --gpu_mem_limit_mib allows each GPU rank; set it "
+                     "true: a rank then keeps one layer's and each layer's input, 1.93 GiB (or "
+                     "lower train.micro_batch_size or data.seq_len)"));
+  assert_int_equal(e.len, 1);
+  ty_errlist_clear(&e);
+  assert_int_equal(
+      device_memory(true, "bfloat16", 1, true, LARGE ", \"gradient_checkpointing\": true", 4.0, &e),
+      0);
+  /* Where even one layer's do not fit, the micro-batch is named. */
+  assert_int_equal(
+      device_memory(true, "bfloat16", 1, true, LARGE ", \"gradient_checkpointing\": true", 2.0, &e),
+      TY_EINVAL);
+  assert_true(tu_has(&e, "model_path",
+                     "needs at least 2.30 GiB on each GPU for its weights in bfloat16 and the "
+                     "activations of micro-batches of 8 x 1024 tokens over 1 rank"));
+  assert_false(tu_has(&e, "gradient_checkpointing", ""));
+  ty_errlist_clear(&e);
+  assert_int_equal(device_memory(true, "bfloat16", 1, true, LARGE, 2.0, &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path", "needs at least 6.46 GiB on each GPU"));
+  ty_errlist_clear(&e);
   /* No cap, or a config.json that cannot be read: nothing to compare. */
-  assert_int_equal(device_memory(true, "float32", 1, false, 0.0, &e), 0);
+  assert_int_equal(device_memory(true, "float32", 1, false, "", 0.0, &e), 0);
   unlink(path);
-  assert_int_equal(device_memory(true, "float32", 1, false, 0.1, &e), 0);
+  assert_int_equal(device_memory(true, "float32", 1, false, "", 0.1, &e), 0);
   assert_int_equal(e.len, 0);
   /* From scratch: the inline model, each rank initialising its shard. */
   jobspec_t s;
@@ -869,7 +910,9 @@ static void test_device_memory(void **state) {
   assert_true(tu_has(&e, "model", "more than the 0.0 MiB of this host's largest GPU (NVML)"));
   assert_true(
       tu_has(&e, "model", "use more ranks (world_size, one GPU each), or GPUs with more memory"));
-  assert_true(tu_has(&e, "model", "weights, gradients and AdamW moments in float32 over 2 ranks"));
+  assert_true(tu_has(&e, "model",
+                     "weights, gradients and AdamW moments in float32 and the activations of "
+                     "micro-batches of 4 x 128 tokens over 2 ranks"));
   assert_false(tu_has(&e, "model", "use_lora"));
   ty_errlist_clear(&e);
 }

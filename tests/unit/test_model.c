@@ -657,6 +657,27 @@ static void test_activation_bytes_counted(void **state) {
   }
 }
 
+/* The adapters' parameters the device rule counts (llama_lora_params) are
+ * the adapters' own, for each target set, GQA and Qwen2's biases alike. */
+static void test_lora_params_counted(void **state) {
+  (void)state;
+  char err[256];
+  llama_config_t c = tiny_config(false, 2);
+  c.num_hidden_layers = 3;
+  const unsigned sets[] = {JOBSPEC_TARGET_ALL_LINEAR, 1u << JOBSPEC_TARGET_BIT_Q |
+                                                         1u << JOBSPEC_TARGET_BIT_V,
+                           1u << JOBSPEC_TARGET_BIT_DOWN};
+  for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+    model_t *m;
+    lora_t *lo;
+    assert_int_equal(model_create(&m, &c, TB, TT, MODEL_TRAIN_LORA, err, sizeof err), 0);
+    assert_int_equal(lora_create(&lo, m, 3, 6.0, sets[i], err, sizeof err), 0);
+    assert_int_equal(llama_lora_params(&c, 3, sets[i]), lo->n_params);
+    lora_free(lo);
+    model_free(m);
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fd_untied_gqa),
@@ -666,6 +687,7 @@ int main(void) {
       cmocka_unit_test(test_fd_lora),
       cmocka_unit_test(test_lora_equals_merged),
       cmocka_unit_test(test_lora_init_and_table),
+      cmocka_unit_test(test_lora_params_counted),
       cmocka_unit_test(test_grad_accumulates),
       cmocka_unit_test(test_tensor_table),
       cmocka_unit_test(test_fill_and_bad_input),

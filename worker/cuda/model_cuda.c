@@ -13,57 +13,15 @@
 
 #include "common/errors.h"
 #include "api/jobspec.h"
+#include "api/model_acts.h"
 #include "common/rankenv.h"
 #include "common/xalloc.h"
 #include "worker/cuda/mem_cuda.h"
 
 #define TC JOBSPEC_TARGET_COUNT
 
-/* X(field, floats): the device buffers, sizes over d, L, NA = B*T rows,
- * the batch B and T, HC rows of logits, LS layer slots. Per-layer buffers
- * hold all L layers (LS = L, saved for the backward pass), or one (LS = 1,
- * recompute: each layer's forward runs again before its backward) beside
- * every layer's input (res); d* buffers one layer's gradients. */
-// clang-format off
-#define MC_BUFS(X)                                       \
-  X(res, (size_t)(L + 1) * NA * d->C)                    \
-  X(ln1, (size_t)LS * NA * d->C)                         \
-  X(rstd1, (size_t)LS * NA)                              \
-  X(q, (size_t)LS * NA * QD)                             \
-  X(k, (size_t)LS * NA * KVD)                            \
-  X(v, (size_t)LS * NA * KVD)                            \
-  X(lse, (size_t)LS * NA * d->NH)                        \
-  X(atty, (size_t)LS * NA * QD)                          \
-  X(mid, (size_t)LS * NA * d->C)                         \
-  X(ln2, (size_t)LS * NA * d->C)                         \
-  X(rstd2, (size_t)LS * NA)                              \
-  X(gate, (size_t)LS * NA * d->FF)                       \
-  X(up, (size_t)LS * NA * d->FF)                         \
-  X(h, (size_t)LS * NA * d->FF)                          \
-  X(lnf, NA * d->C)                                      \
-  X(rstdf, NA)                                           \
-  X(logits, HC * d->V)                                   \
-  X(losses, NA)                                          \
-  X(rope_cos, (size_t)T * (d->HS / 2))                   \
-  X(rope_sin, (size_t)T * (d->HS / 2))                   \
-  X(normw, (size_t)(2 * L + 1) * d->C)                   \
-  X(dres, NA * d->C)                                     \
-  X(dmid, NA * d->C)                                     \
-  X(dln, NA * d->C)                                      \
-  X(dlnf, HC < NA ? NA * d->C : 0)                       \
-  X(datty, NA * QD)                                      \
-  X(dq, NA * QD)                                         \
-  X(dk, NA * KVD)                                        \
-  X(dv, NA * KVD)                                        \
-  X(dh, NA * d->FF)                                      \
-  X(dgate, NA * d->FF)                                   \
-  X(dup, NA * d->FF)                                     \
-  X(attscr, NA * d->NH)                                  \
-  X(xa, (size_t)L * TC * NA * LR)                        \
-  X(dxa, NA * LR)                                        \
-  X(lp, NP)                                              \
-  X(lg, NP)
-// clang-format on
+/* The device buffers are api/model_acts.h's MODEL_ACTS_CUDA, the table
+ * the memory rules at submit count from (llama_device_activation_bytes). */
 
 struct model_cuda {
   model_dims_t d;
@@ -92,7 +50,7 @@ struct model_cuda {
   size_t attws_bytes;
   size_t bytes;
 #define TY_X(field, n) float *field;
-  MC_BUFS(TY_X)
+  MODEL_ACTS_CUDA(TY_X)
 #undef TY_X
 };
 
@@ -206,24 +164,22 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
   m->B = B, m->T = T, m->wdt = base->dtype, m->cb = cb, m->base = base, m->lo = lora;
   const model_dims_t *d = &m->d;
   const lora_t *lo = lora;
-  const size_t LR = lo ? (size_t)lo->R : 0, NP = lo ? lo->n_params : 0;
-  const int L = d->L, QD = d->NH * d->HS, KVD = d->NKV * d->HS;
-  const size_t NA = (size_t)B * T;
+  /* MODEL_ACTS_CUDA's letters */
+  const size_t R = lo ? (size_t)lo->R : 0, NP = lo ? lo->n_params : 0;
+  const size_t L = (size_t)d->L, C = (size_t)d->C, NH = (size_t)d->NH, HS = (size_t)d->HS;
+  const size_t QD = NH * HS, KVD = (size_t)d->NKV * HS, FF = (size_t)d->FF, V = (size_t)d->V;
+  const size_t N = (size_t)B * T; /* and TC */
   size_t budget;
-  rc = model_head_rows(NA, d->V, &m->hc, err, errlen);
+  rc = model_head_rows(N, d->V, &m->hc, err, errlen);
   if (!rc) rc = attn_budget(m->wdt, &budget, err, errlen);
   if (rc) {
     free(m);
     return rc;
   }
   m->recompute = recompute;
-  const size_t LS = recompute ? 1 : (size_t)L;
-  const size_t HC = (size_t)m->hc;
-  size_t wmax = (size_t)d->C;
-  if ((size_t)QD > wmax) wmax = QD;
-  if ((size_t)d->FF > wmax) wmax = d->FF;
-  size_t xbn = NA * wmax; /* bf16 scratch: the widest activation, or a chunk's logits */
-  if (HC * d->V > xbn) xbn = HC * d->V;
+  const size_t LS = recompute ? 1 : L, HC = (size_t)m->hc;
+  /* bf16 scratch: the widest activation, or a chunk's logits */
+  const size_t xbn = llama_device_scratch_elems(&base->layout.cfg, (int64_t)N, (int64_t)HC);
   if (comm) {
     rc = prefetch_cuda_create(&m->pc, cb, base, comm, slots, err, errlen);
     if (rc) {
@@ -232,20 +188,21 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
     }
     m->units = prefetch_cuda_units(m->pc);
     m->bytes += prefetch_cuda_bytes(m->pc);
-    m->order = xcalloc((size_t)(2 * L + 3), sizeof *m->order);
-    for (int u = 0; u < L + 2; u++) m->order[u] = u;
-    for (int i = 0; i < L + 1; i++) m->order[L + 2 + i] = L + 1 - i;
+    const int nl = d->L;
+    m->order = xcalloc((size_t)(2 * nl + 3), sizeof *m->order);
+    for (int u = 0; u < nl + 2; u++) m->order[u] = u;
+    for (int i = 0; i < nl + 1; i++) m->order[nl + 2 + i] = nl + 1 - i;
   }
-  rc = mc_alloc(m, (void **)&m->tokens, NA * sizeof(int));
+  rc = mc_alloc(m, (void **)&m->tokens, N * sizeof(int));
   if (!rc && !lo) rc = mc_alloc(m, (void **)&m->gbase, base->bytes);
   if (!rc && !lo && m->units) rc = mc_alloc(m, (void **)&m->gunit, prefetch_slot_bytes(base));
-  if (!rc) rc = mc_alloc(m, (void **)&m->targets, NA * sizeof(int));
-  if (!rc) rc = mc_alloc(m, (void **)&m->pos, NA * sizeof(int));
-  if (!rc) rc = mc_alloc(m, (void **)&m->weights, NA * sizeof(float));
+  if (!rc) rc = mc_alloc(m, (void **)&m->targets, N * sizeof(int));
+  if (!rc) rc = mc_alloc(m, (void **)&m->pos, N * sizeof(int));
+  if (!rc) rc = mc_alloc(m, (void **)&m->weights, N * sizeof(float));
   if (!rc) rc = mc_alloc(m, (void **)&m->xb, xbn * sizeof(uint16_t));
 #define TY_X(field, n) \
   if (!rc) rc = mc_alloc(m, (void **)&m->field, (n) * sizeof(float));
-  MC_BUFS(TY_X)
+  MODEL_ACTS_CUDA(TY_X)
 #undef TY_X
   if (rc) {
     size_t want = m->bytes;
@@ -275,7 +232,7 @@ int model_cuda_create(model_cuda_t **out, cuda_backend_t *cb, const loader_shard
     rc = cuda_rope_tables(cb, m->rope_cos, m->rope_sin, T, d->HS, d->rope_theta, &d->rope_scaling);
   /* A sharded base's norms are copied as their units come by; full
    * training reads them from the base. */
-  for (int i = 0; i <= 2 * L && !rc && !m->units && lo; i++) rc = copy_norm(m, i);
+  for (int i = 0; i <= 2 * d->L && !rc && !m->units && lo; i++) rc = copy_norm(m, i);
   if (!rc) rc = cuda_backend_sync(cb, err, errlen);
   if (rc) {
     model_cuda_free(m);
@@ -299,7 +256,7 @@ void model_cuda_free(model_cuda_t *m) {
   mem_cuda_free(m->xb);
   mem_cuda_free(m->attws);
 #define TY_X(field, n) mem_cuda_free(m->field);
-  MC_BUFS(TY_X)
+  MODEL_ACTS_CUDA(TY_X)
 #undef TY_X
   free(m);
 }
