@@ -423,9 +423,13 @@ static void from_object(jobspec_t *s, const json_t *obj, const char *prefix, ty_
     jobspec_path_join(path, sizeof path, prefix, key);
     const jobspec_field_t *f = strchr(key, '.') ? NULL : jobspec_field_find(path);
     if (!f) {
+      const char *whose, *ours = jobspec_other_name(path, &whose);
       const char *near =
           strchr(key, '.') ? NULL : jobspec_suggest_field(prefix, key, sug, sizeof sug);
-      if (strchr(key, '.'))
+      if (ours)
+        ty_errlist_add(errs, path, "unknown field; trainyard calls it \"%s\" (%s): set that",
+                       ours, whose);
+      else if (strchr(key, '.'))
         ty_errlist_add(errs, path,
                        "unknown field; dotted names are for command-line flags, "
                        "in JSON nest the object (\"fsdp\": {\"bucket_mb\": 64})");

@@ -186,7 +186,11 @@ int jobspec_set_flag(jobspec_t *s, const char *path, const char *value, ty_errli
       const char *dot = strrchr(path, '.');
       near = jobspec_suggest_field("", dot ? dot + 1 : path, sug, sizeof sug);
     }
-    if (f)
+    const char *whose, *ours = jobspec_other_name(path, &whose);
+    if (ours)
+      ty_errlist_add(errs, path, "unknown flag --%s; trainyard calls it --%s (%s)", path, ours,
+                     whose);
+    else if (f)
       ty_errlist_add(errs, path, "is a group; set its fields, e.g. --%s.%s", path,
                      strchr(jobspec_fields[(f - jobspec_fields) + 1].path, '.') + 1);
     else if (near)

@@ -54,6 +54,11 @@ const char *jobspec_closest(const char *name, const char *const *candidates, siz
  * the top level, "fsdp", ...) to key, or NULL. Writes into buf. */
 const char *jobspec_suggest_field(const char *prefix, const char *key, char *buf, size_t cap);
 
+/* Our field for a name other training stacks give it (path as written,
+ * dotted: "train.activation_checkpointing", "learning_rate", ...), with
+ * whose name ours is in *whose; NULL for any other path. */
+const char *jobspec_other_name(const char *path, const char **whose);
+
 /* "prefix.key" (or "key" when prefix is "") into buf, cut at a UTF-8
  * character boundary when it does not fit. */
 void jobspec_path_join(char *buf, size_t cap, const char *prefix, const char *key);

@@ -86,3 +86,38 @@ const char *jobspec_suggest_field(const char *prefix, const char *key, char *buf
   snprintf(buf, cap, "%s%s%s", prefix, plen ? "." : "", near);
   return buf;
 }
+
+/* Names other stacks (torchtune, axolotl, Hugging Face's Trainer, peft,
+ * DeepSpeed) give our fields, as a user coming from them writes them: the
+ * parser says which of ours to set instead of only "unknown field". */
+static const struct {
+  const char *theirs, *ours, *whose;
+} g_other_names[] = {
+    {"activation_checkpointing", "gradient_checkpointing", "AReaL's and Hugging Face's name"},
+    {"train.activation_checkpointing", "gradient_checkpointing", "AReaL's and Hugging Face's name"},
+    {"train.gradient_checkpointing", "gradient_checkpointing", "a top-level field, as AReaL's"},
+    {"enable_activation_checkpointing", "gradient_checkpointing", "AReaL's and Hugging Face's name"},
+    {"learning_rate", "train.lr", "the optimizer's settings are under train"},
+    {"train.learning_rate", "train.lr", "AReaL's name"},
+    {"max_steps", "train.steps", "the optimizer's settings are under train"},
+    {"train.max_steps", "train.steps", "the optimizer steps"},
+    {"gradient_accumulation_steps", "train.grad_accum", "the optimizer's settings are under train"},
+    {"train.gradient_accumulation_steps", "train.grad_accum", "micro-batches per step"},
+    {"per_device_train_batch_size", "train.micro_batch_size", "sequences per rank"},
+    {"max_grad_norm", "train.grad_clip", "the optimizer's settings are under train"},
+    {"train.max_grad_norm", "train.grad_clip", "the gradient-norm clip"},
+    {"lora_r", "lora_rank", "peft's r"},
+    {"lora_target_modules", "target_modules", "peft's name"},
+    {"sequence_len", "data.seq_len", "the data's settings are under data"},
+    {"max_seq_length", "data.seq_len", "the data's settings are under data"},
+    {"max_seq_len", "data.seq_len", "the data's settings are under data"},
+};
+
+const char *jobspec_other_name(const char *path, const char **whose) {
+  for (size_t i = 0; i < sizeof g_other_names / sizeof g_other_names[0]; i++)
+    if (!strcmp(g_other_names[i].theirs, path)) {
+      *whose = g_other_names[i].whose;
+      return g_other_names[i].ours;
+    }
+  return NULL;
+}

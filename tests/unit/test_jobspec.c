@@ -298,6 +298,26 @@ static void test_unknown_fields_suggest(void **state) {
   assert_true(tu_has(&e, "model.hidden_sise", "did you mean \"hidden_size\"?"));
   assert_int_equal(e.len, 8);
   ty_errlist_clear(&e);
+  /* Names other stacks give our fields say which of ours to set. */
+  assert_int_equal(tu_parse(&s,
+                            "{\"model_path\": \"m\", \"train\": {\"activation_checkpointing\": "
+                            "true, \"learning_rate\": 0.1}, \"lora_r\": 4, \"max_seq_length\": 9}",
+                            &e),
+                   TY_EINVAL);
+  assert_true(tu_has(&e, "train.activation_checkpointing",
+                     "unknown field; trainyard calls it \"gradient_checkpointing\" (AReaL's and "
+                     "Hugging Face's name): set that"));
+  assert_true(tu_has(&e, "train.learning_rate", "trainyard calls it \"train.lr\""));
+  assert_true(tu_has(&e, "lora_r", "trainyard calls it \"lora_rank\" (peft's r)"));
+  assert_true(tu_has(&e, "max_seq_length", "trainyard calls it \"data.seq_len\""));
+  assert_int_equal(e.len, 4);
+  ty_errlist_clear(&e);
+  jobspec_init(&s);
+  assert_int_equal(jobspec_set_flag(&s, "train.activation_checkpointing", "true", &e), TY_EINVAL);
+  assert_true(tu_has(&e, "train.activation_checkpointing",
+                     "unknown flag --train.activation_checkpointing; trainyard calls it "
+                     "--gradient_checkpointing"));
+  ty_errlist_clear(&e);
   assert_int_equal(jobspec_edit_distance("kitten", "sitting"), 3);
   assert_int_equal(jobspec_edit_distance("", "abc"), 3);
   assert_int_equal(jobspec_edit_distance("same", "same"), 0);
