@@ -474,16 +474,18 @@ static void check_jsonl_options(const vctx_t *v, ty_errlist_t *errs) {
 }
 
 /* train.sample_prompts are decoded on rank 0's CPU with weights it holds
- * whole: not on GPU ranks, not from full training's shards. */
+ * whole (a frozen base it can read again): not from full training's
+ * shards, nor from the weights full training updates on GPUs. */
 static void check_samples(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
   if (!s->train.sample_prompts[0][0]) return;
-  if (s->device == JOBSPEC_DEVICE_CUDA)
+  if (!s->use_lora && s->device == JOBSPEC_DEVICE_CUDA)
     ty_errlist_add(errs, "train.sample_prompts",
-                   "samples are decoded on the CPU, and device cuda trains on GPUs; set device "
-                   "cpu, or remove train.sample_prompts and run trainyard generate on the "
-                   "outputs");
-  if (!s->use_lora && s->world_size > 1)
+                   "training every weight on GPUs keeps the weights on the device, and samples "
+                   "are decoded on rank 0's CPU; use use_lora true (the base is frozen, rank 0 "
+                   "reads it whole), device cpu, or remove train.sample_prompts and run "
+                   "trainyard generate on the outputs");
+  else if (!s->use_lora && s->world_size > 1)
     ty_errlist_add(errs, "train.sample_prompts",
                    "training every weight on %d ranks shards the weights, and samples need them "
                    "whole on rank 0; use world_size 1, or use_lora true (the base is frozen, "
@@ -665,8 +667,9 @@ static const rule_t g_rules[] = {
      "be one trainyard has built in",
      check_jsonl_options},
     {"sample-prompts", "train.sample_prompts, device, use_lora, world_size", "spec",
-     "samples are decoded on rank 0's CPU with the weights it holds whole: a job on GPU ranks, "
-     "or one training every weight on several ranks (sharded), cannot make them",
+     "samples are decoded on rank 0's CPU with the weights it holds whole (under LoRA the "
+     "frozen base, read whole again where the ranks shard it or GPUs hold it): a job training "
+     "every weight on several ranks (sharded) or on GPUs cannot make them",
      check_samples},
     {"sample-tokenizer", "train.sample_prompts, data.tokenizer, model_path, init_from_scratch",
      "paths",

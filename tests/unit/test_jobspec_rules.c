@@ -931,17 +931,21 @@ static void test_jsonl_options(void **state) {
       "data.chat_template", "\"zephyr\" is not a built-in chat template; use llama3, llama2");
 }
 
-/* train.sample_prompts: their parse, and rule sample-prompts (CPU ranks
- * holding the weights whole). */
+/* train.sample_prompts: their parse, and rule sample-prompts (rank 0's
+ * CPU holding the weights whole: a frozen base it reads again, or the
+ * weights of one CPU rank). */
 static void test_sample_prompts(void **state) {
   (void)state;
   ok("{\"model_path\": \"m\", \"use_lora\": true, \"world_size\": 2, \"train\": "
      "{\"sample_prompts\": [\"Once upon\", \"The capital of France is\"], \"sample_every\": 5}}");
   ok("{\"model_path\": \"m\", \"world_size\": 1, \"device\": \"cpu\", \"train\": "
      "{\"sample_prompts\": [\"a\"], \"sample_max_new_tokens\": 1024}}");
-  bad("{\"model_path\": \"m\", \"use_lora\": true, \"device\": \"cuda\", \"train\": "
-      "{\"sample_prompts\": [\"a\"]}}",
-      "train.sample_prompts", "samples are decoded on the CPU, and device cuda trains on GPUs");
+  ok("{\"model_path\": \"m\", \"use_lora\": true, \"device\": \"cuda\", \"world_size\": 2, "
+     "\"train\": {\"sample_prompts\": [\"a\"]}}");
+  bad("{\"model_path\": \"m\", \"device\": \"cuda\", \"train\": {\"sample_prompts\": [\"a\"]}}",
+      "train.sample_prompts",
+      "training every weight on GPUs keeps the weights on the device, and samples are decoded "
+      "on rank 0's CPU; use use_lora true");
   bad("{\"model_path\": \"m\", \"world_size\": 2, \"train\": {\"sample_prompts\": [\"a\"]}}",
       "train.sample_prompts", "training every weight on 2 ranks shards the weights");
   /* Without prompts neither matters. */

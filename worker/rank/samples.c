@@ -37,19 +37,22 @@ void samples_free(samples_t *sm) {
   free(sm);
 }
 
-/* The weights to decode with: m's own, or a whole copy of the base. */
+/* The weights to decode with: m's own, or a whole copy of the base (the
+ * base sharded over CPU ranks, or on the GPU). */
 static int weights(samples_t *sm, const jobspec_t *s, const llama_config_t *cfg, model_t *m,
                    const fsdp_t *f, const lora_t *lo, const model_weights_t **w, char *err,
                    size_t errlen) {
-  if (!f) {
+  const bool gpu = s->device == JOBSPEC_DEVICE_CUDA;
+  if (!f && !gpu) {
     *w = &m->w;
     return 0;
   }
   if (!lo)
     return ty_errf(err, errlen, TY_EINVAL,
-                   "train.sample_prompts: full training on %d ranks holds the weights in shards; "
-                   "samples need them whole (rule sample-prompts)",
-                   s->world_size);
+                   "train.sample_prompts: full training %s; samples need them whole on the host "
+                   "(rule sample-prompts)",
+                   gpu ? "on GPUs keeps the weights on the device"
+                       : "on several ranks holds the weights in shards");
   int rc = model_create_weights(&sm->base, cfg, 1, 1, MODEL_EVAL, err, errlen);
   if (rc) return rc;
   if (s->init_from_scratch)
@@ -64,10 +67,6 @@ int samples_open(samples_t **out, const jobspec_t *s, const llama_config_t *cfg,
                  const fsdp_t *f, const lora_t *lo, int rank, char *err, size_t errlen) {
   *out = NULL;
   if (rank != 0 || !s->train.sample_prompts[0][0]) return 0;
-  if (s->device == JOBSPEC_DEVICE_CUDA)
-    return ty_errf(err, errlen, TY_EINVAL,
-                   "train.sample_prompts: samples are decoded on the CPU, and this job trains "
-                   "on GPUs; set device cpu or remove train.sample_prompts");
   samples_t *sm = calloc(1, sizeof *sm);
   if (!sm) return ty_errf(err, errlen, TY_EEXHAUSTED, "no memory for the samples");
   sm->s = s;

@@ -5,12 +5,14 @@
  * sooner), and hands each sample to a callback (the worker makes it a
  * report, which the server keeps as a "sample" event).
  *
- * The weights: the model's own buffer when this rank holds the model whole
- * (one rank: the base under LoRA, or the weights full training updates in
- * place), with the adapters as they are now; under LoRA on several ranks
- * (the base sharded, and frozen) rank 0 reads the base whole once more
- * from model_path. Full training sharded over several ranks and GPU ranks
- * are refused (rule sample-prompts). The prompt is plain text encoded with
+ * The weights: the model's own buffer when this CPU rank holds the model
+ * whole (one rank: the base under LoRA, or the weights full training
+ * updates in place), with the adapters as they are now (the host's: on GPU
+ * ranks too, whose optimizer steps the host's adapters and copies them up);
+ * under LoRA on several CPU ranks (the base sharded, and frozen) or on GPU
+ * ranks (the base on the device) rank 0 reads the base whole once more
+ * from model_path into host memory, and decodes on its CPU. Full training
+ * sharded over several ranks or on GPUs is refused (rule sample-prompts). The prompt is plain text encoded with
  * the tokenizer's special tokens; the tokenizer is data.tokenizer, else
  * tokenizer.json beside the model. */
 #ifndef TY_WORKER_SAMPLES_H
@@ -33,7 +35,8 @@ typedef void (*samples_fn)(void *ctx, int64_t step, const char *prompt, const ch
 
 /* For rank `rank` of job s (model cfg): *out NULL when there is nothing to
  * do (no prompts, or not rank 0); else a sampler over m (the training
- * model: its own weights, or a shape only when f holds this rank's shards),
+ * model: its own weights, or a shape only when f holds this rank's shards
+ * or s trains on GPUs),
  * and lo (NULL for full training). Every prompt is encoded now: a missing
  * tokenizer or a prompt that leaves no room in max_position_embeddings
  * fails here, before the first step, naming it. Borrowed arguments must

@@ -404,7 +404,8 @@ int worker_train_main(const worker_env_t *e) {
     if (!rc) lora_init(t.lo, spec.train.seed);
   }
   if (!rc)
-    rc = samples_open(&rep.samples, &spec, &cfg, t.m, t.f, t.lo, comm_rank(comm), err, sizeof err);
+    rc = samples_open(&rep.samples, &spec, &cfg, host_model(&t), t.f, t.lo, comm_rank(comm), err,
+                      sizeof err);
   if (!rc && !cuda) rc = host_backend(&t, &t.b, err, sizeof err);
 #ifdef TRAINYARD_HAVE_CUDA
   if (!rc && cuda) {
