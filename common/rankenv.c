@@ -65,6 +65,13 @@ int rankenv_long(rankenv_id_t id, long *out, char *err, size_t errlen) {
   return rankenv_long_in(id, g_vars[id].lo, g_vars[id].hi, out, err, errlen);
 }
 
+int rankenv_gpu(int rank, int ndev, int *out, char *err, size_t errlen) {
+  long local = rank;
+  int rc = rankenv_long(RANKENV_SLURM_LOCAL_RANK, &local, err, errlen);
+  *out = (int)(local % (ndev > 0 ? ndev : 1));
+  return rc;
+}
+
 void rankenv_set(rankenv_t *e, rankenv_id_t id, const char *value) {
   free(e->val[id]);
   e->val[id] = value ? xstrdup(value) : NULL;

@@ -104,6 +104,14 @@ int rankenv_long(rankenv_id_t id, long *out, char *err, size_t errlen);
  * RANK below WORLD_SIZE). */
 int rankenv_long_in(rankenv_id_t id, long lo, long hi, long *out, char *err, size_t errlen);
 
+/* The GPU (of ndev >= 1 visible) that rank uses: its index among its
+ * node's ranks (SLURM_LOCALID, where srun started it) modulo ndev, else
+ * rank modulo ndev (one host: the local launcher's ranks, or trainyardd's,
+ * each of which sees only its own GPU). The NCCL comm and the rank's
+ * placement pick the same one. 0, or TY_EINVAL naming SLURM_LOCALID when
+ * it is set but not a task index. */
+int rankenv_gpu(int rank, int ndev, int *out, char *err, size_t errlen);
+
 /* ---- a launcher building a rank's environment ---- */
 
 /* The values a launcher gives one rank; each is owned (rankenv_clear). */

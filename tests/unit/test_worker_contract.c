@@ -135,6 +135,31 @@ static void test_rank_from_slurm(void **state) {
   assert_string_equal(rankenv_name(RANKENV_SLURM_LOCAL_RANK), "SLURM_LOCALID");
 }
 
+/* A rank's GPU: its index on its node under Slurm (srun's SLURM_LOCALID),
+ * else its rank, modulo the GPUs it sees. */
+static void test_rank_gpu(void **state) {
+  (void)state;
+  char err[256];
+  int gpu = -1;
+  unsetenv("SLURM_LOCALID");
+  assert_int_equal(rankenv_gpu(6, 4, &gpu, err, sizeof err), 0);
+  assert_int_equal(gpu, 2);
+  assert_int_equal(rankenv_gpu(6, 1, &gpu, err, sizeof err), 0);
+  assert_int_equal(gpu, 0);
+  /* Rank 6 as the second task of its node (srun's cyclic distribution
+   * over several nodes): its node's GPU 1, whatever its rank. */
+  setenv("SLURM_LOCALID", "1", 1);
+  assert_int_equal(rankenv_gpu(6, 4, &gpu, err, sizeof err), 0);
+  assert_int_equal(gpu, 1);
+  /* srun bound one GPU to the task: it sees only that one. */
+  assert_int_equal(rankenv_gpu(6, 1, &gpu, err, sizeof err), 0);
+  assert_int_equal(gpu, 0);
+  setenv("SLURM_LOCALID", "one", 1);
+  assert_int_equal(rankenv_gpu(6, 4, &gpu, err, sizeof err), TY_EINVAL);
+  assert_non_null(strstr(err, "SLURM_LOCALID"));
+  unsetenv("SLURM_LOCALID");
+}
+
 static void test_report_round_trip(void **state) {
   (void)state;
   report_wire_t a, b;
@@ -202,6 +227,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_names_are_the_contract), cmocka_unit_test(test_launcher_environments),
       cmocka_unit_test(test_rank_reads_numbers),     cmocka_unit_test(test_rank_from_slurm),
+      cmocka_unit_test(test_rank_gpu),
       cmocka_unit_test(test_report_round_trip),      cmocka_unit_test(test_report_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -31,6 +31,7 @@
 #include <nccl.h>
 
 #include "common/errors.h"
+#include "common/rankenv.h"
 #include "common/xalloc.h"
 #include "worker/dist/comm_impl.h"
 #include "worker/cuda/mem_cuda.h"
@@ -411,9 +412,11 @@ int comm_nccl_open(comm_t *c, const char *arg, char *err, size_t errlen) {
     return ty_errf(err, errlen, TY_EUNAVAILABLE, "NCCL backend: no CUDA device (%s)",
                    ce != cudaSuccess ? cudaGetErrorString(ce) : "0 devices");
   }
+  int device;
+  int rc = rankenv_gpu(c->rank, ndev, &device, err, errlen);
+  if (rc) return rc;
   nccl_t *n = xcalloc(1, sizeof *n);
-  n->device = c->rank % ndev;
-  int rc = 0;
+  n->device = device;
   if ((ce = cudaSetDevice(n->device)) != cudaSuccess ||
       (ce = cudaStreamCreateWithFlags(&n->stream, cudaStreamNonBlocking)) != cudaSuccess ||
       (ce = cudaEventCreateWithFlags(&n->computed, cudaEventDisableTiming)) != cudaSuccess ||

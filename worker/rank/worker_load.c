@@ -79,12 +79,12 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
   placement_t pl;
   if (spec->device == JOBSPEC_DEVICE_CUDA) {
 #ifdef TRAINYARD_HAVE_CUDA
-    /* One GPU per rank: local ranks take devices in rank order. */
-    int ndev = 0;
+    /* One GPU per rank: a node's ranks take its devices in order. */
+    int ndev = 0, gpu = 0;
     int rc0 = placement_cuda_devices(&ndev, err, sizeof err);
+    if (!rc0) rc0 = rankenv_gpu(who->rank, ndev, &gpu, err, sizeof err);
     if (!rc0)
-      rc0 = placement_cuda_init(&pl, who->rank % ndev, (size_t)spec->fsdp.bucket_mb << 20, err,
-                                sizeof err);
+      rc0 = placement_cuda_init(&pl, gpu, (size_t)spec->fsdp.bucket_mb << 20, err, sizeof err);
     if (rc0) {
       wload_send(REPORT_PHASE_FAILED, NULL, err);
       return 1;

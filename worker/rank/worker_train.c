@@ -312,20 +312,21 @@ static int cuda_supported(const jobspec_t *s, char *err, size_t errlen) {
 }
 
 #ifdef TRAINYARD_HAVE_CUDA
-/* device cuda: the passes on the rank's GPU (device rank % visible
- * devices, as the nccl comm picks it; the server makes each rank's GPU its
- * only one, CUDA_VISIBLE_DEVICES), with the base weights (this rank's
- * shard) loaded there, over the host's span. */
+/* device cuda: the passes on the rank's GPU (rankenv_gpu, as the nccl
+ * comm picks it: under Slurm the rank's index on its node; the server
+ * makes each rank's GPU its only one, CUDA_VISIBLE_DEVICES), with the base
+ * weights (this rank's shard) loaded there, over the host's span. */
 static int build_cuda(const jobspec_t *s, comm_t *comm, const llama_config_t *cfg, trained_t *t,
                       loader_stats_t *ls, char *err, size_t errlen) {
   const train_cuda_trained_t tr = {.lora = t->lo, .host = t->f ? NULL : t->m, .span = t->f};
-  int ndev;
+  int ndev, gpu;
   train_device_t dev;
   train_backend_t host;
   int rc = placement_cuda_devices(&ndev, err, errlen);
+  if (!rc) rc = rankenv_gpu(comm_rank(comm), ndev, &gpu, err, errlen);
   if (!rc)
-    rc = train_cuda_create(&t->tc, s, cfg, comm, comm_rank(comm) % ndev, &tr,
-                           s->train.micro_batch_size, s->data.seq_len, ls, &dev, err, errlen);
+    rc = train_cuda_create(&t->tc, s, cfg, comm, gpu, &tr, s->train.micro_batch_size,
+                           s->data.seq_len, ls, &dev, err, errlen);
   if (!rc) rc = host_backend(t, &host, err, errlen);
   if (!rc && (rc = train_backend_device(&t->b, &host, &dev, comm_world_size(comm), err, errlen)))
     train_backend_free(&host);
