@@ -40,7 +40,7 @@ extern "C" {
     "gloo:http:<url>")                                                                             \
   X(REPORT_URL, "TRAINYARD_REPORT_URL", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
     "where reports are POSTed; unset: one JSON line each on stdout")                               \
-  X(TOKEN, "TRAINYARD_TOKEN", STR, 0, 0, RANKENV_NO_DEFAULT,                                       \
+  X(TOKEN, "TRAINYARD_JOB_TOKEN", STR, 0, 0, RANKENV_NO_DEFAULT,                                   \
     "the job's token, sent as Authorization: Bearer with each report")                             \
   X(READ_ROOTS, "TRAINYARD_READ_ROOTS", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
     "folders (':'-separated) the rank may read beneath; with WRITE_ROOTS unset: anywhere")         \

@@ -42,7 +42,7 @@ class Rendezvous(unittest.TestCase):
         assert r.status_code == 201, r.text
         job = srv.wait_state(r.json()["id"], ["running"])
         pid = srv.get("/v1/jobs/%s/ranks" % job["id"]).json()["ranks"][0]["pid"]
-        return job["id"], env_of(pid)[b"TRAINYARD_TOKEN"].decode()
+        return job["id"], env_of(pid)[b"TRAINYARD_JOB_TOKEN"].decode()
 
     def url(self, key, attempt=1, job=None):
         return "%s/v1/jobs/%s/attempts/%s/rendezvous/%s" % (self.srv.url, job or self.job,
