@@ -60,12 +60,14 @@ static void on_line(void *ctx, int rank, launch_stream_t stream, const char *lin
     fprintf(stderr, "[rank %d/%d] %s\n", rank, v->world, line);
 }
 
-/* Seconds a rank may go without a report before it counts as stalled. */
+/* Seconds a rank may go without progress before it counts as stalled:
+ * trainyardd's --progress_timeout, the same variable, default and bound
+ * (server/config.h). */
 static int progress_timeout_ms(int *ms, char *err, size_t errlen) {
-  long s = 600;
-  int rc =
-      ty_env_long("TRAINYARD_PROGRESS_TIMEOUT_S", 1, 86399,
-                  "seconds a rank may go without a report before the job fails", &s, err, errlen);
+  long s = 900;
+  int rc = ty_env_long("TRAINYARD_PROGRESS_TIMEOUT_S", 1, 604800,
+                       "seconds a rank may go without progress before the job fails", &s, err,
+                       errlen);
   *ms = (int)(s * 1000);
   return rc;
 }

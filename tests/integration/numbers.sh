@@ -29,7 +29,7 @@ train=("$ty" train --model_path "$tmp/base" --use_lora true --lora_rank 2 --worl
   --train.steps 2 --train.micro_batch_size 2 --data.seq_len 16)
 
 # The CLI's own number: refused before the output folder is made.
-expect 2 "TRAINYARD_PROGRESS_TIMEOUT_S='soon' is not a whole number in 1..86399 (seconds a rank" \
+expect 2 "TRAINYARD_PROGRESS_TIMEOUT_S='soon' is not a whole number in 1..604800 (seconds a rank" \
   TRAINYARD_PROGRESS_TIMEOUT_S=soon -- "${train[@]}" --output_dir "$tmp/o1"
 [ ! -e "$tmp/o1" ] || fail "a refused timeout left $tmp/o1 behind"
 expect 2 "TRAINYARD_PROGRESS_TIMEOUT_S='0' is not" TRAINYARD_PROGRESS_TIMEOUT_S=0 -- \
