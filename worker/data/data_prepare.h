@@ -25,6 +25,7 @@
 #ifndef TY_WORKER_DATA_PREPARE_H
 #define TY_WORKER_DATA_PREPARE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -37,6 +38,10 @@ typedef struct {
   const char *chat_template; /* "" or NULL: the tokenizer's; else a built-in name */
   jobspec_loss_on_t loss_on;
   int64_t vocab_size; /* the model's: the tokenizer must fit it; 0: not checked */
+  /* 0: the whole file. Else only the lines that start within the first
+   * max_bytes (a check of a large file's start; a distinct key, so never
+   * taken for the whole file's examples). */
+  uint64_t max_bytes;
 } data_prepare_t;
 
 /* Called while the file is tokenized (by this rank or another): bytes of
@@ -50,6 +55,7 @@ typedef struct {
   uint64_t key;
   uint32_t pad_id;
   int64_t examples;
+  bool partial; /* max_bytes stopped it before the end of the file */
 } data_prepared_t;
 
 /* Makes sure cache_dir (created when missing) holds p's examples file,

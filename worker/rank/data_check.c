@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/fsutil.h"
+#include "common/numbers.h"
 #include "worker/ckpt/model_io.h"
 
 /* The data layout of spec s for rank of world over a vocabulary of V. */
@@ -29,9 +30,10 @@ data_config_t train_data_config(const jobspec_t *s, const data_prepared_t *prep,
                          .grad_accum = s->train.grad_accum};
 }
 
-int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
-                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
-                       char *err, size_t errlen) {
+/* train_data_prepare with a bound on the bytes read (0: the whole file). */
+static int prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                   uint64_t max_bytes, data_prepare_progress_fn progress, void *ctx,
+                   data_prepared_t *out, char *err, size_t errlen) {
   memset(out, 0, sizeof *out);
   if (s->data.format != JOBSPEC_DATA_JSONL) return 0;
   const char *tokenizer = s->data.tokenizer[0] ? s->data.tokenizer : s->model_path;
@@ -46,8 +48,15 @@ int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache
                             .kind = s->data.kind,
                             .chat_template = s->data.chat_template,
                             .loss_on = s->data.loss_on,
-                            .vocab_size = vocab_size};
+                            .vocab_size = vocab_size,
+                            .max_bytes = max_bytes};
   return data_prepare(&p, cache_dir ? cache_dir : dir, progress, ctx, out, err, errlen);
+}
+
+int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir,
+                       data_prepare_progress_fn progress, void *ctx, data_prepared_t *out,
+                       char *err, size_t errlen) {
+  return prepare(s, vocab_size, cache_dir, 0, progress, ctx, out, err, errlen);
 }
 
 void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
@@ -57,6 +66,13 @@ void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
     cfg = s->model;
   else if (llama_config_init(&cfg), model_io_read_config(s->model_path, &cfg, err, sizeof err))
     return; /* the checkpoint's own rules name what is wrong with it */
+  long kib = DATA_CHECK_PREFIX_KIB;
+  if (ty_env_long(DATA_CHECK_PREFIX_ENV, 0, 1L << 30,
+                  "KiB of a JSONL file's start that validation tokenizes; 0: all of it", &kib, err,
+                  sizeof err)) {
+    ty_errlist_add(errs, "data.path", "%s", err);
+    return;
+  }
   const char *tmp = getenv("TMPDIR");
   char dir[4096];
   snprintf(dir, sizeof dir, "%s/trainyard-check-XXXXXX", tmp && *tmp ? tmp : "/tmp");
@@ -65,10 +81,19 @@ void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
                    s->data.path, strerror(errno));
     return;
   }
+  /* The file's start: its bad lines, its tokenizer, and whether its
+   * examples already hold a global batch (more examples only add rows). */
   data_prepared_t prep;
-  int rc = train_data_prepare(s, cfg.vocab_size, dir, NULL, NULL, &prep, err, sizeof err);
+  int rc = prepare(s, cfg.vocab_size, dir, (uint64_t)kib << 10, NULL, NULL, &prep, err,
+                   sizeof err);
   if (!rc)
     rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, NULL, 0, err, sizeof err);
+  /* Too few there: the whole file decides. */
+  if (rc == TY_EINVAL && prep.partial) {
+    rc = prepare(s, cfg.vocab_size, dir, 0, NULL, NULL, &prep, err, sizeof err);
+    if (!rc)
+      rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, NULL, 0, err, sizeof err);
+  }
   if (rc) ty_errlist_add(errs, "data.path", "%s", err);
   ty_rmtree(dir, NULL, 0);
 }

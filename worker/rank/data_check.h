@@ -34,7 +34,15 @@ int train_data_prepare(const jobspec_t *s, int64_t vocab_size, const char *cache
  * (spec.model's, or model_path's config.json), and laid out as rank 0
  * would: each problem (a bad line, a template error, a tokenizer that does
  * not fit, too few rows for a global batch) is added to errs under
- * data.path. Nothing is left behind. */
+ * data.path. Nothing is left behind. Only the lines starting within the
+ * first DATA_CHECK_PREFIX_KIB KiB (DATA_CHECK_PREFIX_ENV sets it; 0: the
+ * whole file) are tokenized when their examples already hold a global
+ * batch, so that validating a large file (trainyardd's submit, inside the
+ * HTTP request) takes about as long as a small one's; the ranks tokenize
+ * the whole file, and a bad line further on fails the job there, naming
+ * the file and line. */
+#define DATA_CHECK_PREFIX_KIB (16L << 10)
+#define DATA_CHECK_PREFIX_ENV "TRAINYARD_JSONL_CHECK_KIB"
 void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs);
 
 /* Whether spec s's data can train a model of vocab_size tokens as rank of
