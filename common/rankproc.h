@@ -28,7 +28,9 @@ typedef struct {
 int rankproc_spawn(const rankproc_spec_t *spec, pid_t *pid, int64_t *start_ticks);
 
 /* The exit status of a rank that stopped on SIGTERM at a step boundary
- * after writing a checkpoint with the others (worker/rank/preempt.h):
+ * after writing a checkpoint with the others, or before its first step
+ * (while it loaded: nothing newer than the last checkpoint to keep;
+ * worker/rank/preempt.h):
  * trainyardd resubmits its attempt without counting it against
  * max_restarts (EX_TEMPFAIL). */
 #define RANKPROC_EXIT_PREEMPTED 75

@@ -638,7 +638,9 @@ static bool step_run(sched_t *s, run_t *r, double now) {
     bool ok = WIFEXITED(k->status) && code == 0;
     bool preempted = WIFEXITED(k->status) && code == RANKPROC_EXIT_PREEMPTED;
     if (preempted)
-      snprintf(why, sizeof why, "rank %d stopped on SIGTERM after a checkpoint (preempted)", i);
+      snprintf(why, sizeof why,
+               "rank %d stopped on SIGTERM at a checkpoint or before its first step (preempted)",
+               i);
     const char *state = ok ? "exited" : (k->signalled || preempted ? "stopped" : "failed");
     svc_rank_finished(s->svc, r->id, r->attempt, i, state, code, ok ? "" : why);
     if (preempted && !r->decided) preempt_attempt(s, r, i);

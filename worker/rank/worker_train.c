@@ -21,6 +21,7 @@
 #include "worker/ckpt/model_io.h"
 #include "worker/ckpt/merge.h"
 #include "worker/ckpt/outputs.h"
+#include "worker/rank/preempt.h"
 #include "worker/rank/report.h"
 #include "worker/rank/run_metrics.h"
 #include "worker/rank/samples.h"
@@ -350,6 +351,7 @@ int worker_train_main(const worker_env_t *e) {
     return 1;
   }
   emit(&rep, REPORT_PHASE_STARTING, 0, NAN, 0, NULL, "");
+  preempt_install(); /* SIGTERM before the first step: preempted, at once */
   rc = worker_read_spec(e->spec_path, &spec, err, sizeof err);
   if (!rc && spec.world_size != e->world_size)
     rc = ty_errf(err, sizeof err, TY_EINVAL,
