@@ -60,9 +60,10 @@ if(TRAINYARD_HAVE_CUDA)
   set_tests_properties(gpu/oom PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 120
                        ENVIRONMENT "${TY_TEST_ENV}")
 endif()
-# The GPU bench's programs (run by tests/gpu/run.sh, not by ctest).
+# The GPU bench's programs (run by tests/gpu/bench.sh, not by ctest; on the
+# simulated device gpu/bench_smoke runs them on a small model).
 if(TRAINYARD_HAVE_CUDA)
-  foreach(bench load lora attn)
+  foreach(bench load lora full attn)
     add_executable(gpu_bench_${bench} ${CMAKE_SOURCE_DIR}/tests/gpu/bench_${bench}.c)
     target_link_libraries(gpu_bench_${bench} PRIVATE ty_worker)
   endforeach()

@@ -6,7 +6,13 @@
  * model-FLOP utilisation against the H200's dense bf16 peak (989 TFLOP/s;
  * TY_PEAK_TFLOPS overrides), device peaks of the load and of training,
  * and attention's path (tf32 on tensor cores, the bf16 default, or fp32
- * with TRAINYARD_CUDA_ATTN_MIB=0) with its workspace.
+ * with TRAINYARD_CUDA_ATTN_MIB=0) with its workspace. The device's peak
+ * twice: by our allocator (every mem_cuda_alloc: the base, activations,
+ * adapters, AdamW's moments; not the CUDA context or cuBLAS's workspace)
+ * and by cudaMemGetInfo after the steps (all the process holds; nothing is
+ * allocated during a step, so that is its peak). The targets are the next
+ * token of one random stream (B x T + 1 ids), the loss their mean
+ * cross-entropy over all B x T positions, as bench_torch.py's.
  *
  * FLOPs per token (stated here, counted as in the literature for LoRA: the
  * frozen base needs its forward product and its input-gradient product but
@@ -15,6 +21,8 @@
  * embedding is a gather) and the attention term is QK^T and AV over a causal
  * mask (half of T x T), forward (2 products) and backward (4), 2 FLOPs per
  * multiply-add. The adapters' own FLOPs (rank R, under 1%) are not counted.
+ * (tests/gpu/bench.sh's verdict counts the conventional 6 * P_mm instead,
+ * the same for PyTorch's rate: the MFU target is stated in that count.)
  *
  * SLOTS (optional, default 0): 0 reads the whole base in place; 1 or 2
  * runs the sharded path (worker/cuda/prefetch_cuda.h) at world size 1 through an
@@ -33,6 +41,7 @@
 #include "tests/gpu/gpu_util.h"
 #include "worker/ckpt/loader.h"
 #include "worker/model/lora.h"
+#include "worker/cuda/mem_cuda.h"
 #include "worker/cuda/model_cuda.h"
 
 static double now_s(void) {
@@ -100,15 +109,19 @@ int main(int argc, char **argv) {
   }
   const model_dims_t *d = &shape.d;
   const int V = d->V, n = B * T;
-  int *tok = malloc(sizeof(int) * n), *tgt = malloc(sizeof(int) * n);
+  int *tok = malloc(sizeof(int) * (n + 1)), *tgt = malloc(sizeof(int) * n);
   uint64_t x = 88172645463325252ull;
-  for (int i = 0; i < n; i++) {
+  for (int i = 0; i <= n; i++) {
     x ^= x << 13, x ^= x >> 7, x ^= x << 17;
     tok[i] = (int)(x % (uint64_t)V);
   }
-  for (int i = 0; i < n; i++) tgt[i] = i % T == T - 1 ? tok[i] : tok[i + 1];
+  for (int i = 0; i < n; i++) tgt[i] = tok[i + 1];
   size_t np = model_cuda_lora_size(mc);
-  float *mom = gpu_dup(NULL, 2 * np * sizeof(float));
+  float *mom;
+  if (mem_cuda_alloc((void **)&mom, 2 * np * sizeof(float))) {
+    fprintf(stderr, "bench_lora: no device memory for AdamW's moments\n");
+    return 1;
+  }
   cudaMemset(mom, 0, 2 * np * sizeof(float));
   cuda_adamw_cfg_t ac = {1e-4, 0.9, 0.999, 1e-8, 0.0};
   double loss = 0, first = 0, t0 = 0;
@@ -139,18 +152,20 @@ int main(int argc, char **argv) {
   size_t fr, tot;
   cudaMemGetInfo(&fr, &tot);
   printf(
-      "{\"status\":\"ok\",\"slots\":%d,\"params\":%llu,\"B\":%d,\"T\":%d,\"lora_rank\":%d,"
+      "{\"status\":\"ok\",\"mode\":\"lora\",\"slots\":%d,\"params\":%llu,\"B\":%d,\"T\":%d,\"lora_rank\":%d,"
       "\"steps\":%d,"
       "\"tokens_per_s\":%.1f,\"flops_per_token\":%.4g,\"model_tflops\":%.2f,"
       "\"mfu\":%.4f,\"peak_tflops\":%.0f,\"loss_first\":%.4f,\"loss_last\":%.4f,"
       "\"load_device_peak_bytes\":%llu,\"train_activation_bytes\":%llu,"
-      "\"attention\":\"%s\",\"attention_workspace_bytes\":%llu,\"device_used_bytes\":%llu}\n",
+      "\"attention\":\"%s\",\"attention_workspace_bytes\":%llu,\"allocator_peak_bytes\":%llu,"
+      "\"device_used_bytes\":%llu}\n",
       slots, (unsigned long long)s->layout.nparams, B, T, R, steps, tps, flops_tok,
       tps * flops_tok / 1e12, tps * flops_tok / 1e12 / peak, peak, first, loss,
       (unsigned long long)st.device_peak_bytes, (unsigned long long)model_cuda_bytes(mc),
       model_cuda_attention_bytes(mc) ? "tf32" : "fp32",
-      (unsigned long long)model_cuda_attention_bytes(mc), (unsigned long long)(tot - fr));
-  cudaFree(mom);
+      (unsigned long long)model_cuda_attention_bytes(mc), (unsigned long long)mem_cuda_peak(),
+      (unsigned long long)(tot - fr));
+  mem_cuda_free(mom);
   free(tok);
   free(tgt);
   model_cuda_free(mc);

@@ -16,7 +16,8 @@ rehearse() { # OUT [VAR=VALUE...]: run.sh on the simulated device; its exit stat
   local out=$1
   shift
   env "$@" TY_GPU_CUDA=SIM TY_GPU_BUILD_DIR="$tmp/build" TY_GPU_BENCH_CKPT="$tmp/ckpt" \
-    TY_GPU_BENCH_B=2 TY_GPU_BENCH_T=32 TY_GPU_BENCH_R=4 TY_GPU_BENCH_STEPS=2 \
+    TY_GPU_BENCH_B=2 TY_GPU_BENCH_T=32 TY_GPU_BENCH_R=4 TY_GPU_BENCH_STEPS=2 TY_GPU_BENCH_FULL_STEPS=2 \
+    TY_GPU_BENCH_TORCH_DEVICE=cpu \
     TY_GPU_BENCH_SHAPE="--hidden-size 64 --intermediate-size 128 --layers 2 --heads 4 --kv-heads 2 --vocab-size 300" \
     bash "$src/tests/gpu/run.sh" "$out" >"$out.log" 2>&1
 }
@@ -27,13 +28,15 @@ out=$tmp/ok
 rc=0
 rehearse "$out" "TY_GPU_TESTS=^gpu/(kernels|mem)$" || rc=$?
 [ $rc = 0 ] || { cat "$out.log"; fail "run.sh exited $rc"; }
-for f in preflight.txt build.log tests.log bench.txt bench.jsonl summary.txt; do
+for f in preflight.txt build.log tests.log bench.txt bench.jsonl verdict.txt summary.txt; do
   [ -s "$out/$f" ] || fail "run.sh left no $f"
 done
 for s in preflight build tests bench sanitize total; do
   line "$out" $s | grep -Eq "^$s +ok " || fail "stage $s is not ok: '$(line "$out" $s)'"
 done
 line "$out" build | grep -q "NCCL ty_cudasim" || fail "the build line does not say where NCCL came from"
+line "$out" bench | grep -Eq "^bench +ok .* targets: [0-9]+ of 6 met, " ||
+  fail "the bench line does not count the targets: '$(line "$out" bench)'"
 line "$out" tests | grep -q "0 tests failed out of 2" || fail "not the 2 selected suites: $(line "$out" tests)"
 grep -q "gpu/kernels .*Passed" "$out/tests.log" || fail "tests.log does not show gpu/kernels passing"
 python3 - "$out/bench.jsonl" <<'PY' || fail "bench.jsonl lacks rows"
@@ -45,8 +48,10 @@ for r in rows:
 ok = lambda k: [r for r in kinds.get(k, []) if r.get("status") == "ok"]
 assert len(ok("load")) == 6, kinds.get("load")  # world 1 and 2, both paths
 assert len(ok("lora")) == 4, kinds.get("lora")  # slots 0, 2, 1; 0 with fp32 attention
+assert len(ok("full")) == 1, kinds.get("full")  # every weight, the worker's device path
 assert len(ok("attn")) == 1, kinds.get("attn")
-assert len(kinds.get("torch", [])) == 1, kinds.get("torch")
+assert len(kinds.get("torch", [])) == 2, kinds.get("torch")  # LoRA and full, ok or skipped
+assert len(kinds.get("verdict", [])) == 9, kinds.get("verdict")
 PY
 echo "ok: run.sh on the simulated device: every stage ok, every file written, the bench's rows"
 
