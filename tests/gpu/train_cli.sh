@@ -90,6 +90,12 @@ print("# every weight, fp32 GPU vs CPU: 20 step losses, worst relative differenc
 assert worst < 1e-3, list(zip(fg, fc))
 done = gpu[-1]
 assert done["phase"] == "done" and done["device_peak_bytes"] > 0, done
+# The load's report says the device's training buffers a rank holds.
+import re
+said = [r["message"] for r in gpu if r["message"].startswith("weights loaded onto the GPU")]
+m = re.fullmatch(r"weights loaded onto the GPU; training buffers ([0-9.]+) MiB a rank", said[0])
+assert m and float(m.group(1)) > 0, said
+print("# " + said[0])
 print("# GPU run: device peak %.1f MiB (load, or training: shard + activations); %s" % (done["device_peak_bytes"] / 2**20,
                                                      done["message"]))
 PY

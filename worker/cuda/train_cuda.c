@@ -271,3 +271,5 @@ void train_cuda_free(train_cuda_t *t) {
   cuda_backend_free(t->cb);
   free(t);
 }
+
+size_t train_cuda_buffer_bytes(const train_cuda_t *t) { return model_cuda_bytes(t->mc); }

@@ -61,4 +61,8 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
 /* Accepts NULL. */
 void train_cuda_free(train_cuda_t *t);
 
+/* Device bytes of the model's training buffers (model_cuda_bytes:
+ * activations, adapters, unit slots, attention's workspace). */
+size_t train_cuda_buffer_bytes(const train_cuda_t *t);
+
 #endif

@@ -415,7 +415,11 @@ int worker_train_main(const worker_env_t *e) {
     rc = build_cuda(&spec, comm, &cfg, &t, &ls, err, sizeof err);
     if (!rc) {
       rep.loaded = &ls;
-      emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, "weights loaded onto the GPU");
+      char msg[160];
+      snprintf(msg, sizeof msg, "weights loaded onto the GPU; training buffers %.1f MiB a rank%s",
+               (double)train_cuda_buffer_bytes(t.tc) / (1024.0 * 1024.0),
+               spec.gradient_checkpointing ? " (gradient_checkpointing)" : "");
+      emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, msg);
     }
   }
 #endif
