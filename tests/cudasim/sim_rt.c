@@ -453,8 +453,7 @@ cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) 
   if (!ms || !start || !end) return cudaErrorInvalidValue;
   lock();
   cudaError_t r = cudaSuccess;
-  if (!start->timing || !end->timing || !start->s || !end->s || start->destroyed ||
-      end->destroyed)
+  if (!start->timing || !end->timing || !start->s || !end->s || start->destroyed || end->destroyed)
     r = cudaErrorInvalidResourceHandle;
   else if (start->stamp_gen != start->gen || end->stamp_gen != end->gen)
     r = cudaErrorNotReady;
