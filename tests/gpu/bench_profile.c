@@ -53,9 +53,10 @@ static void print_table(const cuda_profile_t *p, int steps) {
   }
   fprintf(stderr,
           "ops %.3f ms (%ld calls) of a %.3f ms device span (%.1f%%) and %.3f ms wall "
-          "(%.1f%%); %d steps\n",
+          "(%.1f%%); %d steps; %d event pairs, grown %d times in the steps\n",
           p->ops_ms, p->calls, p->span_ms, p->span_ms > 0 ? 100.0 * p->ops_ms / p->span_ms : 0.0,
-          p->wall_ms, p->wall_ms > 0 ? 100.0 * p->ops_ms / p->wall_ms : 0.0, steps);
+          p->wall_ms, p->wall_ms > 0 ? 100.0 * p->ops_ms / p->wall_ms : 0.0, steps, p->pool_pairs,
+          p->pool_grown);
 }
 
 int main(int argc, char **argv) {
@@ -149,12 +150,13 @@ int main(int argc, char **argv) {
       "{\"bench\":\"profile_summary\",\"status\":\"ok\",\"profiled\":%s,\"B\":%d,\"T\":%d,"
       "\"lora_rank\":%d,\"layers\":%d,\"warmup\":%d,\"steps\":%d,\"attention\":\"%s\","
       "\"calls\":%ld,\"ops_ms\":%.4f,\"span_ms\":%.4f,\"wall_ms\":%.4f,\"step_ms\":%.4f,"
-      "\"ops_share_of_span\":%.2f,\"ops_share_of_wall\":%.2f,\"params_sum\":%.17g,"
+      "\"ops_share_of_span\":%.2f,\"ops_share_of_wall\":%.2f,\"pool_pairs\":%d,"
+      "\"pool_grown\":%d,\"params_sum\":%.17g,"
       "\"losses\":[",
       profile ? "true" : "false", B, T, R, d->L, WARMUP, steps,
       model_cuda_attention_bytes(mc) ? "tf32" : "fp32", rep.calls, rep.ops_ms, rep.span_ms, wall_ms,
       wall_ms / steps, rep.span_ms > 0 ? 100.0 * rep.ops_ms / rep.span_ms : 0.0,
-      wall_ms > 0 ? 100.0 * rep.ops_ms / wall_ms : 0.0, psum);
+      wall_ms > 0 ? 100.0 * rep.ops_ms / wall_ms : 0.0, rep.pool_pairs, rep.pool_grown, psum);
   for (int i = 0; i < total; i++) printf("%s%.17g", i ? "," : "", losses[i]);
   printf("]}\n");
   if (profile) print_table(&rep, steps);

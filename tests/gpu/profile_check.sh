@@ -11,7 +11,8 @@
 #     warm-up's calls not among them;
 #   - the shares add up to 100%, the rows to the totals, each op measured
 #     some time, and the ops' time lies within the device span, which lies
-#     within the wall time;
+#     within the wall time; the event pool, sized by the warm-up, did not
+#     grow during the steps, though they ran more ops than it holds pairs;
 #   - the same steps unprofiled give the same losses and adapters, bit for
 #     bit (profiling changes no result);
 #   - with attention in fp32 (TRAINYARD_CUDA_ATTN_MIB=0) its rows are the
@@ -74,6 +75,9 @@ def check(name, attn):
     # (events around the window), and the span inside the host's window.
     assert 0 < s["ops_ms"] <= s["span_ms"] * 1.0001 + 1e-3, (name, s)
     assert s["span_ms"] <= s["wall_ms"] * 1.0001 + 1e-3, (name, s)
+    # Sized by the warm-up: the steps reuse the pool's events, whose pairs
+    # (fewer than the steps' ops here) were summed as the device ran them.
+    assert s["pool_grown"] == 0 and 0 < s["pool_pairs"] < s["calls"], (name, s)
     return s
 
 on = check("tf32", "tf32")

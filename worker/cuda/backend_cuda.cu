@@ -4,6 +4,8 @@
  * one thread per element otherwise; every reduction is in a fixed order
  * for a fixed launch, so results repeat. */
 #include <dlfcn.h>
+
+#include <algorithm>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -138,7 +140,7 @@ static const char *const g_op_tags[CUDA_OP_COUNT] = {
 
 enum {
   PROF_FIRST = 256, /* pairs of the pool's first growth */
-  PROF_MAX = 65536  /* pairs at most: past them the window is summed early */
+  PROF_MAX = 65536  /* pairs at most: past them the window is summed, waiting */
 };
 
 static double host_s(void) {
@@ -160,30 +162,55 @@ static void prof_release(cb_profile *p) {
   free(p->op);
 }
 
-/* Sums the recorded pairs into the window's calls and ms; the device must
- * have run them (after a sync). The pool is then free again. */
-static void prof_fold(cb_profile *p) {
-  for (int i = 0; i < p->used; i++) {
+/* Sums the first k recorded pairs (whose events the device has run) into
+ * the window's calls and ms, and moves the rest to the front of the pool,
+ * the summed pairs' events behind them for reuse. */
+static void prof_fold(cb_profile *p, int k) {
+  for (int i = 0; i < k; i++) {
     float ms = 0.0f;
     cudaError_t e = cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]);
     if (e != cudaSuccess) prof_fail(p, "cudaEventElapsedTime", cudaGetErrorString(e));
     p->calls[p->op[i]]++;
     p->ms[p->op[i]] += ms;
   }
-  p->used = 0;
+  std::rotate(p->ev, p->ev + 2 * k, p->ev + 2 * p->used);
+  std::rotate(p->op, p->op + k, p->op + p->used);
+  p->used -= k;
 }
 
-/* Room for one more pair: the pool doubled (events created), or at its
- * bound the pairs so far summed, which waits for the device. 0, or -1 with
- * the reason kept. */
+/* How many of the recorded pairs, from the first, the device has run:
+ * their events are on one stream, so they complete in order (a binary
+ * search by cudaEventQuery, which waits for nothing). */
+static int prof_done(const cb_profile *p) {
+  int lo = 0, hi = p->used; /* pairs below lo are done; from hi on, not known to be */
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (cudaEventQuery(p->ev[2 * mid + 1]) == cudaSuccess)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Room for one more pair in a full pool: the pairs the device has run are
+ * summed; where that leaves it over half full, the host is that far ahead
+ * of the device and the pool doubles (events created), or at its bound
+ * every pair is summed, which waits for the device. In steady state (a
+ * step's passes each wait for the device at their end) the pool settles
+ * at about twice a pass's ops and stops growing. 0, or -1 with the reason
+ * kept. */
 static int prof_room(cb_profile *p) {
-  if (p->nev / 2 >= PROF_MAX) {
+  prof_fold(p, prof_done(p));
+  const int pairs = p->nev / 2;
+  if (p->used < pairs && 2 * p->used <= pairs) return 0;
+  if (pairs >= PROF_MAX) {
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
       prof_fail(p, "waiting to sum a full pool", cudaGetErrorString(e));
       return -1;
     }
-    prof_fold(p);
+    prof_fold(p, p->used);
     return 0;
   }
   int cap = p->nev ? p->nev : PROF_FIRST; /* pairs after: twice as many */
@@ -195,6 +222,7 @@ static int prof_room(cb_profile *p) {
     return -1;
   }
   p->op = op;
+  p->grown++;
   while (p->nev < 2 * cap) {
     cudaError_t e = cudaEventCreate(&p->ev[p->nev]);
     if (e != cudaSuccess) {
@@ -223,13 +251,22 @@ void cb_prof_end(cuda_backend_t *b, int pair) {
   if (e != cudaSuccess) prof_fail(&b->prof, "cudaEventRecord", cudaGetErrorString(e));
 }
 
-/* A new window: nothing recorded, its start event queued now. */
-static void prof_window(cb_profile *p) {
+/* Nothing recorded, nothing summed, no failure, no window open. */
+static void prof_clear(cb_profile *p) {
   p->used = 0;
+  p->grown = 0;
   memset(p->calls, 0, sizeof p->calls);
   memset(p->ms, 0, sizeof p->ms);
   p->why[0] = '\0';
   p->win_open = false;
+}
+
+/* A new window: cleared, its start event queued now. The host's clock is
+ * read first, so that the device cannot reach the event before it: the
+ * span lies within the wall time. */
+static void prof_window(cb_profile *p) {
+  prof_clear(p);
+  p->wall0 = host_s();
   cudaError_t e = cudaSuccess;
   for (int i = 0; i < 2 && e == cudaSuccess; i++)
     if (!p->win[i]) e = cudaEventCreate(&p->win[i]);
@@ -238,7 +275,6 @@ static void prof_window(cb_profile *p) {
     prof_fail(p, "the window's events", cudaGetErrorString(e));
   else
     p->win_open = true;
-  p->wall0 = host_s();
 }
 
 extern "C" void cuda_backend_profile(cuda_backend_t *b, bool on) {
@@ -256,7 +292,7 @@ extern "C" int cuda_backend_profile_report(cuda_backend_t *b, cuda_profile_t *ou
   int rc = cuda_backend_sync(b, err, errlen);
   if (rc) return rc;
   const double wall = host_s();
-  prof_fold(p);
+  prof_fold(p, p->used);
   /* Rows by ms, most first; ties in the table's order (insertion sort). */
   for (int op = 0; op < CUDA_OP_COUNT; op++) {
     if (!p->calls[op]) continue;
@@ -276,14 +312,13 @@ extern "C" int cuda_backend_profile_report(cuda_backend_t *b, cuda_profile_t *ou
     out->span_ms = span;
     out->wall_ms = (wall - p->wall0) * 1e3;
   }
+  out->pool_pairs = p->nev / 2;
+  out->pool_grown = p->grown;
   if (p->why[0]) rc = cb_fail(err, errlen, TY_EINTERNAL, "profiling", p->why);
-  if (p->on) {
+  if (p->on)
     prof_window(p);
-  } else {
-    p->win_open = false;
-    memset(p->calls, 0, sizeof p->calls);
-    memset(p->ms, 0, sizeof p->ms);
-  }
+  else
+    prof_clear(p);
   return rc;
 }
 

@@ -20,9 +20,12 @@
  * that takes a dtype (matmul, bias, embedding) or chooses a path
  * (attention: TF32 products on tensor cores, or fp32 kernels) that too,
  * since those run different kernels; shapes are not told apart (a step's
- * products of one dtype are one row). The events come from a pool, grown
- * while it is short (a first step), reused after each report, so a
- * profiled step in steady state allocates nothing. An event pair measures
+ * products of one dtype are one row). The events come from a pool: when
+ * it is full, the pairs the device has already run are summed and their
+ * events reused, and it doubles only where over half of it is still
+ * queued, so once a first step has sized it (about twice the ops of a
+ * pass, each pass ending in a wait for the device) a profiled step
+ * allocates nothing. An event pair measures
  * the device time from the op's first queued work to its last, including
  * any wait for the host between its launches; work between ops (copies
  * the model queues itself, the host's own time) is not an op's: it is the
@@ -115,16 +118,19 @@ typedef struct {
 } cuda_profile_row_t;
 
 /* A window's report: from profiling turned on, or the previous report, to
- * this one. */
+ * this one. rows: the ops called, by ms, most first (n of them); calls and
+ * ops_ms: their calls and ms summed; span_ms: device time from the
+ * window's start to the report, by a pair of events around it (ops_ms /
+ * span_ms is how much of it the ops account for); wall_ms: host time
+ * (CLOCK_MONOTONIC) over the same window; pool_pairs: the event pairs the
+ * pool holds; pool_grown: how often it grew in the window (0 in steady
+ * state). */
 typedef struct {
-  cuda_profile_row_t rows[CUDA_OP_COUNT]; /* ops called, by ms, most first */
-  int n;                                  /* rows used */
-  long calls;                             /* every op's */
-  double ops_ms;                          /* the rows' ms summed */
-  double span_ms;                         /* device time from the window's start to the report, by a
-                                           * pair of events around it: ops_ms / span_ms is how much
-                                           * of it the ops account for */
-  double wall_ms;                         /* host time (CLOCK_MONOTONIC) over the same window */
+  cuda_profile_row_t rows[CUDA_OP_COUNT];
+  int n;
+  long calls;
+  double ops_ms, span_ms, wall_ms;
+  int pool_pairs, pool_grown;
 } cuda_profile_t;
 
 /* Profiling on (a new window begins: what was recorded and not reported
@@ -133,9 +139,10 @@ typedef struct {
 void cuda_backend_profile(cuda_backend_t *b, bool on);
 /* Waits for the queued work, sums the window's event pairs by op into
  * *out and begins the next window. 0, or TY_EINTERNAL (a kernel's error,
- * or events the runtime would not create or time; err says which). Where a
- * window's pairs fill the pool's bound (65536), they are summed early,
- * which waits for the device in the middle of that op's caller. */
+ * or events the runtime would not create or time; err says which). Where
+ * the host runs over 32768 ops ahead of the device (the pool's bound of
+ * 65536 pairs over half queued), the pool is summed by waiting for the
+ * device, in the middle of that op's caller. */
 int cuda_backend_profile_report(cuda_backend_t *b, cuda_profile_t *out, char *err, size_t errlen);
 
 /* --- Conversions (round to nearest even, NaN stays NaN, as common/dtype.h). */

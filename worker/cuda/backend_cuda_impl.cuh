@@ -35,6 +35,7 @@ struct cb_profile {
   bool on;
   int used;          /* pairs recorded and not yet summed */
   int nev;           /* events created: the pool holds nev / 2 pairs */
+  int grown;         /* times the pool grew in this window */
   cudaEvent_t *ev;   /* (nev), the pool */
   unsigned char *op; /* (nev / 2) each pair's cuda_op_t */
   long calls[CUDA_OP_COUNT];
