@@ -63,10 +63,19 @@ endif()
 # The GPU bench's programs (run by tests/gpu/bench.sh, not by ctest; on the
 # simulated device gpu/bench_smoke runs them on a small model).
 if(TRAINYARD_HAVE_CUDA)
-  foreach(bench load lora full attn)
+  foreach(bench load lora full attn profile)
     add_executable(gpu_bench_${bench} ${CMAKE_SOURCE_DIR}/tests/gpu/bench_${bench}.c)
     target_link_libraries(gpu_bench_${bench} PRIVATE ty_worker)
   endforeach()
+endif()
+# The CUDA backend's profiler through bench_profile on a small model: every
+# op of a LoRA step counted as the layer count says, shares that add up,
+# the ops' time within the device span and the wall time, and the same
+# losses and adapters bit for bit with profiling off (skips without a GPU).
+if(TRAINYARD_HAVE_CUDA)
+  add_test(NAME gpu/profile COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/profile_check.sh)
+  set_tests_properties(gpu/profile PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300
+                       ENVIRONMENT "${TY_TEST_ENV}")
 endif()
 # The worker-only variant a GPU host builds, here without CUDA (quick).
 add_test(NAME integration/worker_only COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/worker_only.sh)

@@ -9,7 +9,9 @@
  * CUDA_VISIBLE_DEVICES narrows the devices by CUDA's rule; a batched cuBLAS
  * product reads its pointer arrays when it runs, rounds fp32 operands to
  * TF32 when asked to, and stops the process where two of its results
- * share an element (they would race on a GPU). */
+ * share an element (they would race on a GPU); timing events measure the
+ * time their stream spent between them, refuse to be read before they
+ * ran, and refuse as CUDA does when unrecorded or made without timing. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +22,9 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <nccl.h>
+#include <time.h>
+
+#include "cudasim.h"
 
 static int g_failed;
 #define CHECK(cond, ...)                          \
@@ -154,6 +159,55 @@ static void overlapping_batch(void) {
   batch(h, g_mem + 6, g_mem + 9, 3, CUBLAS_COMPUTE_32F);
 }
 
+/* An op that keeps its stream busy for 20 ms of host time. */
+static int busy_20ms(void *arg) {
+  (void)arg;
+  struct timespec ts = {0, 20 * 1000 * 1000};
+  nanosleep(&ts, NULL);
+  return 1;
+}
+
+/* cudaEventElapsedTime over an op of 20 ms on the legacy stream. */
+static void check_event_times(bool lazy) {
+  cudaEvent_t a, b, quiet, fresh;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  cudaEventCreate(&fresh);
+  cudaEventCreateWithFlags(&quiet, cudaEventDisableTiming);
+  float ms = -1.0f;
+  cudaEventRecord(a, NULL);
+  sim_enqueue(NULL, "20 ms of work", busy_20ms, NULL, NULL);
+  cudaEventRecord(b, NULL);
+  cudaEventRecord(quiet, NULL);
+  if (lazy)
+    CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady,
+          "the time between events read before their stream ran");
+  CHECK(cudaEventElapsedTime(&ms, a, fresh) == cudaErrorInvalidResourceHandle,
+        "the time to an event never recorded");
+  cudaDeviceSynchronize();
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 19.0f && ms < 2000.0f,
+        "20 ms of work between two events measures %g ms", ms);
+  float back = 0.0f;
+  CHECK(cudaEventElapsedTime(&back, b, a) == cudaSuccess && back == -ms,
+        "the events the other way round: %g ms, want %g", back, -ms);
+  CHECK(cudaEventElapsedTime(&ms, a, quiet) == cudaErrorInvalidResourceHandle,
+        "the time to an event made with cudaEventDisableTiming");
+  /* Recorded again: the new record's time, once it ran; an event
+   * destroyed with its record queued is freed after it ran. */
+  cudaEventRecord(b, NULL);
+  if (lazy)
+    CHECK(cudaEventElapsedTime(&ms, a, b) == cudaErrorNotReady,
+          "an event recorded again still gives its earlier time");
+  cudaEventRecord(fresh, NULL);
+  cudaEventDestroy(fresh);
+  cudaEventSynchronize(b);
+  CHECK(cudaEventElapsedTime(&ms, a, b) == cudaSuccess && ms >= 19.0f,
+        "after recording again: %g ms", ms);
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaEventDestroy(quiet);
+}
+
 /* The device count a fresh process sees with CUDA_VISIBLE_DEVICES=v over
  * TY_SIM_GPUS=gpus (this program run again with "count"). */
 static int visible(const char *self, int gpus, const char *v) {
@@ -249,6 +303,7 @@ int main(int argc, char **argv) {
   cudaFree(big);
   cudaEventDestroy(ev);
   cudaStreamDestroy(s);
+  check_event_times(lazy);
   cudaFree(dbuf);
   cudaFree(dx);
   cudaFree(dout);

@@ -1,6 +1,8 @@
 /* sim_rt.c - the simulated device's runtime core: devices, errors, streams
- * as queues of ops, events as positions in them, and the order in which the
- * queues run (TY_SIM_ORDER, cudasim.h). All state is under one lock; ops
+ * as queues of ops, events as positions in them (a timing event also
+ * stamps the host clock when its stream reaches it, for
+ * cudaEventElapsedTime), and the order in which the queues run
+ * (TY_SIM_ORDER, cudasim.h). All state is under one lock; ops
  * run on whichever host thread needs them done. */
 #include <pthread.h>
 #include <stdarg.h>
@@ -30,9 +32,18 @@ struct CUstream_st {
   struct CUstream_st *next_all;
 };
 
+/* A timing event (created without cudaEventDisableTiming) is also an op
+ * on its stream that stamps the host's monotonic clock when the stream
+ * runs it: cudaEventElapsedTime's two ends, read only once both ran. */
 struct CUevent_st {
   struct CUstream_st *s; /* NULL until recorded */
   uint64_t seq;
+  int timing;         /* created without cudaEventDisableTiming */
+  uint64_t gen;       /* records so far: a stamp of an earlier record is ignored */
+  uint64_t stamp_gen; /* the record whose stamp t holds (0: none) */
+  double t;           /* seconds, CLOCK_MONOTONIC */
+  int pending;        /* stamps queued, not run: a destroyed event is freed after them */
+  int destroyed;
 };
 
 enum { ORDER_LAZY, ORDER_SIDE, ORDER_SYNC };
@@ -383,25 +394,73 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t e, unsigned fla
 }
 
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *out, unsigned flags) {
-  (void)flags;
   *out = calloc(1, sizeof **out);
-  return *out ? cudaSuccess : cudaErrorMemoryAllocation;
+  if (!*out) return cudaErrorMemoryAllocation;
+  (*out)->timing = !(flags & cudaEventDisableTiming);
+  return cudaSuccess;
 }
 cudaError_t cudaEventCreate(cudaEvent_t *out) {
   return cudaEventCreateWithFlags(out, cudaEventDefault);
 }
+/* As on a GPU, an event may be destroyed while a record of it is queued:
+ * it is freed once its stamps have run. */
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
-  free(e);
+  if (!e) return cudaSuccess;
+  lock();
+  e->destroyed = 1;
+  if (!e->pending) free(e);
+  unlock();
   return cudaSuccess;
 }
+
+typedef struct {
+  cudaEvent_t e;
+  uint64_t gen;
+} stamp_t;
+static int stamp_run(void *arg) {
+  stamp_t *st = arg;
+  if (st->gen == st->e->gen) st->e->t = now_s(), st->e->stamp_gen = st->gen;
+  return 1;
+}
+static void stamp_drop(void *arg) {
+  stamp_t *st = arg;
+  if (--st->e->pending == 0 && st->e->destroyed) free(st->e);
+  free(st);
+}
+
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t stream) {
-  if (!e) return cudaErrorInvalidResourceHandle;
+  if (!e || e->destroyed) return cudaErrorInvalidResourceHandle;
   lock();
   struct CUstream_st *s = resolve(stream);
+  e->gen++;
+  if (e->timing) {
+    stamp_t *st = malloc(sizeof *st);
+    if (!st) sim_fatal("out of host memory");
+    st->e = e, st->gen = e->gen;
+    e->pending++;
+    sim_enqueue(stream, "an event's time stamp", stamp_run, st, stamp_drop);
+  }
   e->s = s;
   e->seq = s->enq;
   unlock();
   return cudaSuccess;
+}
+/* CUDA's rules: both events recorded and made with timing
+ * (cudaErrorInvalidResourceHandle otherwise), both completed
+ * (cudaErrorNotReady otherwise: no stream is run here, so a caller that
+ * reads the times without waiting for the events sees it). */
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
+  if (!ms || !start || !end) return cudaErrorInvalidValue;
+  lock();
+  cudaError_t r = cudaSuccess;
+  if (!start->timing || !end->timing || !start->s || !end->s || start->destroyed || end->destroyed)
+    r = cudaErrorInvalidResourceHandle;
+  else if (start->stamp_gen != start->gen || end->stamp_gen != end->gen)
+    r = cudaErrorNotReady;
+  else
+    *ms = (float)((end->t - start->t) * 1e3);
+  unlock();
+  return r;
 }
 static cudaError_t event_wait(cudaEvent_t e, int block) {
   if (!e) return cudaErrorInvalidResourceHandle;

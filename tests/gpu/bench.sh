@@ -18,6 +18,8 @@
 #   full   training every weight, float32 weights, gradients and AdamW on
 #          the device, through the worker's device path (bench_full);
 #   torch  the same in plain transformers (bench_torch.py --mode full);
+#   profile  a LoRA step's time op by op, from CUDA events around each
+#          backend call (bench_profile; its table in OUTDIR/profile.txt);
 # then, while the bench has run less than TY_GPU_BENCH_EXTRA_UNTIL seconds
 # (300; rows past it say skipped), the extras: LoRA through the sharded
 # path at world size 1, every unit gathered by NCCL into 2 slots
@@ -104,6 +106,15 @@ row lora whole "$lora" "$ck" "$B" "$T" "$R" "$STEPS" 0
 torch_row lora "$STEPS"
 row full whole "$build/tests/gpu_bench_full" "$ck" "$B" "$T" "$FSTEPS"
 torch_row full "$FSTEPS"
+# Where a LoRA step's time goes, op by op (CUDA events around each backend
+# call: bench_profile): its rows tag themselves {"bench":"profile",...};
+# the table goes to OUTDIR/profile.txt.
+if [ -x "$build/tests/gpu_bench_profile" ]; then
+  "$build/tests/gpu_bench_profile" "$ck" "$B" "$T" "$R" "$STEPS" >>"$jl" 2>"$out/profile.txt" || {
+    echo "bench: profile: gpu_bench_profile failed (see profile.txt)" >&2
+    rc=1
+  }
+fi
 
 extra lora slots2 "$lora" "$ck" "$B" "$T" "$R" "$STEPS" 2
 extra lora slots1 "$lora" "$ck" "$B" "$T" "$R" "$STEPS" 1

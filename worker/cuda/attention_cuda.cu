@@ -709,8 +709,9 @@ extern "C" int cuda_attention_forward(cuda_backend_t *b, void *ws, size_t ws_byt
                                       float *lse, const float *q, const float *k, const float *v,
                                       const int *pos, int B, int T, int NH, int NKV, int HS) {
   size_t rows = (size_t)B * NH * T;
+  const size_t cap = rows ? tc_cap(ws, ws_bytes, B, T, NH, 1) : 0;
+  CB_PROFILE(b, cap ? CUDA_OP_ATTN_FWD_TF32 : CUDA_OP_ATTN_FWD_F32);
   if (!rows) return 0;
-  const size_t cap = tc_cap(ws, ws_bytes, B, T, NH, 1);
   if (cap) return tc_forward(b, ws, cap, out, lse, q, k, v, pos, B, T, NH, NKV, HS);
 #define FLASH_FWD(dpt)                                             \
   case dpt:                                                        \
@@ -736,8 +737,9 @@ extern "C" int cuda_attention_backward(cuda_backend_t *b, void *ws, size_t ws_by
                                        const float *k, const float *v, const int *pos, int B, int T,
                                        int NH, int NKV, int HS) {
   size_t rows = (size_t)B * NH * T, kvrows = (size_t)B * NKV * T;
+  const size_t cap = rows ? tc_cap(ws, ws_bytes, B, T, NH, 2) : 0;
+  CB_PROFILE(b, cap ? CUDA_OP_ATTN_BWD_TF32 : CUDA_OP_ATTN_BWD_F32);
   if (!rows) return 0;
-  const size_t cap = tc_cap(ws, ws_bytes, B, T, NH, 2);
   if (cap)
     return tc_backward(b, ws, cap, dq, dk, dv, scratch, dout, out, lse, q, k, v, pos, B, T, NH, NKV,
                        HS);

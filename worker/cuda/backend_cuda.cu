@@ -4,11 +4,14 @@
  * one thread per element otherwise; every reduction is in a fixed order
  * for a fixed launch, so results repeat. */
 #include <dlfcn.h>
+
+#include <algorithm>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "worker/cuda/backend_cuda_impl.cuh"
 
@@ -109,8 +112,11 @@ extern "C" void cuda_backend_attention_rows(cuda_backend_t *b, bool on) {
   b->attn_rows = on;
 }
 
+static void prof_release(cb_profile *p);
+
 extern "C" void cuda_backend_free(cuda_backend_t *b) {
   if (!b) return;
+  prof_release(&b->prof);
   mem_cuda_free(b->dsum);
   g_blas.destroy(b->blas);
   free(b);
@@ -124,6 +130,198 @@ extern "C" int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen) {
   return 0;
 }
 
+/* ---- profiling (backend_cuda.h) ---- */
+
+static const char *const g_op_tags[CUDA_OP_COUNT] = {
+#define TY_X(id, tag) tag,
+    CUDA_PROFILE_OPS(TY_X)
+#undef TY_X
+};
+
+enum {
+  PROF_FIRST = 256, /* pairs of the pool's first growth */
+  PROF_MAX = 65536  /* pairs at most: past them the window is summed, waiting */
+};
+
+static double host_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Keeps the window's first failure for its report. */
+static void prof_fail(cb_profile *p, const char *what, const char *why) {
+  if (!p->why[0]) snprintf(p->why, sizeof p->why, "%s: %s", what, why);
+}
+
+static void prof_release(cb_profile *p) {
+  for (int i = 0; i < p->nev; i++) cudaEventDestroy(p->ev[i]);
+  for (int i = 0; i < 2; i++)
+    if (p->win[i]) cudaEventDestroy(p->win[i]);
+  free(p->ev);
+  free(p->op);
+}
+
+/* Sums the first k recorded pairs (whose events the device has run) into
+ * the window's calls and ms, and moves the rest to the front of the pool,
+ * the summed pairs' events behind them for reuse. */
+static void prof_fold(cb_profile *p, int k) {
+  for (int i = 0; i < k; i++) {
+    float ms = 0.0f;
+    cudaError_t e = cudaEventElapsedTime(&ms, p->ev[2 * i], p->ev[2 * i + 1]);
+    if (e != cudaSuccess) prof_fail(p, "cudaEventElapsedTime", cudaGetErrorString(e));
+    p->calls[p->op[i]]++;
+    p->ms[p->op[i]] += ms;
+  }
+  std::rotate(p->ev, p->ev + 2 * k, p->ev + 2 * p->used);
+  std::rotate(p->op, p->op + k, p->op + p->used);
+  p->used -= k;
+}
+
+/* How many of the recorded pairs, from the first, the device has run:
+ * their events are on one stream, so they complete in order (a binary
+ * search by cudaEventQuery, which waits for nothing). */
+static int prof_done(const cb_profile *p) {
+  int lo = 0, hi = p->used; /* pairs below lo are done; from hi on, not known to be */
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (cudaEventQuery(p->ev[2 * mid + 1]) == cudaSuccess)
+      lo = mid + 1;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+/* Room for one more pair in a full pool: the pairs the device has run are
+ * summed; where that leaves it over half full, the host is that far ahead
+ * of the device and the pool doubles (events created), or at its bound
+ * every pair is summed, which waits for the device. In steady state (a
+ * step's passes each wait for the device at their end) the pool settles
+ * at about twice a pass's ops and stops growing. 0, or -1 with the reason
+ * kept. */
+static int prof_room(cb_profile *p) {
+  prof_fold(p, prof_done(p));
+  const int pairs = p->nev / 2;
+  if (p->used < pairs && 2 * p->used <= pairs) return 0;
+  if (pairs >= PROF_MAX) {
+    cudaError_t e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) {
+      prof_fail(p, "waiting to sum a full pool", cudaGetErrorString(e));
+      return -1;
+    }
+    prof_fold(p, p->used);
+    return 0;
+  }
+  int cap = p->nev ? p->nev : PROF_FIRST; /* pairs after: twice as many */
+  cudaEvent_t *ev = (cudaEvent_t *)realloc(p->ev, 2 * (size_t)cap * sizeof *ev);
+  if (ev) p->ev = ev;
+  unsigned char *op = ev ? (unsigned char *)realloc(p->op, (size_t)cap) : NULL;
+  if (!op) {
+    prof_fail(p, "growing the event pool", "out of host memory");
+    return -1;
+  }
+  p->op = op;
+  p->grown++;
+  while (p->nev < 2 * cap) {
+    cudaError_t e = cudaEventCreate(&p->ev[p->nev]);
+    if (e != cudaSuccess) {
+      prof_fail(p, "cudaEventCreate", cudaGetErrorString(e));
+      break;
+    }
+    p->nev++;
+  }
+  return p->used < p->nev / 2 ? 0 : -1;
+}
+
+int cb_prof_begin(cuda_backend_t *b, int op) {
+  cb_profile *p = &b->prof;
+  if (p->used == p->nev / 2 && prof_room(p)) return -1;
+  cudaError_t e = cudaEventRecord(p->ev[2 * p->used], 0);
+  if (e != cudaSuccess) {
+    prof_fail(p, "cudaEventRecord", cudaGetErrorString(e));
+    return -1;
+  }
+  p->op[p->used] = (unsigned char)op;
+  return p->used++;
+}
+
+void cb_prof_end(cuda_backend_t *b, int pair) {
+  cudaError_t e = cudaEventRecord(b->prof.ev[2 * pair + 1], 0);
+  if (e != cudaSuccess) prof_fail(&b->prof, "cudaEventRecord", cudaGetErrorString(e));
+}
+
+/* Nothing recorded, nothing summed, no failure, no window open. */
+static void prof_clear(cb_profile *p) {
+  p->used = 0;
+  p->grown = 0;
+  memset(p->calls, 0, sizeof p->calls);
+  memset(p->ms, 0, sizeof p->ms);
+  p->why[0] = '\0';
+  p->win_open = false;
+}
+
+/* A new window: cleared, its start event queued now. The host's clock is
+ * read first, so that the device cannot reach the event before it: the
+ * span lies within the wall time. */
+static void prof_window(cb_profile *p) {
+  prof_clear(p);
+  p->wall0 = host_s();
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < 2 && e == cudaSuccess; i++)
+    if (!p->win[i]) e = cudaEventCreate(&p->win[i]);
+  if (e == cudaSuccess) e = cudaEventRecord(p->win[0], 0);
+  if (e != cudaSuccess)
+    prof_fail(p, "the window's events", cudaGetErrorString(e));
+  else
+    p->win_open = true;
+}
+
+extern "C" void cuda_backend_profile(cuda_backend_t *b, bool on) {
+  if (on) prof_window(&b->prof);
+  b->prof.on = on;
+}
+
+extern "C" int cuda_backend_profile_report(cuda_backend_t *b, cuda_profile_t *out, char *err,
+                                           size_t errlen) {
+  cb_profile *p = &b->prof;
+  memset(out, 0, sizeof *out);
+  cudaError_t e = p->win_open ? cudaEventRecord(p->win[1], 0) : cudaSuccess;
+  if (e != cudaSuccess)
+    prof_fail(p, "the window's events", cudaGetErrorString(e)), p->win_open = false;
+  int rc = cuda_backend_sync(b, err, errlen);
+  if (rc) return rc;
+  const double wall = host_s();
+  prof_fold(p, p->used);
+  /* Rows by ms, most first; ties in the table's order (insertion sort). */
+  for (int op = 0; op < CUDA_OP_COUNT; op++) {
+    if (!p->calls[op]) continue;
+    cuda_profile_row_t r = {g_op_tags[op], p->calls[op], p->ms[op], 0.0};
+    int i = out->n++;
+    for (; i > 0 && out->rows[i - 1].ms < r.ms; i--) out->rows[i] = out->rows[i - 1];
+    out->rows[i] = r;
+    out->calls += r.calls;
+    out->ops_ms += r.ms;
+  }
+  for (int i = 0; i < out->n; i++)
+    out->rows[i].share = out->ops_ms > 0.0 ? 100.0 * out->rows[i].ms / out->ops_ms : 0.0;
+  if (p->win_open) {
+    float span = 0.0f;
+    e = cudaEventElapsedTime(&span, p->win[0], p->win[1]);
+    if (e != cudaSuccess) prof_fail(p, "cudaEventElapsedTime", cudaGetErrorString(e));
+    out->span_ms = span;
+    out->wall_ms = (wall - p->wall0) * 1e3;
+  }
+  out->pool_pairs = p->nev / 2;
+  out->pool_grown = p->grown;
+  if (p->why[0]) rc = cb_fail(err, errlen, TY_EINTERNAL, "profiling", p->why);
+  if (p->on)
+    prof_window(p);
+  else
+    prof_clear(p);
+  return rc;
+}
+
 /* ---- conversions ---- */
 
 __global__ void k_f32_to_bf16(__nv_bfloat16 *d, const float *s, size_t n) {
@@ -135,11 +333,11 @@ __global__ void k_bf16_to_f32(float *d, const __nv_bfloat16 *s, size_t n) {
   if (i < n) d[i] = __bfloat162float(s[i]);
 }
 extern "C" void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_F32_TO_BF16);
   if (n) TY_LAUNCH(k_f32_to_bf16, cb_blocks(n), CB_THREADS, 0)((__nv_bfloat16 *)dst, src, n);
 }
 extern "C" void cuda_bf16_to_f32(cuda_backend_t *b, float *dst, const uint16_t *src, size_t n) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_BF16_TO_F32);
   if (n) TY_LAUNCH(k_bf16_to_f32, cb_blocks(n), CB_THREADS, 0)(dst, (const __nv_bfloat16 *)src, n);
 }
 
@@ -182,12 +380,14 @@ static int mm_tn(cuda_backend_t *b, ty_dtype_t dt, float *dW, const void *dout, 
 extern "C" int cuda_matmul_forward(cuda_backend_t *b, float *out, const void *inp,
                                    const void *weight, ty_dtype_t dt, int N, int IN, int OUT,
                                    float beta) {
+  CB_PROFILE(b, dt == TY_DTYPE_BF16 ? CUDA_OP_MATMUL_FWD_BF16 : CUDA_OP_MATMUL_FWD_F32);
   return mm_nt(b, dt, out, inp, weight, N, IN, OUT, 1.0f, beta);
 }
 
 extern "C" int cuda_matmul_backward(cuda_backend_t *b, float *dinp, float *dweight,
                                     const void *dout, const void *inp, const void *weight,
                                     ty_dtype_t dt, int N, int IN, int OUT, float dinp_beta) {
+  CB_PROFILE(b, dt == TY_DTYPE_BF16 ? CUDA_OP_MATMUL_BWD_BF16 : CUDA_OP_MATMUL_BWD_F32);
   int rc = 0;
   if (dinp) rc = mm_nn(b, dt, dinp, dout, weight, N, IN, OUT, 1.0f, dinp_beta);
   if (!rc && dweight) rc = mm_tn(b, dt, dweight, dout, inp, N, IN, OUT, 1.0f, 1.0f);
@@ -238,14 +438,14 @@ __global__ void k_rmsnorm_dw(float *dw, const float *dout, const float *inp, con
 
 extern "C" void cuda_rmsnorm_forward(cuda_backend_t *b, float *out, float *rstd, const float *inp,
                                      const float *weight, int N, int C, float eps) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_RMSNORM_FWD);
   if (N > 0) TY_LAUNCH(k_rmsnorm_fwd, N, CB_THREADS, 0)(out, rstd, inp, weight, C, eps);
 }
 
 extern "C" void cuda_rmsnorm_backward(cuda_backend_t *b, float *dinp, float *dweight,
                                       const float *dout, const float *dresid, const float *inp,
                                       const float *weight, const float *rstd, int N, int C) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_RMSNORM_BWD);
   if (N <= 0) return;
   /* dweight first: dinp may alias dresid, never dout or inp. */
   if (dweight)
@@ -272,7 +472,7 @@ __global__ void k_rope(float *x, const float *cs, const float *sn, const int *po
 
 extern "C" int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, int T, int HS,
                                 double theta, const llama_rope_scaling_t *scaling) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_ROPE_TABLES);
   size_t n = (size_t)T * (HS / 2);
   float *h = (float *)malloc(2 * n * sizeof(float) + 1);
   if (!h) return TY_EEXHAUSTED;
@@ -286,7 +486,7 @@ extern "C" int cuda_rope_tables(cuda_backend_t *b, float *cos_t, float *sin_t, i
 extern "C" void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_t,
                                   const float *sin_t, const int *pos, int B, int T, int NX,
                                   int HS) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_ROPE_FWD);
   size_t total = (size_t)B * T * NX * (HS / 2);
   if (total) TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)
   (x, cos_t, sin_t, pos, T, NX, HS, total, 1.0f);
@@ -295,7 +495,7 @@ extern "C" void cuda_rope_forward(cuda_backend_t *b, float *x, const float *cos_
 extern "C" void cuda_rope_backward(cuda_backend_t *b, float *dx, const float *cos_t,
                                    const float *sin_t, const int *pos, int B, int T, int NX,
                                    int HS) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_ROPE_BWD);
   size_t total = (size_t)B * T * NX * (HS / 2);
   if (total) TY_LAUNCH(k_rope, cb_blocks(total), CB_THREADS, 0)
   (dx, cos_t, sin_t, pos, T, NX, HS, total, -1.0f);
@@ -321,12 +521,12 @@ __global__ void k_swiglu_bwd(float *dgate, float *dup, const float *dh, const fl
 }
 extern "C" void cuda_swiglu_forward(cuda_backend_t *b, float *h, const float *gate, const float *up,
                                     size_t n) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_SWIGLU_FWD);
   if (n) TY_LAUNCH(k_swiglu_fwd, cb_blocks(n), CB_THREADS, 0)(h, gate, up, n);
 }
 extern "C" void cuda_swiglu_backward(cuda_backend_t *b, float *dgate, float *dup, const float *dh,
                                      const float *gate, const float *up, size_t n) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_SWIGLU_BWD);
   if (n) TY_LAUNCH(k_swiglu_bwd, cb_blocks(n), CB_THREADS, 0)(dgate, dup, dh, gate, up, n);
 }
 
@@ -335,7 +535,7 @@ __global__ void k_add(float *dst, const float *src, size_t n) {
   if (i < n) dst[i] += src[i];
 }
 extern "C" void cuda_add(cuda_backend_t *b, float *dst, const float *src, size_t n) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_ADD);
   if (n) TY_LAUNCH(k_add, cb_blocks(n), CB_THREADS, 0)(dst, src, n);
 }
 
@@ -344,7 +544,7 @@ __global__ void k_scale(float *dst, const float *src, float s, size_t n) {
   if (i < n) dst[i] = src[i] * s;
 }
 extern "C" void cuda_scale(cuda_backend_t *b, float *dst, const float *src, float s, size_t n) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_SCALE);
   if (n) TY_LAUNCH(k_scale, cb_blocks(n), CB_THREADS, 0)(dst, src, s, n);
 }
 
@@ -373,7 +573,7 @@ __global__ void k_embed_bwd(float *dembed, const float *dout, const int *tokens,
 }
 extern "C" void cuda_embedding_forward(cuda_backend_t *b, float *out, const int *tokens,
                                        const void *embed, ty_dtype_t dt, int N, int C) {
-  (void)b;
+  CB_PROFILE(b, dt == TY_DTYPE_BF16 ? CUDA_OP_EMBED_FWD_BF16 : CUDA_OP_EMBED_FWD_F32);
   size_t n = (size_t)N * C;
   if (!n) return;
   if (dt == TY_DTYPE_BF16) TY_LAUNCH(k_embed_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
@@ -383,7 +583,7 @@ extern "C" void cuda_embedding_forward(cuda_backend_t *b, float *out, const int 
 }
 extern "C" void cuda_embedding_backward(cuda_backend_t *b, float *dembed, const float *dout,
                                         const int *tokens, int N, int C) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_EMBED_BWD);
   if (N > 0 && C > 0)
     TY_LAUNCH(k_embed_bwd, cb_blocks((size_t)C), CB_THREADS, 0)(dembed, dout, tokens, N, C);
 }
@@ -405,7 +605,7 @@ __global__ void k_bias_bwd(float *dbias, const float *dout, int N, int OUT) {
 }
 extern "C" void cuda_bias_forward(cuda_backend_t *b, float *out, const void *bias, ty_dtype_t dt,
                                   int N, int OUT) {
-  (void)b;
+  CB_PROFILE(b, dt == TY_DTYPE_BF16 ? CUDA_OP_BIAS_FWD_BF16 : CUDA_OP_BIAS_FWD_F32);
   size_t n = (size_t)N * OUT;
   if (!n) return;
   if (dt == TY_DTYPE_BF16) TY_LAUNCH(k_bias_fwd<__nv_bfloat16>, cb_blocks(n), CB_THREADS, 0)
@@ -414,7 +614,7 @@ extern "C" void cuda_bias_forward(cuda_backend_t *b, float *out, const void *bia
 }
 extern "C" void cuda_bias_backward(cuda_backend_t *b, float *dbias, const float *dout, int N,
                                    int OUT) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_BIAS_BWD);
   if (N > 0 && OUT > 0)
     TY_LAUNCH(k_bias_bwd, cb_blocks((size_t)OUT), CB_THREADS, 0)(dbias, dout, N, OUT);
 }
@@ -471,6 +671,7 @@ static int fetch_sum(cuda_backend_t *b, const float *x, size_t n, int squares, d
 extern "C" int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const float *logits,
                                          const int *targets, const float *weights, int N, int V,
                                          double *sum) {
+  CB_PROFILE(b, CUDA_OP_CE_FWD);
   if (N <= 0) {
     if (sum) *sum = 0.0;
     return 0;
@@ -480,13 +681,15 @@ extern "C" int cuda_crossentropy_forward(cuda_backend_t *b, float *losses, const
 }
 extern "C" void cuda_crossentropy_backward(cuda_backend_t *b, float *logits, const int *targets,
                                            const float *weights, int N, int V, float dloss) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_CE_BWD);
   if (N > 0) TY_LAUNCH(k_ce_bwd, N, CB_THREADS, 0)(logits, targets, weights, V, dloss);
 }
 extern "C" int cuda_sum(cuda_backend_t *b, const float *x, size_t n, double *out) {
+  CB_PROFILE(b, CUDA_OP_SUM);
   return fetch_sum(b, x, n, 0, out);
 }
 extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *out) {
+  CB_PROFILE(b, CUDA_OP_SUMSQ);
   return fetch_sum(b, x, n, 1, out);
 }
 
@@ -495,6 +698,7 @@ extern "C" int cuda_sumsq(cuda_backend_t *b, const float *x, size_t n, double *o
 extern "C" int cuda_lora_forward(cuda_backend_t *b, float *out, float *xa, const float *x,
                                  const float *A, const float *B, int n, int IN, int OUT, int R,
                                  float scale) {
+  CB_PROFILE(b, CUDA_OP_LORA_FWD);
   int rc = mm_nt(b, TY_DTYPE_F32, xa, x, A, n, IN, R, 1.0f, 0.0f);
   if (!rc) rc = mm_nt(b, TY_DTYPE_F32, out, xa, B, n, R, OUT, scale, 1.0f);
   return rc;
@@ -504,6 +708,7 @@ extern "C" int cuda_lora_backward(cuda_backend_t *b, float *dx, float *dA, float
                                   const float *dout, const float *x, const float *xa,
                                   const float *A, const float *B, int n, int IN, int OUT, int R,
                                   float scale) {
+  CB_PROFILE(b, CUDA_OP_LORA_BWD);
   int rc = mm_tn(b, TY_DTYPE_F32, dB, dout, xa, n, R, OUT, scale, 1.0f);
   if (!rc) rc = mm_nn(b, TY_DTYPE_F32, dxa, dout, B, n, R, OUT, scale, 0.0f);
   if (!rc) rc = mm_tn(b, TY_DTYPE_F32, dA, dxa, x, n, IN, R, 1.0f, 1.0f);
@@ -531,7 +736,7 @@ __global__ void k_adamw(float *p, const float *g, float *m, float *v, size_t n, 
 extern "C" void cuda_adamw_step(cuda_backend_t *b, float *p, const float *g, float *m, float *v,
                                 size_t n, const cuda_adamw_cfg_t *c, int64_t t, double grad_scale,
                                 int decay_on) {
-  (void)b;
+  CB_PROFILE(b, CUDA_OP_ADAMW);
   if (!n) return;
   /* The host-side factors exactly as optim_step computes them. */
   double bc1 = 1.0 - pow(c->beta1, (double)t), bc2 = 1.0 - pow(c->beta2, (double)t);

@@ -12,7 +12,26 @@
  * queued on the legacy default stream in call order; cuda_backend_sync waits
  * for it and reports the first error (kernel launches return nothing).
  *
- * Letters as in worker/model/model.h; N = B*T token rows. */
+ * Letters as in worker/model/model.h; N = B*T token rows.
+ *
+ * Profiling (opt-in, cuda_backend_profile): while on, every op below
+ * brackets its work with a pair of CUDA events on the default stream and
+ * tags the pair with its entry in CUDA_PROFILE_OPS: the op, and for an op
+ * that takes a dtype (matmul, bias, embedding) or chooses a path
+ * (attention: TF32 products on tensor cores, or fp32 kernels) that too,
+ * since those run different kernels; shapes are not told apart (a step's
+ * products of one dtype are one row). The events come from a pool: when
+ * it is full, the pairs the device has already run are summed and their
+ * events reused, and it doubles only where over half of it is still
+ * queued, so once a first step has sized it (about twice the ops of a
+ * pass, each pass ending in a wait for the device) a profiled step
+ * allocates nothing. An event pair measures
+ * the device time from the op's first queued work to its last, including
+ * any wait for the host between its launches; work between ops (copies
+ * the model queues itself, the host's own time) is not an op's: it is the
+ * window's span less the ops' sum. Off, an op tests one flag on entry
+ * (and a local on return) and calls nothing; results are the same bit for
+ * bit either way (tests/gpu/profile_check.sh). */
 #ifndef TY_WORKER_BACKEND_CUDA_H
 #define TY_WORKER_BACKEND_CUDA_H
 
@@ -46,6 +65,85 @@ void cuda_backend_attention_rows(cuda_backend_t *b, bool on);
 int cuda_backend_blas_check(char *err, size_t errlen);
 /* Waits for the queued work; 0, or TY_EINTERNAL naming the first error. */
 int cuda_backend_sync(cuda_backend_t *b, char *err, size_t errlen);
+
+/* The ops profiling tells apart, X(ID, "tag"), in the order of this header;
+ * each tag names the function (cuda_<tag's op>) and its dtype or path. */
+#define CUDA_PROFILE_OPS(X)                   \
+  X(F32_TO_BF16, "f32_to_bf16")               \
+  X(BF16_TO_F32, "bf16_to_f32")               \
+  X(MATMUL_FWD_F32, "matmul_forward f32")     \
+  X(MATMUL_FWD_BF16, "matmul_forward bf16")   \
+  X(MATMUL_BWD_F32, "matmul_backward f32")    \
+  X(MATMUL_BWD_BF16, "matmul_backward bf16")  \
+  X(RMSNORM_FWD, "rmsnorm_forward")           \
+  X(RMSNORM_BWD, "rmsnorm_backward")          \
+  X(ROPE_TABLES, "rope_tables")               \
+  X(ROPE_FWD, "rope_forward")                 \
+  X(ROPE_BWD, "rope_backward")                \
+  X(ATTN_FWD_F32, "attention_forward f32")    \
+  X(ATTN_FWD_TF32, "attention_forward tf32")  \
+  X(ATTN_BWD_F32, "attention_backward f32")   \
+  X(ATTN_BWD_TF32, "attention_backward tf32") \
+  X(SWIGLU_FWD, "swiglu_forward")             \
+  X(SWIGLU_BWD, "swiglu_backward")            \
+  X(BIAS_FWD_F32, "bias_forward f32")         \
+  X(BIAS_FWD_BF16, "bias_forward bf16")       \
+  X(BIAS_BWD, "bias_backward")                \
+  X(EMBED_FWD_F32, "embedding_forward f32")   \
+  X(EMBED_FWD_BF16, "embedding_forward bf16") \
+  X(EMBED_BWD, "embedding_backward")          \
+  X(CE_FWD, "crossentropy_forward")           \
+  X(CE_BWD, "crossentropy_backward")          \
+  X(LORA_FWD, "lora_forward")                 \
+  X(LORA_BWD, "lora_backward")                \
+  X(ADAMW, "adamw_step")                      \
+  X(ADD, "add")                               \
+  X(SCALE, "scale")                           \
+  X(SUM, "sum")                               \
+  X(SUMSQ, "sumsq")
+
+typedef enum {
+#define TY_X(id, tag) CUDA_OP_##id,
+  CUDA_PROFILE_OPS(TY_X)
+#undef TY_X
+      CUDA_OP_COUNT
+} cuda_op_t;
+
+/* One op's row of a report. */
+typedef struct {
+  const char *op; /* its tag in CUDA_PROFILE_OPS (static) */
+  long calls;
+  double ms;    /* the calls' event time summed, milliseconds */
+  double share; /* ms over all ops' ms, percent */
+} cuda_profile_row_t;
+
+/* A window's report: from profiling turned on, or the previous report, to
+ * this one. rows: the ops called, by ms, most first (n of them); calls and
+ * ops_ms: their calls and ms summed; span_ms: device time from the
+ * window's start to the report, by a pair of events around it (ops_ms /
+ * span_ms is how much of it the ops account for); wall_ms: host time
+ * (CLOCK_MONOTONIC) over the same window; pool_pairs: the event pairs the
+ * pool holds; pool_grown: how often it grew in the window (0 in steady
+ * state). */
+typedef struct {
+  cuda_profile_row_t rows[CUDA_OP_COUNT];
+  int n;
+  long calls;
+  double ops_ms, span_ms, wall_ms;
+  int pool_pairs, pool_grown;
+} cuda_profile_t;
+
+/* Profiling on (a new window begins: what was recorded and not reported
+ * is dropped) or off (ops stop recording; what they recorded stays for the
+ * report). */
+void cuda_backend_profile(cuda_backend_t *b, bool on);
+/* Waits for the queued work, sums the window's event pairs by op into
+ * *out and begins the next window. 0, or TY_EINTERNAL (a kernel's error,
+ * or events the runtime would not create or time; err says which). Where
+ * the host runs over 32768 ops ahead of the device (the pool's bound of
+ * 65536 pairs over half queued), the pool is summed by waiting for the
+ * device, in the middle of that op's caller. */
+int cuda_backend_profile_report(cuda_backend_t *b, cuda_profile_t *out, char *err, size_t errlen);
 
 /* --- Conversions (round to nearest even, NaN stays NaN, as common/dtype.h). */
 void cuda_f32_to_bf16(cuda_backend_t *b, uint16_t *dst, const float *src, size_t n);

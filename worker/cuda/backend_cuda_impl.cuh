@@ -28,12 +28,48 @@ extern "C" {
 #define TY_UNROLL _Pragma("unroll")
 #endif
 
+/* Profiling's state (backend_cuda.h): the window's event pairs not yet
+ * summed, and the sums. Pair i is events 2i (start) and 2i + 1 (stop) of
+ * ev, tagged op[i]. */
+struct cb_profile {
+  bool on;
+  int used;          /* pairs recorded and not yet summed */
+  int nev;           /* events created: the pool holds nev / 2 pairs */
+  int grown;         /* times the pool grew in this window */
+  cudaEvent_t *ev;   /* (nev), the pool */
+  unsigned char *op; /* (nev / 2) each pair's cuda_op_t */
+  long calls[CUDA_OP_COUNT];
+  double ms[CUDA_OP_COUNT]; /* the window's pairs summed so far */
+  cudaEvent_t win[2];       /* the window's start and end, created with the first window */
+  bool win_open;            /* win[0] recorded for this window */
+  double wall0;             /* host seconds at the window's start */
+  char why[256];            /* the window's first failure, empty if none */
+};
+
 struct cuda_backend {
   int device;
   cublasHandle_t blas;
   double *dsum;   /* one device double for reductions */
   bool attn_rows; /* attention by the per-row kernels at every head size */
+  cb_profile prof;
 };
+
+/* Each public op begins with CB_PROFILE(b, CUDA_OP_x): off, a test of
+ * b->prof.on; on, an event recorded now and its pair's stop when the op
+ * returns (its scope ends), by whichever return. op is evaluated only
+ * when on. cb_prof_begin gives the pair's index, or -1 where none could
+ * be had (the report then says why). */
+int cb_prof_begin(cuda_backend_t *b, int op);
+void cb_prof_end(cuda_backend_t *b, int pair);
+struct cb_prof_scope {
+  cuda_backend_t *b;
+  int pair;
+  ~cb_prof_scope() {
+    if (pair >= 0) cb_prof_end(b, pair);
+  }
+};
+#define CB_PROFILE(b, op) \
+  cb_prof_scope cb_prof_scope_ = {(b), (b)->prof.on ? cb_prof_begin((b), (op)) : -1}
 
 #define CB_THREADS 256
 

@@ -18,7 +18,11 @@
  *   - kernels run with every thread of a block as a fiber: __syncthreads
  *     and warp shuffles mean what they mean on a GPU, and a barrier that not
  *     every thread reaches is reported, not hung on;
- *   - collectives check that every rank issued the same call.
+ *   - collectives check that every rank issued the same call;
+ *   - an event's time (cudaEventElapsedTime) is the host clock when its
+ *     stream ran the record, and reading it before both events ran gives
+ *     cudaErrorNotReady, as reading it before they completed does on a GPU
+ *     (a profiler that forgets to wait fails here too).
  *
  * Environment: TY_SIM_GPUS (the machine's devices, default 2; 0 = none; a
  * process sees those CUDA_VISIBLE_DEVICES lists, by CUDA's rule), TY_SIM_MEM_MIB
