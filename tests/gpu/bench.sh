@@ -146,8 +146,10 @@ for r in rows:
           f"{mib(r['device_peak_bytes']):>8} {mib(r['cuda_meminfo_peak_bytes']):>14} "
           f"{mib(r['host_peak_bytes']):>9} {r['load_seconds']:>6.2f}")
 for r in rows:
+    if r.get("bench") in ("profile", "profile_summary"):
+        continue  # their own table: profile.txt
     if r.get("bench") != "load" or "path" not in r:
-        print(r["bench"], r["run"], json.dumps({k: v for k, v in r.items() if k not in ("bench", "run")}))
+        print(r["bench"], r.get("run", ""), json.dumps({k: v for k, v in r.items() if k not in ("bench", "run")}))
 PY
 echo
 python3 "$src/tests/gpu/bench_verdict.py" "$jl" "$ck/config.json" "$out" || rc=1

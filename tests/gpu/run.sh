@@ -17,6 +17,7 @@
 #   bench.jsonl    the bench's figures, one JSON object per line
 #   verdict.txt    ours against PyTorch, each figure against its target
 #                  (figure | ours | pytorch | ratio | target | result)
+#   profile.txt    a LoRA step's time op by op (bench_profile)
 #   summary.txt    one line per stage and the verdict
 # Exit status 0 only when the build found NCCL, every GPU test passed (and
 # none skipped: on a GPU host a skip is a failure), the bench's programs

@@ -28,7 +28,7 @@ out=$tmp/ok
 rc=0
 rehearse "$out" "TY_GPU_TESTS=^gpu/(kernels|mem)$" || rc=$?
 [ $rc = 0 ] || { cat "$out.log"; fail "run.sh exited $rc"; }
-for f in preflight.txt build.log tests.log bench.txt bench.jsonl verdict.txt summary.txt; do
+for f in preflight.txt build.log tests.log bench.txt bench.jsonl verdict.txt profile.txt summary.txt; do
   [ -s "$out/$f" ] || fail "run.sh left no $f"
 done
 for s in preflight build tests bench sanitize total; do
@@ -52,6 +52,10 @@ assert len(ok("full")) == 1, kinds.get("full")  # every weight, the worker's dev
 assert len(ok("attn")) == 1, kinds.get("attn")
 assert len(kinds.get("torch", [])) == 2, kinds.get("torch")  # LoRA and full, ok or skipped
 assert len(kinds.get("verdict", [])) == 9, kinds.get("verdict")
+# A LoRA step op by op: the attention and LoRA products among the ops.
+ops = {r["op"] for r in kinds.get("profile", [])}
+assert any(o.startswith("attention_forward") for o in ops) and "lora_forward" in ops, ops
+assert len(kinds.get("profile_summary", [])) == 1, kinds.get("profile_summary")
 PY
 echo "ok: run.sh on the simulated device: every stage ok, every file written, the bench's rows"
 
