@@ -232,12 +232,12 @@ int db_attempt_set_preempted(db_t *db, const char *id, int attempt) {
   return rc;
 }
 
-int db_job_preemptions(db_t *db, const char *id, int *n) {
+/* The count sql (one parameter: the job's id) returns, into *n. */
+static int count_of_job(db_t *db, const char *sql, const char *id, int *n) {
   *n = 0;
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
-  int rc = dbi_prepare(db, "SELECT count(*) FROM attempts WHERE job_id = ? AND state = 'preempted'",
-                       &st);
+  int rc = dbi_prepare(db, sql, &st);
   if (!rc) {
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     if (sqlite3_step(st) == SQLITE_ROW) *n = sqlite3_column_int(st, 0);
@@ -247,22 +247,17 @@ int db_job_preemptions(db_t *db, const char *id, int *n) {
   return rc;
 }
 
+int db_job_preemptions(db_t *db, const char *id, int *n) {
+  return count_of_job(db, "SELECT count(*) FROM attempts WHERE job_id = ? AND state = 'preempted'",
+                      id, n);
+}
+
 int db_job_unfinished_ranks(db_t *db, const char *id, int *n) {
-  *n = 0;
-  pthread_mutex_lock(&db->lock);
-  sqlite3_stmt *st;
-  int rc = dbi_prepare(db,
-                       "SELECT count(*) FROM ranks r JOIN jobs j"
-                       " ON j.id = r.job_id AND j.attempt = r.attempt"
-                       " WHERE j.id = ? AND r.pid IS NOT NULL AND r.finished_at IS NULL",
-                       &st);
-  if (!rc) {
-    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-    if (sqlite3_step(st) == SQLITE_ROW) *n = sqlite3_column_int(st, 0);
-    dbi_finish(db, st);
-  }
-  pthread_mutex_unlock(&db->lock);
-  return rc;
+  return count_of_job(db,
+                      "SELECT count(*) FROM ranks r JOIN jobs j"
+                      " ON j.id = r.job_id AND j.attempt = r.attempt"
+                      " WHERE j.id = ? AND r.pid IS NOT NULL AND r.finished_at IS NULL",
+                      id, n);
 }
 
 int db_live_ranks_each(db_t *db, db_live_rank_fn fn, void *ctx) {
