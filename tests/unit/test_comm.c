@@ -21,6 +21,7 @@
 #include <cmocka.h>
 
 #include "common/errors.h"
+#include "tests/unit/ranks_testutil.h"
 #include "worker/dist/comm.h"
 
 /* In a forked rank: report and exit 1 instead of a cmocka assertion. */
@@ -85,13 +86,7 @@ static void fork_ranks(int world, rank_fn fn, void *arg, pid_t *pids) {
 
 /* Waits for every rank; asserts each exited 0; asserts /dev/shm is clean. */
 static void wait_ranks_ok(int world, const pid_t *pids) {
-  for (int r = 0; r < world; r++) {
-    int st;
-    assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-      fail_msg("rank %d of %d: %s %d", r, world, WIFEXITED(st) ? "exit" : "signal",
-               WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-  }
+  tu_wait_ranks_ok(world, pids);
   assert_int_equal(shm_exists(g_rdv), 0);
 }
 

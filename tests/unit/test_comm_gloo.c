@@ -25,6 +25,7 @@
 #include <cmocka.h>
 
 #include "common/errors.h"
+#include "tests/unit/ranks_testutil.h"
 #include "tests/unit/tmpdir_testutil.h"
 #include "worker/dist/comm.h"
 
@@ -87,15 +88,6 @@ static void fork_ranks(int world, rank_fn fn, void *arg, int no_shm, pid_t *pids
   }
 }
 
-static void wait_ranks_ok(int world, const pid_t *pids) {
-  for (int r = 0; r < world; r++) {
-    int st;
-    assert_int_equal(waitpid(pids[r], &st, 0), pids[r]);
-    if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-      fail_msg("rank %d of %d: %s %d", r, world, WIFEXITED(st) ? "exit" : "signal",
-               WIFEXITED(st) ? WEXITSTATUS(st) : WTERMSIG(st));
-  }
-}
 
 /* Random floats of mixed magnitude, so that the order of a sum shows in
  * its bits: (a + b) + c differs from a + (b + c) for most of them. */
@@ -175,7 +167,7 @@ static void test_gloo_equals_shm(void **state) {
   for (int world = 1; world <= 4; world++) {
     pid_t pids[8];
     fork_ranks(world, same_collectives, NULL, 0, pids);
-    wait_ranks_ok(world, pids);
+    tu_wait_ranks_ok(world, pids);
   }
 }
 
@@ -276,7 +268,7 @@ static void test_gloo_timeout(void **state) {
   setenv("TRAINYARD_COMM_TIMEOUT_MS", "1000", 1);
   pid_t pids[3];
   fork_ranks(3, late_barrier, NULL, 1, pids);
-  wait_ranks_ok(3, pids);
+  tu_wait_ranks_ok(3, pids);
   unsetenv("TRAINYARD_COMM_TIMEOUT_MS");
 }
 
