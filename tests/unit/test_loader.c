@@ -274,8 +274,11 @@ static int faulty_copy_within(placement_t *p, void *dst, size_t doff, const void
   memcpy((char *)dst + doff, (const char *)src + soff, n);
   return 0;
 }
-static const placement_ops_t g_faulty = {"faulty", faulty_alloc, faulty_release, faulty_copy_in,
-                                         faulty_copy_within};
+static const placement_ops_t g_faulty = {.name = "faulty",
+                                         .alloc = faulty_alloc,
+                                         .release = faulty_release,
+                                         .copy_in = faulty_copy_in,
+                                         .copy_within = faulty_copy_within};
 
 static void test_placement_faults(void **state) {
   (void)state;

@@ -117,8 +117,11 @@ int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard
   if (s->bytes != src->bytes) /* cannot happen: one layout rule */
     rc = ty_errf(err, errlen, TY_EINTERNAL, "the copy's layout differs");
   if (!rc) rc = shard_alloc(s, err, errlen);
-  if (!rc && s->bytes && pl->ops->copy_in(pl, s->base, 0, src->base, s->bytes))
-    rc = ty_errf(err, errlen, TY_EINTERNAL, "copying its shard onto %s failed", pl->ops->name);
+  if (!rc && s->bytes) {
+    int crc = pl->ops->copy_in(pl, s->base, 0, src->base, s->bytes);
+    if (placement_finish(pl) || crc) /* the completion point, after a failed copy too */
+      rc = ty_errf(err, errlen, TY_EINTERNAL, "copying its shard onto %s failed", pl->ops->name);
+  }
   if (rc) {
     loader_shard_free(s);
     return rc;
@@ -155,6 +158,15 @@ static void finish_stats(loader_stats_t *st, const loader_shard_t *s, double t0)
   st->load_seconds = ty_mono_s() - t0;
 }
 
+/* The completion point (placement.h), before placement memory is handed
+ * on or freed: every copy queued on pl done. rc, the first error so far,
+ * is kept; a copy that failed in flight is the error when there was none. */
+static int copies_done(placement_t *pl, int rc, const char *what, char *err, size_t errlen) {
+  int frc = placement_finish(pl);
+  if (frc && !rc) rc = ty_errf(err, errlen, frc, "copying %s to %s failed", what, pl->ops->name);
+  return rc;
+}
+
 /* --- The staging bucket every path converts through on the host (the
  * placement may be a device): one allocation of fsdp.bucket_mb (at least
  * LOADER_MIN_BUCKET bytes), refused with TY_EEXHAUSTED naming its size. */
@@ -177,14 +189,56 @@ static int bucket_open(bucket_t *b, const loader_opts_t *o, char *err, size_t er
 typedef int (*bucket_src_fn)(void *ctx, size_t done, size_t m, void *raw, const void **src,
                              char *err, size_t errlen);
 
+/* bucket_stream where pl lends its staging buffers (pinned memory on a
+ * GPU): each chunk is read, or converted from the bucket, straight into a
+ * lent buffer, whose copy is then queued while the next chunk is read. The
+ * bucket holds only the raw elements a conversion reads: k x source size
+ * <= bucket and k x shard size <= the buffer (k a multiple of 8). */
+static int bucket_stream_lent(const bucket_t *b, placement_t *pl, void *dst, size_t off, size_t n,
+                              ty_dtype_t sdt, ty_dtype_t ddt, bucket_src_fn fill, void *ctx,
+                              const char *what, char *err, size_t errlen) {
+  const size_t ssz = ty_dtype_size(sdt), dsz = ty_dtype_size(ddt);
+  const bool same = sdt == ddt;
+  size_t k = 0;
+  int rc = 0;
+  for (size_t done = 0; done < n && !rc; done += k) {
+    void *buf;
+    size_t cap;
+    if ((rc = pl->ops->stage(pl, &buf, &cap))) {
+      ty_errf(err, errlen, rc, "copying %s to %s failed", what, pl->ops->name);
+      break;
+    }
+    if (!done) {
+      k = b->bytes / (same ? dsz : ssz);
+      if (cap / dsz < k) k = cap / dsz;
+      if (!(k &= ~(size_t)7)) /* cannot happen: both are at least 64 bytes */
+        return ty_errf(err, errlen, TY_EINTERNAL, "a %zu-byte staging buffer holds no chunk", cap);
+    }
+    const size_t m = n - done < k ? n - done : k;
+    const void *src;
+    if ((rc = fill(ctx, done, m, same ? buf : b->buf, &src, err, errlen))) break;
+    if (!same)
+      convert(sdt, src, ddt, buf, m);
+    else if (src != buf) /* a source already in host memory: the one copy */
+      memcpy(buf, src, m * dsz);
+    rc = pl->ops->stage_in(pl, dst, off + done * dsz, m * dsz);
+    if (rc) ty_errf(err, errlen, rc, "copying %s to %s failed", what, pl->ops->name);
+  }
+  return rc;
+}
+
 /* n elements of dtype sdt from fill, converted to ddt, into dst at byte
  * offset off on placement pl, a bucket at a time: [converted | raw], both
  * k elements (k a multiple of 8, so raw stays aligned; one half when the
- * dtypes are the same). A failed copy says "copying <what> to <pl> failed";
- * fill's failures keep their own message. */
+ * dtypes are the same), or through pl's own staging buffers where it lends
+ * them (bucket_stream_lent). A failed copy says "copying <what> to <pl>
+ * failed"; fill's failures keep their own message. The copies may still be
+ * queued when it returns (placement.h: the caller's finish). */
 static int bucket_stream(const bucket_t *b, placement_t *pl, void *dst, size_t off, size_t n,
                          ty_dtype_t sdt, ty_dtype_t ddt, bucket_src_fn fill, void *ctx,
                          const char *what, char *err, size_t errlen) {
+  if (pl->ops->stage)
+    return bucket_stream_lent(b, pl, dst, off, n, sdt, ddt, fill, ctx, what, err, errlen);
   const size_t ssz = ty_dtype_size(sdt), dsz = ty_dtype_size(ddt);
   const bool same = sdt == ddt;
   const size_t k = (same ? b->bytes / dsz : b->bytes / (ssz + dsz)) & ~(size_t)7;
@@ -263,7 +317,7 @@ static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts
     snprintf(what, sizeof what, "'%s'", v->t->name);
     rc = bucket_stream(&b, s->pl, s->base, v->offset, (size_t)v->rows * (size_t)v->t->cols,
                        ft->dtype, s->dtype, file_fill, &f, what, err, errlen);
-    if (o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
+    if (!rc && o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
   }
   free(b.buf);
   return rc;
@@ -299,7 +353,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
     const st_tensor_t *ft = ck->file_tensor[i];
     rc = st_read(ck->st, ft, 0, raw + raw_off[i], ft->nbytes, err, errlen);
     st->bytes_read += rc ? 0 : ft->nbytes;
-    if (o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
+    if (!rc && o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
   }
   if (rc) goto out;
   if (placement_alloc(s->pl, full_bytes, &full)) {
@@ -336,6 +390,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   }
   if (rc) ty_errf(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
 out:
+  rc = copies_done(s->pl, rc, "the model", err, errlen); /* before `full` goes */
   free(stage.buf);
   if (full) placement_release(s->pl, full, full_bytes);
   free(raw);
@@ -367,6 +422,7 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
   }
 out:
   ckpt_close(ck);
+  if (s) rc = copies_done(s->pl, rc, "the shard", err, errlen);
   if (rc) {
     loader_shard_free(s);
     return rc;
@@ -398,6 +454,7 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
     rc = bucket_stream(&b, s->pl, s->base, v->offset, (size_t)v->rows * (size_t)v->t->cols,
                        TY_DTYPE_F32, s->dtype, init_fill, &w, "initial weights", err, errlen);
   }
+  rc = copies_done(s->pl, rc, "initial weights", err, errlen);
   free(b.buf);
   if (rc) {
     loader_shard_free(s);

@@ -21,6 +21,10 @@
  *   this rank's byte ranges (one contiguous range per tensor, since rows are
  *   row-major) read through ONE host staging bucket of bucket_bytes,
  *   converted and copied into the shard. No full-size buffer anywhere.
+ *   Where the placement lends staging buffers (placement.h: the CUDA
+ *   placement's pinned ones), chunks are read, or converted from the
+ *   bucket, straight into them, and each chunk's copy to the device is
+ *   queued while the next is read.
  * - from scratch: the shard layout, then this rank's rows from the
  *   counter-based generator of weightinit.h, through the same bucket; the
  *   full weights are the same whatever the world size, and equal to a
@@ -92,7 +96,10 @@ void loader_rows(int64_t R, int rank, int world, int64_t *row0, int64_t *count);
 /* Loads this rank's shard of the checkpoint in dir (config.json +
  * safetensors, matched strictly) by the path o->memory_efficient picks.
  * *out is the caller's (loader_shard_free); stats may be NULL. Errors name
- * the file and tensor. */
+ * the file and tensor. Like every loader_* below that places bytes, it
+ * returns after the placement's completion point (placement_finish): the
+ * shard's bytes are in placement memory, and on an error no copy is left
+ * in flight. */
 int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
                 loader_stats_t *stats, char *err, size_t errlen);
 

@@ -16,8 +16,15 @@ int placement_alloc(placement_t *p, size_t n, void **out) {
 
 void placement_release(placement_t *p, void *ptr, size_t n) {
   if (!ptr && !n) return;
+  /* A failed copy is the loader's to report (its own finish); here only
+   * the wait matters: nothing may still be copied into ptr. */
+  (void)placement_finish(p);
   p->ops->release(p, ptr, n);
   p->in_use -= n;
+}
+
+int placement_finish(placement_t *p) {
+  return p->ops->finish ? p->ops->finish(p) : 0;
 }
 
 static int cpu_alloc(placement_t *p, size_t n, void **out) {
@@ -48,8 +55,13 @@ static int cpu_copy_within(placement_t *p, void *dst, size_t dst_off, const void
   return 0;
 }
 
-static const placement_ops_t g_cpu_ops = {"cpu", cpu_alloc, cpu_release, cpu_copy_in,
-                                          cpu_copy_within};
+/* No finish and no staging of its own: a copy is a memcpy, done when it
+ * returns. */
+static const placement_ops_t g_cpu_ops = {.name = "cpu",
+                                          .alloc = cpu_alloc,
+                                          .release = cpu_release,
+                                          .copy_in = cpu_copy_in,
+                                          .copy_within = cpu_copy_within};
 
 void placement_cpu_init(placement_t *p) {
   memset(p, 0, sizeof *p);

@@ -3,11 +3,21 @@
  * Slots into the loader through placement_t (worker/ckpt/placement.h). Device
  * memory is taken with plain cudaMalloc, one allocation per placement_alloc,
  * so the loader's memory-efficient path puts only this rank's shard on the
- * device and its standard path the whole model (for comparison). Host bytes
- * travel through one pinned staging bucket (cudaHostAlloc) of staging_bytes:
- * copy_in copies the loader's converted chunk into it and DMAs it to the
- * device synchronously, so every byte is on the device when copy_in returns
- * (no hidden ordering for the loader's caller).
+ * device and its standard path the whole model (for comparison).
+ *
+ * Host bytes travel through PLACEMENT_CUDA_BUFFERS pinned staging buffers
+ * (cudaHostAlloc) of staging_bytes each, used in turn, with every copy
+ * queued on the placement's own non-blocking stream: the loader reads the
+ * next chunk from its file straight into one buffer (stage; converted into
+ * it where the dtypes differ) while the other's cudaMemcpyAsync runs, and
+ * an event per buffer marks when its copy has left it, so a buffer is
+ * waited for before it is lent again. copy_in (a whole host shard) goes
+ * through the same buffers; copy_within queues on the same stream. Bytes
+ * are on the device once placement_finish returns 0 (the loader calls it
+ * before it returns, on errors too), and placement_release waits for the
+ * stream before cudaFree. Pinned host memory: PLACEMENT_CUDA_BUFFERS x
+ * staging_bytes, for the placement's lifetime; device memory: only what
+ * alloc hands out (the stream and events are counted in the baseline).
  *
  * Accounting: p->peak is our allocator's high-water mark (the device peak a
  * rank reports). The driver's view is sampled with cudaMemGetInfo after
@@ -22,13 +32,17 @@
 
 #include "worker/ckpt/placement.h"
 
+/* Pinned staging buffers a placement uses in turn. */
+#define PLACEMENT_CUDA_BUFFERS 2
+
 /* Figures of a CUDA placement, in bytes. */
 typedef struct {
   int device;             /* CUDA device index */
   uint64_t total;         /* the device's memory */
   uint64_t used_at_init;  /* total - free when the placement was made */
   uint64_t driver_peak;   /* max over samples of (total - free) - used_at_init */
-  uint64_t staging_bytes; /* the pinned bucket */
+  uint64_t staging_bytes; /* each pinned staging buffer */
+  int staging_buffers;    /* PLACEMENT_CUDA_BUFFERS */
 } placement_cuda_info_t;
 
 /* The number of visible CUDA devices into *count. Returns 0, or
@@ -36,13 +50,15 @@ typedef struct {
  * driver, no device, CUDA_VISIBLE_DEVICES empty). */
 int placement_cuda_devices(int *count, char *err, size_t errlen);
 
-/* Makes p a placement on CUDA device `device` with a pinned staging bucket
- * of staging_bytes (at least 64 KiB is used). Release with
- * placement_cuda_free. Returns 0, TY_EUNAVAILABLE (no such device: err says
- * why and what to do) or TY_EEXHAUSTED (the pinned bucket). */
+/* Makes p a placement on CUDA device `device` with PLACEMENT_CUDA_BUFFERS
+ * pinned staging buffers of staging_bytes each (at least 64 KiB is used).
+ * Release with placement_cuda_free. Returns 0, TY_EUNAVAILABLE (no such
+ * device: err says why and what to do) or TY_EEXHAUSTED (the pinned
+ * buffers: err names their size and fsdp.bucket_mb). */
 int placement_cuda_init(placement_t *p, int device, size_t staging_bytes, char *err, size_t errlen);
-/* Frees the bucket and the placement's state; every allocation must have
- * been released. Accepts a placement never initialised (zeroed). */
+/* Waits for the placement's stream, frees the buffers and its state;
+ * every allocation must have been released. Accepts a placement never
+ * initialised (zeroed). */
 void placement_cuda_free(placement_t *p);
 
 /* True when p is a CUDA placement. */
