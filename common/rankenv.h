@@ -42,6 +42,11 @@ extern "C" {
     "where reports are POSTed; unset: one JSON line each on stdout")                               \
   X(TOKEN, "TRAINYARD_JOB_TOKEN", STR, 0, 0, RANKENV_NO_DEFAULT,                                   \
     "the job's token, sent as Authorization: Bearer with each report")                             \
+  X(LOG_DIR, "TRAINYARD_RANK_LOG_DIR", STR, 0, 0, RANKENV_NO_DEFAULT,                              \
+    "where a rank appends its own output to rank-<rank>.log, capped at TRAINYARD_RANK_LOG_MAX "    \
+    "(ranks srun started); unset: its stdout and stderr as they are")                             \
+  X(LOG_MAX, "TRAINYARD_RANK_LOG_MAX", INT, 4096, 1L << 40, 16777216,                              \
+    "bytes of its output a rank keeps in rank-<rank>.log (with TRAINYARD_RANK_LOG_DIR)")           \
   X(READ_ROOTS, "TRAINYARD_READ_ROOTS", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
     "folders (':'-separated) the rank may read beneath; with WRITE_ROOTS unset: anywhere")         \
   X(WRITE_ROOTS, "TRAINYARD_WRITE_ROOTS", STR, 0, 0, RANKENV_NO_DEFAULT,                           \

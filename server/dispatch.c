@@ -16,6 +16,7 @@
 #include "common/errors.h"
 #include "common/beneath.h"
 #include "common/log.h"
+#include "common/logpump.h"
 #include "common/rankenv.h"
 #include "common/rankproc.h"
 #include "common/xalloc.h"
@@ -68,31 +69,15 @@ static void feed_lines(pump_t *p, const char *buf, size_t n) {
   }
 }
 
-/* Copies the pipe into the log until EOF; past max bytes it keeps reading
- * (so the rank never blocks on a full pipe) but drops the rest, once noting
- * it in the log. */
+static void pump_lines(void *ctx, const char *buf, size_t n) {
+  pump_t *p = ctx;
+  if (p->run->on_line) feed_lines(p, buf, n);
+}
+
+/* Copies the pipe into the log until EOF, capped (common/logpump.h). */
 static void *pump_main(void *arg) {
   pump_t *p = arg;
-  char buf[65536];
-  int64_t written = 0;
-  bool noted = false;
-  for (;;) {
-    ssize_t n = read(p->in_fd, buf, sizeof buf);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    if (p->run->on_line) feed_lines(p, buf, (size_t)n);
-    int64_t room = p->max - written;
-    size_t take = room <= 0 ? 0 : (size_t)(room < n ? room : n);
-    if (take && write(p->out_fd, buf, take) == (ssize_t)take) written += (int64_t)take;
-    if (take < (size_t)n && !noted) {
-      char note[128];
-      int len = snprintf(note, sizeof note,
-                         "\n[trainyardd: log capped at %lld bytes; later output dropped]\n",
-                         (long long)p->max);
-      if (write(p->out_fd, note, (size_t)len) < 0) ty_warn("log note not written");
-      noted = true;
-    }
-  }
+  ty_logpump(p->in_fd, p->out_fd, p->max, "trainyardd", pump_lines, p);
   close(p->in_fd);
   close(p->out_fd);
   free(p);

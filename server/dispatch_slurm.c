@@ -295,6 +295,11 @@ static int slurm_start(dispatcher_t *d, const dispatch_attempt_t *a, dispatch_ru
   rankenv_set(&re, RANKENV_TOKEN, a->token);
   rankenv_set(&re, RANKENV_MODE, "train");
   rankenv_set_long(&re, RANKENV_HEARTBEAT_MS, a->heartbeat_ms);
+  /* Each rank appends its output to rank-<rank>.log itself, capped as the
+   * local dispatcher's logs are (srun's --output file would grow
+   * without bound). */
+  rankenv_set(&re, RANKENV_LOG_DIR, dir);
+  rankenv_set_long(&re, RANKENV_LOG_MAX, a->log_max);
   if (a->cuda && a->gpu_mem_limit_mib > 0)
     rankenv_set_long(&re, RANKENV_CUDA_MEM_LIMIT_MIB, a->gpu_mem_limit_mib);
   if (ty_beneath_confined()) {

@@ -9,6 +9,7 @@
 #include "common/beneath.h"
 #include "common/partial.h"
 #include "common/rankenv.h"
+#include "worker/rank/rank_log.h"
 #include "worker/rank/worker_load.h"
 #include "worker/rank/worker_train.h"
 
@@ -41,7 +42,7 @@ int main(int argc, char **argv) {
   if (!mode || !*mode || !strcmp(mode, "train")) {
     worker_env_t e;
     char err[512];
-    if (worker_env_read(&e, err, sizeof err) != 0) {
+    if (worker_env_read(&e, err, sizeof err) != 0 || rank_log_start(e.rank, err, sizeof err)) {
       fprintf(stderr, "trainyard-worker: %s\n", err);
       return 2;
     }

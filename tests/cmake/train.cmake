@@ -48,6 +48,12 @@ endif()
 
 # Numbers from the environment and flags: bad ones named by the binaries
 # that read them.
+# A rank's own capped log (TRAINYARD_RANK_LOG_DIR, as under Slurm).
+add_test(NAME integration/rank_log
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/rank_log.sh)
+set_tests_properties(integration/rank_log PROPERTIES LABELS integration TIMEOUT 120
+                     ENVIRONMENT "${TY_TEST_ENV}")
+
 add_test(NAME integration/numbers
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/numbers.sh)
 set_tests_properties(integration/numbers PROPERTIES LABELS integration TIMEOUT 120

@@ -13,7 +13,8 @@ happens), with the real trainyard-worker:
   - trainyardd killed with SIGKILL and started again watches the batch job
     it left running to its end (no new attempt);
   - SIGTERM to a rank: the ranks checkpoint together and stop, the attempt
-    is resubmitted and resumes, not counted against max_restarts.
+    is resubmitted and resumes, not counted against max_restarts;
+  - each rank's log is capped at trainyardd's --log_max, as locally.
 Skips (77), saying why, when not root or when Slurm is not installed."""
 import json
 import os
@@ -45,7 +46,8 @@ def skip_reason():
 
 
 def rank_pids(job_id):
-    """Processes on this machine whose environment names the job (its ranks)."""
+    """Processes on this machine whose environment names the job (its ranks,
+    not the process each runs for its log, named trainyard-log)."""
     found = []
     mark = ("TRAINYARD_JOB_ID=%s" % job_id).encode()
     for pid in os.listdir("/proc"):
@@ -56,6 +58,9 @@ def rank_pids(job_id):
                 env = f.read().split(b"\0")
             with open("/proc/%s/cmdline" % pid, "rb") as f:
                 cmd = f.read()
+            with open("/proc/%s/comm" % pid, "rb") as f:
+                if f.read().strip() == b"trainyard-log":
+                    continue
         except OSError:
             continue
         if mark in env and cmd.split(b"\0")[0].endswith(b"trainyard-worker"):
@@ -256,6 +261,33 @@ class SlurmDispatch(unittest.TestCase):
         self.assertTrue(m, log[-2000:])
         self.assertGreaterEqual(int(m.group(1)), 4)
         self.assertGreaterEqual(int(m.group(1)), stopped_at)
+
+    def test_rank_logs_are_capped(self):
+        # A trainyardd whose ranks may keep 4 KiB of output each: under
+        # Slurm each rank appends its own output to its log (srun's file
+        # would grow without bound), keeping the first 4 KiB and a note,
+        # as the local dispatcher's logs do; the job is unharmed.
+        srv = Server(worker=None, env={"SLURM_CONF": self.env["SLURM_CONF"]},
+                     extra=["--dispatcher", "slurm", "--slurm_poll", "0.2", "--slurm_time", "10",
+                            "--log-max", "4096", "--heartbeat-timeout", "120",
+                            "--progress-timeout", "120"]).start()
+        try:
+            shutil.copytree(os.path.join(self.srv.dir, "models"), os.path.join(srv.dir, "models"),
+                            dirs_exist_ok=True)
+            r = srv.post("/v1/jobs", self.spec("capped", 120))
+            self.assertEqual(r.status_code, 201, r.text)
+            job_id = r.json()["id"]
+            job = srv.wait_state(job_id, ["succeeded", "failed"], timeout=240)
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            for rank in (0, 1):
+                log = srv.get("/v1/jobs/%s/ranks/%d/log" % (job_id, rank)).content
+                note = b"\n[trainyard-worker: log capped at 4096 bytes; later output dropped]\n"
+                self.assertTrue(log.endswith(note), log[-300:])
+                self.assertLessEqual(len(log), 4096 + len(note))
+                self.assertIn(b"[rank %d/2] train step 1/120" % rank, log)
+                self.assertNotIn(b"train step 120/120", log)
+        finally:
+            srv.cleanup()
 
     def test_restart_reattaches(self):
         # trainyardd killed with SIGKILL while the batch job runs: the
