@@ -19,8 +19,15 @@
 #include "common/clock.h"
 #include "common/json_util.h"
 #include "common/rankenv.h"
+#include "common/xalloc.h"
 
 #define TIMEOUT_MS 3000L
+/* Reports kept while the server cannot be reached (a restart of
+ * trainyardd): the oldest dropped past this many. */
+#define BACKLOG_MAX 4096
+/* Kept reports sent at most per send or heartbeat, so that neither blocks
+ * long; the heartbeat sends the rest. */
+#define FLUSH_MAX 256
 
 static struct {
   char job_id[128];
@@ -36,6 +43,12 @@ static struct {
   bool over;         /* the server answered that this attempt is over */
   char *last;        /* the last report's JSON text, owned; NULL before one */
   long long sent_ms; /* ty_mono_ms() of the last send */
+  /* Reports that did not get through, oldest first (a ring of owned
+   * texts): sent, in order, before any newer one once the server answers
+   * again, so that its curves have no gap. */
+  char *backlog[BACKLOG_MAX];
+  int bl_head, bl_n;
+  long bl_dropped; /* the oldest dropped from a full backlog */
 } g_rep;
 
 /* g_rep's sends and heartbeat fields are used under g_lock: a report and a
@@ -51,8 +64,9 @@ static size_t discard(char *p, size_t size, size_t n, void *ctx) {
   return size * n;
 }
 
-/* POSTs text to the server (under g_lock). 0, TY_EPRECONDITION or
- * TY_EUNAVAILABLE, as report_send. */
+/* POSTs text to the server (under g_lock). 0; TY_EPRECONDITION (the
+ * attempt is over); TY_EUNAVAILABLE (no answer, or a server error: worth
+ * sending again) or TY_EINVAL (refused: sending it again would not help). */
 static int post_locked(const char *text) {
   curl_easy_setopt(g_rep.curl, CURLOPT_URL, g_rep.url);
   curl_easy_setopt(g_rep.curl, CURLOPT_HTTPHEADER, g_rep.headers);
@@ -69,7 +83,44 @@ static int post_locked(const char *text) {
     g_rep.over = true;
     return TY_EPRECONDITION;
   }
-  return status < 200 || status >= 300 ? TY_EUNAVAILABLE : 0;
+  if (status >= 200 && status < 300) return 0;
+  return status >= 400 && status < 500 && status != 408 && status != 429 ? TY_EINVAL
+                                                                          : TY_EUNAVAILABLE;
+}
+
+/* Keeps text (owned) at the backlog's end, dropping the oldest when full. */
+static void backlog_push(char *text) {
+  if (g_rep.bl_n == BACKLOG_MAX) {
+    free(g_rep.backlog[g_rep.bl_head]);
+    g_rep.bl_head = (g_rep.bl_head + 1) % BACKLOG_MAX;
+    g_rep.bl_n--;
+    if (g_rep.bl_dropped++ == 0)
+      fprintf(stderr, "[rank %d/%d] the server has been unreachable for %d reports: the oldest "
+                      "are dropped\n", g_rep.rank, g_rep.world_size, BACKLOG_MAX);
+  }
+  g_rep.backlog[(g_rep.bl_head + g_rep.bl_n) % BACKLOG_MAX] = text;
+  g_rep.bl_n++;
+}
+
+static void backlog_clear(void) {
+  for (; g_rep.bl_n; g_rep.bl_n--, g_rep.bl_head = (g_rep.bl_head + 1) % BACKLOG_MAX)
+    free(g_rep.backlog[g_rep.bl_head]);
+  g_rep.bl_head = 0;
+}
+
+/* Sends up to FLUSH_MAX kept reports, oldest first (under g_lock): 0 when
+ * they went or were refused (some may be left), else post_locked's
+ * failure, the rest kept (or dropped when the attempt is over). */
+static int backlog_flush_locked(void) {
+  for (int k = 0; k < FLUSH_MAX && g_rep.bl_n; k++) {
+    int rc = post_locked(g_rep.backlog[g_rep.bl_head]);
+    if (rc == TY_EPRECONDITION) backlog_clear();
+    if (rc && rc != TY_EINVAL) return rc;
+    free(g_rep.backlog[g_rep.bl_head]);
+    g_rep.bl_head = (g_rep.bl_head + 1) % BACKLOG_MAX;
+    g_rep.bl_n--;
+  }
+  return 0;
 }
 
 /* The heartbeat thread: while the rank computes (a long load, a long step)
@@ -83,6 +134,10 @@ static void *heartbeat_main(void *arg) {
   pthread_mutex_lock(&g_lock);
   while (!g_rep.closing && !g_rep.over) {
     long long due = g_rep.sent_ms + g_rep.heartbeat_ms, now = ty_mono_ms();
+    if (g_rep.bl_n && now >= due) { /* the kept reports first; the last of them is the newest */
+      (void)backlog_flush_locked();
+      continue;
+    }
     if (g_rep.last && now >= due) {
       (void)post_locked(g_rep.last); /* one that does not get through: the next may */
       continue;
@@ -154,6 +209,7 @@ void report_close(void) {
     pthread_cond_destroy(&g_wake);
   }
   free(g_rep.last);
+  backlog_clear();
   if (g_rep.curl) curl_easy_cleanup(g_rep.curl);
   curl_slist_free_all(g_rep.headers);
   free(g_rep.url);
@@ -228,7 +284,12 @@ int report_send(const report_t *r) {
     fflush(stdout);
     free(text);
   } else {
-    rc = post_locked(text);
+    /* In order: the kept reports first; while any is left, this one too. */
+    rc = backlog_flush_locked();
+    if (!rc && !g_rep.bl_n) rc = post_locked(text);
+    else if (!rc) backlog_push(xstrdup(text));
+    if (rc == TY_EUNAVAILABLE) backlog_push(xstrdup(text));
+    if (rc == TY_EINVAL) rc = TY_EUNAVAILABLE; /* refused: report_send's word for it */
     if (g_rep.over) rc = TY_EPRECONDITION;
     if (r->sample_prompt && *r->sample_prompt) { /* a heartbeat repeats no sample */
       free(text);

@@ -10,7 +10,11 @@
  * RANKENV_HEARTBEAT_MS (worker_env_t.heartbeat_ms) while no other report
  * goes, from a thread of the reporter's own: a load or a step longer than
  * the server's heartbeat_timeout is not taken for a dead rank. A repeat is
- * not written to stderr.
+ * not written to stderr. A report that does not get through (trainyardd
+ * restarting, a network fault) is kept, up to 4096 of them, and sent in
+ * order before any newer one once the server answers again (by the next
+ * report or the heartbeat, 256 at a time), so that the job's curves have
+ * no gap; the server answering that the attempt is over drops them.
  *
  * One reporter per process (a rank is one process); report_send from one
  * thread. */
