@@ -20,6 +20,7 @@ struct gen_cuda {
   model_dims_t d;
   cuda_backend_t *cb;
   int S, window, R;
+  size_t n_adapter;      /* the adapter's parameters (0: none) */
   float scale;           /* the adapter's alpha / R */
   unsigned targets;      /* the adapter's JOBSPEC_TARGET_* (0: none) */
   ty_dtype_t wdt;        /* the matrices' type (F32 or BF16); vectors are F32 */
@@ -107,6 +108,7 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
     gen_cuda_free(g);
     return ty_errf(err, errlen, TY_EEXHAUSTED, "no memory for the GPU decoder");
   }
+  if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0; /* the thread's */
   int rc = mem_cuda_init(err, errlen);
   if (!rc) rc = cuda_backend_create(&g->cb, device, err, errlen);
   const size_t CH = GEN_CHUNK, KVD = (size_t)d->NKV * d->HS, QD = (size_t)d->NH * d->HS;
@@ -157,6 +159,7 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
       d->tied ? g->w.embed_tokens : put(&p, w->lm_head, (size_t)d->V * d->C, wdt, tmp, &bad);
   free(tmp);
   if (lo) { /* one copy of the adapter's buffer; its pairs at the same offsets */
+    g->n_adapter = lo->n_params;
     if (cudaMemcpy(g->lbuf, lo->params, sizeof(float) * lo->n_params, cudaMemcpyHostToDevice) !=
         cudaSuccess)
       bad = 1;
@@ -275,4 +278,15 @@ int gen_cuda_feed(gen_cuda_t *g, const int *tokens, int n, int p0, float *logits
     rc = ty_errf(err, errlen, TY_EINTERNAL, "device cuda: copying the logits to the host failed");
   }
   return rc;
+}
+
+int gen_cuda_set_adapter(gen_cuda_t *g, const lora_t *lo, char *err, size_t errlen) {
+  if (!lo || !g->n_adapter || lo->n_params != g->n_adapter || lo->R != g->R)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "gen_cuda: the adapter is not shaped as the one the decoder was made with");
+  if (cudaMemcpy(g->lbuf, lo->params, sizeof(float) * lo->n_params, cudaMemcpyHostToDevice) !=
+      cudaSuccess)
+    return ty_errf(err, errlen, TY_EINTERNAL, "gen_cuda: copying the adapter to the GPU: %s",
+                   cudaGetErrorString(cudaGetLastError()));
+  return 0;
 }

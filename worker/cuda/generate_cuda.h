@@ -41,11 +41,18 @@ typedef struct gen_cuda gen_cuda_t;
  * Over bf16 matrices each product's input is rounded to bf16 on the way in
  * (cublasGemmEx, fp32 accumulation), as model_cuda.h's training does. 0,
  * TY_EINVAL (another wdt), TY_EUNAVAILABLE (no device, or cuBLAS missing)
- * or TY_EEXHAUSTED (device memory), with the reason in err. */
+ * or TY_EEXHAUSTED (device memory), with the reason in err. device -1:
+ * the calling thread's current device (a training rank's GPU). */
 int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights_t *w,
                     const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, int device,
                     char *err, size_t errlen);
 void gen_cuda_free(gen_cuda_t *g); /* accepts NULL */
+
+/* Copies adapter lo's current values onto the device again (lo shaped as
+ * the one given to gen_cuda_create: a training run's adapters after an
+ * optimizer step). 0, TY_EINVAL (another shape, or none was given) or
+ * TY_EINTERNAL naming the failed copy. */
+int gen_cuda_set_adapter(gen_cuda_t *g, const lora_t *lo, char *err, size_t errlen);
 
 /* Runs tokens (n <= GEN_CHUNK, checked by the caller: ids in [0, V),
  * p0 + n <= S) at positions p0 .. p0+n-1, writing their keys and values

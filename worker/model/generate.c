@@ -90,7 +90,7 @@ int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const mo
   g->S = S;
   g->window = sliding_window;
   g->block = g->logits = logits;
-  int rc = gen_cuda_create(&g->cu, d, w, lo, S, sliding_window, wdt, 0, err, errlen);
+  int rc = gen_cuda_create(&g->cu, d, w, lo, S, sliding_window, wdt, -1, err, errlen);
   if (rc) {
     gen_free(g);
     return rc;
@@ -160,6 +160,14 @@ void gen_free(gen_t *g) {
 #endif
   free(g->block);
   free(g);
+}
+
+int gen_refresh_adapter(gen_t *g, char *err, size_t errlen) {
+#ifdef TRAINYARD_HAVE_CUDA
+  if (g->cu && g->lo) return gen_cuda_set_adapter(g->cu, g->lo, err, errlen);
+#endif
+  (void)g, (void)err, (void)errlen;
+  return 0;
 }
 
 void gen_reset(gen_t *g) {

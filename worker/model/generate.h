@@ -52,8 +52,8 @@ typedef enum { GEN_DEVICE_CPU = 0, GEN_DEVICE_CUDA = 1 } gen_device_t;
 int gen_device_pick(const char *name, gen_device_t *dev, char *err, size_t errlen);
 const char *gen_device_name(gen_device_t dev);
 
-/* gen_create on dev. GEN_DEVICE_CUDA (worker/cuda/generate_cuda.h, CUDA
- * device 0): the weights and the adapter are copied to the GPU here (so,
+/* gen_create on dev. GEN_DEVICE_CUDA (worker/cuda/generate_cuda.h, the
+ * thread's current CUDA device: 0 unless set): the weights and the adapter are copied to the GPU here (so,
  * unlike the CPU decoder's, later changes to them are not seen), the
  * matrices as wdt (TY_DTYPE_F32: gen_feed returns the CPU's logits up to
  * summation order; TY_DTYPE_BF16: half the memory, each product's input
@@ -64,6 +64,11 @@ const char *gen_device_name(gen_device_t dev);
 int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const model_weights_t *w,
                   const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, char *err,
                   size_t errlen);
+
+/* A GPU decoder takes its adapter's current values again (a training
+ * run's, after an optimizer step; the CPU decoder reads them at every
+ * gen_feed: nothing to do). 0, or gen_cuda_set_adapter's error. */
+int gen_refresh_adapter(gen_t *g, char *err, size_t errlen);
 
 /* Empties the cache (the next gen_feed starts at position 0). */
 void gen_reset(gen_t *g);

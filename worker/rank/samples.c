@@ -19,7 +19,13 @@ struct samples {
   const jobspec_t *s;
   tok_t *tok;
   model_t *base; /* a whole copy of the frozen base (LoRA over shards), or NULL */
-  gen_t *g;
+  gen_t *g;   /* the CPU decoder */
+  gen_t *gpu; /* on GPU ranks, the GPU decoder once made (NULL: none, or no room) */
+  bool gpu_tried;
+  model_dims_t d;              /* for the GPU decoder: the model's shape, */
+  const model_weights_t *w;    /* the weights to copy, */
+  const lora_t *lo;            /* the adapters, */
+  int window;                  /* Mistral's sliding window */
   int *ids[JOBSPEC_SAMPLE_PROMPTS_MAX]; /* each prompt's ids */
   int n_ids[JOBSPEC_SAMPLE_PROMPTS_MAX];
   int n_prompts, V, S; /* S: the decoder's cache, in tokens */
@@ -32,6 +38,7 @@ void samples_free(samples_t *sm) {
   if (!sm) return;
   for (int i = 0; i < sm->n_prompts; i++) free(sm->ids[i]);
   gen_free(sm->g);
+  gen_free(sm->gpu);
   model_free(sm->base);
   tok_free(sm->tok);
   free(sm);
@@ -114,6 +121,7 @@ int samples_open(samples_t **out, const jobspec_t *s, const llama_config_t *cfg,
     int64_t S = (int64_t)longest + s->train.sample_max_new_tokens;
     if (S > cfg->max_position_embeddings) S = cfg->max_position_embeddings;
     sm->S = (int)S;
+    sm->d = m->d, sm->w = w, sm->lo = lo, sm->window = (int)cfg->sliding_window;
     rc = gen_create(&sm->g, &m->d, w, lo, (int)S, (int)cfg->sliding_window, err, errlen);
   }
   if (rc) {
@@ -124,22 +132,45 @@ int samples_open(samples_t **out, const jobspec_t *s, const llama_config_t *cfg,
   return 0;
 }
 
-/* Prompt i greedily; its text (special tokens skipped) into *text. */
-static int one(samples_t *sm, int i, char **text, char *err, size_t errlen) {
+/* The decoder of a sampling: on GPU ranks, the first time, a GPU decoder
+ * over a copy of the base in the job's dtype, where the device has room
+ * beside training's buffers (made by then; a step allocates nothing);
+ * where it has not, the CPU's, said once on stderr. Its adapter as the
+ * optimizer left it. */
+static gen_t *decoder(samples_t *sm, char *err, size_t errlen, int *rc) {
+  const jobspec_t *s = sm->s;
+  if (s->device == JOBSPEC_DEVICE_CUDA && !sm->gpu_tried) {
+    sm->gpu_tried = true;
+    char why[512];
+    const ty_dtype_t wdt = s->dtype == TY_DTYPE_BF16 ? TY_DTYPE_BF16 : TY_DTYPE_F32;
+    if (gen_create_on(&sm->gpu, GEN_DEVICE_CUDA, &sm->d, sm->w, sm->lo, sm->S, sm->window, wdt,
+                      why, sizeof why))
+      fprintf(stderr, "[rank 0] samples decode on the CPU: the GPU has no room for a copy of the "
+                      "base beside training's buffers (%s)\n", why);
+    else
+      fprintf(stderr, "[rank 0] samples decode on the GPU (the base copied in %s)\n",
+              ty_dtype_name(wdt));
+  }
+  *rc = sm->gpu ? gen_refresh_adapter(sm->gpu, err, errlen) : 0;
+  return sm->gpu ? sm->gpu : sm->g;
+}
+
+/* Prompt i greedily with g; its text (special tokens skipped) into *text. */
+static int one(samples_t *sm, gen_t *g, int i, char **text, char *err, size_t errlen) {
   const int max_new = sm->s->train.sample_max_new_tokens;
   uint32_t *out = malloc(sizeof *out * (size_t)max_new);
   if (!out) return ty_errf(err, errlen, TY_EEXHAUSTED, "no memory for a sample");
-  gen_reset(sm->g);
-  int rc = gen_feed(sm->g, sm->ids[i], sm->n_ids[i], err, errlen), n = 0;
+  gen_reset(g);
+  int rc = gen_feed(g, sm->ids[i], sm->n_ids[i], err, errlen), n = 0;
   while (!rc) {
-    const int next = gen_sample(gen_logits(sm->g), sm->V, 0.0f, 1.0f, NULL, NULL, NULL);
+    const int next = gen_sample(gen_logits(g), sm->V, 0.0f, 1.0f, NULL, NULL, NULL);
     bool end = false;
     for (int e = 0; e < sm->n_eos; e++) end |= sm->eos[e] == next;
     if (end) break;
     out[n++] = (uint32_t)next;
     /* Done, or no position left (max_position_embeddings) to run it at. */
-    if (n == max_new || gen_len(sm->g) >= sm->S) break;
-    rc = gen_feed(sm->g, &next, 1, err, errlen);
+    if (n == max_new || gen_len(g) >= sm->S) break;
+    rc = gen_feed(g, &next, 1, err, errlen);
   }
   size_t len = 0;
   if (!rc) rc = tok_decode(sm->tok, out, (size_t)n, 1, text, &len, err, errlen);
@@ -162,9 +193,12 @@ int samples_at_step(samples_t *sm, int64_t step, bool final, samples_fn fn, void
   const int every = sm->s->train.sample_every;
   if (!final && (every <= 0 || step % every != 0)) return 0;
   sm->last = step;
+  int rc;
+  gen_t *g = decoder(sm, err, errlen, &rc);
+  if (rc) return rc;
   for (int i = 0; i < sm->n_prompts; i++) {
     char *text = NULL;
-    int rc = one(sm, i, &text, err, errlen);
+    rc = one(sm, g, i, &text, err, errlen);
     if (rc) return rc;
     fit(text);
     fn(ctx, step, sm->s->train.sample_prompts[i], text);

@@ -11,8 +11,13 @@
  * ranks too, whose optimizer steps the host's adapters and copies them up);
  * under LoRA on several CPU ranks (the base sharded, and frozen) or on GPU
  * ranks (the base on the device) rank 0 reads the base whole once more
- * from model_path into host memory, and decodes on its CPU. Full training
- * sharded over several ranks or on GPUs is refused (rule sample-prompts). The prompt is plain text encoded with
+ * from model_path into host memory. CPU ranks decode on the CPU; a GPU
+ * rank 0 decodes on its GPU (worker/cuda/generate_cuda.h: a copy of the
+ * base in the job's dtype, made at the first sample, when training's
+ * buffers are all allocated, the adapters copied up again at each), or,
+ * where the device has no room for that copy, on its CPU, saying so once.
+ * Full training sharded over several ranks or on GPUs is refused (rule
+ * sample-prompts). The prompt is plain text encoded with
  * the tokenizer's special tokens; the tokenizer is data.tokenizer, else
  * tokenizer.json beside the model. */
 #ifndef TY_WORKER_SAMPLES_H
