@@ -38,6 +38,7 @@
 #include <unistd.h>
 
 #include "api/jobspec.h"
+#include "tests/gpu/bench_util.h"
 #include "tests/gpu/gpu_util.h"
 #include "worker/ckpt/loader.h"
 #include "worker/model/lora.h"
@@ -66,20 +67,9 @@ int main(int argc, char **argv) {
   char err[1024];
   placement_t pl;
   cuda_backend_t *cb;
-  if (placement_cuda_init(&pl, 0, 64 << 20, err, sizeof err) ||
-      cuda_backend_create(&cb, 0, err, sizeof err)) {
-    fprintf(stderr, "bench_lora: %s\n", err);
-    return 1;
-  }
-  loader_opts_t o = {.rank = 0,
-                     .world_size = 1,
-                     .dtype = TY_DTYPE_BF16,
-                     .memory_efficient = true,
-                     .bucket_bytes = 64 << 20,
-                     .pl = &pl};
   loader_shard_t *s;
   loader_stats_t st;
-  if (loader_load(dir, &o, &s, &st, err, sizeof err)) {
+  if (bench_load_bf16(dir, &pl, &cb, &s, &st, err, sizeof err)) {
     fprintf(stderr, "bench_lora: %s\n", err);
     return 1;
   }

@@ -24,6 +24,7 @@
 #include <time.h>
 
 #include "api/jobspec.h"
+#include "tests/gpu/bench_util.h"
 #include "tests/gpu/gpu_util.h"
 #include "worker/ckpt/loader.h"
 #include "worker/cuda/model_cuda.h"
@@ -75,18 +76,9 @@ int main(int argc, char **argv) {
   char err[1024];
   placement_t pl;
   cuda_backend_t *cb;
-  if (placement_cuda_init(&pl, 0, 64 << 20, err, sizeof err) ||
-      cuda_backend_create(&cb, 0, err, sizeof err))
-    return die("device", err);
-  loader_opts_t o = {.rank = 0,
-                     .world_size = 1,
-                     .dtype = TY_DTYPE_BF16,
-                     .memory_efficient = true,
-                     .bucket_bytes = 64 << 20,
-                     .pl = &pl};
   loader_shard_t *s;
   loader_stats_t st;
-  if (loader_load(dir, &o, &s, &st, err, sizeof err)) return die("load", err);
+  if (bench_load_bf16(dir, &pl, &cb, &s, &st, err, sizeof err)) return die("load", err);
   /* lora_create reads only the shape and the micro-batch size. */
   model_t shape;
   lora_t *lo;

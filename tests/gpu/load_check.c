@@ -29,6 +29,7 @@
 
 #include "common/errors.h"
 #include "tests/gpu/gpu_util.h"
+#include "tests/unit/cut_testutil.h"
 #include "worker/ckpt/checkpoint.h"
 #include "worker/ckpt/loader.h"
 #include "worker/cuda/mem_cuda.h"
@@ -153,26 +154,6 @@ static int check_upload(const llama_config_t *cfg) {
   return bad;
 }
 
-/* Truncates every safetensors file of dir to nothing once `after` tensors
- * have been loaded (the loader's progress call after each tensor). */
-typedef struct {
-  const char *dir;
-  int after, seen;
-} cut_t;
-
-static void cut_files(void *ctx, uint64_t done, uint64_t total) {
-  (void)done, (void)total;
-  cut_t *c = ctx;
-  if (++c->seen != c->after) return;
-  DIR *d = opendir(c->dir);
-  for (struct dirent *e; d && (e = readdir(d));) {
-    char p[512];
-    if (!strstr(e->d_name, ".safetensors") || strstr(e->d_name, ".json")) continue;
-    snprintf(p, sizeof p, "%s/%s", c->dir, e->d_name);
-    if (truncate(p, 0)) perror(p);
-  }
-  if (d) closedir(d);
-}
 
 /* Loads cut short after 1, 2, ... tensors (bf16 file, float32 and bf16
  * shards in turn, small bucket: chunks in flight when the read fails), all
@@ -197,7 +178,7 @@ static int check_cut(const char *intact, const char *scratch_dir, const llama_co
       bad = 1;
       break;
     }
-    cut_t cut = {scratch_dir, after, 0};
+    tu_cut_t cut = {scratch_dir, after, 0, 0};
     ty_dtype_t dt = after % 2 ? TY_DTYPE_F32 : TY_DTYPE_BF16;
     loader_opts_t o = {.rank = 0,
                        .world_size = 1,
@@ -205,12 +186,13 @@ static int check_cut(const char *intact, const char *scratch_dir, const llama_co
                        .memory_efficient = true,
                        .bucket_bytes = SMALL_BUCKET,
                        .pl = &gpu,
-                       .progress = cut_files,
+                       .progress = tu_cut_files,
                        .progress_ctx = &cut};
     loader_shard_t *s = (loader_shard_t *)1;
     err[0] = 0;
     int rc = loader_load(scratch_dir, &o, &s, NULL, err, sizeof err);
-    if (rc != TY_EDATALOSS || s || !strstr(err, "truncated") || cut.seen != after || gpu.in_use ||
+    if (rc != TY_EDATALOSS || s || !strstr(err, "truncated") || cut.seen != after || cut.failed ||
+        gpu.in_use ||
         mem_cuda_used()) {
       printf(
           "FAIL load cut after %d tensors (%s): rc %d, %d tensors loaded, %llu bytes placed, "

@@ -26,6 +26,7 @@
 #include "worker/ckpt/loader.h"
 
 #include "ckpt_testutil.h"
+#include "cut_testutil.h"
 #include "tmpdir_testutil.h"
 
 #define QBUFS 2
@@ -259,25 +260,6 @@ static void test_upload(void **state) {
   queued_free(&q);
 }
 
-/* Truncates every safetensors file of dir once `after` tensors are in. */
-typedef struct {
-  const char *dir;
-  int after, seen;
-} cut_t;
-
-static void cut_files(void *ctx, uint64_t done, uint64_t total) {
-  (void)done, (void)total;
-  cut_t *c = ctx;
-  if (++c->seen != c->after) return;
-  DIR *d = opendir(c->dir);
-  for (struct dirent *e; d && (e = readdir(d));) {
-    char p[600];
-    if (!strstr(e->d_name, ".safetensors") || strstr(e->d_name, ".json")) continue;
-    snprintf(p, sizeof p, "%s/%s", c->dir, e->d_name);
-    assert_int_equal(truncate(p, 0), 0);
-  }
-  if (d) closedir(d);
-}
 
 /* Failures with copies queued: each is reported, nothing stays placed or
  * queued, and no copy runs into released memory (q_release checks). */
@@ -309,14 +291,14 @@ static void test_failures(void **state) {
     queued_init(&pl, &q, 96);
     q.stage_fail_at = cases[i].stage_fail_at;
     q.finish_fail = cases[i].finish_fail;
-    cut_t cut = {dir, cases[i].cut_after, 0};
+    tu_cut_t cut = {dir, cases[i].cut_after, 0, 0};
     loader_opts_t o = {.rank = 0,
                        .world_size = 2,
                        .dtype = TY_DTYPE_F32,
                        .memory_efficient = cases[i].path == 0,
                        .bucket_bytes = 64,
                        .pl = &pl,
-                       .progress = cases[i].cut_after ? cut_files : NULL,
+                       .progress = cases[i].cut_after ? tu_cut_files : NULL,
                        .progress_ctx = &cut};
     loader_shard_t *s = (loader_shard_t *)1;
     err[0] = 0;
@@ -326,6 +308,7 @@ static void test_failures(void **state) {
       fail_msg("case %zu: rc %d, '%s'", i, rc, err);
     assert_null(s);
     if (cases[i].cut_after) assert_int_equal(cut.seen, cases[i].cut_after);
+    assert_int_equal(cut.failed, 0);
     assert_true(q.stage_ins > 0); /* copies were queued before it failed */
     assert_quiet(&pl, &q);
     queued_free(&q);
