@@ -15,12 +15,14 @@
 static void merge_usage(FILE *f) {
   fprintf(f,
           "usage: trainyard merge --model_path DIR|FILE --adapter DIR --out DIR\n"
-          "                       [--dtype float32|bfloat16|float16]\n"
+          "                       [--dtype float32|bfloat16|float16] [--shard_mb N]\n"
           "Merges a LoRA adapter (adapter_config.json + adapter_model.safetensors, as a\n"
           "trainyard LoRA job or PEFT writes them) into its base checkpoint (safetensors or\n"
           "PyTorch files): each adapted projection becomes W + (lora_alpha / r) * B @ A,\n"
-          "every other tensor is copied. Writes DIR/config.json, DIR/model.safetensors and\n"
-          "the base's tokenizer and generation_config files, as DIR.partial renamed onto\n"
+          "every other tensor is copied. Writes DIR/config.json, DIR/model.safetensors (or,\n"
+          "past --shard_mb, files of at most that many MiB with model.safetensors.index.json;\n"
+          "default 5120, as Hugging Face's save_pretrained; 0: one file) and the base's\n"
+          "tokenizer and generation_config files, as DIR.partial renamed onto\n"
           "DIR when whole; DIR must not exist. --dtype sets every tensor's dtype (and\n"
           "config.json's torch_dtype); by default each keeps the base's. The host holds\n"
           "about the largest adapted tensor in float32 and the adapter, never the model.\n"
@@ -29,7 +31,7 @@ static void merge_usage(FILE *f) {
 
 int cmd_merge(int argc, char **argv) {
   const char *src = NULL, *adapter = NULL, *out = NULL;
-  merge_opts_t o = {0};
+  merge_opts_t o = {.shard_bytes = MERGE_SHARD_BYTES};
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -54,6 +56,17 @@ int cmd_merge(int argc, char **argv) {
         return 2;
       }
       o.set_dtype = true;
+    } else if (!strcmp(a, "--shard_mb") || !strcmp(a, "--shard-mb")) {
+      char *end;
+      long long mb = strtoll(v, &end, 10);
+      if (*end || end == v || mb < 0 || mb > (1LL << 30)) {
+        fprintf(stderr,
+                "trainyard merge: --shard_mb wants a whole number of MiB in [0, 2^30] (0: one "
+                "file), got '%s'\n",
+                v);
+        return 2;
+      }
+      o.shard_bytes = (uint64_t)mb << 20;
     } else {
       fprintf(stderr, "trainyard merge: unknown flag '%s'\n\n", a);
       merge_usage(stderr);
@@ -74,8 +87,9 @@ int cmd_merge(int argc, char **argv) {
   }
   memstat_t m;
   memstat_read(&m);
-  json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "out", out, "tensors",
-                        (json_int_t)s.tensors, "merged", (json_int_t)s.merged, "files_copied",
+  json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "out", out, "tensors",
+                        (json_int_t)s.tensors, "merged", (json_int_t)s.merged, "files",
+                        (json_int_t)s.files, "files_copied",
                         (json_int_t)s.files_copied, "bytes_written", (json_int_t)s.bytes_written,
                         "largest_merged_bytes", (json_int_t)s.largest_tensor, "host_peak_bytes",
                         (json_int_t)m.hwm_bytes, "seconds", ty_mono_s() - t0);

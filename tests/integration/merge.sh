@@ -9,7 +9,10 @@
 # loss as the base with the adapter applied unmerged (1e-5 relative). The
 # host peak (VmHWM) stays far below the model: the base is 16 layers of
 # 4 MiB matrices (~200 MiB), the peak must be under a third of it.
-# --dtype bfloat16 writes bf16 tensors (the merged values rounded). An
+# --dtype bfloat16 writes bf16 tensors (the merged values rounded).
+# --shard_mb 20 writes files of at most 20 MiB (Hugging Face's names) with
+# model.safetensors.index.json naming each tensor's file: the same tensors,
+# bit for bit, and the same loss. An
 # existing output, a missing adapter and an adapter for another model are
 # refused by name, writing nothing.
 set -euo pipefail
@@ -80,6 +83,9 @@ PY
   >"$tmp/merge.json" 2>"$tmp/merge.err" || { cat "$tmp/merge.err" >&2; fail "merge failed"; }
 "$ty" merge --model_path "$tmp/base" --adapter "$tmp/adapter" --out "$tmp/merged16" \
   --dtype bfloat16 >/dev/null 2>"$tmp/merge16.err" || { cat "$tmp/merge16.err" >&2; fail "bf16"; }
+"$ty" merge --model_path "$tmp/base" --adapter "$tmp/adapter" --out "$tmp/sharded" \
+  --shard_mb 20 >"$tmp/sharded.json" 2>"$tmp/sharded.err" ||
+  { cat "$tmp/sharded.err" >&2; fail "sharded merge failed"; }
 /usr/bin/python3 - "$tmp" <<'PY'
 import json, os, struct, sys
 import torch
@@ -130,6 +136,23 @@ for name, t in m16.items():
     assert t.dtype == torch.bfloat16, name
     assert torch.equal(t, merged[name].to(torch.bfloat16)), name
 assert json.load(open(f"{tmp}/merged16/config.json"))["torch_dtype"] == "bfloat16"
+# Sharded: files of at most 20 MiB, the index naming each tensor's file.
+idx = json.load(open(f"{tmp}/sharded/model.safetensors.index.json"))
+files = sorted(set(idx["weight_map"].values()))
+n = len(files)
+assert n > 1 and files == [f"model-{i:05d}-of-{n:05d}.safetensors" for i in range(1, n + 1)], files
+assert json.load(open(f"{tmp}/sharded.json"))["files"] == n
+assert not os.path.exists(f"{tmp}/sharded/model.safetensors")
+total = 0
+for f in files:
+    part = read(f"{tmp}/sharded/{f}")
+    assert os.path.getsize(f"{tmp}/sharded/{f}") <= 20 * 2**20 + 2**16, f
+    for name, t in part.items():
+        assert idx["weight_map"][name] == f, name
+        assert torch.equal(t, merged[name]), name
+        total += t.numel() * 4
+assert set(idx["weight_map"]) == set(merged) and idx["metadata"]["total_size"] == total
+print(f"# merge --shard_mb 20: {n} files of at most 20 MiB and the index, the same tensors")
 # config.json and the side files, copied.
 for name in ("config.json", "tokenizer.json", "tokenizer_config.json",
              "special_tokens_map.json", "generation_config.json"):
@@ -154,6 +177,10 @@ ev=(--data "$tmp/words.txt" --seq_len 32 --batches 4)
 "$ty" eval --model_path "$tmp/base" --adapter "$tmp/adapter" "${ev[@]}" >"$tmp/eval-a" \
   || fail "eval of base + adapter"
 "$ty" eval --model_path "$tmp/merged" "${ev[@]}" >"$tmp/eval-m" || fail "eval of merged"
+"$ty" eval --model_path "$tmp/sharded" "${ev[@]}" >"$tmp/eval-s" || fail "eval of sharded"
+cmp -s <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$tmp/eval-m") \
+  <(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["loss"])' "$tmp/eval-s") ||
+  fail "the sharded merge evaluates otherwise: $(cat "$tmp/eval-m" "$tmp/eval-s")"
 "$ty" eval --model_path "$tmp/base" "${ev[@]}" >"$tmp/eval-b" || fail "eval of base"
 python3 - "$tmp/eval-a" "$tmp/eval-m" "$tmp/eval-b" <<'PY'
 import json, sys
@@ -182,5 +209,8 @@ if "$ty" merge --model_path "$tmp/base" --adapter "$tmp/other" --out "$tmp/m3" 2
 then fail "merge of an adapter of another shape"; fi
 grep -q "has another shape" "$tmp/e3" || fail "shape: $(cat "$tmp/e3")"
 [ ! -e "$tmp/m2" ] && [ ! -e "$tmp/m3" ] && [ ! -e "$tmp/m3.partial" ] || fail "files left"
-echo "# merge: an existing output, no adapter, an adapter of another shape refused by name"
+if "$ty" merge --model_path "$tmp/base" --adapter "$tmp/adapter" --out "$tmp/m4" --shard_mb 5G \
+  2>"$tmp/e4"; then fail "merge took --shard_mb 5G"; fi
+grep -q "\-\-shard_mb wants a whole number of MiB" "$tmp/e4" || fail "shard_mb: $(cat "$tmp/e4")"
+echo "# merge: an existing output, no adapter, an adapter of another shape, a bad --shard_mb refused by name"
 echo "ok"

@@ -67,7 +67,8 @@ int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dty
   char path[4096];
   float *f32 = NULL;
   void *out = NULL;
-  json_t *wm = NULL;
+  size_t *cut = NULL;        /* file f holds tensors [cut[f], cut[f+1]) */
+  const char **names = NULL; /* the tensors' */
   if (shards < 1 || (size_t)shards > l.ntensors) {
     rc = ty_errf(err, errlen, TY_EINVAL, "shards must be between 1 and %zu (the tensor count)",
                  l.ntensors);
@@ -83,9 +84,11 @@ int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dty
   uint64_t total = l.nparams * esz;
   f32 = xmalloc(CW_CHUNK * sizeof *f32);
   out = xmalloc(CW_CHUNK * esz);
-  wm = json_object();
   /* Consecutive tensors per file, cut where the running byte count passes
    * the next 1/shards of the total, each file holding at least one. */
+  cut = xcalloc((size_t)shards + 1, sizeof *cut);
+  names = xcalloc(l.ntensors + 1, sizeof *names);
+  for (size_t i = 0; i < l.ntensors; i++) names[i] = l.tensors[i].name;
   size_t lo = 0;
   uint64_t acc = 0;
   for (int f = 0; f < shards && !rc; f++) {
@@ -97,24 +100,20 @@ int ckpt_write_random(const char *dir, const llama_config_t *cfg, ty_dtype_t dty
       hi++;
     }
     char name[64];
-    if (shards == 1)
-      snprintf(name, sizeof name, "%s", ST_SINGLE_NAME);
-    else
-      snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", f + 1, shards);
+    st_shard_name(name, sizeof name, (size_t)f, (size_t)shards);
     snprintf(path, sizeof path, "%s/%s", dir, name);
     rc = write_file(path, &l, lo, hi, dtype, seed, f32, out, err, errlen);
-    for (size_t i = lo; i < hi; i++) json_object_set_new(wm, l.tensors[i].name, json_string(name));
+    cut[f] = lo, cut[f + 1] = hi;
     lo = hi;
   }
   if (!rc && shards > 1) {
     snprintf(path, sizeof path, "%s/%s", dir, ST_INDEX_NAME);
-    json_t *idx =
-        json_pack("{s:{s:I},s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
-    rc = write_json(path, idx, err, errlen);
+    rc = write_json(path, st_shard_index(names, cut, (size_t)shards, total), err, errlen);
   }
   if (!rc && bytes_out) *bytes_out = total;
 out:
-  json_decref(wm);
+  free(cut);
+  free(names);
   free(f32);
   free(out);
   ckpt_layout_free(&l);

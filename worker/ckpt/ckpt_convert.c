@@ -122,45 +122,34 @@ int ckpt_convert(const char *src, const char *out, const convert_opts_t *o, conv
   const ckpt_layout_t *l = &ck->layout;
   ty_dtype_t *dt = xcalloc(l->ntensors + 1, sizeof *dt);
   size_t *cut = xcalloc(l->ntensors + 2, sizeof *cut); /* file f holds [cut[f], cut[f+1]) */
+  uint64_t *bytes = xcalloc(l->ntensors + 1, sizeof *bytes);
+  const char **names = xcalloc(l->ntensors + 1, sizeof *names);
   void *src_buf = xmalloc(CONVERT_CHUNK), *dst_buf = xmalloc(CONVERT_CHUNK);
   float *f32 = xmalloc(CONVERT_CHUNK);
-  json_t *wm = json_object();
-  uint64_t total = 0, in_file = 0;
-  size_t nfiles = 0;
+  uint64_t total = 0;
   for (size_t i = 0; i < l->ntensors; i++) {
     dt[i] = o->set_dtype ? o->dtype : ck->file_tensor[i]->dtype;
-    uint64_t b = ck->file_tensor[i]->nelem * ty_dtype_size(dt[i]);
-    if (i == 0 || (o->shard_bytes && in_file && in_file + b > o->shard_bytes))
-      cut[nfiles++] = i, in_file = 0;
-    in_file += b;
-    total += b;
+    bytes[i] = ck->file_tensor[i]->nelem * ty_dtype_size(dt[i]);
+    names[i] = l->tensors[i].name;
+    total += bytes[i];
   }
-  cut[nfiles] = l->ntensors;
+  const size_t nfiles = st_shard_plan(bytes, l->ntensors, o->shard_bytes, cut);
   char path[PATH_MAX + 64], name[64];
   if ((rc = ty_mkdirs(out, err, errlen)) || (rc = copy_config(src, out, o, err, errlen))) goto done;
   for (size_t f = 0; f < nfiles && !rc; f++) {
-    if (nfiles == 1)
-      snprintf(name, sizeof name, "%s", ST_SINGLE_NAME);
-    else
-      snprintf(name, sizeof name, "model-%05zu-of-%05zu.safetensors", f + 1, nfiles);
+    st_shard_name(name, sizeof name, f, nfiles);
     snprintf(path, sizeof path, "%s/%s", out, name);
     rc = write_file(path, ck, dt, cut[f], cut[f + 1], src_buf, f32, dst_buf, &s, err, errlen);
-    for (size_t i = cut[f]; i < cut[f + 1]; i++)
-      json_object_set_new(wm, l->tensors[i].name, json_string(name));
   }
   if (!rc && nfiles > 1) {
     snprintf(path, sizeof path, "%s/%s", out, ST_INDEX_NAME);
-    rc = write_json(
-        path,
-        json_pack("{s:{s:I},s:O}", "metadata", "total_size", (json_int_t)total, "weight_map", wm),
-        err, errlen);
+    rc = write_json(path, st_shard_index(names, cut, nfiles, total), err, errlen);
   }
   s.tensors = l->ntensors;
   s.files = nfiles;
   if (stats) *stats = s;
 done:
-  json_decref(wm);
-  free(f32), free(src_buf), free(dst_buf), free(cut), free(dt);
+  free(f32), free(src_buf), free(dst_buf), free(cut), free(dt), free(bytes), free(names);
   ckpt_close(ck);
   return rc;
 }

@@ -227,43 +227,61 @@ static int check_adapter(const lora_t *lo, const ckpt_layout_t *l, char *err, si
   return 0;
 }
 
-/* model.safetensors of the merged model into dir. */
+/* The merged model's weights into dir: model.safetensors, or files of at
+ * most o->shard_bytes each with their index. */
 static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, const merge_opts_t *o,
                          merge_stats_t *s, char *err, size_t errlen) {
   const ckpt_layout_t *l = &ck->layout;
   st_desc_t *d = xcalloc(l->ntensors + 1, sizeof *d);
+  uint64_t *bytes = xcalloc(l->ntensors + 1, sizeof *bytes), total = 0;
+  const char **names = xcalloc(l->ntensors + 1, sizeof *names);
+  size_t *cut = xcalloc(l->ntensors + 2, sizeof *cut); /* file f holds [cut[f], cut[f+1]) */
   for (size_t i = 0; i < l->ntensors; i++) {
     const ckpt_tensor_t *t = &l->tensors[i];
     d[i] = (st_desc_t){
         t->name, o->set_dtype ? o->dtype : ck->file_tensor[i]->dtype, t->ndim, {t->rows, t->cols}};
+    bytes[i] = ck->file_tensor[i]->nelem * ty_dtype_size(d[i].dtype);
+    names[i] = t->name;
+    total += bytes[i];
   }
-  char path[PATH_MAX + 32];
-  snprintf(path, sizeof path, "%s/%s", dir, ST_SINGLE_NAME);
+  const size_t nfiles = st_shard_plan(bytes, l->ntensors, o->shard_bytes, cut);
   static const char *const md[] = {"format", "pt", NULL};
-  st_writer_t *w = NULL;
-  int rc = st_writer_open(path, d, l->ntensors, md, &w, err, errlen);
   bufs_t b = {xmalloc(CONVERT_CHUNK), xmalloc(CONVERT_CHUNK), xmalloc(CONVERT_CHUNK), NULL, 0};
-  for (size_t i = 0; i < l->ntensors && !rc; i++) {
-    const ckpt_tensor_t *t = &l->tensors[i];
-    int tg = t->layer >= 0 ? target_of(t->kind) : -1;
-    if (tg >= 0 && lora_has_target(lo, tg)) {
-      rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, d[i].dtype, &b,
-                        s, err, errlen);
-      s->merged++;
-    } else {
-      rc = copy_tensor(w, ck, i, d[i].dtype, &b, s, err, errlen);
+  char path[PATH_MAX + 64], name[64];
+  int rc = 0;
+  for (size_t f = 0; f < nfiles && !rc; f++) {
+    st_shard_name(name, sizeof name, f, nfiles);
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    st_writer_t *w = NULL;
+    rc = st_writer_open(path, d + cut[f], cut[f + 1] - cut[f], md, &w, err, errlen);
+    for (size_t i = cut[f]; i < cut[f + 1] && !rc; i++) {
+      const ckpt_tensor_t *t = &l->tensors[i];
+      int tg = t->layer >= 0 ? target_of(t->kind) : -1;
+      if (tg >= 0 && lora_has_target(lo, tg)) {
+        rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, d[i].dtype,
+                          &b, s, err, errlen);
+        s->merged++;
+      } else {
+        rc = copy_tensor(w, ck, i, d[i].dtype, &b, s, err, errlen);
+      }
+      s->tensors++;
     }
-    s->tensors++;
-  }
-  free(b.src), free(b.dst), free(b.f32), free(b.W), free(d);
-  if (rc) {
-    if (w) {
+    if (w && rc) {
       char ignored[8];
       st_writer_close(w, ignored, sizeof ignored);
+    } else if (w) {
+      rc = st_writer_close(w, err, errlen);
     }
-    return rc;
   }
-  return st_writer_close(w, err, errlen);
+  if (!rc && nfiles > 1) {
+    snprintf(path, sizeof path, "%s/%s", dir, ST_INDEX_NAME);
+    json_t *idx = st_shard_index(names, cut, nfiles, total);
+    rc = ty_json_write_file(idx, path, JSON_INDENT(2), err, errlen);
+    json_decref(idx);
+  }
+  s->files = nfiles;
+  free(b.src), free(b.dst), free(b.f32), free(b.W), free(d), free(bytes), free(names), free(cut);
+  return rc;
 }
 
 int ckpt_merge(const char *model_path, const lora_t *lo, const char *out, const merge_opts_t *o,
@@ -320,7 +338,7 @@ int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *mo
   char out[PATH_MAX];
   if (snprintf(out, sizeof out, "%s/%s", output_dir, MERGE_OUTPUT_DIR) >= (int)sizeof out)
     return ty_errf(err, errlen, TY_EINVAL, "%s: path too long", output_dir);
-  const merge_opts_t o = {.replace = true};
+  const merge_opts_t o = {.replace = true, .shard_bytes = MERGE_SHARD_BYTES};
   char why[2048];
   int rc = ckpt_merge(model_path, lo, out, &o, NULL, why, sizeof why);
   return rc ? ty_errf(err, errlen, rc, "merge_adapter: %s", why) : 0;

@@ -5,7 +5,8 @@
  * projections the adapter leaves alone) the base's, copied.
  *
  * Written tensor by tensor, in the checkpoint table's order, into one
- * model.safetensors: an adapted tensor is read whole into one fp32 buffer
+ * model.safetensors, or into files of at most shard_bytes each with
+ * Hugging Face's model.safetensors.index.json: an adapted tensor is read whole into one fp32 buffer
  * (the product needs all of it), the others stream through CONVERT_CHUNK
  * buffers, so the host holds about the largest adapted tensor in fp32 and
  * the adapter, never the model. The base is read through the tensor table
@@ -30,11 +31,18 @@ typedef struct {
   ty_dtype_t dtype; /* with set_dtype: every tensor's, and config.json's torch_dtype */
   bool replace;     /* an existing out is replaced (a job's output_dir/merged from an
                      * earlier attempt); false: an existing out is an error */
+  uint64_t shard_bytes; /* 0: one model.safetensors; else files of at most this (a larger
+                         * tensor alone in its file) and their index */
 } merge_opts_t;
+
+/* The files a job's merge_adapter writes, and trainyard merge's default:
+ * at most 5 GiB each, as Hugging Face's save_pretrained cuts them. */
+#define MERGE_SHARD_BYTES ((uint64_t)5 << 30)
 
 typedef struct {
   size_t tensors, merged;  /* tensors written; of them, adapted ones */
   size_t files_copied;     /* config.json and tokenizer files */
+  size_t files;            /* safetensors files written */
   uint64_t bytes_written;  /* tensor bytes */
   uint64_t largest_tensor; /* fp32 bytes of the largest adapted tensor (the buffer) */
 } merge_stats_t;
@@ -56,8 +64,9 @@ int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *
                    const merge_opts_t *o, merge_stats_t *stats, char *err, size_t errlen);
 
 /* A LoRA job's merge_adapter: lo merged into model_path's checkpoint as
- * output_dir/merged/ (MERGE_OUTPUT_DIR), each tensor in the base's dtype;
- * a merged folder of an earlier attempt of the job is replaced. */
+ * output_dir/merged/ (MERGE_OUTPUT_DIR), each tensor in the base's dtype,
+ * in files of MERGE_SHARD_BYTES at most; a merged folder of an earlier
+ * attempt of the job is replaced. */
 #define MERGE_OUTPUT_DIR "merged"
 int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path, char *err,
                         size_t errlen);

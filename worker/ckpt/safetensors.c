@@ -471,3 +471,34 @@ int st_read(const st_ckpt_t *c, const st_tensor_t *t, uint64_t off, void *dst, s
                    (unsigned long long)(at + (uint64_t)got));
   return 0;
 }
+
+void st_shard_name(char *buf, size_t n, size_t f, size_t nfiles) {
+  if (nfiles <= 1)
+    snprintf(buf, n, "%s", ST_SINGLE_NAME);
+  else
+    snprintf(buf, n, "model-%05zu-of-%05zu.safetensors", f + 1, nfiles);
+}
+
+size_t st_shard_plan(const uint64_t *bytes, size_t n, uint64_t shard_bytes, size_t *cut) {
+  size_t nfiles = 0;
+  uint64_t in_file = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (i == 0 || (shard_bytes && in_file && in_file + bytes[i] > shard_bytes))
+      cut[nfiles++] = i, in_file = 0;
+    in_file += bytes[i];
+  }
+  if (!nfiles) cut[nfiles++] = 0;
+  cut[nfiles] = n;
+  return nfiles;
+}
+
+json_t *st_shard_index(const char *const *names, const size_t *cut, size_t nfiles,
+                       uint64_t total) {
+  json_t *wm = json_object();
+  char name[64];
+  for (size_t f = 0; f < nfiles; f++) {
+    st_shard_name(name, sizeof name, f, nfiles);
+    for (size_t i = cut[f]; i < cut[f + 1]; i++) json_object_set_new(wm, names[i], json_string(name));
+  }
+  return json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
+}

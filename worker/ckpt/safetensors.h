@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "common/dtype.h"
 
 #define ST_HEADER_MAX (100u * 1000u * 1000u) /* 100 MB, as the format's own readers */
@@ -115,5 +117,20 @@ int st_writer_write(st_writer_t *w, const void *data, size_t n, char *err, size_
  * the file in place; always frees w. An incomplete file is removed, and
  * path keeps what it held. */
 int st_writer_close(st_writer_t *w, char *err, size_t errlen);
+
+/* Hugging Face's sharded layout, as the writers (mkmodel, convert,
+ * merge) make it. The name of file f (from 0) of nfiles: ST_SINGLE_NAME
+ * alone, else "model-<f+1>-of-<nfiles>.safetensors" (five digits each). */
+void st_shard_name(char *buf, size_t n, size_t f, size_t nfiles);
+/* n tensors of bytes[i] each, in order, cut into files of at most
+ * shard_bytes (0: one file; a tensor larger than that is alone in its
+ * file): cut[f] is file f's first tensor and cut[nfiles] = n (cut has
+ * room for n + 1). Returns nfiles, 1 for n = 0. */
+size_t st_shard_plan(const uint64_t *bytes, size_t n, uint64_t shard_bytes, size_t *cut);
+/* The index of such files (ST_INDEX_NAME's contents): {"metadata":
+ * {"total_size": total}, "weight_map": {names[i]: tensor i's file}}. A new
+ * reference. */
+json_t *st_shard_index(const char *const *names, const size_t *cut, size_t nfiles,
+                       uint64_t total);
 
 #endif
