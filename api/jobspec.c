@@ -427,8 +427,8 @@ static void from_object(jobspec_t *s, const json_t *obj, const char *prefix, ty_
       const char *near =
           strchr(key, '.') ? NULL : jobspec_suggest_field(prefix, key, sug, sizeof sug);
       if (ours)
-        ty_errlist_add(errs, path, "unknown field; trainyard calls it \"%s\" (%s): set that",
-                       ours, whose);
+        ty_errlist_add(errs, path, "unknown field; trainyard calls it \"%s\" (%s): set that", ours,
+                       whose);
       else if (strchr(key, '.'))
         ty_errlist_add(errs, path,
                        "unknown field; dotted names are for command-line flags, "

@@ -87,12 +87,12 @@ int cmd_merge(int argc, char **argv) {
   }
   memstat_t m;
   memstat_read(&m);
-  json_t *j = json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "out", out, "tensors",
-                        (json_int_t)s.tensors, "merged", (json_int_t)s.merged, "files",
-                        (json_int_t)s.files, "files_copied",
-                        (json_int_t)s.files_copied, "bytes_written", (json_int_t)s.bytes_written,
-                        "largest_merged_bytes", (json_int_t)s.largest_tensor, "host_peak_bytes",
-                        (json_int_t)m.hwm_bytes, "seconds", ty_mono_s() - t0);
+  json_t *j =
+      json_pack("{s:s, s:I, s:I, s:I, s:I, s:I, s:I, s:I, s:f}", "out", out, "tensors",
+                (json_int_t)s.tensors, "merged", (json_int_t)s.merged, "files", (json_int_t)s.files,
+                "files_copied", (json_int_t)s.files_copied, "bytes_written",
+                (json_int_t)s.bytes_written, "largest_merged_bytes", (json_int_t)s.largest_tensor,
+                "host_peak_bytes", (json_int_t)m.hwm_bytes, "seconds", ty_mono_s() - t0);
   char *line = j ? json_dumps(j, JSON_COMPACT) : NULL;
   if (line) printf("%s\n", line);
   free(line);

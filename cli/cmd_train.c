@@ -65,9 +65,9 @@ static void on_line(void *ctx, int rank, launch_stream_t stream, const char *lin
  * (server/config.h). */
 static int progress_timeout_ms(int *ms, char *err, size_t errlen) {
   long s = 900;
-  int rc = ty_env_long("TRAINYARD_PROGRESS_TIMEOUT_S", 1, 604800,
-                       "seconds a rank may go without progress before the job fails", &s, err,
-                       errlen);
+  int rc =
+      ty_env_long("TRAINYARD_PROGRESS_TIMEOUT_S", 1, 604800,
+                  "seconds a rank may go without progress before the job fails", &s, err, errlen);
   *ms = (int)(s * 1000);
   return rc;
 }

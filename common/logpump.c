@@ -24,8 +24,9 @@ void ty_logpump(int in_fd, int out_fd, int64_t max, const char *who, ty_logpump_
     if (take && write(out_fd, buf, take) == (ssize_t)take) written += (int64_t)take;
     if (take < (size_t)n && !noted) {
       char note[160];
-      int len = snprintf(note, sizeof note, "\n[%s: log capped at %lld bytes; later output dropped]\n",
-                         who, (long long)max);
+      int len =
+          snprintf(note, sizeof note, "\n[%s: log capped at %lld bytes; later output dropped]\n",
+                   who, (long long)max);
       if (write(out_fd, note, (size_t)len) < 0) ty_warn("log note not written");
       noted = true;
     }

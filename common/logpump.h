@@ -15,7 +15,6 @@ typedef void (*ty_logpump_fn)(void *ctx, const char *buf, size_t n);
  * once a note "[<who>: log capped at <max> bytes; later output dropped]",
  * then reads on, dropping the rest, so that the writer never blocks on a
  * full pipe. each (may be NULL) sees every chunk. Closes neither fd. */
-void ty_logpump(int in_fd, int out_fd, int64_t max, const char *who, ty_logpump_fn each,
-                void *ctx);
+void ty_logpump(int in_fd, int out_fd, int64_t max, const char *who, ty_logpump_fn each, void *ctx);
 
 #endif

@@ -36,7 +36,7 @@ extern "C" {
   X(RANK, "TRAINYARD_RANK", INT, 0, 65535, 0, "this process's rank")                               \
   X(WORLD_SIZE, "TRAINYARD_WORLD_SIZE", INT, 1, 65536, 1, "the job's ranks")                       \
   X(RENDEZVOUS, "TRAINYARD_RENDEZVOUS", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
-    "where the ranks meet: self, shm:<name>, nccl:file:<path>, gloo:file:<dir>, "                   \
+    "where the ranks meet: self, shm:<name>, nccl:file:<path>, gloo:file:<dir>, "                  \
     "gloo:http:<url>")                                                                             \
   X(REPORT_URL, "TRAINYARD_REPORT_URL", STR, 0, 0, RANKENV_NO_DEFAULT,                             \
     "where reports are POSTed; unset: one JSON line each on stdout")                               \
@@ -44,7 +44,7 @@ extern "C" {
     "the job's token, sent as Authorization: Bearer with each report")                             \
   X(LOG_DIR, "TRAINYARD_RANK_LOG_DIR", STR, 0, 0, RANKENV_NO_DEFAULT,                              \
     "where a rank appends its own output to rank-<rank>.log, capped at TRAINYARD_RANK_LOG_MAX "    \
-    "(ranks srun started); unset: its stdout and stderr as they are")                             \
+    "(ranks srun started); unset: its stdout and stderr as they are")                              \
   X(LOG_MAX, "TRAINYARD_RANK_LOG_MAX", INT, 4096, 1L << 40, 16777216,                              \
     "bytes of its output a rank keeps in rank-<rank>.log (with TRAINYARD_RANK_LOG_DIR)")           \
   X(READ_ROOTS, "TRAINYARD_READ_ROOTS", STR, 0, 0, RANKENV_NO_DEFAULT,                             \

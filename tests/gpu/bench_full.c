@@ -96,8 +96,8 @@ int main(int argc, char **argv) {
   train_device_t dev;
   if (comm_open(&comm, "self", 0, 1, err, sizeof err) ||
       model_create_weights(&host, &cfg, B, T, MODEL_TRAIN_FULL, err, sizeof err) ||
-      train_cuda_create(&tc, &spec, &cfg, comm, 0, &(train_cuda_trained_t){.host = host}, B, T,
-                        &ls, &dev, err, sizeof err) ||
+      train_cuda_create(&tc, &spec, &cfg, comm, 0, &(train_cuda_trained_t){.host = host}, B, T, &ls,
+                        &dev, err, sizeof err) ||
       train_backend_host(&hb, host, NULL, err, sizeof err) ||
       train_backend_device(&b, &hb, &dev, 1, err, sizeof err))
     goto out;
@@ -126,8 +126,8 @@ int main(int argc, char **argv) {
         (rc = b.grad_sumsq(b.ctx, &sumsq, err, sizeof err)))
       goto out;
     norm = sqrt(sumsq);
-    if ((rc = b.step(b.ctx, o, optim_lr_at(&oc, it), optim_clip_factor(norm, 1.0), err,
-                     sizeof err)))
+    if ((rc =
+             b.step(b.ctx, o, optim_lr_at(&oc, it), optim_clip_factor(norm, 1.0), err, sizeof err)))
       goto out;
     if (it == 0) first = loss;
   }
@@ -140,13 +140,14 @@ int main(int argc, char **argv) {
   const double secs = now_s() - t0;
   size_t fr, tot;
   cudaMemGetInfo(&fr, &tot);
-  printf("{\"status\":\"ok\",\"mode\":\"full\",\"dtype\":\"float32\",\"params\":%llu,"
-         "\"B\":%d,\"T\":%d,\"steps\":%d,\"tokens_per_s\":%.1f,\"loss_first\":%.4f,"
-         "\"loss_last\":%.4f,\"grad_norm_last\":%.4g,\"load_seconds\":%.3f,"
-         "\"device_peak_bytes\":%llu,\"allocator_peak_bytes\":%llu,\"device_used_bytes\":%llu}\n",
-         (unsigned long long)b.span.n, B, T, steps, (double)n * steps / secs, first, loss, norm,
-         ls.load_seconds, (unsigned long long)ls.device_peak_bytes,
-         (unsigned long long)mem_cuda_peak(), (unsigned long long)(tot - fr));
+  printf(
+      "{\"status\":\"ok\",\"mode\":\"full\",\"dtype\":\"float32\",\"params\":%llu,"
+      "\"B\":%d,\"T\":%d,\"steps\":%d,\"tokens_per_s\":%.1f,\"loss_first\":%.4f,"
+      "\"loss_last\":%.4f,\"grad_norm_last\":%.4g,\"load_seconds\":%.3f,"
+      "\"device_peak_bytes\":%llu,\"allocator_peak_bytes\":%llu,\"device_used_bytes\":%llu}\n",
+      (unsigned long long)b.span.n, B, T, steps, (double)n * steps / secs, first, loss, norm,
+      ls.load_seconds, (unsigned long long)ls.device_peak_bytes,
+      (unsigned long long)mem_cuda_peak(), (unsigned long long)(tot - fr));
   rc = 0;
 out:
   if (rc) fprintf(stderr, "bench_full: %s\n", err);

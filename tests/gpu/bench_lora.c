@@ -142,7 +142,8 @@ int main(int argc, char **argv) {
   size_t fr, tot;
   cudaMemGetInfo(&fr, &tot);
   printf(
-      "{\"status\":\"ok\",\"mode\":\"lora\",\"slots\":%d,\"params\":%llu,\"B\":%d,\"T\":%d,\"lora_rank\":%d,"
+      "{\"status\":\"ok\",\"mode\":\"lora\",\"slots\":%d,\"params\":%llu,\"B\":%d,\"T\":%d,\"lora_"
+      "rank\":%d,"
       "\"steps\":%d,"
       "\"tokens_per_s\":%.1f,\"flops_per_token\":%.4g,\"model_tflops\":%.2f,"
       "\"mfu\":%.4f,\"peak_tflops\":%.0f,\"loss_first\":%.4f,\"loss_last\":%.4f,"

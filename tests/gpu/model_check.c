@@ -143,11 +143,11 @@ static int gpu_twin(twins_t *t, cuda_backend_t *cb, const lora_t *lo) {
     return 1;
   }
   const char *hr = getenv("TRAINYARD_HEAD_ROWS");
-  const uint64_t want = llama_device_activation_bytes(
-      &t->ds->layout.cfg, B, T, g_recompute, lo ? lo->R : 0, lo ? lo->n_params : 0,
-      hr ? atoll(hr) : 0);
-  const uint64_t got = model_cuda_bytes(t->mc) - model_cuda_attention_bytes(t->mc) -
-                       (lo ? 0 : t->ds->bytes);
+  const uint64_t want =
+      llama_device_activation_bytes(&t->ds->layout.cfg, B, T, g_recompute, lo ? lo->R : 0,
+                                    lo ? lo->n_params : 0, hr ? atoll(hr) : 0);
+  const uint64_t got =
+      model_cuda_bytes(t->mc) - model_cuda_attention_bytes(t->mc) - (lo ? 0 : t->ds->bytes);
   if (got != want) {
     printf("FAIL device buffers: the model allocated %llu bytes, the rules count %llu\n",
            (unsigned long long)got, (unsigned long long)want);

@@ -88,7 +88,6 @@ static void fork_ranks(int world, rank_fn fn, void *arg, int no_shm, pid_t *pids
   }
 }
 
-
 /* Random floats of mixed magnitude, so that the order of a sum shows in
  * its bits: (a + b) + c differs from a + (b + c) for most of them. */
 static float rnd(uint64_t *s) {

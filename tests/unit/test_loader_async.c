@@ -260,7 +260,6 @@ static void test_upload(void **state) {
   queued_free(&q);
 }
 
-
 /* Failures with copies queued: each is reported, nothing stays placed or
  * queued, and no copy runs into released memory (q_release checks). */
 static void test_failures(void **state) {

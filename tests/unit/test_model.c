@@ -259,8 +259,8 @@ static void test_lora_init_and_table(void **state) {
   assert_int_equal(lora_create(&bad, m, 0, 16.0, mask, err, sizeof err), TY_EINVAL);
   assert_non_null(strstr(err, "lora_rank"));
   /* The job spec's bound, the same number. */
-  assert_int_equal(
-      lora_create(&bad, m, JOBSPEC_LORA_RANK_MAX + 1, 16.0, mask, err, sizeof err), TY_EINVAL);
+  assert_int_equal(lora_create(&bad, m, JOBSPEC_LORA_RANK_MAX + 1, 16.0, mask, err, sizeof err),
+                   TY_EINVAL);
   assert_non_null(strstr(err, "between 1 and 4096"));
   jobspec_t s;
   jobspec_init(&s);
@@ -584,8 +584,8 @@ static void test_head_chunks_match(void **state) {
     float w[TB * TT];
     make_batch(tok, tgt, 33 + k, c.vocab_size);
     for (int i = 0; i < TB * TT; i++) w[i] = masked && i % 3 == 0 ? 0.0f : 1.0f;
-    const model_batch_t bt = {.tokens = tok, .targets = tgt, .weights = masked ? w : NULL,
-                              .b = TB, .t = TT};
+    const model_batch_t bt = {
+        .tokens = tok, .targets = tgt, .weights = masked ? w : NULL, .b = TB, .t = TT};
     for (int i = 0; i < 2; i++) {
       if (i) setenv("TRAINYARD_HEAD_ROWS", "4", 1);
       assert_int_equal(model_create(&m[i], &c, TB, TT, mode, err, sizeof err), 0);
@@ -664,8 +664,8 @@ static void test_lora_params_counted(void **state) {
   char err[256];
   llama_config_t c = tiny_config(false, 2);
   c.num_hidden_layers = 3;
-  const unsigned sets[] = {JOBSPEC_TARGET_ALL_LINEAR, 1u << JOBSPEC_TARGET_BIT_Q |
-                                                         1u << JOBSPEC_TARGET_BIT_V,
+  const unsigned sets[] = {JOBSPEC_TARGET_ALL_LINEAR,
+                           1u << JOBSPEC_TARGET_BIT_Q | 1u << JOBSPEC_TARGET_BIT_V,
                            1u << JOBSPEC_TARGET_BIT_DOWN};
   for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
     model_t *m;

@@ -225,10 +225,13 @@ static void test_report_refusals(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_names_are_the_contract), cmocka_unit_test(test_launcher_environments),
-      cmocka_unit_test(test_rank_reads_numbers),     cmocka_unit_test(test_rank_from_slurm),
+      cmocka_unit_test(test_names_are_the_contract),
+      cmocka_unit_test(test_launcher_environments),
+      cmocka_unit_test(test_rank_reads_numbers),
+      cmocka_unit_test(test_rank_from_slurm),
       cmocka_unit_test(test_rank_gpu),
-      cmocka_unit_test(test_report_round_trip),      cmocka_unit_test(test_report_refusals),
+      cmocka_unit_test(test_report_round_trip),
+      cmocka_unit_test(test_report_refusals),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -27,10 +27,10 @@
 #include "worker/model/lora.h"
 
 typedef struct {
-  bool set_dtype;   /* false: each tensor keeps the base file's dtype */
-  ty_dtype_t dtype; /* with set_dtype: every tensor's, and config.json's torch_dtype */
-  bool replace;     /* an existing out is replaced (a job's output_dir/merged from an
-                     * earlier attempt); false: an existing out is an error */
+  bool set_dtype;       /* false: each tensor keeps the base file's dtype */
+  ty_dtype_t dtype;     /* with set_dtype: every tensor's, and config.json's torch_dtype */
+  bool replace;         /* an existing out is replaced (a job's output_dir/merged from an
+                         * earlier attempt); false: an existing out is an error */
   uint64_t shard_bytes; /* 0: one model.safetensors; else files of at most this (a larger
                          * tensor alone in its file) and their index */
 } merge_opts_t;

@@ -492,13 +492,13 @@ size_t st_shard_plan(const uint64_t *bytes, size_t n, uint64_t shard_bytes, size
   return nfiles;
 }
 
-json_t *st_shard_index(const char *const *names, const size_t *cut, size_t nfiles,
-                       uint64_t total) {
+json_t *st_shard_index(const char *const *names, const size_t *cut, size_t nfiles, uint64_t total) {
   json_t *wm = json_object();
   char name[64];
   for (size_t f = 0; f < nfiles; f++) {
     st_shard_name(name, sizeof name, f, nfiles);
-    for (size_t i = cut[f]; i < cut[f + 1]; i++) json_object_set_new(wm, names[i], json_string(name));
+    for (size_t i = cut[f]; i < cut[f + 1]; i++)
+      json_object_set_new(wm, names[i], json_string(name));
   }
   return json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wm);
 }

@@ -130,7 +130,6 @@ size_t st_shard_plan(const uint64_t *bytes, size_t n, uint64_t shard_bytes, size
 /* The index of such files (ST_INDEX_NAME's contents): {"metadata":
  * {"total_size": total}, "weight_map": {names[i]: tensor i's file}}. A new
  * reference. */
-json_t *st_shard_index(const char *const *names, const size_t *cut, size_t nfiles,
-                       uint64_t total);
+json_t *st_shard_index(const char *const *names, const size_t *cut, size_t nfiles, uint64_t total);
 
 #endif

@@ -272,4 +272,6 @@ void train_cuda_free(train_cuda_t *t) {
   free(t);
 }
 
-size_t train_cuda_buffer_bytes(const train_cuda_t *t) { return model_cuda_bytes(t->mc); }
+size_t train_cuda_buffer_bytes(const train_cuda_t *t) {
+  return model_cuda_bytes(t->mc);
+}

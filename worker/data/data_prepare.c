@@ -157,7 +157,7 @@ static int make_key(const data_prepare_t *p, const char *tsrc, uint64_t *key, ch
   uint64_t h = EXAMPLES_HASH_INIT;
   const int64_t id[] = {PREPARE_FORMAT,     (int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec,
                         st.st_mtim.tv_nsec, (int64_t)st.st_ino,  (int64_t)st.st_dev,
-                        (int64_t)p->kind,   (int64_t)p->loss_on,  (int64_t)p->max_bytes};
+                        (int64_t)p->kind,   (int64_t)p->loss_on, (int64_t)p->max_bytes};
   h = examples_hash(h, id, sizeof id);
   h = examples_hash(h, tsrc ? tsrc : "", tsrc ? strlen(tsrc) + 1 : 1);
   /* The tokenizer's files: tokenizer.json (the path or in the folder) and

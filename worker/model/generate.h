@@ -53,14 +53,12 @@ int gen_device_pick(const char *name, gen_device_t *dev, char *err, size_t errle
 const char *gen_device_name(gen_device_t dev);
 
 /* gen_create on dev. GEN_DEVICE_CUDA (worker/cuda/generate_cuda.h, the
- * thread's current CUDA device: 0 unless set): the weights and the adapter are copied to the GPU here (so,
- * unlike the CPU decoder's, later changes to them are not seen), the
- * matrices as wdt (TY_DTYPE_F32: gen_feed returns the CPU's logits up to
- * summation order; TY_DTYPE_BF16: half the memory, each product's input
- * rounded to bf16 too), and the cache and scratch live in device memory.
- * The CPU decoder ignores wdt. TY_EUNAVAILABLE in a build without CUDA or
- * with no GPU; TY_EINVAL for another wdt; TY_EEXHAUSTED for device
- * memory. */
+ * thread's current CUDA device: 0 unless set): the weights and the adapter are copied to the GPU
+ * here (so, unlike the CPU decoder's, later changes to them are not seen), the matrices as wdt
+ * (TY_DTYPE_F32: gen_feed returns the CPU's logits up to summation order; TY_DTYPE_BF16: half the
+ * memory, each product's input rounded to bf16 too), and the cache and scratch live in device
+ * memory. The CPU decoder ignores wdt. TY_EUNAVAILABLE in a build without CUDA or with no GPU;
+ * TY_EINVAL for another wdt; TY_EEXHAUSTED for device memory. */
 int gen_create_on(gen_t **out, gen_device_t dev, const model_dims_t *d, const model_weights_t *w,
                   const lora_t *lo, int S, int sliding_window, ty_dtype_t wdt, char *err,
                   size_t errlen);

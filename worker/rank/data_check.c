@@ -13,7 +13,7 @@
 
 /* The data layout of spec s for rank of world over a vocabulary of V. */
 data_config_t train_data_config(const jobspec_t *s, const data_prepared_t *prep, int64_t V,
-                                 int rank, int world) {
+                                int rank, int world) {
   return (data_config_t){.path = s->data.path,
                          .examples_path = prep && prep->path[0] ? prep->path : NULL,
                          .examples_key = prep ? prep->key : 0,
@@ -84,8 +84,7 @@ void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
   /* The file's start: its bad lines, its tokenizer, and whether its
    * examples already hold a global batch (more examples only add rows). */
   data_prepared_t prep;
-  int rc = prepare(s, cfg.vocab_size, dir, (uint64_t)kib << 10, NULL, NULL, &prep, err,
-                   sizeof err);
+  int rc = prepare(s, cfg.vocab_size, dir, (uint64_t)kib << 10, NULL, NULL, &prep, err, sizeof err);
   if (!rc)
     rc = train_data_check(s, &prep, cfg.vocab_size, 0, s->world_size, NULL, 0, err, sizeof err);
   /* Too few there: the whole file decides. */

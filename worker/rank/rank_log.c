@@ -39,8 +39,8 @@ int rank_log_start(int rank, char *err, size_t errlen) {
   fflush(stderr);
   pid_t pid = fork();
   if (pid < 0) {
-    rc = ty_errf(err, errlen, TY_EUNAVAILABLE, "no process for the rank's log: %s",
-                 strerror(errno));
+    rc =
+        ty_errf(err, errlen, TY_EUNAVAILABLE, "no process for the rank's log: %s", strerror(errno));
     close(fds[0]);
     close(fds[1]);
     close(logfd);

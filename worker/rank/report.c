@@ -85,7 +85,7 @@ static int post_locked(const char *text) {
   }
   if (status >= 200 && status < 300) return 0;
   return status >= 400 && status < 500 && status != 408 && status != 429 ? TY_EINVAL
-                                                                          : TY_EUNAVAILABLE;
+                                                                         : TY_EUNAVAILABLE;
 }
 
 /* Keeps text (owned) at the backlog's end, dropping the oldest when full. */
@@ -95,8 +95,10 @@ static void backlog_push(char *text) {
     g_rep.bl_head = (g_rep.bl_head + 1) % BACKLOG_MAX;
     g_rep.bl_n--;
     if (g_rep.bl_dropped++ == 0)
-      fprintf(stderr, "[rank %d/%d] the server has been unreachable for %d reports: the oldest "
-                      "are dropped\n", g_rep.rank, g_rep.world_size, BACKLOG_MAX);
+      fprintf(stderr,
+              "[rank %d/%d] the server has been unreachable for %d reports: the oldest "
+              "are dropped\n",
+              g_rep.rank, g_rep.world_size, BACKLOG_MAX);
   }
   g_rep.backlog[(g_rep.bl_head + g_rep.bl_n) % BACKLOG_MAX] = text;
   g_rep.bl_n++;
@@ -240,10 +242,11 @@ static void human_line(const report_t *r) {
   char head[64];
   snprintf(head, sizeof head, "[rank %d/%d]", g_rep.rank, g_rep.world_size);
   if (r->sample_prompt && *r->sample_prompt) { /* quoted as JSON strings: one line */
-    json_t *p = json_string(r->sample_prompt), *t = json_string(r->sample_text ? r->sample_text : "");
+    json_t *p = json_string(r->sample_prompt),
+           *t = json_string(r->sample_text ? r->sample_text : "");
     char *ps = json_dumps(p, JSON_ENCODE_ANY), *ts = json_dumps(t, JSON_ENCODE_ANY);
-    fprintf(stderr, "%s sample at step %lld: %s -> %s\n", head, (long long)r->step,
-            ps ? ps : "?", ts ? ts : "?");
+    fprintf(stderr, "%s sample at step %lld: %s -> %s\n", head, (long long)r->step, ps ? ps : "?",
+            ts ? ts : "?");
     free(ps);
     free(ts);
     json_decref(p);
@@ -286,8 +289,10 @@ int report_send(const report_t *r) {
   } else {
     /* In order: the kept reports first; while any is left, this one too. */
     rc = backlog_flush_locked();
-    if (!rc && !g_rep.bl_n) rc = post_locked(text);
-    else if (!rc) backlog_push(xstrdup(text));
+    if (!rc && !g_rep.bl_n)
+      rc = post_locked(text);
+    else if (!rc)
+      backlog_push(xstrdup(text));
     if (rc == TY_EUNAVAILABLE) backlog_push(xstrdup(text));
     if (rc == TY_EINVAL) rc = TY_EUNAVAILABLE; /* refused: report_send's word for it */
     if (g_rep.over) rc = TY_EPRECONDITION;

@@ -19,13 +19,13 @@ struct samples {
   const jobspec_t *s;
   tok_t *tok;
   model_t *base; /* a whole copy of the frozen base (LoRA over shards), or NULL */
-  gen_t *g;   /* the CPU decoder */
-  gen_t *gpu; /* on GPU ranks, the GPU decoder once made (NULL: none, or no room) */
+  gen_t *g;      /* the CPU decoder */
+  gen_t *gpu;    /* on GPU ranks, the GPU decoder once made (NULL: none, or no room) */
   bool gpu_tried;
-  model_dims_t d;              /* for the GPU decoder: the model's shape, */
-  const model_weights_t *w;    /* the weights to copy, */
-  const lora_t *lo;            /* the adapters, */
-  int window;                  /* Mistral's sliding window */
+  model_dims_t d;                       /* for the GPU decoder: the model's shape, */
+  const model_weights_t *w;             /* the weights to copy, */
+  const lora_t *lo;                     /* the adapters, */
+  int window;                           /* Mistral's sliding window */
   int *ids[JOBSPEC_SAMPLE_PROMPTS_MAX]; /* each prompt's ids */
   int n_ids[JOBSPEC_SAMPLE_PROMPTS_MAX];
   int n_prompts, V, S; /* S: the decoder's cache, in tokens */
@@ -143,10 +143,12 @@ static gen_t *decoder(samples_t *sm, char *err, size_t errlen, int *rc) {
     sm->gpu_tried = true;
     char why[512];
     const ty_dtype_t wdt = s->dtype == TY_DTYPE_BF16 ? TY_DTYPE_BF16 : TY_DTYPE_F32;
-    if (gen_create_on(&sm->gpu, GEN_DEVICE_CUDA, &sm->d, sm->w, sm->lo, sm->S, sm->window, wdt,
-                      why, sizeof why))
-      fprintf(stderr, "[rank 0] samples decode on the CPU: the GPU has no room for a copy of the "
-                      "base beside training's buffers (%s)\n", why);
+    if (gen_create_on(&sm->gpu, GEN_DEVICE_CUDA, &sm->d, sm->w, sm->lo, sm->S, sm->window, wdt, why,
+                      sizeof why))
+      fprintf(stderr,
+              "[rank 0] samples decode on the CPU: the GPU has no room for a copy of the "
+              "base beside training's buffers (%s)\n",
+              why);
     else
       fprintf(stderr, "[rank 0] samples decode on the GPU (the base copied in %s)\n",
               ty_dtype_name(wdt));
