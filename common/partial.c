@@ -57,9 +57,13 @@ void ty_partial_untrack(int slot) {
   atomic_store(&g_state[slot], SLOT_FREE);
 }
 
-static void on_stop(int sig) {
+void ty_partial_remove_all(void) {
   for (int i = 0; i < SLOTS; i++)
     if (atomic_load(&g_state[i]) == SLOT_TRACKED) unlinkat(g_dir[i], g_name[i], 0);
+}
+
+static void on_stop(int sig) {
+  ty_partial_remove_all();
   /* Die of the signal, as without this handler: it is blocked while the
    * handler runs, and delivered with the default action on return. */
   signal(sig, SIG_DFL);

@@ -18,4 +18,8 @@ void ty_partial_untrack(int slot);
  * signals that is not ignored. Once, early in a program. */
 void ty_partial_cleanup_on_signals(void);
 
+/* Removes every tracked part now: for a signal handler of another's that
+ * ends the process itself (worker/rank/preempt.c). Async-signal-safe. */
+void ty_partial_remove_all(void);
+
 #endif

@@ -10,7 +10,9 @@
 #   - where the start holds too few examples for a global batch the whole
 #     file decides: enough in all passes, too few is refused with the
 #     rows it has;
-#   - a bound that is not a number is named.
+#   - a bound that is not a number is named;
+#   - a rank sent SIGTERM while it tokenizes (before its first step) exits
+#     75, preempted, leaving no half-written examples file.
 # usage: jsonl_check.sh TOKENIZER_DIR (tokenizer.json + tokenizer_config.json)
 set -euo pipefail
 . "$(dirname "$0")/../testlib.sh"
@@ -68,4 +70,33 @@ TRAINYARD_JSONL_CHECK_KIB=soon check --data.path "$tmp/good.jsonl" &&
   fail "a bound that is no number passes"
 grep -q "TRAINYARD_JSONL_CHECK_KIB='soon' is not a whole number" "$tmp/out" ||
   { cat "$tmp/out"; fail "the bad bound is not named"; }
+
+# SIGTERM while the rank tokenizes a file of ~30 MiB (seconds of work).
+python3 - "$tmp" <<'PY'
+import sys
+tmp = sys.argv[1]
+good = open(f"{tmp}/good.jsonl").read()
+open(f"{tmp}/big.jsonl", "w").write(good * 13)
+PY
+cat >"$tmp/big.json" <<JSON
+{"name": "big", "model_path": "$tmp/base", "use_lora": true, "lora_rank": 4,
+ "data": {"path": "$tmp/big.jsonl", "format": "jsonl", "chat_template": "llama3", "seq_len": 64},
+ "train": {"steps": 1}, "output_dir": "$tmp/o-big"}
+JSON
+TRAINYARD_SPEC="$tmp/big.json" "$worker" >/dev/null 2>"$tmp/big.err" &
+pid=$!
+for _ in $(seq 400); do
+  grep -q "tokenize " "$tmp/big.err" 2>/dev/null && break
+  sleep 0.02
+done
+grep -q "tokenize " "$tmp/big.err" || { cat "$tmp/big.err"; fail "the rank never tokenized"; }
+kill -TERM "$pid"
+rc=0
+wait "$pid" || rc=$?
+[ "$rc" = 75 ] || { cat "$tmp/big.err"; fail "SIGTERM while tokenizing: exit $rc, not 75"; }
+if ls "$tmp/o-big/tokenized" | grep -q "partial"; then
+  ls -la "$tmp/o-big/tokenized"
+  fail "a half-written examples file was left"
+fi
+echo "ok   SIGTERM while tokenizing: exit 75, no half-written file"
 echo "ok   validation reads the start of a large JSONL file, the ranks all of it"

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "common/errors.h"
+#include "common/partial.h"
 #include "common/rankproc.h"
 
 static volatile sig_atomic_t g_term, g_stepping;
@@ -14,7 +15,10 @@ static bool g_installed;
 
 static void on_term(int sig) {
   (void)sig;
-  if (!g_stepping) _exit(RANKPROC_EXIT_PREEMPTED); /* nothing to keep yet */
+  if (!g_stepping) { /* nothing to keep yet; no half-written file left either */
+    ty_partial_remove_all();
+    _exit(RANKPROC_EXIT_PREEMPTED);
+  }
   g_term = 1;
 }
 
