@@ -320,12 +320,10 @@ static void job_spec(const db_job_t *j, jobspec_t *spec) {
   json_decref(sj);
 }
 
-/* Starts the job's next attempt; TY_EPRECONDITION when it could not be moved
- * to starting (cancelled meanwhile), another error when that could not be
- * written (nothing started). */
-/* Claims the slots of job j's attempt: a run in s->runs, its ranks' CPU
- * slots or GPUs (each rank its own free GPU). */
-static run_t *claim_slots(sched_t *s, const db_job_t *j, int attempt) {
+/* A run of job j's attempt in s->runs, its ranks counted against the CPU
+ * slots or the GPUs (the caller holds s->lock); its output folder not yet
+ * locked. */
+static run_t *run_add(sched_t *s, const db_job_t *j, int attempt) {
   run_t *r = xcalloc(1, sizeof *r);
   snprintf(r->id, sizeof r->id, "%s", j->id);
   r->attempt = attempt;
@@ -342,6 +340,13 @@ static run_t *claim_slots(sched_t *s, const db_job_t *j, int attempt) {
     s->gpu_used += r->world;
   else
     s->cpu_used += r->world;
+  return r;
+}
+
+/* Claims the slots of job j's attempt: a run in s->runs, its ranks' CPU
+ * slots or GPUs (each rank its own free GPU). */
+static run_t *claim_slots(sched_t *s, const db_job_t *j, int attempt) {
+  run_t *r = run_add(s, j, attempt);
   for (int i = 0; i < r->world; i++) {
     r->ranks[i].gpu = -1;
     for (int g = 0; r->gpu && !s->disp->ops->queues && g < s->cfg->gpus && g < 64; g++)
@@ -519,17 +524,8 @@ int sched_adopt(sched_t *s, const char *id, int attempt, int pid, int64_t start_
     return TY_EUNAVAILABLE;
   }
   pthread_mutex_lock(&s->lock);
-  run_t *r = xcalloc(1, sizeof *r);
-  snprintf(r->id, sizeof r->id, "%s", j->id);
-  r->attempt = attempt;
-  r->world = j->world_size;
-  r->max_restarts = j->max_restarts;
-  db_job_preemptions(svc_db(s->svc), j->id, &r->preempted_before);
-  r->gpu = !strcmp(j->device, "cuda");
-  r->ranks = xcalloc((size_t)r->world, sizeof *r->ranks);
+  run_t *r = run_add(s, j, attempt);
   r->drun = drun;
-  r->out_lock = -1;
-  r->out_dir = j->output_dir && j->output_dir[0] ? xstrdup(j->output_dir) : NULL;
   if (r->out_dir) r->out_lock = ty_dir_lock(r->out_dir, NULL, 0);
   if (r->out_lock < 0) r->out_lock = -1;
   snprintf(r->rdv, sizeof r->rdv, "gloo:file:%s/jobs/%s/attempt-%d/gloo", s->cfg->state_dir, j->id,
@@ -542,12 +538,6 @@ int sched_adopt(sched_t *s, const char *id, int attempt, int pid, int64_t start_
     k->last_report = k->last_progress = now;
     report_wire_init(&k->last);
   }
-  if (r->gpu)
-    s->gpu_used += r->world;
-  else
-    s->cpu_used += r->world;
-  r->next = s->runs;
-  s->runs = r;
   pthread_mutex_unlock(&s->lock);
   db_job_free(j);
   return 0;
