@@ -32,10 +32,9 @@ struct gen_cuda {
   uint16_t *xb;          /* (CH, max(C, QD, FF)): a product's input in bf16 */
   float *kc, *vc;        /* (L, S, KVD) each */
   float *cos_t, *sin_t;  /* (S, HS/2) */
-  float *x, *ln, *rstd;  /* (CH, C), (CH, C), (CH) */
-  float *q, *att;        /* (CH, QD) each */
-  float *gate, *up, *xa; /* (CH, FF), (CH, FF), (CH, R) */
-  float *logits;         /* (V) */
+#define TY_X(field, n) float *field; /* generate.h's GEN_SCRATCH, in one allocation at x */
+  GEN_SCRATCH(TY_X)
+#undef TY_X
   int *tokens, *pos;     /* (CH) each */
 };
 
@@ -111,9 +110,13 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
   if (device < 0 && cudaGetDevice(&device) != cudaSuccess) device = 0; /* the thread's */
   int rc = mem_cuda_init(err, errlen);
   if (!rc) rc = cuda_backend_create(&g->cb, device, err, errlen);
+  /* GEN_SCRATCH's letters */
   const size_t CH = GEN_CHUNK, KVD = (size_t)d->NKV * d->HS, QD = (size_t)d->NH * d->HS;
-  const size_t R = (size_t)g->R;
-  const size_t act = 2 * CH * d->C + CH + 2 * CH * QD + 2 * CH * d->FF + CH * R + d->V;
+  const size_t C = (size_t)d->C, FF = (size_t)d->FF, V = (size_t)d->V, R = (size_t)g->R;
+  size_t act = 0; /* the scratch's floats */
+#define TY_X(field, n) act += (n);
+  GEN_SCRATCH(TY_X)
+#undef TY_X
   float *a = NULL;
   size_t widest = (size_t)d->C > QD ? (size_t)d->C : QD;
   if ((size_t)d->FF > widest) widest = (size_t)d->FF;
@@ -170,16 +173,10 @@ int gen_cuda_create(gen_cuda_t **out, const model_dims_t *d, const model_weights
   }
   g->vc = g->kc + (size_t)d->L * S * KVD;
   g->sin_t = g->cos_t + (size_t)S * d->HS / 2;
-  a = g->x;
-  g->x = a, a += CH * d->C;
-  g->ln = a, a += CH * d->C;
-  g->rstd = a, a += CH;
-  g->q = a, a += CH * QD;
-  g->att = a, a += CH * QD;
-  g->gate = a, a += CH * d->FF;
-  g->up = a, a += CH * d->FF;
-  g->xa = a, a += CH * R;
-  g->logits = a;
+  a = g->x; /* the scratch's allocation, carved as GEN_SCRATCH says */
+#define TY_X(field, n) g->field = a, a += (n);
+  GEN_SCRATCH(TY_X)
+#undef TY_X
   g->pos = g->tokens + CH;
   if (bad) cudaGetLastError();
   rc =

@@ -25,16 +25,10 @@ struct gen {
   int S, window, len;       /* capacity, sliding window (0: none), tokens cached */
   float *kc, *vc;           /* (L, S, KVD) each: rotated keys, values */
   float *cos_t, *sin_t;     /* (S, HS/2) rotary tables */
-  /* Scratch for a chunk of up to GEN_CHUNK rows: */
-  float *x;      /* (CH, C) residual stream */
-  float *ln;     /* (CH, C) normalised input of a sublayer */
-  float *rstd;   /* (CH) */
-  float *q;      /* (CH, QD) */
-  float *att;    /* (CH, QD) attention output */
-  float *gate;   /* (CH, FF) */
-  float *up;     /* (CH, FF) */
-  float *xa;     /* (CH, R) x @ A^T of an adapter */
-  float *logits; /* (V) */
+  /* Scratch for a chunk of up to GEN_CHUNK rows (generate.h): */
+#define TY_X(field, n) float *field;
+  GEN_SCRATCH(TY_X)
+#undef TY_X
   int pos[GEN_CHUNK];
   float *block; /* the one allocation behind every buffer above */
 #ifdef TRAINYARD_HAVE_CUDA
@@ -108,18 +102,15 @@ int gen_create(gen_t **out, const model_dims_t *d, const model_weights_t *w, con
   *out = NULL;
   if (S < 1 || sliding_window < 0)
     return ty_errf(err, errlen, TY_EINVAL, "a decoder needs a cache of at least one token");
+  /* GEN_SCRATCH's letters */
   const size_t CH = GEN_CHUNK, KVD = (size_t)d->NKV * d->HS, QD = (size_t)d->NH * d->HS;
+  const size_t C = (size_t)d->C, FF = (size_t)d->FF, V = (size_t)d->V;
   const size_t R = lo ? (size_t)lo->R : 0;
-  const size_t sizes[] = {
-      2 * (size_t)d->L * S * KVD, /* kc, vc */
-      (size_t)S * d->HS,          /* cos_t, sin_t */
-      2 * CH * d->C + CH,         /* x, ln, rstd */
-      2 * CH * QD,                /* q, att */
-      2 * CH * d->FF + CH * R,    /* gate, up, xa */
-      (size_t)d->V,               /* logits */
-  };
-  size_t total = 0;
-  for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += sizes[i];
+  /* kc and vc, cos_t and sin_t, the scratch */
+  size_t total = 2 * (size_t)d->L * S * KVD + (size_t)S * d->HS;
+#define TY_X(field, n) total += (n);
+  GEN_SCRATCH(TY_X)
+#undef TY_X
   gen_t *g = calloc(1, sizeof *g);
   float *p = g ? malloc(sizeof(float) * total) : NULL;
   if (!p) {
@@ -139,15 +130,9 @@ int gen_create(gen_t **out, const model_dims_t *d, const model_weights_t *w, con
   g->vc = p, p += (size_t)d->L * S * KVD;
   g->cos_t = p, p += (size_t)S * d->HS / 2;
   g->sin_t = p, p += (size_t)S * d->HS / 2;
-  g->x = p, p += CH * d->C;
-  g->ln = p, p += CH * d->C;
-  g->rstd = p, p += CH;
-  g->q = p, p += CH * QD;
-  g->att = p, p += CH * QD;
-  g->gate = p, p += CH * d->FF;
-  g->up = p, p += CH * d->FF;
-  g->xa = p, p += CH * R;
-  g->logits = p;
+#define TY_X(field, n) g->field = p, p += (n);
+  GEN_SCRATCH(TY_X)
+#undef TY_X
   cpu_rope_tables(g->cos_t, g->sin_t, S, d->HS, d->rope_theta, &d->rope_scaling);
   *out = g;
   return 0;

@@ -32,6 +32,24 @@ typedef struct gen gen_t;
 /* Prompt tokens are run GEN_CHUNK at a time (bounds the scratch buffers). */
 #define GEN_CHUNK 64
 
+/* A decoder's scratch for a chunk of up to CH = GEN_CHUNK rows, floats
+ * laid out one after another in this order by the CPU decoder and the GPU
+ * decoder alike (each declares a float pointer per field): X(field,
+ * floats) over CH, C, QD = NH * HS, FF, R (the adapter's rank, 0 for none)
+ * and V. */
+/* clang-format off */
+#define GEN_SCRATCH(X)                                         \
+  X(x, CH * C)      /* (CH, C) residual stream */              \
+  X(ln, CH * C)     /* (CH, C) normalised input of a sublayer */ \
+  X(rstd, CH)       /* (CH) */                                 \
+  X(q, CH * QD)     /* (CH, QD) */                             \
+  X(att, CH * QD)   /* (CH, QD) attention output */            \
+  X(gate, CH * FF)  /* (CH, FF) */                             \
+  X(up, CH * FF)    /* (CH, FF) */                             \
+  X(xa, CH * R)     /* (CH, R) x @ A^T of an adapter */        \
+  X(logits, V)      /* (V) the last row's */
+/* clang-format on */
+
 /* A decoder for the model of shape d and weights w (borrowed, and read at
  * every gen_feed: they must outlive the decoder and may change between
  * calls, as a training model's do), with adapter lo (borrowed; NULL for
