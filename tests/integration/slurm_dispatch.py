@@ -224,21 +224,29 @@ class SlurmDispatch(unittest.TestCase):
             time.sleep(0.1)
         self.assertEqual([r["state"] for r in ranks], ["stopped", "stopped"], ranks)
 
+    def signal_rank(self, job_id, rank, sig):
+        """sig to the job's rank `rank` (its process on this machine)."""
+        victims = [pid for pid, procid in rank_pids(job_id) if procid == rank]
+        self.assertEqual(len(victims), 1)
+        os.kill(victims[0], sig)
+
+    def resumed_step(self, job_id):
+        """The checkpoint step rank 0 of the job's last attempt resumed from."""
+        log = self.srv.get("/v1/jobs/%s/ranks/0/log" % job_id).text
+        m = re.search(r"resumed from the checkpoint of step (\d+)", log)
+        self.assertTrue(m, log[-2000:])
+        return int(m.group(1))
+
     def test_killed_rank_restarts_from_checkpoint(self):
         job_id = self.submit(self.spec("kill-rank", 60, max_restarts=1,
                                        train={"steps": 60, "micro_batch_size": 2, "lr": 1e-2,
                                               "checkpoint_every": 2}))
         self.wait_step(job_id, 5)
-        victims = [pid for pid, procid in rank_pids(job_id) if procid == 1]
-        self.assertEqual(len(victims), 1)
-        os.kill(victims[0], signal.SIGKILL)
+        self.signal_rank(job_id, 1, signal.SIGKILL)
         job = self.srv.wait_state(job_id, ["succeeded", "failed"], timeout=300)
         self.assertEqual(job["state"], "succeeded", job["reason"])
         self.assertEqual(job["attempt"], 2)
-        log = self.srv.get("/v1/jobs/%s/ranks/0/log" % job_id).text
-        m = re.search(r"resumed from the checkpoint of step (\d+)", log)
-        self.assertTrue(m, log[-2000:])
-        self.assertGreaterEqual(int(m.group(1)), 2)
+        self.assertGreaterEqual(self.resumed_step(job_id), 2)
 
     def test_sigterm_preempts_and_resumes(self):
         # SIGTERM to one rank (as a preemption or Slurm's --signal sends
@@ -247,20 +255,16 @@ class SlurmDispatch(unittest.TestCase):
         # and with max_restarts 0 that is no restart.
         job_id = self.submit(self.spec("preempt", 60, max_restarts=0))
         self.wait_step(job_id, 4)
-        victims = [pid for pid, procid in rank_pids(job_id) if procid == 1]
-        self.assertEqual(len(victims), 1)
-        os.kill(victims[0], signal.SIGTERM)
+        self.signal_rank(job_id, 1, signal.SIGTERM)
         job = self.srv.wait_state(job_id, ["succeeded", "failed"], timeout=300)
         self.assertEqual(job["state"], "succeeded", job["reason"])
         self.assertEqual(job["attempt"], 2)
         first = self.srv.get("/v1/jobs/%s/ranks?attempt=1" % job_id).json()["ranks"]
         self.assertEqual([r["state"] for r in first], ["stopped", "stopped"], first)
         stopped_at = min(r["step"] for r in first)
-        log = self.srv.get("/v1/jobs/%s/ranks/0/log" % job_id).text
-        m = re.search(r"resumed from the checkpoint of step (\d+)", log)
-        self.assertTrue(m, log[-2000:])
-        self.assertGreaterEqual(int(m.group(1)), 4)
-        self.assertGreaterEqual(int(m.group(1)), stopped_at)
+        resumed = self.resumed_step(job_id)
+        self.assertGreaterEqual(resumed, 4)
+        self.assertGreaterEqual(resumed, stopped_at)
 
     def test_rank_logs_are_capped(self):
         # A trainyardd whose ranks may keep 4 KiB of output each: under
