@@ -16,12 +16,6 @@
  * head sizes up to ATT_MAX_HS, and one block per row (k_attn_*) for any
  * larger head, whose rows would not fit a tile in shared memory. */
 
-static __device__ float dot_hs(const float *a, const float *b, int HS) {
-  float s = 0.0f;
-  for (int d = 0; d < HS; d++) s += a[d] * b[d];
-  return s;
-}
-
 /* The first key query row t of batch row bb may see: its document's first
  * token with positions (pos, B*T, or NULL: one document a row). */
 #define FIRST_KEY(t) (pos ? (t)-pos[bb * T + (t)] : 0)
@@ -36,17 +30,6 @@ static __device__ float dot_hs(const float *a, const float *b, int HS) {
   const size_t qo = (bb * T + t) * QD + (size_t)h * HS;                                        \
   const float *kb = k + bb * T * KVD + (size_t)kvh * HS, *vb = v + bb * T * KVD + (size_t)kvh * HS
 
-/* dst[d] += sum over jj < n of w[jj] * rows[jj * ld + d], for this
- * thread's d's of HS (d = threadIdx.x, + blockDim.x, ...). */
-static __device__ void row_accum(float *dst, const float *w, const float *rows, size_t ld, int n,
-                                 int HS) {
-  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
-    float acc = 0.0f;
-    for (int jj = 0; jj < n; jj++) acc += w[jj] * rows[(size_t)jj * ld + d];
-    dst[d] += acc;
-  }
-}
-
 /* One block per (b, h, t) query row. Shared: the query row (HS floats)
  * and one tile's probabilities (blockDim.x floats). Pass 1: the row's
  * max and sum (log-sum-exp); pass 2: out = sum_j p_j v_j by tiles, each
@@ -59,28 +42,8 @@ __global__ void k_attn_fwd(float *out, float *lse, const float *q, const float *
   const int js = FIRST_KEY(t);
   for (int d = threadIdx.x; d < HS; d += nt) sq[d] = q[qo + d];
   __syncthreads();
-  float mx = -INFINITY, sum = 0.0f;
-  for (int j = js + threadIdx.x; j <= t; j += nt) {
-    float s = dot_hs(sq, kb + (size_t)j * KVD, HS) * scale;
-    if (s > mx)
-      sum = sum * expf(mx - s) + 1.0f, mx = s;
-    else
-      sum += expf(s - mx);
-  }
-  float M = block_max(mx);
-  float S = block_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - M));
-  const float l = M + logf(S);
+  const float l = attend_row(out + qo, sq, sp, kb, vb, js, t, KVD, HS, scale);
   if (threadIdx.x == 0) lse[row] = l;
-  float *ot = out + qo;
-  for (int d = threadIdx.x; d < HS; d += nt) ot[d] = 0.0f;
-  for (int j0 = js; j0 <= t; j0 += nt) {
-    int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
-    const float p = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
-    __syncthreads(); /* every thread's reads of sq and of the last tile's sp done */
-    sp[threadIdx.x] = p;
-    __syncthreads();
-    row_accum(ot, sp, vb + (size_t)j0 * KVD, KVD, n, HS);
-  }
 }
 
 /* One block per query row: D = dout . out into dsum, then dq = scale *

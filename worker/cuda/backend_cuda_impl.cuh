@@ -151,4 +151,57 @@ static __device__ float block_max(float v) {
   return block_reduce(v, -INFINITY, red_max());
 }
 
+/* ---- one query row's attention, by a block (the per-row kernels of
+ * attention_cuda.cu and the decoder's of generate_cuda.cu) ---- */
+
+static __device__ float dot_hs(const float *a, const float *b, int HS) {
+  float s = 0.0f;
+  for (int d = 0; d < HS; d++) s += a[d] * b[d];
+  return s;
+}
+
+/* dst[d] += sum over jj < n of w[jj] * rows[jj * ld + d], for this
+ * thread's d's of HS (d = threadIdx.x, + blockDim.x, ...). */
+static __device__ void row_accum(float *dst, const float *w, const float *rows, size_t ld, int n,
+                                 int HS) {
+  for (int d = threadIdx.x; d < HS; d += blockDim.x) {
+    float acc = 0.0f;
+    for (int jj = 0; jj < n; jj++) acc += w[jj] * rows[(size_t)jj * ld + d];
+    dst[d] += acc;
+  }
+}
+
+/* Query row t (its HS floats in shared sq, loaded and synced by the
+ * caller) against keys js..t (rows of kb and vb, KVD apart): pass 1 the
+ * row's max and sum of exp(scale * q.k), pass 2 out (HS, device) = sum_j
+ * p_j v_j by tiles of blockDim.x keys, their probabilities in shared sp
+ * (blockDim.x floats), each thread owning its d's of out. Returns the
+ * row's log-sum-exp. Every thread of the block calls it. */
+static __device__ inline float attend_row(float *out, const float *sq, float *sp, const float *kb,
+                                          const float *vb, int js, int t, int KVD, int HS,
+                                          float scale) {
+  const int nt = blockDim.x;
+  float mx = -INFINITY, sum = 0.0f;
+  for (int j = js + threadIdx.x; j <= t; j += nt) {
+    float s = dot_hs(sq, kb + (size_t)j * KVD, HS) * scale;
+    if (s > mx)
+      sum = sum * expf(mx - s) + 1.0f, mx = s;
+    else
+      sum += expf(s - mx);
+  }
+  const float M = block_max(mx);
+  const float S = block_sum(mx == -INFINITY ? 0.0f : sum * expf(mx - M));
+  const float l = M + logf(S);
+  for (int d = threadIdx.x; d < HS; d += nt) out[d] = 0.0f;
+  for (int j0 = js; j0 <= t; j0 += nt) {
+    const int j = j0 + threadIdx.x, n = t - j0 + 1 < nt ? t - j0 + 1 : nt;
+    const float p = j <= t ? expf(dot_hs(sq, kb + (size_t)j * KVD, HS) * scale - l) : 0.0f;
+    __syncthreads(); /* every thread's reads of sq and of the last tile's sp done */
+    sp[threadIdx.x] = p;
+    __syncthreads();
+    row_accum(out, sp, vb + (size_t)j0 * KVD, KVD, n, HS);
+  }
+  return l;
+}
+
 #endif
