@@ -209,12 +209,7 @@ class SlurmDispatch(unittest.TestCase):
         r = self.srv.post("/v1/jobs/%s:cancel" % job_id)
         self.assertEqual(r.status_code, 200, r.text)
         self.srv.wait_state(job_id, ["cancelled"])
-        deadline = time.time() + 60
-        while time.time() < deadline and (rank_pids(job_id) or subprocess.run(
-                ["squeue", "-h", "-j", str(slurm_id)], capture_output=True, text=True,
-                env=self.env).stdout.strip()):
-            time.sleep(0.2)
-        self.assertEqual(rank_pids(job_id), [])
+        self.wait_gone(job_id, slurm_id)
         # trainyardd saw the batch job end: its ranks stopped.
         deadline = time.time() + 30
         while time.time() < deadline:
@@ -223,6 +218,16 @@ class SlurmDispatch(unittest.TestCase):
                 break
             time.sleep(0.1)
         self.assertEqual([r["state"] for r in ranks], ["stopped", "stopped"], ranks)
+
+    def wait_gone(self, job_id, slurm_id):
+        """Waits (60 s) until no rank of the job runs here and Slurm no
+        longer queues its batch job; asserts no rank is left."""
+        deadline = time.time() + 60
+        while time.time() < deadline and (rank_pids(job_id) or subprocess.run(
+                ["squeue", "-h", "-j", str(slurm_id)], capture_output=True, text=True,
+                env=self.env).stdout.strip()):
+            time.sleep(0.2)
+        self.assertEqual(rank_pids(job_id), [])
 
     def signal_rank(self, job_id, rank, sig):
         """sig to the job's rank `rank` (its process on this machine)."""
@@ -324,12 +329,7 @@ class SlurmDispatch(unittest.TestCase):
         self.assertEqual(r.status_code, 200, r.text)
         job = self.srv.wait_state(job_id, ["cancelled"], timeout=120)
         self.assertEqual(job["attempt"], 1)
-        deadline = time.time() + 60
-        while time.time() < deadline and (rank_pids(job_id) or subprocess.run(
-                ["squeue", "-h", "-j", str(slurm_id)], capture_output=True, text=True,
-                env=self.env).stdout.strip()):
-            time.sleep(0.2)
-        self.assertEqual(rank_pids(job_id), [])
+        self.wait_gone(job_id, slurm_id)
 
 if __name__ == "__main__":
     why = skip_reason()
