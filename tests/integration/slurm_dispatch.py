@@ -331,6 +331,7 @@ class SlurmDispatch(unittest.TestCase):
         self.assertEqual(job["attempt"], 1)
         self.wait_gone(job_id, slurm_id)
 
+
 if __name__ == "__main__":
     why = skip_reason()
     if why:
