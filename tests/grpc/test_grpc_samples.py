@@ -20,26 +20,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from tygrpc import Client  # noqa: E402
-from tyserver import BIN, Server, free_port  # noqa: E402
+from tyserver import BIN, Server, free_port, parse_sse  # noqa: E402
 
 TY = os.path.join(BIN, "cli", "trainyard")
 TOKDIR = os.path.join(BIN, "tests", "text-npm", "node_modules", "@lenml", "tokenizer-llama3",
                       "models")
 PROMPTS = ["Hello", "The cat sat on"]
-
-
-def parse_sse(text):
-    events = []
-    for block in text.split("\n\n"):
-        ev = {}
-        for line in block.split("\n"):
-            if line and not line.startswith(":"):
-                k, _, v = line.partition(": ")
-                ev[k] = v
-        if "data" in ev:
-            ev["data"] = json.loads(ev["data"])
-            events.append(ev)
-    return events
 
 
 class Samples(unittest.TestCase):

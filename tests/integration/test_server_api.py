@@ -11,7 +11,7 @@ import unittest
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server  # noqa: E402
+from tyserver import BIN, Server, parse_sse  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -716,22 +716,6 @@ def gauge(srv, name):
         if line.startswith(name + " "):
             return int(float(line.split()[1]))
     raise AssertionError("no %s in /metrics" % name)
-
-
-def parse_sse(text):
-    events = []
-    for block in text.split("\n\n"):
-        ev = {}
-        for line in block.split("\n"):
-            if not line or line.startswith(":"):
-                continue
-            k, _, v = line.partition(": ")
-            ev[k] = v
-        if "data" in ev:
-            import json
-            ev["data"] = json.loads(ev["data"])
-            events.append(ev)
-    return events
 
 
 def iter_sse(resp):

@@ -20,6 +20,23 @@ TRAINYARDD = os.path.join(BIN, "server", "trainyardd")
 TEST_WORKER = os.path.join(BIN, "tests", "ty_test_worker")
 
 
+def parse_sse(text):
+    """The events of a text/event-stream body: dicts of its fields, data
+    parsed as JSON; comment lines and blocks without data left out."""
+    events = []
+    for block in text.split("\n\n"):
+        ev = {}
+        for line in block.split("\n"):
+            if not line or line.startswith(":"):
+                continue
+            k, _, v = line.partition(": ")
+            ev[k] = v
+        if "data" in ev:
+            ev["data"] = json.loads(ev["data"])
+            events.append(ev)
+    return events
+
+
 def free_port():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
