@@ -17,6 +17,7 @@ static const char *const g_format_names[] = {"text", "u16", "u32", "jsonl", NULL
 static const char *const g_kind_names[] = {"auto", "text", "prompt_completion", "messages", NULL};
 static const char *const g_loss_on_names[] = {"completion", "all", NULL};
 static const char *const g_dist_names[] = {"auto", "shm", "gloo", "nccl", NULL};
+static const char *const g_quant_type_names[] = {"nf4", "fp4", NULL};
 
 #define OFF(m) offsetof(jobspec_t, m)
 /* path, type, offset, string size, enum names, ranged, lo, hi, lo open, help */
@@ -63,6 +64,20 @@ const jobspec_field_t jobspec_fields[] = {
      "keep one layer's activations, recompute the others in the backward pass"},
     {"merge_adapter", JF_BOOL, OFF(merge_adapter), 0, NULL, false, 0, 0, false,
      "LoRA: at the end also write the base with the adapter merged into output_dir/merged/"},
+    {"quantization", JF_OBJECT, 0, 0, NULL, false, 0, 0, false,
+     "QLoRA: the frozen base in 4 bits (transformers' BitsAndBytesConfig names)"},
+    {"quantization.load_in_4bit", JF_BOOL, OFF(quantization.load_in_4bit), 0, NULL, false, 0, 0,
+     false,
+     "keep the base's linear projections in 4 bits, quantized as each rank's shard is read; "
+     "needs use_lora"},
+    {"quantization.bnb_4bit_quant_type", JF_ENUM, OFF(quantization.bnb_4bit_quant_type), 0,
+     g_quant_type_names, false, 0, 0, false, "nf4 (NormalFloat) or fp4: the 16 codes"},
+    {"quantization.bnb_4bit_use_double_quant", JF_BOOL, OFF(quantization.bnb_4bit_use_double_quant),
+     0, NULL, false, 0, 0, false,
+     "quantize the blocks' absmax statistics too (8 bits, blocks of 256)"},
+    {"quantization.bnb_4bit_compute_dtype", JF_DTYPE, OFF(quantization.bnb_4bit_compute_dtype), 0,
+     NULL, false, 0, 0, false,
+     "float32, bfloat16 or float16: what the 4-bit blocks dequantize into for the products"},
     {"data", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "training data"},
     {"data.path", JF_STRING, OFF(data.path), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
      "token file, or JSONL file of examples"},
@@ -159,6 +174,10 @@ void jobspec_init(jobspec_t *s) {
                       1u << JOBSPEC_TARGET_BIT_V | 1u << JOBSPEC_TARGET_BIT_O;
   s->gradient_checkpointing = false;
   s->merge_adapter = false;
+  s->quantization.load_in_4bit = false;
+  s->quantization.bnb_4bit_quant_type = JOBSPEC_QUANT_NF4;
+  s->quantization.bnb_4bit_use_double_quant = false;
+  s->quantization.bnb_4bit_compute_dtype = TY_DTYPE_F32;
   s->data.format = JOBSPEC_DATA_TEXT;
   s->data.seq_len = 128;
   s->data.eval_fraction = 0.05;

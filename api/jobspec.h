@@ -56,12 +56,14 @@ typedef enum {
 /* train.sample_prompts: at most this many, each under this many bytes. */
 #define JOBSPEC_SAMPLE_PROMPTS_MAX 8
 #define JOBSPEC_SAMPLE_PROMPT_MAX 1024
+/* quantization.bnb_4bit_quant_type: bitsandbytes' two 4-bit code books. */
+typedef enum { JOBSPEC_QUANT_NF4 = 0, JOBSPEC_QUANT_FP4 } jobspec_quant_type_t;
 
 /* LoRA target modules, a bit each; JOBSPEC_TARGET_ALL_LINEAR is all seven. */
-#define JOBSPEC_TARGETS(X)                                                           \
-  X(Q, "q_proj")                                                                     \
-  X(K, "k_proj") X(V, "v_proj") X(O, "o_proj") X(GATE, "gate_proj") X(UP, "up_proj") \
-      X(DOWN, "down_proj")
+#define JOBSPEC_TARGETS(X) \
+  X(Q, "q_proj")           \
+  X(K, "k_proj")           \
+  X(V, "v_proj") X(O, "o_proj") X(GATE, "gate_proj") X(UP, "up_proj") X(DOWN, "down_proj")
 enum {
 #define TY_X(id, name) JOBSPEC_TARGET_BIT_##id,
   JOBSPEC_TARGETS(TY_X)
@@ -97,18 +99,26 @@ typedef struct {
     int nodes;          /* hosts the ranks spread over; default 1 */
     int ranks_per_node; /* default 0 (unset): world_size / nodes once validated */
   } resources;
-  bool use_lora;           /* default false */
-  int lora_rank;           /* default 8 */
-  double lora_alpha;       /* default 16 */
-  unsigned target_modules; /* bitmask; default q,k,v,o */
+  bool use_lora;               /* default false */
+  int lora_rank;               /* default 8 */
+  double lora_alpha;           /* default 16 */
+  unsigned target_modules;     /* bitmask; default q,k,v,o */
   bool gradient_checkpointing; /* default false */
   bool merge_adapter;          /* LoRA: output_dir/merged/ at the end; default false */
+  /* QLoRA: the frozen base's linear projections kept in 4 bits, named as
+   * transformers' BitsAndBytesConfig names them. */
   struct {
-    char path[JOBSPEC_PATH_MAX];  /* "" when unset */
-    jobspec_data_format_t format; /* default text */
-    int seq_len;                  /* default 128 */
-    double eval_fraction;         /* held-out tail, default 0.05 */
-    bool packing;                 /* jsonl: several examples a row; default false */
+    bool load_in_4bit;                        /* default false */
+    jobspec_quant_type_t bnb_4bit_quant_type; /* default nf4 */
+    bool bnb_4bit_use_double_quant;           /* the absmax statistics in 8 bits; default false */
+    ty_dtype_t bnb_4bit_compute_dtype;        /* what the blocks dequantize into; default float32 */
+  } quantization;
+  struct {
+    char path[JOBSPEC_PATH_MAX];              /* "" when unset */
+    jobspec_data_format_t format;             /* default text */
+    int seq_len;                              /* default 128 */
+    double eval_fraction;                     /* held-out tail, default 0.05 */
+    bool packing;                             /* jsonl: several examples a row; default false */
     char tokenizer[JOBSPEC_PATH_MAX];         /* jsonl: tokenizer folder or file; "": model_path */
     jobspec_data_kind_t kind;                 /* jsonl: default auto */
     char chat_template[JOBSPEC_TEMPLATE_MAX]; /* "": the tokenizer's; else a built-in name */
@@ -238,9 +248,9 @@ typedef struct {
   const char *const *read;  /* e.g. {"/srv/models", "/srv/data", NULL} */
   const char *const *write; /* e.g. {"/srv/runs", NULL} */
   const char *base;
-  char *output_resolved;    /* optional (PATH_MAX bytes): output_dir as it was compared,
-                               jobspec_resolve_path's form; "" when it has none or cannot
-                               be resolved */
+  char *output_resolved; /* optional (PATH_MAX bytes): output_dir as it was compared,
+                            jobspec_resolve_path's form; "" when it has none or cannot
+                            be resolved */
 } jobspec_roots_t;
 int jobspec_check_roots(const jobspec_t *s, const jobspec_roots_t *roots, ty_errlist_t *errs);
 

@@ -191,6 +191,48 @@ static void check_merge_lora(const vctx_t *v, ty_errlist_t *errs) {
                    "merge_adapter, or set use_lora to true");
 }
 
+/* QLoRA (quantization.*): a 4-bit base is frozen, so it takes adapters;
+ * it is quantized from a pretrained checkpoint as it loads; its options
+ * mean nothing without load_in_4bit. */
+static void check_quantization(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  if (!s->quantization.load_in_4bit) {
+    const struct {
+      const char *field;
+      bool set;
+    } opts[] = {
+        {"quantization.bnb_4bit_quant_type",
+         s->quantization.bnb_4bit_quant_type != JOBSPEC_QUANT_NF4},
+        {"quantization.bnb_4bit_use_double_quant", s->quantization.bnb_4bit_use_double_quant},
+        {"quantization.bnb_4bit_compute_dtype",
+         s->quantization.bnb_4bit_compute_dtype != TY_DTYPE_F32},
+    };
+    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
+      if (opts[i].set)
+        ty_errlist_add(errs, opts[i].field,
+                       "applies to a 4-bit base only; set quantization.load_in_4bit to true, or "
+                       "remove %s",
+                       opts[i].field);
+    return;
+  }
+  if (!s->use_lora)
+    ty_errlist_add(errs, "quantization.load_in_4bit",
+                   "needs use_lora: true: a 4-bit base is frozen (its codes cannot take an "
+                   "optimizer's updates), so only adapters over it train; set use_lora to true "
+                   "(QLoRA), or set quantization.load_in_4bit to false to train every weight");
+  if (s->init_from_scratch)
+    ty_errlist_add(errs, "quantization.load_in_4bit",
+                   "cannot be true together with init_from_scratch: true (4 bits quantize a "
+                   "pretrained checkpoint's weights as they load; from scratch there is none); "
+                   "set init_from_scratch to false and give model_path, or drop "
+                   "quantization.load_in_4bit");
+  if (s->device == JOBSPEC_DEVICE_CUDA)
+    ty_errlist_add(errs, "quantization.load_in_4bit",
+                   "a 4-bit base trains on CPU ranks in this version (GPU ranks hold the base in "
+                   "the job's dtype); set device to \"cpu\", or drop quantization.load_in_4bit and "
+                   "keep the base in bfloat16 on the GPUs");
+}
+
 static void check_ranges(const vctx_t *v, ty_errlist_t *errs) {
   for (size_t i = 0; i < jobspec_nfields; i++) {
     const jobspec_field_t *f = &jobspec_fields[i];
@@ -623,6 +665,11 @@ static const rule_t g_rules[] = {
      "merging writes the base with the trained adapter folded in; training every weight "
      "writes the whole model already and has no adapter",
      check_merge_lora},
+    {"qlora", "quantization.*, use_lora, init_from_scratch, device", "spec",
+     "a 4-bit base (quantization.load_in_4bit, QLoRA) is frozen, so it trains adapters only "
+     "(use_lora: true), and it is quantized from a pretrained checkpoint while it loads, so not "
+     "with init_from_scratch; it runs on CPU ranks; the bnb_4bit_* options need load_in_4bit",
+     check_quantization},
     {"ranges",
      "world_size, lora_rank, lora_alpha, fsdp.bucket_mb, data.*, train.*, "
      "max_restarts",

@@ -235,24 +235,46 @@ int64_t jobspec_param_count(const jobspec_t *s) {
   return model_config(s, &c) ? llama_config_num_params(&c) : 0;
 }
 
+/* QLoRA (quantization.load_in_4bit): the bytes of the whole model as CPU
+ * ranks hold it for training: the seven linear projections of each layer
+ * in 4 bits (half a byte an element, and a block of 64's absmax: a float,
+ * or with double quantization a byte and a float per 256 blocks, as
+ * worker/ckpt/loader.h lays a rank's record out), the rest in float32; 0
+ * without it. */
+static double q4_model_bytes(const jobspec_t *s, const llama_config_t *c, int64_t params) {
+  if (!s->quantization.load_in_4bit) return 0.0;
+  const double C = (double)c->hidden_size, NH = (double)c->num_attention_heads;
+  const double NKV = (double)(c->num_key_value_heads ? c->num_key_value_heads : NH);
+  const double HS = (double)(c->head_dim ? c->head_dim : c->hidden_size / c->num_attention_heads);
+  const double lin = (double)c->num_hidden_layers * (2.0 * C * NH * HS + 2.0 * C * NKV * HS +
+                                                     3.0 * C * (double)c->intermediate_size);
+  const double per = s->quantization.bnb_4bit_use_double_quant
+                         ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
+                         : 0.5 + 4.0 / 64.0;
+  return lin * per + ((double)params - lin) * 4.0;
+}
+
 /* Bytes that all of s's ranks hold at least, loading on the standard path
- * (standard) or each its own shard, elem bytes a weight; with training,
- * every weight's gradients and AdamW moments too, act bytes of activations
- * a rank, and rank 0's whole copy of a sharded LoRA base for samples. */
+ * (standard) or each its own shard, elem bytes a weight (q4 > 0: a 4-bit
+ * base's bytes, q4_model_bytes, once loaded); with training, every
+ * weight's gradients and AdamW moments too, act bytes of activations a
+ * rank, and rank 0's whole copy of a sharded LoRA base for samples. */
 static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool training,
-                          bool standard, double act) {
+                          bool standard, double act, double q4) {
   const double whole = (double)params * elem, W = s->world_size;
-  const double shard = (double)((params + s->world_size - 1) / s->world_size) * elem;
+  const double shard =
+      q4 > 0.0 ? q4 / W : (double)((params + s->world_size - 1) / s->world_size) * elem;
   /* Loading: the standard path places the whole model, then copies out the
    * rank's shard (one rank keeps the whole model as its own). */
-  double load = standard ? whole + (W > 1 ? shard : 0.0) : shard;
+  double load = standard ? whole + (W > 1 || q4 > 0.0 ? shard : 0.0) : shard;
   /* Training: the shard, for every weight its gradients and AdamW's two
    * moments, and the activations. */
   double train = training ? (!s->use_lora ? 4.0 * shard : shard) + act : shard;
-  /* train.sample_prompts under LoRA on several ranks: rank 0 also reads
-   * the whole frozen base to decode with (worker/rank/samples.h). */
+  /* train.sample_prompts under LoRA on several ranks (or over a 4-bit
+   * base): rank 0 also reads the whole frozen base to decode with
+   * (worker/rank/samples.h). */
   const double samples =
-      training && s->use_lora && W > 1 && s->train.sample_prompts[0][0] ? whole : 0.0;
+      training && s->use_lora && (W > 1 || q4 > 0.0) && s->train.sample_prompts[0][0] ? whole : 0.0;
   return W * (load > train ? load : train) + samples;
 }
 
@@ -267,9 +289,10 @@ uint64_t jobspec_rank_host_bytes(const jobspec_t *s) {
   if (params <= 0) return 0;
   const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
   const double act = (double)jobspec_activation_bytes(s, &c, s->gradient_checkpointing);
-  return (
-      uint64_t)(ranks_bytes(s, params, (double)ty_dtype_size(TY_DTYPE_F32), true, standard, act) /
-                s->world_size);
+  const double q4 = q4_model_bytes(s, &c, params);
+  return (uint64_t)(ranks_bytes(s, params, (double)ty_dtype_size(TY_DTYPE_F32), true, standard, act,
+                                q4) /
+                    s->world_size);
 }
 
 int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_bytes,
@@ -286,11 +309,12 @@ int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_b
   const bool standard = !s->fsdp.memory_efficient_load && !s->init_from_scratch;
   const bool ckpt = s->gradient_checkpointing;
   const double act = training ? (double)jobspec_activation_bytes(s, &c, ckpt) : 0.0;
-  const double need = ranks_bytes(s, params, elem, training, standard, act);
+  const double q4 = training ? q4_model_bytes(s, &c, params) : 0.0;
+  const double need = ranks_bytes(s, params, elem, training, standard, act, q4);
   if (need <= host) return 0;
-  const double efficient = ranks_bytes(s, params, elem, training, false, act);
+  const double efficient = ranks_bytes(s, params, elem, training, false, act, q4);
   const double act1 = training ? (double)jobspec_activation_bytes(s, &c, true) : 0.0;
-  const double recompute = ranks_bytes(s, params, elem, training, false, act1);
+  const double recompute = ranks_bytes(s, params, elem, training, false, act1, q4);
   const bool full = training && !s->use_lora;
   if (standard && efficient <= host) {
     ty_errlist_add(errs, "fsdp.memory_efficient_load",
@@ -315,7 +339,8 @@ int jobspec_check_host_memory(const jobspec_t *s, bool training, uint64_t host_b
                    "for its %s in %s over %d rank%s%s, more than the host's %.2f GiB (%s): "
                    "%suse device cuda, or a host with more memory",
                    (long long)params, need / gib,
-                   full ? "weights, gradients and AdamW moments" : "weights", ty_dtype_name(dtype),
+                   full ? "weights, gradients and AdamW moments" : "weights",
+                   q4 > 0.0 ? "4 bits (the linear projections) and float32" : ty_dtype_name(dtype),
                    s->world_size, s->world_size == 1 ? "" : "s",
                    training ? " and their activations" : "", host / gib, host_what,
                    full && !s->init_from_scratch ? "train LoRA adapters (use_lora), " : "");

@@ -29,18 +29,18 @@ typedef struct {
 } llama_rope_scaling_t;
 
 typedef struct {
-  int64_t hidden_size;             /* C */
-  int64_t intermediate_size;       /* FF */
-  int64_t num_hidden_layers;       /* L */
-  int64_t num_attention_heads;     /* NH */
-  int64_t num_key_value_heads;     /* NKV; defaults to NH */
-  int64_t head_dim;                /* HS; defaults to C / NH */
-  int64_t vocab_size;              /* V */
-  int64_t max_position_embeddings; /* default 2048 */
-  double rms_norm_eps;             /* default 1e-6 */
-  double rope_theta;               /* default 10000 */
-  bool tie_word_embeddings;        /* default false */
-  ty_dtype_t torch_dtype;          /* default float32 */
+  int64_t hidden_size;               /* C */
+  int64_t intermediate_size;         /* FF */
+  int64_t num_hidden_layers;         /* L */
+  int64_t num_attention_heads;       /* NH */
+  int64_t num_key_value_heads;       /* NKV; defaults to NH */
+  int64_t head_dim;                  /* HS; defaults to C / NH */
+  int64_t vocab_size;                /* V */
+  int64_t max_position_embeddings;   /* default 2048 */
+  double rms_norm_eps;               /* default 1e-6 */
+  double rope_theta;                 /* default 10000 */
+  bool tie_word_embeddings;          /* default false */
+  ty_dtype_t torch_dtype;            /* default float32 */
   llama_rope_scaling_t rope_scaling; /* default none; config.json only */
   /* Mistral's sliding_window (config.json only; 0: none). trainyard has
    * no sliding-window attention: within the window the model is Llama's,

@@ -80,7 +80,7 @@ typedef struct {
   X("host_peak_bytes", COUNT, host_peak_bytes, false, "the process's peak resident memory") \
   X("device_peak_bytes", COUNT, device_peak_bytes, false, "peak device memory held")        \
   X("load_seconds", REAL, load_seconds, false, "seconds the load took")                     \
-  X("message", STR, message, false, "why, for failed; else what happened")                   \
+  X("message", STR, message, false, "why, for failed; else what happened")                  \
   X("sample_prompt", STR, sample_prompt, false,                                             \
     "a sample's prompt (train.sample_prompts); the report then carries that sample")        \
   X("sample_text", STR, sample_text, false, "the text generated after sample_prompt at step")

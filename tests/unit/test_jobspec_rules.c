@@ -122,8 +122,8 @@ static void test_merge_needs_lora(void **state) {
   ok("{\"model_path\": \"m\", \"use_lora\": false, \"merge_adapter\": false}");
   bad("{\"model_path\": \"m\", \"use_lora\": false, \"merge_adapter\": true}", "merge_adapter",
       "set use_lora to true");
-  bad("{\"init_from_scratch\": true, \"merge_adapter\": true, " SCRATCH_MODEL "}",
-      "merge_adapter", "use_lora is false");
+  bad("{\"init_from_scratch\": true, \"merge_adapter\": true, " SCRATCH_MODEL "}", "merge_adapter",
+      "use_lora is false");
 }
 
 static void test_ranges(void **state) {
@@ -1203,11 +1203,86 @@ static void test_nodes_dispatcher(void **state) {
   assert_int_equal(e.len, 0);
 }
 
+/* qlora: a 4-bit base under adapters only, from a checkpoint, on CPU
+ * ranks; the bnb_4bit_* options only with load_in_4bit. */
+static void test_qlora(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"use_lora\": true, \"quantization\": "
+                            "{\"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"fp4\", "
+                            "\"bnb_4bit_use_double_quant\": true, \"bnb_4bit_compute_dtype\": "
+                            "\"bf16\"}}",
+                            &e),
+                   0);
+  assert_true(s.quantization.load_in_4bit && s.quantization.bnb_4bit_use_double_quant);
+  assert_int_equal(s.quantization.bnb_4bit_quant_type, JOBSPEC_QUANT_FP4);
+  assert_int_equal(s.quantization.bnb_4bit_compute_dtype, TY_DTYPE_BF16);
+  assert_int_equal(
+      tu_check(&s, "{\"model_path\": \"m\", \"quantization\": {\"load_in_4bit\": true}}", &e), 1);
+  assert_true(tu_has(&e, "quantization.load_in_4bit", "needs use_lora: true"));
+  ty_errlist_clear(&e);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"use_lora\": true, \"device\": \"cuda\", "
+                            "\"quantization\": {\"load_in_4bit\": true}}",
+                            &e),
+                   1);
+  assert_true(tu_has(&e, "quantization.load_in_4bit", "set device to \"cpu\""));
+  ty_errlist_clear(&e);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"quantization\": "
+                            "{\"bnb_4bit_quant_type\": \"fp4\", \"bnb_4bit_compute_dtype\": "
+                            "\"float16\"}}",
+                            &e),
+                   2);
+  assert_true(tu_has(&e, "quantization.bnb_4bit_quant_type", "applies to a 4-bit base only"));
+  assert_true(tu_has(&e, "quantization.bnb_4bit_compute_dtype", "applies to a 4-bit base only"));
+  ty_errlist_clear(&e);
+}
+
+/* The host-memory rule over a 4-bit base: models/big's 134.2M projection
+ * weights at 0.5 + 1/64 + 4/16384 bytes (double quantization) and 65.6M
+ * others in float32, 0.309 GiB, beside one rank's activations of 4 x 128
+ * tokens (0.416 GiB): worked out by hand, as test_host_memory's. */
+static void test_host_memory_q4(void **state) {
+  (void)state;
+  char dir[600], path[700], text[1024];
+  make_big_model("big4", dir, path);
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  jobspec_t s;
+  for (int q4 = 0; q4 < 2; q4++) {
+    snprintf(text, sizeof text,
+             "{\"model_path\": \"%s\", \"use_lora\": true, \"fsdp\": "
+             "{\"memory_efficient_load\": true}, \"quantization\": {\"load_in_4bit\": %s%s}}",
+             dir, q4 ? "true" : "false", q4 ? ", \"bnb_4bit_use_double_quant\": true" : "");
+    assert_int_equal(tu_parse(&s, text, &e), 0);
+    assert_int_equal(jobspec_validate(&s, false, &e), 0);
+    /* float32: 0.744 + 0.416 = 1.16 GiB; 4 bits: 0.725 GiB. */
+    assert_int_equal(jobspec_check_host_memory(&s, true, 1u << 30, "MemTotal", &e),
+                     q4 ? 0 : TY_EINVAL);
+    ty_errlist_clear(&e);
+  }
+  /* Half a GiB: one layer's activations (0.155 GiB) would fit. */
+  assert_int_equal(jobspec_check_host_memory(&s, true, 1u << 29, "MemTotal", &e), TY_EINVAL);
+  assert_true(
+      tu_has(&e, "gradient_checkpointing", "at least 0.72 GiB in all on a host of 0.50 GiB"));
+  ty_errlist_clear(&e);
+  assert_int_equal(jobspec_check_host_memory(&s, true, 1u << 28, "MemTotal", &e), TY_EINVAL);
+  assert_true(tu_has(&e, "model_path",
+                     "needs at least 0.72 GiB of this host's memory for its weights in 4 bits (the "
+                     "linear projections) and float32 over 1 rank and their activations"));
+  ty_errlist_clear(&e);
+  /* A load alone keeps the job's dtype: the 4-bit sizes are training's. */
+  assert_int_equal(jobspec_check_host_memory(&s, false, 1u << 30, "MemTotal", &e), 0);
+}
+
 static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 28);
+  assert_int_equal(n, 29);
+  assert_string_equal(jobspec_rule_stage("qlora"), "spec");
   assert_string_equal(jobspec_rule_stage("sample-prompts"), "spec");
   assert_string_equal(jobspec_rule_stage("sample-tokenizer"), "paths");
   assert_string_equal(jobspec_rule_stage("resources-world-size"), "spec");
@@ -1268,6 +1343,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_sample_tokenizer, make_tmp, remove_tmp),
       cmocka_unit_test(test_resources_world_size),
       cmocka_unit_test(test_nodes_dispatcher),
+      cmocka_unit_test(test_qlora),
+      cmocka_unit_test_setup_teardown(test_host_memory_q4, make_tmp, remove_tmp),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),
   };

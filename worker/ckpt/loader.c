@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/xalloc.h"
 #include "common/memstat.h"
+#include "worker/ckpt/quant4.h"
 #include "worker/model/weightinit.h"
 
 #define LOADER_ALIGN 64
@@ -50,6 +51,34 @@ static void convert(ty_dtype_t st, const void *src, ty_dtype_t dt, void *dst, si
   }
 }
 
+bool loader_q4_kind(int k) {
+  return k == CKPT_WQ || k == CKPT_WK || k == CKPT_WV || k == CKPT_WO || k == CKPT_WGATE ||
+         k == CKPT_WUP || k == CKPT_WDOWN;
+}
+
+static size_t pad4(size_t n) {
+  return (n + 3) & ~(size_t)3;
+}
+
+void loader_q4_piece(int64_t numel, int rank, int world, bool double_quant, loader_q4_piece_t *p) {
+  /* Units of whole (nested) blocks split as rows are; the last unit may be short. */
+  const int64_t unit = double_quant ? (int64_t)Q4_BLOCK * Q4_NESTED_BLOCK : Q4_BLOCK;
+  int64_t u0, nu;
+  loader_rows((numel + unit - 1) / unit, rank, world, &u0, &nu);
+  memset(p, 0, sizeof *p);
+  p->elem0 = u0 * unit < numel ? u0 * unit : numel;
+  p->nelem = (u0 + nu) * unit < numel ? nu * unit : numel - p->elem0;
+  p->nblocks = q4_blocks((size_t)p->nelem);
+  p->stats_off = pad4(q4_code_bytes((size_t)p->nelem));
+  if (double_quant) {
+    p->nested_off = p->stats_off + pad4(p->nblocks);
+    p->record_bytes =
+        p->nested_off + sizeof(float) * ((p->nblocks + Q4_NESTED_BLOCK - 1) / Q4_NESTED_BLOCK);
+  } else {
+    p->record_bytes = p->stats_off + sizeof(float) * p->nblocks;
+  }
+}
+
 /* The shard layout: views, offsets and the total size; nothing allocated
  * in placement memory yet. */
 static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loader_shard_t **out,
@@ -67,6 +96,7 @@ static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loade
   s->rank = o->rank;
   s->world_size = o->world_size;
   s->pl = o->pl;
+  if (o->q4) s->has_q4 = true, s->q4 = *o->q4;
   s->views = xcalloc(s->layout.ntensors + 1, sizeof *s->views);
   size_t off = 0, esz = ty_dtype_size(o->dtype);
   for (size_t i = 0; i < s->layout.ntensors; i++) {
@@ -75,6 +105,11 @@ static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loade
     loader_rows(v->t->rows, o->rank, o->world_size, &v->row0, &v->rows);
     v->offset = off;
     v->nbytes = (size_t)v->rows * (size_t)v->t->cols * esz;
+    if (o->q4 && loader_q4_kind(v->t->kind)) {
+      v->q4 = true;
+      loader_q4_piece(v->t->rows * v->t->cols, o->rank, o->world_size, o->q4->double_quant, &v->q);
+      v->nbytes = v->q.record_bytes;
+    }
     off += (v->nbytes + LOADER_ALIGN - 1) & ~(size_t)(LOADER_ALIGN - 1);
   }
   s->bytes = off;
@@ -83,7 +118,12 @@ static int shard_layout(const llama_config_t *cfg, const loader_opts_t *o, loade
 }
 
 uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype) {
-  loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dtype};
+  return loader_shard_bytes_q4(cfg, rank, world, dtype, NULL);
+}
+
+uint64_t loader_shard_bytes_q4(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype,
+                               const loader_q4_t *q4) {
+  loader_opts_t o = {.rank = rank, .world_size = world, .dtype = dtype, .q4 = q4};
   loader_shard_t *s = NULL; /* set on success; NULL also quiets -Wmaybe-uninitialized */
   char err[8];
   if (shard_layout(cfg, &o, &s, err, sizeof err)) return 0;
@@ -303,6 +343,51 @@ static int init_fill(void *ctx, size_t done, size_t m, void *raw, const void **s
   return 0;
 }
 
+/* A 4-bit piece (v->q) from fill (source dtype sdt) through the bucket:
+ * [float32 | raw], a chunk of whole blocks at a time, each quantized
+ * straight into v's record (host memory). With double quantization the
+ * piece's absmax stay in float32 (a float per 64 elements) until q4->mean
+ * gives the tensor-wide mean, then are nested into 8 bits. */
+static int quantize_stream(const bucket_t *b, const loader_q4_t *q4, loader_view_t *v,
+                           ty_dtype_t sdt, bucket_src_fn fill, void *ctx, char *err,
+                           size_t errlen) {
+  const size_t ssz = ty_dtype_size(sdt), n = (size_t)v->q.nelem, nb = v->q.nblocks;
+  const size_t k = (b->bytes / (ssz + sizeof(float))) & ~(size_t)(Q4_BLOCK - 1);
+  if (!k)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "fsdp.bucket_mb: a %zu-byte staging bucket holds no block of %d values to "
+                   "quantize; give it at least %zu bytes",
+                   b->bytes, Q4_BLOCK, (size_t)Q4_BLOCK * (ssz + sizeof(float)));
+  uint8_t *rec = v->data;
+  float *absmax = q4->double_quant ? malloc((nb ? nb : 1) * sizeof(float))
+                                   : (float *)(void *)(rec + v->q.stats_off);
+  if (!absmax)
+    return ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate %zu absmax floats of '%s'", nb,
+                   v->t->name);
+  float *conv = (float *)(void *)b->buf;
+  char *raw = b->buf + k * sizeof(float);
+  int rc = 0;
+  for (size_t done = 0; done < n && !rc; done += k) {
+    const size_t m = n - done < k ? n - done : k;
+    const void *src = raw;
+    if ((rc = fill(ctx, done, m, raw, &src, err, errlen))) break;
+    const float *x = src;
+    if (sdt != TY_DTYPE_F32) convert(sdt, src, TY_DTYPE_F32, conv, m), x = conv;
+    q4_quantize((q4_type_t)q4->type, x, m, rec + done / 2, absmax + done / Q4_BLOCK);
+  }
+  /* Every rank asks for every tensor's mean, whatever its share of it. */
+  if (!rc && q4->double_quant) {
+    float mean = 0.0f;
+    rc = q4->mean(q4->mean_ctx, v->t->rows * v->t->cols, absmax, nb, &mean, err, errlen);
+    if (!rc) {
+      v->q4_offset = mean;
+      q4_nest(absmax, nb, mean, rec + v->q.stats_off, (float *)(void *)(rec + v->q.nested_off));
+    }
+  }
+  if (q4->double_quant) free(absmax);
+  return rc;
+}
+
 /* Memory-efficient path: this rank's byte range of each tensor, through one
  * bucket: [raw | converted], sized so both halves fit. */
 static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts_t *o,
@@ -310,13 +395,18 @@ static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts
   bucket_t b;
   int rc = bucket_open(&b, o, err, errlen);
   for (size_t i = 0; i < s->layout.ntensors && !rc; i++) {
-    const loader_view_t *v = &s->views[i];
+    loader_view_t *v = &s->views[i];
     const st_tensor_t *ft = ck->file_tensor[i];
     file_src_t f = {ck, ft, (uint64_t)v->row0 * (uint64_t)v->t->cols, st};
     char what[160];
     snprintf(what, sizeof what, "'%s'", v->t->name);
-    rc = bucket_stream(&b, s->pl, s->base, v->offset, (size_t)v->rows * (size_t)v->t->cols,
-                       ft->dtype, s->dtype, file_fill, &f, what, err, errlen);
+    if (v->q4) {
+      f.first = (uint64_t)v->q.elem0;
+      rc = quantize_stream(&b, o->q4, v, ft->dtype, file_fill, &f, err, errlen);
+    } else {
+      rc = bucket_stream(&b, s->pl, s->base, v->offset, (size_t)v->rows * (size_t)v->t->cols,
+                         ft->dtype, s->dtype, file_fill, &f, what, err, errlen);
+    }
     if (!rc && o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
   }
   free(b.buf);
@@ -384,11 +474,16 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
     goto out;
   }
   for (size_t i = 0; i < nt && !rc; i++) {
-    const loader_view_t *v = &s->views[i];
+    loader_view_t *v = &s->views[i];
+    if (v->q4) { /* quantized from the whole model, which is in host memory */
+      mem_src_t t = {(const char *)full + full_off[i] + (size_t)v->q.elem0 * dsz, dsz};
+      rc = quantize_stream(&stage, o->q4, v, s->dtype, mem_fill, &t, err, errlen);
+      continue;
+    }
     size_t src = full_off[i] + (size_t)v->row0 * (size_t)v->t->cols * dsz;
     rc = s->pl->ops->copy_within(s->pl, s->base, v->offset, full, src, v->nbytes);
+    if (rc) ty_errf(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
   }
-  if (rc) ty_errf(err, errlen, rc, "copying the shard on %s failed", s->pl->ops->name);
 out:
   rc = copies_done(s->pl, rc, "the model", err, errlen); /* before `full` goes */
   free(stage.buf);
@@ -409,11 +504,18 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
   int rc = ckpt_open(dir, &ck, err, errlen);
   if (rc) return rc;
   loader_shard_t *s = NULL;
+  if (o->q4 && strcmp(o->pl->ops->name, "cpu")) {
+    rc = ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                 "4-bit shards are kept in host memory (CPU ranks), not on %s", o->pl->ops->name);
+    goto out;
+  }
   if ((rc = shard_layout(&ck->layout.cfg, o, &s, err, errlen))) goto out;
   if (o->memory_efficient) {
-    for (size_t i = 0; i < s->layout.ntensors; i++)
-      st->bytes_total += (uint64_t)s->views[i].rows * (uint64_t)s->views[i].t->cols *
+    for (size_t i = 0; i < s->layout.ntensors; i++) {
+      const loader_view_t *v = &s->views[i];
+      st->bytes_total += (v->q4 ? (uint64_t)v->q.nelem : (uint64_t)v->rows * (uint64_t)v->t->cols) *
                          ty_dtype_size(ck->file_tensor[i]->dtype);
+    }
     rc = shard_alloc(s, err, errlen);
     if (!rc) rc = load_efficient(ck, s, o, st, err, errlen);
   } else {
@@ -439,6 +541,10 @@ int loader_init_scratch(const llama_config_t *cfg, const loader_opts_t *o, loade
   memset(st, 0, sizeof *st);
   double t0 = ty_mono_s();
   loader_shard_t *s;
+  if (o->q4)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "a 4-bit base is quantized from a pretrained checkpoint, and from scratch there "
+                   "is none");
   int rc = shard_layout(cfg, o, &s, err, errlen);
   if (rc) return rc;
   if ((rc = shard_alloc(s, err, errlen))) {

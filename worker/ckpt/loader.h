@@ -43,20 +43,63 @@
 #include "worker/ckpt/checkpoint.h"
 #include "worker/ckpt/placement.h"
 
+/* A 4-bit tensor's piece on one rank (QLoRA, loader_q4_t): elements
+ * [elem0, elem0 + nelem) of the flattened tensor, whole blocks of
+ * Q4_BLOCK (of Q4_BLOCK x Q4_NESTED_BLOCK with double quantization) but
+ * for the tensor's last, so that a rank's piece quantizes exactly as the
+ * whole tensor does. Its record: the codes (two a byte, element 2j in the
+ * high nibble), then the blocks' absmax as float32, or with double
+ * quantization as 8-bit codes followed by the float32 absmax of each
+ * nested block; each part padded to 4 bytes. */
+typedef struct {
+  int64_t elem0, nelem;
+  size_t nblocks;      /* ceil(nelem / Q4_BLOCK) */
+  size_t stats_off;    /* bytes from the record's start: absmax, or the 8-bit codes */
+  size_t nested_off;   /* double quantization: the nested absmax; else 0 */
+  size_t record_bytes; /* a multiple of 4 */
+} loader_q4_piece_t;
+
 typedef struct {
   const ckpt_tensor_t *t; /* name, kind, layer, global [rows, cols] (owned by the shard) */
   int64_t row0, rows;     /* this rank's rows: [row0, row0 + rows) of dim 0 */
   size_t offset;          /* bytes from the shard base, 64-byte aligned */
-  size_t nbytes;          /* rows x cols x dtype size */
+  size_t nbytes;          /* rows x cols x dtype size, or a 4-bit record's bytes */
   void *data;             /* base + offset, in placement memory */
+  bool q4;                /* kept in 4 bits: q (not rows) says which elements */
+  loader_q4_piece_t q;
+  float q4_offset; /* double quantization: the mean of the tensor's absmax */
 } loader_view_t;
+
+/* QLoRA (quantization.load_in_4bit): the seven linear projections of each
+ * layer are quantized as their bytes arrive, bitsandbytes' way
+ * (worker/ckpt/quant4.h); norms, embeddings and the head stay in the
+ * shard's dtype. Double quantization needs the mean of a tensor's absmax
+ * over every rank's blocks: mean(ctx, numel, absmax, nb, &out) is called
+ * by every rank for each 4-bit tensor (of numel elements) in table order
+ * with its own nb blocks' absmax (a collective where there are several
+ * ranks). */
+typedef struct {
+  int type; /* q4_type_t */
+  bool double_quant;
+  ty_dtype_t compute; /* what the passes dequantize into (bnb_4bit_compute_dtype) */
+  int (*mean)(void *ctx, int64_t numel, const float *absmax, size_t nb, float *out, char *err,
+              size_t errlen);
+  void *mean_ctx;
+} loader_q4_t;
+
+/* Whether tensor kind k is one that QLoRA keeps in 4 bits. */
+bool loader_q4_kind(int kind);
+/* Rank's piece of a tensor of numel elements over world ranks. */
+void loader_q4_piece(int64_t numel, int rank, int world, bool double_quant, loader_q4_piece_t *p);
 
 typedef struct {
   ckpt_layout_t layout; /* the table and its config */
   ty_dtype_t dtype;     /* element type of every shard */
   int rank, world_size;
   placement_t *pl; /* borrowed; must outlive the shard */
-  void *base;      /* the one placement allocation */
+  bool has_q4;     /* some views are 4-bit (q4 says how) */
+  loader_q4_t q4;
+  void *base; /* the one placement allocation */
   size_t bytes;
   loader_view_t *views; /* [layout.ntensors], table order */
 } loader_shard_t;
@@ -86,6 +129,8 @@ typedef struct {
   size_t bucket_bytes;         /* fsdp.bucket_mb x 2^20; the staging bucket */
   uint64_t seed;               /* from-scratch init (train.seed) */
   placement_t *pl;             /* where the shard goes */
+  const loader_q4_t *q4;       /* NULL: every tensor in dtype; else the projections in 4 bits
+                                  (host placements only) */
   loader_progress_fn progress; /* may be NULL */
   void *progress_ctx;
 } loader_opts_t;
@@ -121,6 +166,10 @@ int loader_shard_upload(const loader_shard_t *src, placement_t *pl, loader_shard
  * loader_load / loader_init_scratch will allocate), without loading or
  * allocating anything. 0 for a config or rank out of range. */
 uint64_t loader_shard_bytes(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype);
+/* The same with q4 (NULL: as loader_shard_bytes): what a QLoRA rank's
+ * shard takes. */
+uint64_t loader_shard_bytes_q4(const llama_config_t *cfg, int rank, int world, ty_dtype_t dtype,
+                               const loader_q4_t *q4);
 
 /* The view of (kind, layer) (layer ignored for global kinds), or NULL when
  * absent (lm_head of a tied model). */

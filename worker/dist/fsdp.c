@@ -8,6 +8,7 @@
 #include "common/errors.h"
 #include "common/xalloc.h"
 #include "worker/ckpt/outputs.h"
+#include "worker/ckpt/quant4.h"
 #include "worker/ckpt/safetensors.h"
 #include "worker/ckpt/train_state.h"
 
@@ -20,8 +21,10 @@ typedef struct {
   const model_tensor_t *t; /* the model's table entry (name, shape) */
   float *shard;            /* this rank's rows, in the span */
   float *gshard;           /* their gradients, or NULL */
-  size_t *counts;          /* [world] elements of each rank's rows */
+  size_t *counts;          /* [world] elements of each rank's rows; 4-bit: floats of each
+                              rank's record */
   size_t unit_off;         /* floats from the start of its unit's buffer */
+  const loader_view_t *v;  /* its view; v->q4: gathered as records and dequantized */
 } fsdp_tensor_t;
 
 struct fsdp {
@@ -37,6 +40,8 @@ struct fsdp {
   float *unit, *gunit;   /* one gathered unit and its full gradients */
   size_t unit_n;
   model_layer_t lw, dlw; /* views of a gathered layer into unit / gunit */
+  float *qbuf;           /* 4-bit: every rank's record of one tensor, gathered */
+  float *qabs;           /* 4-bit, double quantization: one rank's absmax, recovered */
 };
 
 static int fail_comm(fsdp_t *f, int rc, const char *what, char *err, size_t errlen) {
@@ -80,6 +85,11 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, f
    * order inside the unit buffer. */
   size_t unit_len = 0, head_len = 0;
   int prev_layer = -2;
+  size_t qrecords = 0, qblocks = 0; /* the largest 4-bit tensor's records and a rank's blocks */
+  if (shard->has_q4 && full) {
+    snprintf(err, errlen, "fsdp: a 4-bit base is frozen: it trains adapters only");
+    rc = TY_EINTERNAL;
+  }
   for (int i = 0; i < m->n_tensors && !rc; i++) {
     const model_tensor_t *t = &m->tensors[i];
     const loader_view_t *v = loader_view_by_name(shard, t->name);
@@ -90,12 +100,23 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, f
     }
     fsdp_tensor_t *ft = &f->ts[i];
     ft->t = t;
+    ft->v = v;
     ft->shard = (float *)shard->base + v->offset / sizeof(float); /* 64-byte aligned */
     ft->gshard = f->gspan ? f->gspan + v->offset / sizeof(float) : NULL;
     ft->counts = xcalloc((size_t)f->world, sizeof *ft->counts);
     size_t cols = t->ndim == 2 ? (size_t)t->shape[1] : 1;
     comm_shard_counts((size_t)t->shape[0], cols, f->world, ft->counts);
-    if (ft->counts[f->rank] != (size_t)v->rows * cols) {
+    if (v->q4) { /* a record a rank, in floats */
+      size_t all = 0;
+      for (int r = 0; r < f->world; r++) {
+        loader_q4_piece_t p;
+        loader_q4_piece((int64_t)t->numel, r, f->world, shard->q4.double_quant, &p);
+        ft->counts[r] = p.record_bytes / sizeof(float);
+        all += ft->counts[r];
+        if (p.nblocks > qblocks) qblocks = p.nblocks;
+      }
+      if (all > qrecords) qrecords = all;
+    } else if (ft->counts[f->rank] != (size_t)v->rows * cols) {
       snprintf(err, errlen, "fsdp: %s: the loader's rows and the collectives' split differ",
                t->name);
       rc = TY_EINTERNAL;
@@ -126,6 +147,15 @@ int fsdp_create(fsdp_t **out, model_t *m, comm_t *comm, loader_shard_t *shard, f
     size_t len = f->ts[f->norm].t->numel + f->ts[f->embed].t->numel;
     if (len > f->unit_n) f->unit_n = len;
   }
+  if (!rc && qrecords) {
+    f->qbuf = malloc(qrecords * sizeof(float));
+    f->qabs = malloc((qblocks ? qblocks : 1) * sizeof(float));
+    if (!f->qbuf || !f->qabs) {
+      snprintf(err, errlen, "fsdp: cannot allocate %zu floats to gather 4-bit records into",
+               qrecords + qblocks);
+      rc = TY_EEXHAUSTED;
+    }
+  }
   if (!rc && mode != FSDP_SPAN) {
     f->unit = malloc(f->unit_n * sizeof(float));
     f->gunit = full ? malloc(f->unit_n * sizeof(float)) : NULL;
@@ -150,6 +180,8 @@ void fsdp_free(fsdp_t *f) {
   free(f->gspan);
   free(f->unit);
   free(f->gunit);
+  free(f->qbuf);
+  free(f->qabs);
   loader_shard_free(f->shard);
   free(f);
 }
@@ -173,10 +205,45 @@ void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n)
       fn(ctx, (size_t)(f->ts[i].shard - f->span), f->ts[i].counts[f->rank]);
 }
 
+/* n floats of x rounded to dtype and back: the weights a product in that
+ * dtype would see (bnb_4bit_compute_dtype). */
+static void round_through(ty_dtype_t dtype, float *x, size_t n) {
+  uint16_t tmp[1024];
+  for (size_t i = 0; i < n; i += 1024) {
+    size_t k = n - i < 1024 ? n - i : 1024;
+    ty_dtype_from_f32(dtype, x + i, tmp, k);
+    ty_dtype_to_f32(dtype, tmp, x + i, k);
+  }
+}
+
+/* A 4-bit tensor: every rank's record gathered, each piece dequantized
+ * into its elements of dst (bitsandbytes' dequantize_4bit). */
+static void dequantize_records(fsdp_t *f, const fsdp_tensor_t *ft, float *dst) {
+  const loader_q4_t *q = &f->shard->q4;
+  const char *rec = (const char *)f->qbuf;
+  for (int r = 0; r < f->world; r++) {
+    loader_q4_piece_t p;
+    loader_q4_piece((int64_t)ft->t->numel, r, f->world, q->double_quant, &p);
+    const float *absmax = (const float *)(const void *)(rec + p.stats_off);
+    if (q->double_quant) {
+      q4_unnest((const uint8_t *)rec + p.stats_off,
+                (const float *)(const void *)(rec + p.nested_off), p.nblocks, ft->v->q4_offset,
+                f->qabs);
+      absmax = f->qabs;
+    }
+    q4_dequantize((q4_type_t)q->type, (const uint8_t *)rec, absmax, (size_t)p.nelem, dst + p.elem0);
+    rec += p.record_bytes;
+  }
+  if (q->compute != TY_DTYPE_F32) round_through(q->compute, dst, ft->t->numel);
+}
+
 /* All-gathers tensor i into dst (its full numel floats). */
 static int gather(fsdp_t *f, int i, float *dst, char *err, size_t errlen) {
-  int rc = comm_all_gather(f->comm, f->ts[i].shard, dst, f->ts[i].counts);
-  return rc ? fail_comm(f, rc, f->ts[i].t->name, err, errlen) : 0;
+  const fsdp_tensor_t *ft = &f->ts[i];
+  int rc = comm_all_gather(f->comm, ft->shard, ft->v->q4 ? f->qbuf : dst, ft->counts);
+  if (rc) return fail_comm(f, rc, ft->t->name, err, errlen);
+  if (ft->v->q4) dequantize_records(f, ft, dst);
+  return 0;
 }
 
 /* Reduce-scatters the full gradient src of tensor i (in place: this rank's
@@ -390,10 +457,8 @@ int fsdp_backend(train_backend_t *b, fsdp_t *f, lora_t *lora, char *err, size_t 
                                    .grads = lora->grads,
                                    .n = lora->n_params,
                                    .adapters = true}
-                  : (train_span_t){.params = f->span,
-                                   .grads = f->gspan,
-                                   .n = f->n,
-                                   .sharded = f->world > 1};
+                  : (train_span_t){
+                        .params = f->span, .grads = f->gspan, .n = f->n, .sharded = f->world > 1};
   *b = (train_backend_t){.ctx = fb,
                          .span = fb->span,
                          .shape = f->m,

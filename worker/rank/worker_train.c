@@ -21,6 +21,8 @@
 #include "worker/ckpt/model_io.h"
 #include "worker/ckpt/merge.h"
 #include "worker/ckpt/outputs.h"
+#include "worker/ckpt/quant4.h"
+#include "common/xalloc.h"
 #include "worker/rank/preempt.h"
 #include "worker/rank/report.h"
 #include "worker/rank/run_metrics.h"
@@ -189,13 +191,50 @@ static int on_tokenize_progress(void *ctx, uint64_t done, uint64_t total) {
   return p->rep->stop ? TY_ECANCELLED : 0;
 }
 
+/* Double quantization's tensor-wide mean of the absmax (loader.h):
+ * every rank's gathered, in rank order, so every rank (and every world
+ * size) computes the same float. */
+static int q4_mean_all(void *ctx, int64_t numel, const float *absmax, size_t nb, float *out,
+                       char *err, size_t errlen) {
+  comm_t *comm = ctx;
+  const int world = comm_world_size(comm);
+  size_t *counts = xcalloc((size_t)world, sizeof *counts), all = 0;
+  for (int r = 0; r < world; r++) {
+    loader_q4_piece_t p;
+    loader_q4_piece(numel, r, world, true, &p);
+    counts[r] = p.nblocks;
+    all += p.nblocks;
+  }
+  int rc = counts[comm_rank(comm)] == nb ? 0 : TY_EINTERNAL;
+  float *every = rc ? NULL : malloc((all ? all : 1) * sizeof *every);
+  if (rc)
+    ty_errf(err, errlen, rc, "4-bit load: this rank has %zu blocks, its piece %zu", nb,
+            counts[comm_rank(comm)]);
+  else if (!every)
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate %zu absmax floats", all);
+  else if ((rc = comm_all_gather(comm, absmax, every, counts)))
+    ty_errf(err, errlen, rc, "gathering the absmax statistics: %s", comm_error(comm));
+  else
+    *out = q4_mean(every, all);
+  free(every);
+  free(counts);
+  return rc;
+}
+
 /* This rank's float32 shards of the checkpoint (or the seeded
  * initialisation) in host memory, by the loader's path the spec picks, as
- * an fsdp over m. */
+ * an fsdp over m; with quantization.load_in_4bit the linear projections
+ * quantized as they load. */
 static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const llama_config_t *cfg,
                      model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f, loader_stats_t *ls,
                      char *err, size_t errlen) {
   load_progress_t prog = {rep, ty_mono_s()};
+  const loader_q4_t q4 = {
+      .type = s->quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4 ? Q4_FP4 : Q4_NF4,
+      .double_quant = s->quantization.bnb_4bit_use_double_quant,
+      .compute = s->quantization.bnb_4bit_compute_dtype,
+      .mean = q4_mean_all,
+      .mean_ctx = comm};
   loader_opts_t o = {.rank = comm_rank(comm),
                      .world_size = comm_world_size(comm),
                      .dtype = TY_DTYPE_F32,
@@ -203,6 +242,7 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
                      .bucket_bytes = (size_t)s->fsdp.bucket_mb << 20,
                      .seed = s->train.seed,
                      .pl = pl,
+                     .q4 = s->quantization.load_in_4bit ? &q4 : NULL,
                      .progress = on_load_progress,
                      .progress_ctx = &prog};
   loader_shard_t *shard;
@@ -263,9 +303,11 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, const 
     int rc = model_create_table(&t->m, cfg, B, T, mode, err, errlen);
     return rc ? rc : load_span(s, comm, pl, cfg, t->m, FSDP_SPAN, rep, &t->f, ls, err, errlen);
   }
-  /* Several ranks: no whole-model buffers, only activations. */
-  int rc = (one ? model_create : model_create_unowned)(&t->m, cfg, B, T, mode, err, errlen);
-  if (!rc && one) {
+  /* Several ranks, or a 4-bit base (whose layers are dequantized one at a
+   * time as gathered units are): no whole-model buffers, only activations. */
+  const bool whole = one && !s->quantization.load_in_4bit;
+  int rc = (whole ? model_create : model_create_unowned)(&t->m, cfg, B, T, mode, err, errlen);
+  if (!rc && whole) {
     load_progress_t prog = {rep, ty_mono_s()};
     if (!s->init_from_scratch)
       rc = model_io_load(t->m, s->model_path, on_load_progress, &prog, ls, err, errlen);
@@ -394,9 +436,14 @@ int worker_train_main(const worker_env_t *e) {
   }
   if (!rc && !cuda && (t.f || !spec.init_from_scratch)) {
     rep.loaded = &ls;
-    char msg[160];
-    snprintf(msg, sizeof msg, "%s; activations %.1f MiB a rank%s",
-             t.f ? "shards loaded" : "weights loaded",
+    char msg[256], q4[128] = "";
+    if (spec.quantization.load_in_4bit)
+      snprintf(q4, sizeof q4, ", the linear projections in 4 bits (%s%s): %.1f MiB a rank",
+               spec.quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4 ? "fp4" : "nf4",
+               spec.quantization.bnb_4bit_use_double_quant ? ", double quantization" : "",
+               (double)ls.shard_bytes / (1024.0 * 1024.0));
+    snprintf(msg, sizeof msg, "%s%s; activations %.1f MiB a rank%s",
+             t.f ? "shards loaded" : "weights loaded", q4,
              (double)model_activation_bytes(t.m) / (1024.0 * 1024.0),
              spec.gradient_checkpointing ? " (gradient_checkpointing)" : "");
     emit(&rep, REPORT_PHASE_LOADING, 0, NAN, 0, NULL, msg);

@@ -1,0 +1,7 @@
+# QLoRA: a 4-bit base quantized as each rank's piece loads, trained under
+# LoRA on 1, 2 and 4 CPU ranks, against a float32 checkpoint of the weights
+# a Python reference of bitsandbytes' algorithm dequantized.
+add_test(NAME integration/train_qlora
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_qlora.sh)
+set_tests_properties(integration/train_qlora PROPERTIES LABELS integration TIMEOUT 600
+                     ENVIRONMENT "${TY_TEST_ENV}")

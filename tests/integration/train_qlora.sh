@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# train_qlora.sh - QLoRA (quantization.load_in_4bit) through `trainyard
+# train`, real worker processes on CPU ranks:
+# - the linear projections are quantized as each rank's piece of them is
+#   read, so 1, 2 and 4 ranks (memory-efficient path) and 2 ranks on the
+#   standard path train to the same losses, nf4 with double quantization;
+# - the losses equal, step for step, those of plain LoRA over a float32
+#   checkpoint holding the weights dequantized by a reference written here
+#   in Python from bitsandbytes' algorithm (tests/numerics/quant4_ref.py),
+#   for nf4 and fp4, with and without double quantization: so the held-out
+#   loss of the 4-bit model is that of its dequantized weights, and the
+#   adapters see the same base;
+# - bfloat16 compute rounds the dequantized weights as bitsandbytes' bf16
+#   products would (the reference, rounded the same way, trains alike);
+# - the adapter written is PEFT's, over the base's names;
+# - the loading report says the shard is in 4 bits and its size, which
+#   is about a quarter of the float32 LoRA rank's;
+# - the spec's refusals (no LoRA, from scratch, cuda, options without
+#   load_in_4bit, other stacks' names) name the field and the fix.
+set -euo pipefail
+. "$(dirname "$0")/../testlib.sh"
+here=$(cd "$(dirname "$0")" && pwd)
+
+data="$tmp/words.txt"
+words "$data" 6000
+# k/v projections of 36 x 72 = 2592 elements: not a multiple of a 64-block.
+"$ty" mkmodel --out "$tmp/base" --hidden-size 72 --intermediate-size 160 --layers 2 --heads 4 \
+  --kv-heads 2 --vocab-size 256 --seed 5 >/dev/null
+
+common=(--data.path "$data" --data.seq_len 32 --train.steps 5 --train.warmup_steps 1
+        --train.lr 3e-3 --use_lora true --lora_rank 4 --target_modules all-linear
+        --train.checkpoint_every 0 --json)
+losses() { # NAME ARGS... -> rank 0's per-step losses in $tmp/NAME.losses
+  local name=$1
+  shift
+  "$ty" train "${common[@]}" "$@" --output_dir "$tmp/$name" >"$tmp/$name.out" \
+    2>"$tmp/$name.log" || { cat "$tmp/$name.log" >&2; fail "$name failed"; }
+  python3 - "$tmp/$name.out" >"$tmp/$name.losses" <<'PY'
+import json, sys
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None:
+        print(repr(r["loss"]))
+PY
+}
+same() { # TOL NAME NAME... : every run's losses within TOL (relative) of the first's
+  python3 - "$@" <<'PY'
+import sys
+tol, names = float(sys.argv[1]), sys.argv[2:]
+runs = [[float(x) for x in open(n + ".losses")] for n in names]
+assert all(len(r) == 5 for r in runs), runs
+gap = max(abs(x - y) / abs(x) for r in runs[1:] for x, y in zip(runs[0], r))
+print(f"# {' = '.join(n.rsplit('/', 1)[1] for n in names)}: max relative loss gap {gap:.2e} "
+      f"(losses {runs[0][0]:.5f} -> {runs[0][-1]:.5f})")
+assert gap <= tol, runs
+PY
+}
+
+q=(--model_path "$tmp/base" --quantization.load_in_4bit true)
+dq=("${q[@]}" --quantization.bnb_4bit_use_double_quant true)
+mel=(--fsdp.memory_efficient_load true)
+losses nf4dq-1 "${dq[@]}" "${mel[@]}" --world_size 1 --train.micro_batch_size 8
+losses nf4dq-2 "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4
+losses nf4dq-4 "${dq[@]}" "${mel[@]}" --world_size 4 --train.micro_batch_size 2
+losses nf4dq-2s "${dq[@]}" --world_size 2 --train.micro_batch_size 4
+same 1e-5 "$tmp"/nf4dq-1 "$tmp"/nf4dq-2 "$tmp"/nf4dq-4 "$tmp"/nf4dq-2s
+
+# The loading report: 4 bits, and the shard's size.
+grep -q "the linear projections in 4 bits (nf4, double quantization)" "$tmp/nf4dq-1.out" ||
+  { cat "$tmp/nf4dq-1.out" >&2; fail "the loading report does not say the base is in 4 bits"; }
+
+# Against the reference: the same model with its weights dequantized by
+# Python, as float32, trained by plain LoRA.
+ref() { # NAME TYPE DOUBLE COMPUTE
+  /usr/bin/python3 - "$here/../numerics" "$tmp/base" "$tmp/$1" "$2" "$3" "$4" <<'PY'
+import json, os, shutil, struct, sys
+import numpy as np
+sys.path.insert(0, sys.argv[1])
+import quant4_ref as q
+src, out, qtype, double, compute = sys.argv[2:7]
+raw = open(os.path.join(src, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+header = json.loads(raw[8:8 + n])
+lin = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+blobs, hdr, off = [], {}, 0
+for name, v in header.items():
+    if name == "__metadata__":
+        continue
+    assert v["dtype"] == "F32", v
+    a, b = v["data_offsets"]
+    w = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
+    if any(f".{p}.weight" in name for p in lin):
+        w = q.dequantized(w, qtype, double == "true")
+        if compute == "bfloat16":  # round to nearest even, as torch's .to(bfloat16)
+            u = w.view(np.uint32).astype(np.uint64)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            w = u.astype(np.uint32).view(np.float32)
+    data = np.ascontiguousarray(w, dtype=np.float32).tobytes()
+    hdr[name] = {"dtype": "F32", "shape": v["shape"], "data_offsets": [off, off + len(data)]}
+    blobs.append(data)
+    off += len(data)
+os.makedirs(out)
+shutil.copy(os.path.join(src, "config.json"), out)
+h = json.dumps(hdr).encode()
+h += b" " * (-len(h) % 8)
+with open(os.path.join(out, "model.safetensors"), "wb") as f:
+    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PY
+}
+for case in "nf4 false float32" "nf4 true float32" "fp4 false float32" "fp4 true bfloat16"; do
+  set -- $case
+  name="$1-$2-$3"
+  ref "ref-$name" "$1" "$2" "$3"
+  losses "lora-$name" --model_path "$tmp/ref-$name" --world_size 1 --train.micro_batch_size 8
+  losses "qlora-$name" "${q[@]}" --quantization.bnb_4bit_quant_type "$1" \
+    --quantization.bnb_4bit_use_double_quant "$2" --quantization.bnb_4bit_compute_dtype "$3" \
+    --world_size 2 --train.micro_batch_size 4 "${mel[@]}"
+  same 1e-5 "$tmp/lora-$name" "$tmp/qlora-$name"
+done
+# 4 bits change the model: a float32 LoRA run over the original base
+# differs from the quantized one (so the comparison above can fail).
+losses lora-f32 --model_path "$tmp/base" --world_size 1 --train.micro_batch_size 8
+if same 1e-5 "$tmp/lora-f32" "$tmp/qlora-nf4-false-float32" >/dev/null 2>&1; then
+  fail "the 4-bit base trains exactly as the float32 one: nothing was quantized"
+fi
+
+# PEFT's adapter over the base's names; no base weights written.
+python3 - "$tmp/nf4dq-2" <<'PY'
+import json, os, struct, sys
+d = sys.argv[1]
+cfg = json.load(open(os.path.join(d, "adapter_config.json")))
+assert cfg["peft_type"] == "LORA" and cfg["r"] == 4, cfg
+raw = open(os.path.join(d, "adapter_model.safetensors"), "rb").read()
+names = json.loads(raw[8:8 + struct.unpack("<Q", raw[:8])[0]])
+assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in names, sorted(names)
+assert "base_model.model.model.layers.1.mlp.down_proj.lora_B.weight" in names, sorted(names)
+assert not os.path.exists(os.path.join(d, "model.safetensors"))
+print("# the QLoRA adapter is PEFT's:", len([n for n in names if n != "__metadata__"]), "tensors")
+PY
+
+# The spec's rules, each naming the field and the fix.
+refuse() { # PATTERN ARGS...: validate refuses, saying PATTERN
+  local want=$1
+  shift
+  if "$ty" validate --no-check-paths "$@" >"$tmp/v.out" 2>&1; then
+    fail "validate accepted: $*"
+  fi
+  grep -q -- "$want" "$tmp/v.out" || { cat "$tmp/v.out" >&2; fail "no '$want' for: $*"; }
+}
+refuse 'quantization.load_in_4bit: needs use_lora: true' --model_path m \
+  --quantization.load_in_4bit true
+refuse 'quantization.load_in_4bit: cannot be true together with init_from_scratch' \
+  --init_from_scratch true --quantization.load_in_4bit true --use_lora true \
+  --model '{"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 1, "num_attention_heads": 4, "vocab_size": 256}'
+refuse 'quantization.load_in_4bit: a 4-bit base trains on CPU ranks' --model_path m \
+  --use_lora true --quantization.load_in_4bit true --device cuda
+refuse 'quantization.bnb_4bit_use_double_quant: applies to a 4-bit base only' --model_path m \
+  --quantization.bnb_4bit_use_double_quant true
+refuse 'quantization.bnb_4bit_quant_type: unknown value "int4"' --model_path m --use_lora true \
+  --quantization.load_in_4bit true --quantization.bnb_4bit_quant_type int4
+refuse 'load_in_4bit: unknown flag --load_in_4bit; trainyard calls it --quantization.load_in_4bit' \
+  --model_path m --load_in_4bit true
+echo '{"model_path": "m", "adapter": "qlora"}' >"$tmp/axolotl.json"
+refuse 'adapter: unknown field; trainyard calls it "use_lora"' "$tmp/axolotl.json"
+"$ty" validate --no-check-paths --model_path m --use_lora true --quantization.load_in_4bit true \
+  >/dev/null || fail "a QLoRA spec is refused"
+echo "# the QLoRA refusals name their field"
