@@ -191,11 +191,44 @@ static void check_merge_lora(const vctx_t *v, ty_errlist_t *errs) {
                    "merge_adapter, or set use_lora to true");
 }
 
+/* A bitsandbytes 4-bit checkpoint's quantization_config (model_path's
+ * config.json, where paths are checked) against the job's: its codes are
+ * read as they are, so the job keeps them in 4 bits of the same kind. */
+static void check_quantized_checkpoint(const jobspec_t *s, ty_errlist_t *errs) {
+  char path[JOBSPEC_PATH_MAX + 16];
+  llama_config_path(s->model_path, path, sizeof path);
+  json_t *cfg = ty_json_load_file(path, 0, NULL, 0);
+  const json_t *qc = json_object_get(cfg, "quantization_config");
+  const char *type = json_string_value(json_object_get(qc, "bnb_4bit_quant_type"));
+  const bool dq = json_is_true(json_object_get(qc, "bnb_4bit_use_double_quant"));
+  if (json_is_true(json_object_get(qc, "load_in_4bit")) && type) {
+    const char *ours = s->quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4 ? "fp4" : "nf4";
+    if (!s->quantization.load_in_4bit)
+      ty_errlist_add(errs, "quantization.load_in_4bit",
+                     "is false, and %s is a bitsandbytes 4-bit checkpoint (%s%s): set "
+                     "quantization.load_in_4bit true (with use_lora: QLoRA), or write a float copy "
+                     "first (trainyard convert --dequantize)",
+                     s->model_path, type, dq ? ", double quantization" : "");
+    else if (strcmp(type, ours) != 0)
+      ty_errlist_add(errs, "quantization.bnb_4bit_quant_type",
+                     "is \"%s\", and %s stores %s codes, which are read as they are; set it to "
+                     "\"%s\"",
+                     ours, s->model_path, type, type);
+    else if (dq != s->quantization.bnb_4bit_use_double_quant)
+      ty_errlist_add(errs, "quantization.bnb_4bit_use_double_quant",
+                     "is %s, and %s stores its statistics %s; set it to %s", dq ? "false" : "true",
+                     s->model_path, dq ? "double-quantized" : "in float32", dq ? "true" : "false");
+  }
+  json_decref(cfg);
+}
+
 /* QLoRA (quantization.*): a 4-bit base is frozen, so it takes adapters;
  * it is quantized from a pretrained checkpoint as it loads; its options
  * mean nothing without load_in_4bit. */
 static void check_quantization(const vctx_t *v, ty_errlist_t *errs) {
   const jobspec_t *s = v->s;
+  if (v->check_paths && s->model_path[0] && !s->init_from_scratch)
+    check_quantized_checkpoint(s, errs);
   if (!s->quantization.load_in_4bit) {
     const struct {
       const char *field;
@@ -668,7 +701,10 @@ static const rule_t g_rules[] = {
     {"qlora", "quantization.*, use_lora, init_from_scratch, device", "spec",
      "a 4-bit base (quantization.load_in_4bit, QLoRA) is frozen, so it trains adapters only "
      "(use_lora: true), and it is quantized from a pretrained checkpoint while it loads, so not "
-     "with init_from_scratch; it runs on CPU ranks; the bnb_4bit_* options need load_in_4bit",
+     "with init_from_scratch; it runs on CPU ranks; the bnb_4bit_* options need load_in_4bit; "
+     "a bitsandbytes 4-bit checkpoint (config.json's quantization_config, checked where paths "
+     "are) is read as it is, so its job sets load_in_4bit with the checkpoint's quant type and "
+     "double quantization",
      check_quantization},
     {"ranges",
      "world_size, lora_rank, lora_alpha, fsdp.bucket_mb, data.*, train.*, "

@@ -230,6 +230,10 @@ static const char *const g_inert_keys[] = {
     "cross_attention_hidden_size",
     "pruned_heads",
     "max_window_layers",
+    /* How the weights are stored, not what the model computes: a
+     * bitsandbytes 4-bit checkpoint, whose layout worker/ckpt/ckpt_q4
+     * checks tensor by tensor. */
+    "quantization_config",
 };
 #define INERT_N (sizeof g_inert_keys / sizeof g_inert_keys[0])
 

@@ -1,7 +1,8 @@
 /* cmd_convert.c - trainyard convert: any checkpoint trainyard reads
  * (safetensors or PyTorch, single or sharded, a folder or one file with
  * config.json beside it) written again as a safetensors checkpoint,
- * streamed (worker/ckpt/ckpt_convert.h). */
+ * streamed, with its projections 4-bit in bitsandbytes' layout if asked,
+ * or from that layout back to floats (worker/ckpt/ckpt_convert.h). */
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,14 +16,23 @@
 static void convert_usage(FILE *f) {
   fprintf(f,
           "usage: trainyard convert --model_path DIR|FILE --out DIR [--dtype f32|bf16|f16]\n"
-          "                         [--shard_mb N]\n"
+          "                         [--shard_mb N] [--quantize nf4|fp4 [--double_quant]]\n"
+          "                         [--dequantize]\n"
           "Reads a checkpoint (config.json + model.safetensors or pytorch_model.bin, their\n"
           "sharded forms with an index, or one .safetensors/.bin/.pt/.pth file with\n"
           "config.json beside it; PyTorch pickles are read without running them) and\n"
           "writes DIR/config.json + DIR/model.safetensors, or with --shard_mb files of at\n"
           "most N MiB (model-0000i-of-0000N.safetensors + model.safetensors.index.json).\n"
           "--dtype converts every tensor (and config.json's torch_dtype); by default each\n"
-          "keeps its own. Streams a few MiB at a time; DIR must hold no checkpoint yet.\n");
+          "keeps its own. Streams a few MiB at a time; DIR must hold no checkpoint yet.\n"
+          "--quantize writes each layer's seven projections (q/k/v/o/gate/up/down_proj)\n"
+          "4-bit in bitsandbytes' layout, as transformers saves a load_in_4bit model\n"
+          "(codes, absmax, quant_map, quant_state; config.json's quantization_config);\n"
+          "--double_quant quantizes their block maxima again (bnb_4bit_use_double_quant).\n"
+          "Embeddings, norms, lm_head and biases stay as they are. A projection is held\n"
+          "whole in fp32 while it is quantized.\n"
+          "--dequantize reads such a 4-bit checkpoint, checking every component, and\n"
+          "writes its weights as floats (in --dtype, or the dtype each was quantized from).\n");
 }
 
 int cmd_convert(int argc, char **argv) {
@@ -33,6 +43,14 @@ int cmd_convert(int argc, char **argv) {
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       convert_usage(stdout);
       return 0;
+    }
+    if (!strcmp(a, "--double_quant") || !strcmp(a, "--double-quant")) {
+      o.double_quant = true;
+      continue;
+    }
+    if (!strcmp(a, "--dequantize")) {
+      o.dequantize = true;
+      continue;
     }
     if (i + 1 >= argc) {
       fprintf(stderr, "trainyard convert: %s needs a value\n", a);
@@ -50,6 +68,12 @@ int cmd_convert(int argc, char **argv) {
         return 2;
       }
       o.set_dtype = true;
+    } else if (!strcmp(a, "--quantize")) {
+      if (q4_type_parse(v, &o.q4_type)) {
+        fprintf(stderr, "trainyard convert: --quantize wants nf4 or fp4, got '%s'\n", v);
+        return 2;
+      }
+      o.quantize = true;
     } else if (!strcmp(a, "--shard_mb") || !strcmp(a, "--shard-mb")) {
       if (!ty_parse_long(v, 1, 1L << 30, &mb)) {
         fprintf(
@@ -70,6 +94,14 @@ int cmd_convert(int argc, char **argv) {
     convert_usage(stderr);
     return 2;
   }
+  if (o.double_quant && !o.quantize) {
+    fprintf(stderr, "trainyard convert: --double_quant goes with --quantize nf4|fp4\n");
+    return 2;
+  }
+  if (o.quantize && o.dequantize) {
+    fprintf(stderr, "trainyard convert: --quantize and --dequantize exclude each other\n");
+    return 2;
+  }
   char err[1024];
   convert_stats_t s;
   double t0 = ty_mono_s();
@@ -85,5 +117,16 @@ int cmd_convert(int argc, char **argv) {
       out, s.tensors, (double)s.bytes_written / 1048576.0, s.files,
       s.files > 1 ? "s (+ index)" : "", (double)s.bytes_read / 1048576.0, ty_mono_s() - t0,
       (double)m.hwm_bytes / 1048576.0);
+  if (s.q4_weights && o.quantize)
+    printf(
+        "quantized %zu weights (%s%s): %.2f MiB as floats -> %.2f MiB 4-bit with their "
+        "statistics\n",
+        s.q4_weights, q4_type_name(o.q4_type), o.double_quant ? ", double quant" : "",
+        (double)s.q4_float_bytes / 1048576.0, (double)s.q4_bytes / 1048576.0);
+  else if (s.q4_weights)
+    printf(
+        "dequantized %zu weights: %.2f MiB 4-bit with their statistics -> %.2f MiB as "
+        "floats\n",
+        s.q4_weights, (double)s.q4_bytes / 1048576.0, (double)s.q4_float_bytes / 1048576.0);
   return 0;
 }

@@ -85,6 +85,11 @@ int cmd_merge(int argc, char **argv) {
     fprintf(stderr, "trainyard merge: %s\n", err);
     return 1;
   }
+  if (s.dequantized)
+    fprintf(stderr,
+            "trainyard merge: the base is a bitsandbytes 4-bit checkpoint: its weights were "
+            "dequantized (as peft's merge_and_unload does) and %s holds them as floats\n",
+            out);
   memstat_t m;
   memstat_read(&m);
   json_t *j =

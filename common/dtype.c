@@ -1,5 +1,6 @@
-/* dtype.c - element types (F32, BF16, F16): names, sizes and exact
- * conversions to and from fp32 (round to nearest even when narrowing). */
+/* dtype.c - element types (F32, BF16, F16; U8 by size and name only):
+ * names, sizes and exact conversions to and from fp32 (round to nearest
+ * even when narrowing). */
 #include "common/dtype.h"
 
 #include <string.h>
@@ -16,14 +17,17 @@ static const struct {
 };
 
 size_t ty_dtype_size(ty_dtype_t t) {
+  if (t == TY_DTYPE_U8) return 1;
   return (unsigned)t < TY_DTYPE_COUNT ? g_dtypes[t].size : 0;
 }
 
 const char *ty_dtype_name(ty_dtype_t t) {
+  if (t == TY_DTYPE_U8) return "uint8";
   return (unsigned)t < TY_DTYPE_COUNT ? g_dtypes[t].name : "unknown";
 }
 
 const char *ty_dtype_st_name(ty_dtype_t t) {
+  if (t == TY_DTYPE_U8) return "U8";
   return (unsigned)t < TY_DTYPE_COUNT ? g_dtypes[t].st_name : "unknown";
 }
 
@@ -136,7 +140,8 @@ void ty_dtype_to_f32(ty_dtype_t t, const void *src, float *dst, size_t n) {
     case TY_DTYPE_F16:
       for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load_u16(s + 2 * i));
       break;
-    default:
+    default: /* not a float type (U8): cannot happen in a correct caller */
+      for (size_t i = 0; i < n; i++) dst[i] = bits_f32(0x7fc00000u);
       break;
   }
 }
@@ -153,7 +158,7 @@ void ty_dtype_from_f32(ty_dtype_t t, const float *src, void *dst, size_t n) {
     case TY_DTYPE_F16:
       for (size_t i = 0; i < n; i++) store_u16(d + 2 * i, f32_to_f16(src[i]));
       break;
-    default:
+    default: /* not a float type (U8): cannot happen in a correct caller */
       break;
   }
 }

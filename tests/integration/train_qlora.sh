@@ -13,6 +13,9 @@
 # - bfloat16 compute rounds the dequantized weights as bitsandbytes' bf16
 #   products would (the reference, rounded the same way, trains alike);
 # - the adapter written is PEFT's, over the base's names;
+# - a bitsandbytes 4-bit checkpoint (trainyard convert --quantize) is read
+#   as it is on both load paths, evaluates like its dequantized weights,
+#   merges into floats, and is refused damaged or taken as another kind;
 # - the loading report says the shard is in 4 bits and its size, which
 #   is about a quarter of the float32 LoRA rank's;
 # - the spec's refusals (no LoRA, from scratch, cuda, options without
@@ -123,6 +126,68 @@ losses lora-f32 --model_path "$tmp/base" --world_size 1 --train.micro_batch_size
 if same 1e-5 "$tmp/lora-f32" "$tmp/qlora-nf4-false-float32" >/dev/null 2>&1; then
   fail "the 4-bit base trains exactly as the float32 one: nothing was quantized"
 fi
+
+# A bitsandbytes 4-bit checkpoint (`trainyard convert --quantize`, the
+# layout transformers saves) is read as it is: its codes are the ones the
+# job quantizes from the float base, so its QLoRA losses are the same on
+# both load paths; it evaluates to the loss of the reference's dequantized
+# weights; a job must keep it in 4 bits of its kind; merged, it becomes
+# floats (as peft's merge_and_unload).
+"$ty" convert --model_path "$tmp/base" --out "$tmp/q4" --quantize nf4 --double_quant >/dev/null
+losses ck-1 --model_path "$tmp/q4" --quantization.load_in_4bit true \
+  --quantization.bnb_4bit_use_double_quant true "${mel[@]}" --world_size 1 \
+  --train.micro_batch_size 8
+losses ck-2s --model_path "$tmp/q4" --quantization.load_in_4bit true \
+  --quantization.bnb_4bit_use_double_quant true --world_size 2 --train.micro_batch_size 4
+same 1e-5 "$tmp"/nf4dq-1 "$tmp"/ck-1 "$tmp"/ck-2s
+ev() { "$ty" eval --data "$data" --seq_len 32 --batches 4 "$@"; }
+ev --model_path "$tmp/q4" >"$tmp/ev-q4"
+ev --model_path "$tmp/ref-nf4-true-float32" >"$tmp/ev-ref"
+ev --model_path "$tmp/q4" --adapter "$tmp/ck-1" >"$tmp/ev-q4a"
+"$ty" merge --model_path "$tmp/q4" --adapter "$tmp/ck-1" --out "$tmp/merged" \
+  >/dev/null 2>"$tmp/merge.err" || { cat "$tmp/merge.err" >&2; fail "merge over 4 bits"; }
+grep -q "its weights were dequantized" "$tmp/merge.err" || fail "merge does not say it dequantized"
+ev --model_path "$tmp/merged" >"$tmp/ev-merged"
+python3 - "$tmp/ev-q4" "$tmp/ev-ref" "$tmp/ev-q4a" "$tmp/ev-merged" "$tmp/merged/config.json" <<'PY'
+import json, sys
+q4, ref, q4a, merged = (json.load(open(p))["loss"] for p in sys.argv[1:5])
+assert abs(q4 - ref) <= 1e-5 * abs(ref), (q4, ref)
+assert abs(q4a - merged) <= 1e-5 * abs(merged), (q4a, merged)
+assert abs(q4a - q4) > 1e-4, (q4a, q4)  # the adapter changed something
+assert "quantization_config" not in json.load(open(sys.argv[5]))
+print(f"# the 4-bit checkpoint evaluates to {q4:.6f}, its reference's weights to {ref:.6f}; "
+      f"merged with its adapter {merged:.6f} (unmerged {q4a:.6f})")
+PY
+if "$ty" validate --model_path "$tmp/q4" --use_lora true --data.path "$data" \
+  --output_dir "$tmp/v1" >"$tmp/v.out" 2>&1; then fail "a 4-bit checkpoint without load_in_4bit"; fi
+grep -q "quantization.load_in_4bit: is false, and .* is a bitsandbytes 4-bit checkpoint (nf4, double quantization)" \
+  "$tmp/v.out" || { cat "$tmp/v.out" >&2; fail "no load_in_4bit refusal"; }
+if "$ty" validate --model_path "$tmp/q4" --use_lora true --data.path "$data" --output_dir "$tmp/v1" \
+  --quantization.load_in_4bit true --quantization.bnb_4bit_quant_type fp4 >"$tmp/v.out" 2>&1; then
+  fail "a 4-bit nf4 checkpoint taken as fp4"
+fi
+grep -q 'quantization.bnb_4bit_quant_type: is "fp4", and .* stores nf4 codes' "$tmp/v.out" ||
+  { cat "$tmp/v.out" >&2; fail "no quant type refusal"; }
+# A damaged one is refused by the tensor's name before anything is placed.
+python3 - "$tmp/q4" "$tmp/q4bad" <<'PY'
+import json, os, shutil, struct, sys
+src, dst = sys.argv[1:]
+shutil.copytree(src, dst)
+raw = open(os.path.join(src, "model.safetensors"), "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+h = json.loads(raw[8:8 + n])
+del h["model.layers.1.mlp.up_proj.weight.nested_absmax"]
+body = json.dumps(h).encode()
+body += b" " * (-len(body) % 8)
+# The data section keeps its bytes: the dropped tensor leaves a hole the
+# header check also names, whichever it meets first.
+open(os.path.join(dst, "model.safetensors"), "wb").write(struct.pack("<Q", len(body)) + body + raw[8 + n:])
+PY
+if "$ty" train "${common[@]}" --model_path "$tmp/q4bad" --quantization.load_in_4bit true \
+  --quantization.bnb_4bit_use_double_quant true --output_dir "$tmp/bad" >"$tmp/bad.out" 2>&1; then
+  fail "a damaged 4-bit checkpoint trained"
+fi
+grep -q "up_proj" "$tmp/bad.out" || { cat "$tmp/bad.out" >&2; fail "the damage is not named"; }
 
 # PEFT's adapter over the base's names; no base weights written.
 python3 - "$tmp/nf4dq-2" <<'PY'

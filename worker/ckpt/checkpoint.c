@@ -1,6 +1,7 @@
 /* checkpoint.c - the Llama tensor table from a config, config.json reading,
  * and the strict match of a checkpoint's tensors against the table. */
 #include "worker/ckpt/checkpoint.h"
+#include "worker/ckpt/ckpt_q4.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -129,7 +130,8 @@ int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen) {
   if (e) return ty_errf(err, errlen, e, "%s", why);
   int rc = fold_file(&h, path, 0, (uint64_t)st.st_size, err, errlen);
   st_ckpt_t *c = NULL;
-  if (!rc) rc = st_open(dir, &c, err, errlen);
+  /* Bytes only: a 4-bit checkpoint's U8 tensors fold like any. */
+  if (!rc) rc = st_open_flags(dir, ST_OPEN_U8, &c, err, errlen);
   for (size_t i = 0; !rc && i < c->nfiles; i++) {
     const st_file_t *f = &c->files[i];
     const char *name = strrchr(f->path, '/');
@@ -238,6 +240,7 @@ void ckpt_close(ckpt_t *c) {
   ckpt_layout_free(&c->layout);
   st_close(c->st);
   free(c->file_tensor);
+  ckpt_q4_free(c->q4);
   free(c);
 }
 
@@ -251,7 +254,18 @@ int ckpt_open(const char *dir, ckpt_t **out, char *err, size_t errlen) {
     ty_errf(err, errlen, rc, "%s/config.json: sizes too large for this build", dir);
     goto fail;
   }
-  char msg[768];
+  char msg[768], path[4096];
+  llama_config_path(dir, path, sizeof path);
+  json_t *root = ty_json_load_file(path, JSON_REJECT_DUPLICATES, NULL, 0);
+  const json_t *qc = json_object_get(root, "quantization_config");
+  if (qc && !json_is_null(qc)) {
+    rc = ckpt_q4_open(c, dir, qc, err, errlen);
+    json_decref(root);
+    if (rc) goto fail;
+    *out = c;
+    return 0;
+  }
+  json_decref(root);
   if ((rc = st_open(dir, &c->st, msg, sizeof msg))) {
     ty_errf(err, errlen, rc, "%s", msg);
     goto fail;

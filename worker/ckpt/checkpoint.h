@@ -88,16 +88,22 @@ int ckpt_layout_index(const ckpt_layout_t *l, ckpt_kind_t kind, int layer);
  * it. Returns 0, TY_ENOTFOUND or TY_EINVAL with a message naming the field. */
 int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t errlen);
 
+/* A bitsandbytes 4-bit checkpoint's weights (worker/ckpt/ckpt_q4.h). */
+typedef struct ckpt_q4 ckpt_q4_t;
+
 /* An open checkpoint: its layout and, for each layout tensor, the file's. */
 typedef struct {
   ckpt_layout_t layout;
   st_ckpt_t *st;
-  const st_tensor_t **file_tensor; /* [layout.ntensors] */
+  const st_tensor_t **file_tensor; /* [layout.ntensors]; a 4-bit weight's codes (U8) */
+  ckpt_q4_t *q4;                   /* a 4-bit checkpoint's weights; NULL for any other */
 } ckpt_t;
 
 /* Opens a checkpoint directory: config.json, then the safetensors files,
  * then the strict match (a missing, extra or mis-shaped tensor fails with
- * its name). *out is the caller's, released with ckpt_close. */
+ * its name); a config.json with a quantization_config opens as a
+ * bitsandbytes 4-bit checkpoint (c->q4, ckpt_q4.h). *out is the caller's,
+ * released with ckpt_close. */
 int ckpt_open(const char *dir, ckpt_t **out, char *err, size_t errlen);
 void ckpt_close(ckpt_t *c);
 

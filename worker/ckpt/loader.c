@@ -11,6 +11,7 @@
 #include "common/clock.h"
 #include "common/xalloc.h"
 #include "common/memstat.h"
+#include "worker/ckpt/ckpt_q4.h"
 #include "worker/ckpt/quant4.h"
 #include "worker/model/weightinit.h"
 
@@ -175,6 +176,7 @@ void loader_shard_free(loader_shard_t *s) {
   if (s->base) placement_release(s->pl, s->base, s->bytes);
   ckpt_layout_free(&s->layout);
   free(s->views);
+  free(s->q4_maps);
   free(s);
 }
 
@@ -388,6 +390,88 @@ static int quantize_stream(const bucket_t *b, const loader_q4_t *q4, loader_view
   return rc;
 }
 
+/* Bytes [off, off + n) of component c of a 4-bit weight into dst: a
+ * pread of that range, or (whole, the standard path) the component read
+ * whole into host memory first and the range copied from it. */
+static int q4_comp_read(const ckpt_t *ck, const bnb4_info_t *in, bnb4_comp_t c, uint64_t off,
+                        void *dst, size_t n, bool whole, loader_stats_t *st, char *err,
+                        size_t errlen) {
+  const st_tensor_t *t = in->comp[c];
+  if (!whole) {
+    int rc = st_read(ck->st, t, off, dst, n, err, errlen);
+    if (!rc) st->bytes_read += n;
+    return rc;
+  }
+  char *all = malloc(t->nbytes ? t->nbytes : 1);
+  if (!all)
+    return ty_errf(err, errlen, TY_EEXHAUSTED,
+                   "standard load: cannot hold '%s' (%llu bytes) in host memory (try "
+                   "fsdp.memory_efficient_load)",
+                   t->name, (unsigned long long)t->nbytes);
+  int rc = st_read(ck->st, t, 0, all, t->nbytes, err, errlen);
+  if (!rc) memcpy(dst, all + off, n), st->bytes_read += t->nbytes;
+  free(all);
+  return rc;
+}
+
+/* A rank's piece of a weight a bitsandbytes checkpoint stores in 4 bits,
+ * read as it is: its codes, and its blocks' statistics in the file's form
+ * (the job's quantization must be the checkpoint's, loader_load checks). */
+static int q4_read_piece(const ckpt_t *ck, size_t i, loader_shard_t *s, loader_view_t *v,
+                         bool whole, loader_stats_t *st, char *err, size_t errlen) {
+  const bnb4_info_t *in = ckpt_q4_info(ck, i);
+  const loader_q4_piece_t *p = &v->q;
+  const uint64_t b0 = (uint64_t)p->elem0 / Q4_BLOCK;
+  char *rec = v->data;
+  int rc = q4_comp_read(ck, in, BNB4_CODES, (uint64_t)p->elem0 / 2, rec,
+                        q4_code_bytes((size_t)p->nelem), whole, st, err, errlen);
+  if (rc || !s->q4.double_quant)
+    return rc ? rc
+              : q4_comp_read(ck, in, BNB4_ABSMAX, b0 * sizeof(float), rec + p->stats_off,
+                             p->nblocks * sizeof(float), whole, st, err, errlen);
+  /* The tensor's offset and nested code, on every rank: each dequantizes
+   * every rank's piece, its own share empty or not. */
+  float *map = s->q4_maps + i * 256;
+  v->q4_offset = in->state.offset;
+  v->q4_map = map;
+  rc = q4_comp_read(ck, in, BNB4_NESTED_QUANT_MAP, 0, map, 256 * sizeof(float), whole, st, err,
+                    errlen);
+  if (!rc)
+    rc = q4_comp_read(ck, in, BNB4_ABSMAX, b0, rec + p->stats_off, p->nblocks, whole, st, err,
+                      errlen);
+  if (!rc)
+    rc = q4_comp_read(ck, in, BNB4_NESTED_ABSMAX, b0 / Q4_NESTED_BLOCK * sizeof(float),
+                      rec + p->nested_off, q4_nested_blocks(p->nblocks) * sizeof(float), whole, st,
+                      err, errlen);
+  return rc;
+}
+
+/* A job over a bitsandbytes 4-bit checkpoint keeps its codes as they are:
+ * its quantization must be the checkpoint's. */
+static int q4_check_ckpt(const ckpt_t *ck, const char *dir, const loader_opts_t *o, char *err,
+                         size_t errlen) {
+  const bnb4_config_t *c = &ck->q4->cfg;
+  const char *type = q4_type_name(c->type);
+  if (!o->q4)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "%s is a bitsandbytes 4-bit checkpoint (%s%s): train adapters over it with "
+                   "quantization.load_in_4bit true and use_lora true (QLoRA), or write a float "
+                   "copy of it first (trainyard convert --dequantize)",
+                   dir, type, c->double_quant ? ", double quantization" : "");
+  if ((int)c->type != o->q4->type)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "quantization.bnb_4bit_quant_type: %s stores %s codes; set "
+                   "bnb_4bit_quant_type to \"%s\"",
+                   dir, type, type);
+  if (c->double_quant != o->q4->double_quant)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "quantization.bnb_4bit_use_double_quant: %s stores its statistics %s; set "
+                   "bnb_4bit_use_double_quant to %s",
+                   dir, c->double_quant ? "double-quantized" : "in float32",
+                   c->double_quant ? "true" : "false");
+  return 0;
+}
+
 /* Memory-efficient path: this rank's byte range of each tensor, through one
  * bucket: [raw | converted], sized so both halves fit. */
 static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts_t *o,
@@ -400,7 +484,9 @@ static int load_efficient(const ckpt_t *ck, loader_shard_t *s, const loader_opts
     file_src_t f = {ck, ft, (uint64_t)v->row0 * (uint64_t)v->t->cols, st};
     char what[160];
     snprintf(what, sizeof what, "'%s'", v->t->name);
-    if (v->q4) {
+    if (v->q4 && ckpt_q4_info(ck, i)) {
+      rc = q4_read_piece(ck, i, s, v, false, st, err, errlen);
+    } else if (v->q4) {
       f.first = (uint64_t)v->q.elem0;
       rc = quantize_stream(&b, o->q4, v, ft->dtype, file_fill, &f, err, errlen);
     } else {
@@ -423,9 +509,10 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   size_t *full_off = xcalloc(nt + 1, sizeof *full_off), full_bytes = 0;
   for (size_t i = 0; i < nt; i++) {
     raw_off[i] = raw_bytes;
+    full_off[i] = full_bytes;
+    if (ckpt_q4_info(ck, i)) continue; /* a 4-bit weight: read as it is (q4_read_piece) */
     /* Aligned, so that fp32 tensors can be read as floats. */
     raw_bytes += (ck->file_tensor[i]->nbytes + LOADER_ALIGN - 1) & ~(size_t)(LOADER_ALIGN - 1);
-    full_off[i] = full_bytes;
     full_bytes += (size_t)ck->file_tensor[i]->nelem * dsz;
   }
   int rc = 0;
@@ -441,6 +528,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   }
   for (size_t i = 0; i < nt && !rc; i++) {
     const st_tensor_t *ft = ck->file_tensor[i];
+    if (ckpt_q4_info(ck, i)) continue;
     rc = st_read(ck->st, ft, 0, raw + raw_off[i], ft->nbytes, err, errlen);
     st->bytes_read += rc ? 0 : ft->nbytes;
     if (!rc && o->progress) o->progress(o->progress_ctx, st->bytes_read, st->bytes_total);
@@ -458,6 +546,7 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   rc = bucket_open(&stage, o, err, errlen);
   for (size_t i = 0; i < nt && !rc; i++) {
     const st_tensor_t *ft = ck->file_tensor[i];
+    if (ckpt_q4_info(ck, i)) continue;
     mem_src_t t = {raw + raw_off[i], ty_dtype_size(ft->dtype)};
     rc = bucket_stream(&stage, s->pl, full, full_off[i], ft->nelem, ft->dtype, s->dtype, mem_fill,
                        &t, "the model", err, errlen);
@@ -475,6 +564,10 @@ static int load_standard(const ckpt_t *ck, loader_shard_t *s, const loader_opts_
   }
   for (size_t i = 0; i < nt && !rc; i++) {
     loader_view_t *v = &s->views[i];
+    if (v->q4 && ckpt_q4_info(ck, i)) {
+      rc = q4_read_piece(ck, i, s, v, true, st, err, errlen);
+      continue;
+    }
     if (v->q4) { /* quantized from the whole model, which is in host memory */
       mem_src_t t = {(const char *)full + full_off[i] + (size_t)v->q.elem0 * dsz, dsz};
       rc = quantize_stream(&stage, o->q4, v, s->dtype, mem_fill, &t, err, errlen);
@@ -509,17 +602,26 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
                  "4-bit shards are kept in host memory (CPU ranks), not on %s", o->pl->ops->name);
     goto out;
   }
+  if (ck->q4 && (rc = q4_check_ckpt(ck, dir, o, err, errlen))) goto out;
   if ((rc = shard_layout(&ck->layout.cfg, o, &s, err, errlen))) goto out;
+  if (ck->q4) s->q4_maps = xcalloc(s->layout.ntensors * 256 + 1, sizeof(float));
   if (o->memory_efficient) {
     for (size_t i = 0; i < s->layout.ntensors; i++) {
       const loader_view_t *v = &s->views[i];
-      st->bytes_total += (v->q4 ? (uint64_t)v->q.nelem : (uint64_t)v->rows * (uint64_t)v->t->cols) *
-                         ty_dtype_size(ck->file_tensor[i]->dtype);
+      const uint64_t elems =
+          v->q4 ? (uint64_t)v->q.nelem : (uint64_t)v->rows * (uint64_t)v->t->cols;
+      st->bytes_total += ckpt_q4_info(ck, i) ? (uint64_t)v->nbytes
+                                             : elems * ty_dtype_size(ck->file_tensor[i]->dtype);
     }
     rc = shard_alloc(s, err, errlen);
     if (!rc) rc = load_efficient(ck, s, o, st, err, errlen);
   } else {
-    for (size_t i = 0; i < s->layout.ntensors; i++) st->bytes_total += ck->file_tensor[i]->nbytes;
+    for (size_t i = 0; i < s->layout.ntensors; i++) {
+      const bnb4_info_t *in = ckpt_q4_info(ck, i);
+      for (int c = 0; in && c < BNB4_NCOMP; c++)
+        st->bytes_total += in->comp[c] ? in->comp[c]->nbytes : 0;
+      st->bytes_total += in ? 0 : ck->file_tensor[i]->nbytes;
+    }
     rc = load_standard(ck, s, o, st, err, errlen);
   }
 out:

@@ -67,7 +67,9 @@ typedef struct {
   void *data;             /* base + offset, in placement memory */
   bool q4;                /* kept in 4 bits: q (not rows) says which elements */
   loader_q4_piece_t q;
-  float q4_offset; /* double quantization: the mean of the tensor's absmax */
+  float q4_offset;     /* double quantization: the mean of the tensor's absmax */
+  const float *q4_map; /* double quantization: the [256] code the nested statistics
+                          decode with: a 4-bit checkpoint's own; NULL: q4_dynamic_code() */
 } loader_view_t;
 
 /* QLoRA (quantization.load_in_4bit): the seven linear projections of each
@@ -99,7 +101,8 @@ typedef struct {
   placement_t *pl; /* borrowed; must outlive the shard */
   bool has_q4;     /* some views are 4-bit (q4 says how) */
   loader_q4_t q4;
-  void *base; /* the one placement allocation */
+  float *q4_maps; /* [layout.ntensors][256]: the nested codes read from a 4-bit checkpoint */
+  void *base;     /* the one placement allocation */
   size_t bytes;
   loader_view_t *views; /* [layout.ntensors], table order */
 } loader_shard_t;

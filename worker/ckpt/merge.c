@@ -1,6 +1,7 @@
 /* merge.c - a LoRA adapter merged into its base checkpoint, tensor by
  * tensor; see merge.h. */
 #include "worker/ckpt/merge.h"
+#include "worker/ckpt/ckpt_q4.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -112,6 +113,12 @@ static int copy_side(const char *model_path, const char *dir, const merge_opts_t
   json_t *cfg = ty_json_load_file(cfg_path, JSON_REJECT_DUPLICATES, err, errlen);
   if (!cfg) return TY_EINVAL;
   if (o->set_dtype) json_object_set_new(cfg, "torch_dtype", json_string(ty_dtype_name(o->dtype)));
+  /* A 4-bit base merges into floats (as peft's merge_and_unload): the
+   * merged model is not quantized. */
+  if (json_object_get(cfg, "quantization_config")) {
+    json_object_del(cfg, "quantization_config");
+    s->dequantized = true;
+  }
   snprintf(to, sizeof to, "%s/config.json", dir);
   int rc = ty_json_write_file(cfg, to, JSON_INDENT(2), err, errlen);
   json_decref(cfg);
@@ -161,14 +168,16 @@ static int copy_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, ty_dtype_t dt
   return rc;
 }
 
-/* Tensor i of the base, W (OUT, IN), written as W + scale * B @ A: read
- * whole into fp32, the product added by one sgemm, written in dt. */
+/* Tensor i of the base, W (OUT, IN), written as W + scale * B @ A (p
+ * NULL: W alone): read whole into fp32 (a 4-bit weight dequantized,
+ * ckpt_read_f32), the product added by one sgemm, written in dt. */
 static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_pair_t *p,
                         const lora_t *lo, ty_dtype_t dt, bufs_t *b, merge_stats_t *s, char *err,
                         size_t errlen) {
   const ckpt_tensor_t *t = &ck->layout.tensors[i];
   const st_tensor_t *ft = ck->file_tensor[i];
-  const size_t n = (size_t)ft->nelem, in_es = ty_dtype_size(ft->dtype);
+  const bnb4_info_t *q4 = ckpt_q4_info(ck, i);
+  const size_t n = q4 ? (size_t)q4->nelem : (size_t)ft->nelem, in_es = ty_dtype_size(ft->dtype);
   const size_t out_es = ty_dtype_size(dt);
   if (n > b->wcap) {
     free(b->W);
@@ -180,8 +189,8 @@ static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_p
   float *W = b->W;
   if (n * sizeof(float) > s->largest_tensor) s->largest_tensor = n * sizeof(float);
   const size_t per = CONVERT_CHUNK / sizeof(float);
-  int rc = 0;
-  for (size_t at = 0; at < n && !rc; at += per) {
+  int rc = q4 ? ckpt_read_f32(ck, i, W, err, errlen) : 0;
+  for (size_t at = 0; at < n && !rc && !q4; at += per) {
     size_t m = n - at < per ? n - at : per;
     if (ft->dtype == TY_DTYPE_F32) {
       rc = st_read(ck->st, ft, at * in_es, W + at, m * in_es, err, errlen);
@@ -189,7 +198,7 @@ static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_p
       ty_dtype_to_f32(ft->dtype, b->src, W + at, m);
     }
   }
-  if (!rc)
+  if (!rc && p)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t->rows, (int)t->cols, lo->R,
                 lo->scale, p->B, lo->R, p->A, (int)t->cols, 1.0f, W, (int)t->cols);
   for (size_t at = 0; at < n && !rc; at += per) {
@@ -238,9 +247,10 @@ static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, co
   size_t *cut = xcalloc(l->ntensors + 2, sizeof *cut); /* file f holds [cut[f], cut[f+1]) */
   for (size_t i = 0; i < l->ntensors; i++) {
     const ckpt_tensor_t *t = &l->tensors[i];
-    d[i] = (st_desc_t){
-        t->name, o->set_dtype ? o->dtype : ck->file_tensor[i]->dtype, t->ndim, {t->rows, t->cols}};
-    bytes[i] = ck->file_tensor[i]->nelem * ty_dtype_size(d[i].dtype);
+    const bnb4_info_t *q4 = ckpt_q4_info(ck, i); /* written as the dtype it was quantized from */
+    const ty_dtype_t file_dt = q4 ? q4->state.dtype : ck->file_tensor[i]->dtype;
+    d[i] = (st_desc_t){t->name, o->set_dtype ? o->dtype : file_dt, t->ndim, {t->rows, t->cols}};
+    bytes[i] = (uint64_t)(t->rows * t->cols) * ty_dtype_size(d[i].dtype);
     names[i] = t->name;
     total += bytes[i];
   }
@@ -261,6 +271,8 @@ static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, co
         rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, d[i].dtype,
                           &b, s, err, errlen);
         s->merged++;
+      } else if (ckpt_q4_info(ck, i)) {
+        rc = merge_tensor(w, ck, i, NULL, lo, d[i].dtype, &b, s, err, errlen);
       } else {
         rc = copy_tensor(w, ck, i, d[i].dtype, &b, s, err, errlen);
       }

@@ -45,6 +45,7 @@ typedef struct {
   size_t files;            /* safetensors files written */
   uint64_t bytes_written;  /* tensor bytes */
   uint64_t largest_tensor; /* fp32 bytes of the largest adapted tensor (the buffer) */
+  bool dequantized;        /* the base was 4-bit (bitsandbytes): merged into floats */
 } merge_stats_t;
 
 /* Merges lo (adapters created for the model at model_path: its layers and

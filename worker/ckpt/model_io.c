@@ -1,6 +1,7 @@
 /* model_io.c - a whole model from a checkpoint or from the seeded
  * initialisation; see model_io.h. */
 #include "worker/ckpt/model_io.h"
+#include "worker/ckpt/ckpt_q4.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,9 +38,12 @@ static int fill_from_ckpt(void *vctx, const model_tensor_t *t, float *dst, char 
   for (size_t i = 0; i < l->ntensors; i++) {
     if (strcmp(l->tensors[i].name, t->name) != 0) continue;
     const st_tensor_t *ft = ctx->ck->file_tensor[i];
-    if (ft->nelem != t->numel) break;
+    const bnb4_info_t *q4 = ckpt_q4_info(ctx->ck, i);
+    if ((q4 ? q4->nelem : ft->nelem) != t->numel) break;
     int rc;
-    if (ft->dtype == TY_DTYPE_F32) {
+    if (q4) { /* a bitsandbytes 4-bit weight: the floats it stands for */
+      rc = ckpt_read_f32(ctx->ck, i, dst, err, errlen);
+    } else if (ft->dtype == TY_DTYPE_F32) {
       rc = st_read(ctx->ck->st, ft, 0, dst, ft->nbytes, err, errlen);
     } else {
       rc = st_read(ctx->ck->st, ft, 0, ctx->stage, ft->nbytes, err, errlen);

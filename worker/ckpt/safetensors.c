@@ -77,10 +77,14 @@ static int parse_entry(const char *name, const json_t *v, uint64_t data_len, st_
       found = true;
     }
   }
+  if (!strcmp(ds, ty_dtype_st_name(TY_DTYPE_U8))) {
+    t->dtype = TY_DTYPE_U8; /* bytes: st_open refuses them unless asked (ST_OPEN_U8) */
+    found = true;
+  }
   if (!found)
     return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
-                   "tensor '%s': unsupported dtype '%.32s' (trainyard reads F32, F16 and BF16; "
-                   "convert the checkpoint to one of them)",
+                   "tensor '%s': unsupported dtype '%.32s' (trainyard reads F32, F16 and BF16, "
+                   "and U8 in bitsandbytes' 4-bit layout; convert the checkpoint to one of them)",
                    name, ds);
   const json_t *shape = json_object_get(v, "shape");
   if (!json_is_array(shape))
@@ -224,10 +228,25 @@ static bool ends_with(const char *s, const char *suffix) {
   return n >= m && !strcmp(s + n - m, suffix);
 }
 
+/* Without ST_OPEN_U8, a U8 tensor is refused by name: every reader of
+ * floats (the loader, merge, eval, convert) opens with st_open, and none of
+ * them may take bytes for weights. */
+static int check_bytes(const char *path, const st_header_t *h, unsigned flags, char *err,
+                       size_t errlen) {
+  for (size_t i = 0; !(flags & ST_OPEN_U8) && i < h->ntensors; i++)
+    if (h->tensors[i].dtype == TY_DTYPE_U8)
+      return ty_errf(err, errlen, TY_EUNIMPLEMENTED,
+                     "%s: tensor '%s' is U8, bytes rather than weights (trainyard reads F32, "
+                     "F16 and BF16 here; if it is a bitsandbytes 4-bit checkpoint, "
+                     "`trainyard convert --dequantize` writes it as floats)",
+                     path, h->tensors[i].name);
+  return 0;
+}
+
 /* Opens one file and parses its header into h (file index fi): a
  * safetensors file, or a PyTorch one. */
-static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char *err,
-                    size_t errlen) {
+static int open_one(const char *path, int fi, unsigned flags, st_file_t *f, st_header_t *h,
+                    char *err, size_t errlen) {
   f->path = xstrdup(path);
   char why[1024];
   f->fd = ty_beneath_open(path, O_RDONLY, 0, why, sizeof why);
@@ -256,7 +275,8 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
       (!st_like &&
        (ends_with(path, ".bin") || ends_with(path, ".pt") || ends_with(path, ".pth")))) {
     f->data_start = 0; /* pt_open_file gives absolute offsets */
-    return pt_open_file(f->fd, path, f->size, fi, h, err, errlen);
+    int rc = pt_open_file(f->fd, path, f->size, fi, h, err, errlen);
+    return rc ? rc : check_bytes(path, h, flags, err, errlen);
   }
   if (f->size < 8 || head != 8)
     return ty_errf(err, errlen, TY_EINVAL,
@@ -281,6 +301,7 @@ static int open_one(const char *path, int fi, st_file_t *f, st_header_t *h, char
     rc = st_header_parse(hdr, n, f->size - 8 - n, h, msg, sizeof msg);
     if (rc) ty_errf(err, errlen, rc, "%s: %s", path, msg);
     for (size_t i = 0; !rc && i < h->ntensors; i++) h->tensors[i].file = fi;
+    if (!rc) rc = check_bytes(path, h, flags, err, errlen);
   }
   free(hdr);
   return rc;
@@ -323,7 +344,8 @@ static char *join_path(const char *dir, const char *name) {
   return p;
 }
 
-static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t errlen) {
+static int open_index(st_ckpt_t *c, const char *index_path, unsigned flags, char *err,
+                      size_t errlen) {
   char why[1024];
   json_t *root = ty_json_load_file(index_path, JSON_REJECT_DUPLICATES, why, sizeof why);
   if (!root) return ty_errf(err, errlen, errno == EINVAL ? TY_EINVAL : TY_EPERM, "%s", why);
@@ -362,7 +384,7 @@ static int open_index(st_ckpt_t *c, const char *index_path, char *err, size_t er
     }
     st_header_t h = {0};
     int fi = (int)c->nfiles;
-    rc = open_one(full, fi, add_file(c), &h, err, errlen);
+    rc = open_one(full, fi, flags, add_file(c), &h, err, errlen);
     free(full);
     if (rc) goto out;
     for (size_t i = 0; i < h.ntensors; i++) {
@@ -397,6 +419,10 @@ out:
 }
 
 int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
+  return st_open_flags(path, 0, out, err, errlen);
+}
+
+int st_open_flags(const char *path, unsigned flags, st_ckpt_t **out, char *err, size_t errlen) {
   *out = NULL;
   st_ckpt_t *c = xcalloc(1, sizeof *c);
   struct stat sb;
@@ -421,10 +447,10 @@ int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
     if (rc) {
       /* a name that leads outside the roots; said above */
     } else if (found && ends_with(found, ".json")) {
-      rc = open_index(c, found, err, errlen);
+      rc = open_index(c, found, flags, err, errlen);
     } else if (found) {
       st_header_t h = {0};
-      rc = open_one(found, 0, add_file(c), &h, err, errlen);
+      rc = open_one(found, 0, flags, add_file(c), &h, err, errlen);
       if (!rc) take_tensors(c, &h);
     } else {
       rc = ty_errf(err, errlen, TY_ENOTFOUND, "%s: holds none of %s, %s, %s, %s", path,
@@ -432,10 +458,10 @@ int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen) {
     }
     free(found);
   } else if (ends_with(path, ".json")) {
-    rc = open_index(c, path, err, errlen);
+    rc = open_index(c, path, flags, err, errlen);
   } else {
     st_header_t h = {0};
-    rc = open_one(path, 0, add_file(c), &h, err, errlen);
+    rc = open_one(path, 0, flags, add_file(c), &h, err, errlen);
     if (!rc) take_tensors(c, &h);
   }
   if (rc) {

@@ -5,9 +5,9 @@
  * "__metadata__": {string: string}}), then the data section; offsets are
  * relative to the data section. Every header is validated before anything
  * in it is trusted: N at most ST_HEADER_MAX and inside the file, a JSON
- * object, dtypes F32/F16/BF16 only, shape x dtype size == byte length,
- * offsets inside the data section with no overlaps and no holes,
- * __metadata__ strings only.
+ * object, dtypes F32/F16/BF16 (and U8, see st_open_flags) only, shape x
+ * dtype size == byte length, offsets inside the data section with no
+ * overlaps and no holes, __metadata__ strings only.
  *
  * A checkpoint is one file or a sharded set (model.safetensors.index.json
  * with a weight_map naming each tensor's file). PyTorch's files
@@ -83,6 +83,14 @@ typedef struct {
  * weight_map). *out is the caller's, released with st_close. */
 int st_open(const char *path, st_ckpt_t **out, char *err, size_t errlen);
 void st_close(st_ckpt_t *c);
+
+/* st_open with flags. U8 tensors (bytes: bitsandbytes' 4-bit codes and
+ * statistics, worker/ckpt/bnb4.h) pass the header parser like any other,
+ * but st_open refuses them by name (TY_EUNIMPLEMENTED), so that no reader
+ * of floats ever takes bytes for weights; ST_OPEN_U8 lets them in, for a
+ * reader that knows what they hold. */
+#define ST_OPEN_U8 1u
+int st_open_flags(const char *path, unsigned flags, st_ckpt_t **out, char *err, size_t errlen);
 
 /* The tensor called name, or NULL. */
 const st_tensor_t *st_find(const st_ckpt_t *c, const char *name);

@@ -55,7 +55,8 @@ int st_writer_open(const char *path, const st_desc_t *descs, size_t n, const cha
   uint64_t off = 0;
   for (size_t i = 0; i < n; i++) {
     const st_desc_t *d = &descs[i];
-    if ((unsigned)d->dtype >= TY_DTYPE_COUNT || d->ndim < 0 || d->ndim > ST_MAX_DIMS) {
+    const bool known = (unsigned)d->dtype < TY_DTYPE_COUNT || d->dtype == TY_DTYPE_U8;
+    if (!known || d->ndim < 0 || d->ndim > ST_MAX_DIMS) {
       json_decref(root);
       return ty_errf(err, errlen, TY_EINVAL, "tensor '%s': bad dtype or rank", d->name);
     }
@@ -133,8 +134,8 @@ int st_writer_close(st_writer_t *w, char *err, size_t errlen) {
   int rc = 0;
   if (w->written != w->total)
     rc = ty_errf(err, errlen, TY_EINVAL,
-                 "%s: %llu of %llu data bytes written; not written (what was there stays)",
-                 w->path, (unsigned long long)w->written, (unsigned long long)w->total);
+                 "%s: %llu of %llu data bytes written; not written (what was there stays)", w->path,
+                 (unsigned long long)w->written, (unsigned long long)w->total);
   FILE *f = w->f;
   w->f = NULL;
   if (fclose(f) && !rc)

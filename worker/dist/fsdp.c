@@ -226,9 +226,9 @@ static void dequantize_records(fsdp_t *f, const fsdp_tensor_t *ft, float *dst) {
     loader_q4_piece((int64_t)ft->t->numel, r, f->world, q->double_quant, &p);
     const float *absmax = (const float *)(const void *)(rec + p.stats_off);
     if (q->double_quant) {
-      q4_unnest((const uint8_t *)rec + p.stats_off,
-                (const float *)(const void *)(rec + p.nested_off), p.nblocks, ft->v->q4_offset,
-                f->qabs);
+      q4_unnest_with(
+          ft->v->q4_map ? ft->v->q4_map : q4_dynamic_code(), (const uint8_t *)rec + p.stats_off,
+          (const float *)(const void *)(rec + p.nested_off), p.nblocks, ft->v->q4_offset, f->qabs);
       absmax = f->qabs;
     }
     q4_dequantize((q4_type_t)q->type, (const uint8_t *)rec, absmax, (size_t)p.nelem, dst + p.elem0);
