@@ -66,7 +66,9 @@ losses nf4dq-1 "${dq[@]}" "${mel[@]}" --world_size 1 --train.micro_batch_size 8
 losses nf4dq-2 "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4
 losses nf4dq-4 "${dq[@]}" "${mel[@]}" --world_size 4 --train.micro_batch_size 2
 losses nf4dq-2s "${dq[@]}" --world_size 2 --train.micro_batch_size 4
-same 1e-5 "$tmp"/nf4dq-1 "$tmp"/nf4dq-2 "$tmp"/nf4dq-4 "$tmp"/nf4dq-2s
+losses nf4dq-2ck "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4 \
+  --gradient_checkpointing true
+same 1e-5 "$tmp"/nf4dq-1 "$tmp"/nf4dq-2 "$tmp"/nf4dq-4 "$tmp"/nf4dq-2s "$tmp"/nf4dq-2ck
 
 # The loading report: 4 bits, and the shard's size.
 grep -q "the linear projections in 4 bits (nf4, double quantization)" "$tmp/nf4dq-1.out" ||
@@ -120,6 +122,19 @@ for case in "nf4 false float32" "nf4 true float32" "fp4 false float32" "fp4 true
     --world_size 2 --train.micro_batch_size 4 "${mel[@]}"
   same 1e-5 "$tmp/lora-$name" "$tmp/qlora-$name"
 done
+# merge_adapter of a QLoRA job over a float base: the adapter added to the
+# projections as its 4 bits kept them (the reference's dequantized
+# weights), as peft's merge_and_unload over the 4-bit model.
+losses merge-q "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4 --merge_adapter true
+"$ty" eval --data "$data" --seq_len 32 --batches 4 --model_path "$tmp/merge-q/merged" >"$tmp/ev-mq"
+"$ty" eval --data "$data" --seq_len 32 --batches 4 --model_path "$tmp/ref-nf4-true-float32" \
+  --adapter "$tmp/merge-q" >"$tmp/ev-mref"
+python3 - "$tmp/ev-mq" "$tmp/ev-mref" <<'PY'
+import json, sys
+a, b = (json.load(open(p))["loss"] for p in sys.argv[1:])
+assert abs(a - b) <= 1e-5 * abs(b), (a, b)
+print(f"# merge_adapter over 4 bits: {a:.6f}, the reference's weights with the adapter: {b:.6f}")
+PY
 # 4 bits change the model: a float32 LoRA run over the original base
 # differs from the quantized one (so the comparison above can fail).
 losses lora-f32 --model_path "$tmp/base" --world_size 1 --train.micro_batch_size 8

@@ -120,3 +120,40 @@ int ckpt_read_f32(const ckpt_t *c, size_t i, float *dst, char *err, size_t errle
   free(absmax);
   return rc;
 }
+
+int ckpt_q4_roundtrip(const ckpt_q4_kind_t *k, float *x, size_t n) {
+  const size_t nb = q4_blocks(n);
+  uint8_t *codes = malloc(q4_code_bytes(n) + 1), *qabs = NULL;
+  float *absmax = malloc((nb + 1) * sizeof(float)), *nested = NULL;
+  int rc = codes && absmax ? 0 : TY_EEXHAUSTED;
+  if (!rc) q4_quantize(k->type, x, n, codes, absmax);
+  if (!rc && k->double_quant) {
+    qabs = malloc(nb + 1);
+    nested = malloc((q4_nested_blocks(nb) + 1) * sizeof(float));
+    if (!qabs || !nested) {
+      rc = TY_EEXHAUSTED;
+    } else {
+      const float offset = q4_mean(absmax, nb);
+      q4_nest(absmax, nb, offset, qabs, nested);
+      q4_unnest(qabs, nested, nb, offset, absmax);
+    }
+  }
+  if (!rc) {
+    q4_dequantize(k->type, codes, absmax, n, x);
+    if (k->compute != TY_DTYPE_F32) round_through(k->compute, x, n);
+  }
+  free(codes), free(absmax), free(qabs), free(nested);
+  return rc;
+}
+
+bool ckpt_q4_projection(const char *name) {
+  static const char *const proj[] = {".q_proj.weight",   ".k_proj.weight",    ".v_proj.weight",
+                                     ".o_proj.weight",   ".gate_proj.weight", ".up_proj.weight",
+                                     ".down_proj.weight"};
+  const size_t len = strlen(name);
+  for (size_t i = 0; i < sizeof proj / sizeof proj[0]; i++) {
+    const size_t k = strlen(proj[i]);
+    if (len > k && !strcmp(name + len - k, proj[i])) return true;
+  }
+  return false;
+}

@@ -40,4 +40,21 @@ int ckpt_read_f32(const ckpt_t *c, size_t i, float *dst, char *err, size_t errle
 int ckpt_q4_read_absmax(const ckpt_t *c, size_t i, uint64_t b0, size_t nb, float *absmax, char *err,
                         size_t errlen);
 
+/* The weights a 4-bit base computes with, for one quantized from floats
+ * as it loads (quantization.load_in_4bit over a float checkpoint): x (n
+ * floats of a projection) quantized as the loader does (type, double
+ * quantization over the whole tensor), dequantized and rounded through
+ * compute, in place. What samples decode with and a merge adds the
+ * adapter to. 0, or TY_EEXHAUSTED. */
+typedef struct {
+  q4_type_t type;
+  bool double_quant;
+  ty_dtype_t compute;
+} ckpt_q4_kind_t;
+int ckpt_q4_roundtrip(const ckpt_q4_kind_t *k, float *x, size_t n);
+
+/* Whether the tensor called name is one 4 bits keep ("...q_proj.weight",
+ * ... "...down_proj.weight"). */
+bool ckpt_q4_projection(const char *name);
+
 #endif

@@ -172,8 +172,8 @@ static int copy_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, ty_dtype_t dt
  * NULL: W alone): read whole into fp32 (a 4-bit weight dequantized,
  * ckpt_read_f32), the product added by one sgemm, written in dt. */
 static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_pair_t *p,
-                        const lora_t *lo, ty_dtype_t dt, bufs_t *b, merge_stats_t *s, char *err,
-                        size_t errlen) {
+                        const lora_t *lo, const ckpt_q4_kind_t *fake, ty_dtype_t dt, bufs_t *b,
+                        merge_stats_t *s, char *err, size_t errlen) {
   const ckpt_tensor_t *t = &ck->layout.tensors[i];
   const st_tensor_t *ft = ck->file_tensor[i];
   const bnb4_info_t *q4 = ckpt_q4_info(ck, i);
@@ -198,6 +198,8 @@ static int merge_tensor(st_writer_t *w, const ckpt_t *ck, size_t i, const lora_p
       ty_dtype_to_f32(ft->dtype, b->src, W + at, m);
     }
   }
+  if (!rc && fake && (rc = ckpt_q4_roundtrip(fake, W, n)))
+    ty_errf(err, errlen, rc, "%s: no memory to quantize it", t->name);
   if (!rc && p)
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)t->rows, (int)t->cols, lo->R,
                 lo->scale, p->B, lo->R, p->A, (int)t->cols, 1.0f, W, (int)t->cols);
@@ -267,12 +269,14 @@ static int write_weights(const ckpt_t *ck, const lora_t *lo, const char *dir, co
     for (size_t i = cut[f]; i < cut[f + 1] && !rc; i++) {
       const ckpt_tensor_t *t = &l->tensors[i];
       int tg = t->layer >= 0 ? target_of(t->kind) : -1;
+      /* A QLoRA job's float base: its projections as 4 bits kept them. */
+      const ckpt_q4_kind_t *fake = o->q4 && !ck->q4 && ckpt_q4_projection(t->name) ? o->q4 : NULL;
       if (tg >= 0 && lora_has_target(lo, tg)) {
-        rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, d[i].dtype,
-                          &b, s, err, errlen);
+        rc = merge_tensor(w, ck, i, &lo->w[t->layer * JOBSPEC_TARGET_COUNT + tg], lo, fake,
+                          d[i].dtype, &b, s, err, errlen);
         s->merged++;
-      } else if (ckpt_q4_info(ck, i)) {
-        rc = merge_tensor(w, ck, i, NULL, lo, d[i].dtype, &b, s, err, errlen);
+      } else if (ckpt_q4_info(ck, i) || fake) {
+        rc = merge_tensor(w, ck, i, NULL, lo, fake, d[i].dtype, &b, s, err, errlen);
       } else {
         rc = copy_tensor(w, ck, i, d[i].dtype, &b, s, err, errlen);
       }
@@ -345,12 +349,12 @@ int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *
   return rc;
 }
 
-int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path, char *err,
-                        size_t errlen) {
+int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path,
+                        const ckpt_q4_kind_t *q4, char *err, size_t errlen) {
   char out[PATH_MAX];
   if (snprintf(out, sizeof out, "%s/%s", output_dir, MERGE_OUTPUT_DIR) >= (int)sizeof out)
     return ty_errf(err, errlen, TY_EINVAL, "%s: path too long", output_dir);
-  const merge_opts_t o = {.replace = true, .shard_bytes = MERGE_SHARD_BYTES};
+  const merge_opts_t o = {.replace = true, .shard_bytes = MERGE_SHARD_BYTES, .q4 = q4};
   char why[2048];
   int rc = ckpt_merge(model_path, lo, out, &o, NULL, why, sizeof why);
   return rc ? ty_errf(err, errlen, rc, "merge_adapter: %s", why) : 0;

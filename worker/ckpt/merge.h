@@ -24,15 +24,18 @@
 #include <stdint.h>
 
 #include "common/dtype.h"
+#include "worker/ckpt/ckpt_q4.h"
 #include "worker/model/lora.h"
 
 typedef struct {
-  bool set_dtype;       /* false: each tensor keeps the base file's dtype */
-  ty_dtype_t dtype;     /* with set_dtype: every tensor's, and config.json's torch_dtype */
-  bool replace;         /* an existing out is replaced (a job's output_dir/merged from an
-                         * earlier attempt); false: an existing out is an error */
-  uint64_t shard_bytes; /* 0: one model.safetensors; else files of at most this (a larger
-                         * tensor alone in its file) and their index */
+  bool set_dtype;           /* false: each tensor keeps the base file's dtype */
+  ty_dtype_t dtype;         /* with set_dtype: every tensor's, and config.json's torch_dtype */
+  bool replace;             /* an existing out is replaced (a job's output_dir/merged from an
+                             * earlier attempt); false: an existing out is an error */
+  uint64_t shard_bytes;     /* 0: one model.safetensors; else files of at most this (a larger
+                             * tensor alone in its file) and their index */
+  const ckpt_q4_kind_t *q4; /* a QLoRA job's float base: its projections as the job's 4 bits
+                               kept them (ckpt_q4_roundtrip), then merged; NULL: as they are */
 } merge_opts_t;
 
 /* The files a job's merge_adapter writes, and trainyard merge's default:
@@ -67,9 +70,10 @@ int ckpt_merge_dir(const char *model_path, const char *adapter_dir, const char *
 /* A LoRA job's merge_adapter: lo merged into model_path's checkpoint as
  * output_dir/merged/ (MERGE_OUTPUT_DIR), each tensor in the base's dtype,
  * in files of MERGE_SHARD_BYTES at most; a merged folder of an earlier
- * attempt of the job is replaced. */
+ * attempt of the job is replaced. q4 (NULL: none): a QLoRA job's 4 bits,
+ * the base it trained over. */
 #define MERGE_OUTPUT_DIR "merged"
-int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path, char *err,
-                        size_t errlen);
+int merge_write_outputs(const char *output_dir, const lora_t *lo, const char *model_path,
+                        const ckpt_q4_kind_t *q4, char *err, size_t errlen);
 
 #endif

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "common/errors.h"
+#include "common/json_util.h"
 #include "common/clock.h"
 #include "worker/ckpt/checkpoint.h"
 #include "common/memstat.h"
@@ -112,4 +113,14 @@ void model_io_init_scratch(model_t *m, uint64_t seed) {
   char err[64];
   /* fill_scratch cannot fail. */
   (void)model_fill(m, fill_scratch, &seed, err, sizeof err);
+}
+
+bool model_io_quantized(const char *dir) {
+  char path[4096];
+  llama_config_path(dir, path, sizeof path);
+  json_t *cfg = ty_json_load_file(path, 0, NULL, 0);
+  const json_t *qc = json_object_get(cfg, "quantization_config");
+  const bool q = qc && !json_is_null(qc);
+  json_decref(cfg);
+  return q;
 }

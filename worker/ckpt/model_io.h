@@ -7,6 +7,7 @@
 #ifndef TY_WORKER_MODEL_IO_H
 #define TY_WORKER_MODEL_IO_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -30,5 +31,9 @@ int model_io_load(model_t *m, const char *dir, loader_progress_fn progress, void
 /* Fills m with weightinit's values for seed (matrices ~ N(0, 0.02^2),
  * norm weights 1). */
 void model_io_init_scratch(model_t *m, uint64_t seed);
+
+/* Whether the checkpoint in dir is a bitsandbytes 4-bit one (its
+ * config.json has a quantization_config): model_io_load dequantizes it. */
+bool model_io_quantized(const char *dir);
 
 #endif

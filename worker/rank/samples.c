@@ -1,6 +1,7 @@
 /* samples.c - greedy samples of train.sample_prompts during a run
  * (samples.h). */
 #include "worker/rank/samples.h"
+#include "worker/rank/worker_env.h"
 
 #include <limits.h>
 #include <stdio.h>
@@ -66,6 +67,17 @@ static int weights(samples_t *sm, const jobspec_t *s, const llama_config_t *cfg,
     model_io_init_scratch(sm->base, s->train.seed);
   else if ((rc = model_io_load(sm->base, s->model_path, NULL, NULL, NULL, err, errlen)))
     return rc;
+  /* A QLoRA job over a float checkpoint trains over its projections as 4
+   * bits keep them: decode with those (a 4-bit checkpoint's load is
+   * dequantized already). */
+  if (s->quantization.load_in_4bit && !model_io_quantized(s->model_path)) {
+    const ckpt_q4_kind_t k = worker_q4_kind(s);
+    for (int i = 0; i < sm->base->n_tensors && !rc; i++) {
+      model_tensor_t *t = &sm->base->tensors[i];
+      if (ckpt_q4_projection(t->name) && (rc = ckpt_q4_roundtrip(&k, t->data, t->numel)))
+        ty_errf(err, errlen, rc, "train.sample_prompts: no memory to quantize %s", t->name);
+    }
+  }
   *w = &sm->base->w;
   return 0;
 }

@@ -36,3 +36,10 @@ int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen) {
   ty_errlist_clear(&errs);
   return rc;
 }
+
+ckpt_q4_kind_t worker_q4_kind(const jobspec_t *s) {
+  return (ckpt_q4_kind_t){
+      .type = s->quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4 ? Q4_FP4 : Q4_NF4,
+      .double_quant = s->quantization.bnb_4bit_use_double_quant,
+      .compute = s->quantization.bnb_4bit_compute_dtype};
+}

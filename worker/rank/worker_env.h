@@ -7,6 +7,7 @@
 #include <stddef.h>
 
 #include "api/jobspec.h"
+#include "worker/ckpt/ckpt_q4.h"
 
 /* What the environment says about this rank. */
 typedef struct {
@@ -26,5 +27,9 @@ int worker_env_read(worker_env_t *e, char *err, size_t errlen);
 
 /* Reads and validates the normalized spec at path into s. */
 int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen);
+
+/* The 4 bits of a QLoRA spec (quantization.*), as the worker's modules
+ * take them. */
+ckpt_q4_kind_t worker_q4_kind(const jobspec_t *s);
 
 #endif

@@ -229,12 +229,12 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
                      model_t *m, fsdp_mode_t mode, reporter_t *rep, fsdp_t **f, loader_stats_t *ls,
                      char *err, size_t errlen) {
   load_progress_t prog = {rep, ty_mono_s()};
-  const loader_q4_t q4 = {
-      .type = s->quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4 ? Q4_FP4 : Q4_NF4,
-      .double_quant = s->quantization.bnb_4bit_use_double_quant,
-      .compute = s->quantization.bnb_4bit_compute_dtype,
-      .mean = q4_mean_all,
-      .mean_ctx = comm};
+  const ckpt_q4_kind_t k = worker_q4_kind(s);
+  const loader_q4_t q4 = {.type = k.type,
+                          .double_quant = k.double_quant,
+                          .compute = k.compute,
+                          .mean = q4_mean_all,
+                          .mean_ctx = comm};
   loader_opts_t o = {.rank = comm_rank(comm),
                      .world_size = comm_world_size(comm),
                      .dtype = TY_DTYPE_F32,
@@ -486,6 +486,7 @@ int worker_train_main(const worker_env_t *e) {
     if (!rc) rc = train_run(&a, &res, err, sizeof err);
     if (!rc) sample(&rep, res.steps_done, true);
   }
+  const ckpt_q4_kind_t q4k = worker_q4_kind(&spec);
   if (!rc && !res.preempted) {
     /* Every rank takes part in gathering sharded weights; rank 0 writes. */
     if (comm_rank(comm) == 0)
@@ -494,7 +495,8 @@ int worker_train_main(const worker_env_t *e) {
     if (t.lo && comm_rank(comm) == 0) {
       rc = outputs_write_adapter(spec.output_dir, t.lo, spec.model_path, err, sizeof err);
       if (!rc && spec.merge_adapter)
-        rc = merge_write_outputs(spec.output_dir, t.lo, spec.model_path, err, sizeof err);
+        rc = merge_write_outputs(spec.output_dir, t.lo, spec.model_path,
+                                 spec.quantization.load_in_4bit ? &q4k : NULL, err, sizeof err);
     } else if (!t.lo && t.f) {
       rc = fsdp_write_model(t.f, spec.output_dir, &cfg, err, sizeof err);
     } else if (!t.lo && comm_rank(comm) == 0) {
