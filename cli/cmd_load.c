@@ -144,8 +144,12 @@ int cmd_load(int argc, char **argv) {
   char cerr[256];
   bool have_cfg = s.init_from_scratch || !ckpt_read_config(s.model_path, &cfg, cerr, sizeof cerr);
   int failed = rc != 0;
+  const loader_q4_t q4 = {.type = s.quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4,
+                          .double_quant = s.quantization.bnb_4bit_use_double_quant};
   for (int i = 0; i < s.world_size; i++) {
-    uint64_t shard = have_cfg ? loader_shard_bytes(&cfg, i, s.world_size, s.dtype) : 0;
+    uint64_t shard = have_cfg ? loader_shard_bytes_q4(&cfg, i, s.world_size, s.dtype,
+                                                      s.quantization.load_in_4bit ? &q4 : NULL)
+                              : 0;
     failed |= print_rank(&s, i, ctx.last[i], i == res.failed_rank ? res.reason : NULL, shard) != 0;
     json_decref(ctx.last[i]);
   }

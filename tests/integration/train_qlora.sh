@@ -155,6 +155,28 @@ losses ck-1 --model_path "$tmp/q4" --quantization.load_in_4bit true \
 losses ck-2s --model_path "$tmp/q4" --quantization.load_in_4bit true \
   --quantization.bnb_4bit_use_double_quant true --world_size 2 --train.micro_batch_size 4
 same 1e-5 "$tmp"/nf4dq-1 "$tmp"/ck-1 "$tmp"/ck-2s
+# trainyard load: the shards quantized from the float base as they load
+# and those read from the 4-bit checkpoint are the same bytes (digests),
+# on both paths, and each rank's shard is the 4-bit record it reports.
+for m in base q4; do
+  for p in true false; do
+    "$ty" load --model_path "$tmp/$m" --world_size 2 --use_lora true --fsdp.memory_efficient_load $p \
+      --quantization.load_in_4bit true --quantization.bnb_4bit_use_double_quant true \
+      >"$tmp/load-$m-$p" 2>"$tmp/load.err" || { cat "$tmp/load.err" >&2; fail "load $m $p"; }
+  done
+done
+python3 - "$tmp"/load-base-true "$tmp"/load-base-false "$tmp"/load-q4-true "$tmp"/load-q4-false <<'PY'
+import json, sys
+runs = [[json.loads(l) for l in open(p)] for p in sys.argv[1:]]
+digests = [[r["message"].rsplit("digest ", 1)[1] for r in run] for run in runs]
+assert all(d == digests[0] for d in digests), digests
+for run in runs:
+    for r in run:
+        assert "(the linear projections in 4 bits)" in r["message"], r
+        assert r["bytes_loaded"] == r["bytes_total"], r
+print("# trainyard load: quantized as it loads = read from the 4-bit checkpoint, both paths:",
+      " ".join(digests[0]))
+PY
 ev() { "$ty" eval --data "$data" --seq_len 32 --batches 4 "$@"; }
 ev --model_path "$tmp/q4" >"$tmp/ev-q4"
 ev --model_path "$tmp/ref-nf4-true-float32" >"$tmp/ev-ref"
@@ -173,6 +195,13 @@ assert "quantization_config" not in json.load(open(sys.argv[5]))
 print(f"# the 4-bit checkpoint evaluates to {q4:.6f}, its reference's weights to {ref:.6f}; "
       f"merged with its adapter {merged:.6f} (unmerged {q4a:.6f})")
 PY
+# trainyard generate over it: the reference's weights' greedy tokens.
+for m in q4 ref-nf4-true-float32; do
+  "$ty" generate --model_path "$tmp/$m" --adapter "$tmp/ck-1" --prompt_ids '[5, 17, 99, 3]' \
+    --max_new_tokens 12 >"$tmp/gen-$m" 2>/dev/null || fail "generate over $m"
+done
+cmp -s "$tmp/gen-q4" "$tmp/gen-ref-nf4-true-float32" ||
+  fail "generate over the 4-bit checkpoint: $(cat "$tmp/gen-q4") against $(cat "$tmp/gen-ref-nf4-true-float32")"
 if "$ty" validate --model_path "$tmp/q4" --use_lora true --data.path "$data" \
   --output_dir "$tmp/v1" >"$tmp/v.out" 2>&1; then fail "a 4-bit checkpoint without load_in_4bit"; fi
 grep -q "quantization.load_in_4bit: is false, and .* is a bitsandbytes 4-bit checkpoint (nf4, double quantization)" \

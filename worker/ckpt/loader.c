@@ -361,6 +361,7 @@ static int quantize_stream(const bucket_t *b, const loader_q4_t *q4, loader_view
                    "quantize; give it at least %zu bytes",
                    b->bytes, Q4_BLOCK, (size_t)Q4_BLOCK * (ssz + sizeof(float)));
   uint8_t *rec = v->data;
+  memset(rec, 0, v->nbytes); /* the parts' padding too: a record's bytes are all defined */
   float *absmax = q4->double_quant ? malloc((nb ? nb : 1) * sizeof(float))
                                    : (float *)(void *)(rec + v->q.stats_off);
   if (!absmax)
@@ -414,6 +415,14 @@ static int q4_comp_read(const ckpt_t *ck, const bnb4_info_t *in, bnb4_comp_t c, 
   return rc;
 }
 
+/* The file bytes q4_read_piece reads of a piece: its codes and
+ * statistics, and with double quantization the tensor's nested code. */
+static uint64_t q4_piece_file_bytes(const loader_q4_piece_t *p, bool double_quant) {
+  const uint64_t codes = q4_code_bytes((size_t)p->nelem);
+  if (!double_quant) return codes + p->nblocks * sizeof(float);
+  return codes + p->nblocks + q4_nested_blocks(p->nblocks) * sizeof(float) + 256 * sizeof(float);
+}
+
 /* A rank's piece of a weight a bitsandbytes checkpoint stores in 4 bits,
  * read as it is: its codes, and its blocks' statistics in the file's form
  * (the job's quantization must be the checkpoint's, loader_load checks). */
@@ -423,6 +432,7 @@ static int q4_read_piece(const ckpt_t *ck, size_t i, loader_shard_t *s, loader_v
   const loader_q4_piece_t *p = &v->q;
   const uint64_t b0 = (uint64_t)p->elem0 / Q4_BLOCK;
   char *rec = v->data;
+  memset(rec, 0, v->nbytes); /* the parts' padding too: a record's bytes are all defined */
   int rc = q4_comp_read(ck, in, BNB4_CODES, (uint64_t)p->elem0 / 2, rec,
                         q4_code_bytes((size_t)p->nelem), whole, st, err, errlen);
   if (rc || !s->q4.double_quant)
@@ -610,7 +620,7 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
       const loader_view_t *v = &s->views[i];
       const uint64_t elems =
           v->q4 ? (uint64_t)v->q.nelem : (uint64_t)v->rows * (uint64_t)v->t->cols;
-      st->bytes_total += ckpt_q4_info(ck, i) ? (uint64_t)v->nbytes
+      st->bytes_total += ckpt_q4_info(ck, i) ? q4_piece_file_bytes(&v->q, o->q4->double_quant)
                                              : elems * ty_dtype_size(ck->file_tensor[i]->dtype);
     }
     rc = shard_alloc(s, err, errlen);
@@ -618,8 +628,11 @@ int loader_load(const char *dir, const loader_opts_t *o, loader_shard_t **out,
   } else {
     for (size_t i = 0; i < s->layout.ntensors; i++) {
       const bnb4_info_t *in = ckpt_q4_info(ck, i);
+      /* What q4_read_piece reads whole: all but the 4-bit code and the
+       * quant_state, which ckpt_open read and checked. */
       for (int c = 0; in && c < BNB4_NCOMP; c++)
-        st->bytes_total += in->comp[c] ? in->comp[c]->nbytes : 0;
+        if (c != BNB4_QUANT_MAP && c != BNB4_QUANT_STATE && in->comp[c])
+          st->bytes_total += in->comp[c]->nbytes;
       st->bytes_total += in ? 0 : ck->file_tensor[i]->nbytes;
     }
     rc = load_standard(ck, s, o, st, err, errlen);

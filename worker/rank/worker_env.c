@@ -1,5 +1,8 @@
 /* worker_env.c - the rank's environment and spec (worker_env.h). */
 #include "worker/rank/worker_env.h"
+#include "worker/ckpt/loader.h"
+#include "worker/dist/comm.h"
+#include "common/xalloc.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -42,4 +45,34 @@ ckpt_q4_kind_t worker_q4_kind(const jobspec_t *s) {
       .type = s->quantization.bnb_4bit_quant_type == JOBSPEC_QUANT_FP4 ? Q4_FP4 : Q4_NF4,
       .double_quant = s->quantization.bnb_4bit_use_double_quant,
       .compute = s->quantization.bnb_4bit_compute_dtype};
+}
+
+/* Double quantization's tensor-wide mean of the absmax (loader.h):
+ * every rank's gathered, in rank order, so every rank (and every world
+ * size) computes the same float. */
+int worker_q4_mean(void *ctx, int64_t numel, const float *absmax, size_t nb, float *out, char *err,
+                   size_t errlen) {
+  comm_t *comm = ctx;
+  const int world = comm_world_size(comm);
+  size_t *counts = xcalloc((size_t)world, sizeof *counts), all = 0;
+  for (int r = 0; r < world; r++) {
+    loader_q4_piece_t p;
+    loader_q4_piece(numel, r, world, true, &p);
+    counts[r] = p.nblocks;
+    all += p.nblocks;
+  }
+  int rc = counts[comm_rank(comm)] == nb ? 0 : TY_EINTERNAL;
+  float *every = rc ? NULL : malloc((all ? all : 1) * sizeof *every);
+  if (rc)
+    ty_errf(err, errlen, rc, "4-bit load: this rank has %zu blocks, its piece %zu", nb,
+            counts[comm_rank(comm)]);
+  else if (!every)
+    rc = ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate %zu absmax floats", all);
+  else if ((rc = comm_all_gather(comm, absmax, every, counts)))
+    ty_errf(err, errlen, rc, "gathering the absmax statistics: %s", comm_error(comm));
+  else
+    *out = q4_mean(every, all);
+  free(every);
+  free(counts);
+  return rc;
 }

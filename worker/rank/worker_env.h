@@ -32,4 +32,10 @@ int worker_read_spec(const char *path, jobspec_t *s, char *err, size_t errlen);
  * take them. */
 ckpt_q4_kind_t worker_q4_kind(const jobspec_t *s);
 
+/* loader_q4_t's mean over a comm_t (ctx): every rank's absmax of the
+ * tensor gathered in rank order, so every rank, whatever the world size,
+ * computes the same float (q4_mean). A collective. */
+int worker_q4_mean(void *ctx, int64_t numel, const float *absmax, size_t nb, float *out, char *err,
+                   size_t errlen);
+
 #endif

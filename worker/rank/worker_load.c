@@ -1,6 +1,8 @@
 /* worker_load.c - RANKENV_MODE=load: load this rank's shard, report the
  * figures (JSON line on stdout, human line on stderr), exit. */
 #include "worker/rank/worker_load.h"
+#include "worker/dist/comm.h"
+#include "worker/rank/worker_env.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -97,6 +99,18 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
     placement_cpu_init(&pl);
   }
   wload_progress_t prog = {who, ty_mono_s()};
+  /* QLoRA: the projections quantized as they load; double quantization's
+   * tensor-wide means are a collective among the ranks. */
+  const ckpt_q4_kind_t k = worker_q4_kind(spec);
+  comm_t *comm = NULL;
+  loader_q4_t q4 = {
+      .type = k.type, .double_quant = k.double_quant, .compute = k.compute, .mean = worker_q4_mean};
+  if (spec->quantization.load_in_4bit && k.double_quant && comm_open_env(&comm, err, sizeof err)) {
+    wload_send(REPORT_PHASE_FAILED, NULL, err);
+    wload_placement_free(&pl);
+    return 1;
+  }
+  q4.mean_ctx = comm;
   loader_opts_t o = {.rank = who->rank,
                      .world_size = who->world_size,
                      .dtype = spec->dtype,
@@ -104,6 +118,7 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
                      .bucket_bytes = (size_t)spec->fsdp.bucket_mb << 20,
                      .seed = spec->train.seed,
                      .pl = &pl,
+                     .q4 = spec->quantization.load_in_4bit ? &q4 : NULL,
                      .progress = on_progress,
                      .progress_ctx = &prog};
   wload_send(REPORT_PHASE_LOADING, NULL, NULL);
@@ -121,10 +136,13 @@ int wload_run(const jobspec_t *spec, const worker_env_t *who) {
     snprintf(msg, sizeof msg, "%s (%s)", err, ty_err_name(rc));
     wload_send(REPORT_PHASE_FAILED, NULL, msg);
     wload_placement_free(&pl);
+    comm_close(comm);
     return 1;
   }
-  int n = snprintf(msg, sizeof msg, "%s: shard %.1f MiB of %s in %.2f s", path,
-                   (double)s->bytes / 1048576.0, ty_dtype_name(s->dtype), st.load_seconds);
+  comm_close(comm);
+  int n = snprintf(msg, sizeof msg, "%s: shard %.1f MiB of %s%s in %.2f s", path,
+                   (double)s->bytes / 1048576.0, ty_dtype_name(s->dtype),
+                   s->has_q4 ? " (the linear projections in 4 bits)" : "", st.load_seconds);
 #ifdef TRAINYARD_HAVE_CUDA
   if (placement_is_cuda(&pl)) {
     placement_cuda_info_t ci;

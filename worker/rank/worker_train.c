@@ -191,36 +191,6 @@ static int on_tokenize_progress(void *ctx, uint64_t done, uint64_t total) {
   return p->rep->stop ? TY_ECANCELLED : 0;
 }
 
-/* Double quantization's tensor-wide mean of the absmax (loader.h):
- * every rank's gathered, in rank order, so every rank (and every world
- * size) computes the same float. */
-static int q4_mean_all(void *ctx, int64_t numel, const float *absmax, size_t nb, float *out,
-                       char *err, size_t errlen) {
-  comm_t *comm = ctx;
-  const int world = comm_world_size(comm);
-  size_t *counts = xcalloc((size_t)world, sizeof *counts), all = 0;
-  for (int r = 0; r < world; r++) {
-    loader_q4_piece_t p;
-    loader_q4_piece(numel, r, world, true, &p);
-    counts[r] = p.nblocks;
-    all += p.nblocks;
-  }
-  int rc = counts[comm_rank(comm)] == nb ? 0 : TY_EINTERNAL;
-  float *every = rc ? NULL : malloc((all ? all : 1) * sizeof *every);
-  if (rc)
-    ty_errf(err, errlen, rc, "4-bit load: this rank has %zu blocks, its piece %zu", nb,
-            counts[comm_rank(comm)]);
-  else if (!every)
-    rc = ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate %zu absmax floats", all);
-  else if ((rc = comm_all_gather(comm, absmax, every, counts)))
-    ty_errf(err, errlen, rc, "gathering the absmax statistics: %s", comm_error(comm));
-  else
-    *out = q4_mean(every, all);
-  free(every);
-  free(counts);
-  return rc;
-}
-
 /* This rank's float32 shards of the checkpoint (or the seeded
  * initialisation) in host memory, by the loader's path the spec picks, as
  * an fsdp over m; with quantization.load_in_4bit the linear projections
@@ -233,7 +203,7 @@ static int load_span(const jobspec_t *s, comm_t *comm, placement_t *pl, const ll
   const loader_q4_t q4 = {.type = k.type,
                           .double_quant = k.double_quant,
                           .compute = k.compute,
-                          .mean = q4_mean_all,
+                          .mean = worker_q4_mean,
                           .mean_ctx = comm};
   loader_opts_t o = {.rank = comm_rank(comm),
                      .world_size = comm_world_size(comm),
