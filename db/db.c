@@ -121,11 +121,28 @@ int dbi_err(db_t *db, int rc, const char *what) {
     case SQLITE_IOERR:
     case SQLITE_READONLY:
     case SQLITE_CANTOPEN:
+    case SQLITE_INTERRUPT: /* only the tests' fault hook interrupts */
+      db->write_failed = true;
       return TY_EUNAVAILABLE; /* the disk or the file, not the request */
     case SQLITE_CORRUPT:
       return TY_EDATALOSS;
   }
   return TY_EINTERNAL;
+}
+
+static int interrupt_now(void *ctx) {
+  (void)ctx;
+  return 1;
+}
+
+int dbi_step(db_t *db, sqlite3_stmt *st) {
+  if (!db->faults || !dbi_fault_step()) return sqlite3_step(st);
+  /* sqlite3_interrupt is a no-op while no statement runs: a progress
+   * handler interrupts this one from inside, as a real interrupt would. */
+  sqlite3_progress_handler(db->conn, 1, interrupt_now, NULL);
+  int rc = sqlite3_step(st);
+  sqlite3_progress_handler(db->conn, 0, NULL, NULL);
+  return rc;
 }
 
 int dbi_prepare(db_t *db, const char *sql, sqlite3_stmt **st) {
@@ -164,25 +181,211 @@ void dbi_finish(db_t *db, sqlite3_stmt *st) {
   sqlite3_finalize(st);
 }
 
-int dbi_flush(db_t *db) {
-  if (!db->batch_open) return 0;
+int dbi_file_ok(db_t *db) {
+  struct stat now, held;
+  if (!stat(db->path, &now) && now.st_dev == db->dev && now.st_ino == db->ino &&
+      (db->lock_fd < 0 || fstat(db->lock_fd, &held) || held.st_nlink > 0))
+    return 0;
+  char text[sizeof db->last_err];
+  snprintf(text, sizeof text,
+           "the database file %.300s was deleted or replaced while this server ran; nothing is "
+           "written into it",
+           db->path);
+  if (strcmp(text, db->last_err)) ty_error("database: %s", text);
+  snprintf(db->last_err, sizeof db->last_err, "%s", text);
+  db->write_failed = true;
+  return TY_EUNAVAILABLE;
+}
+
+/* Gives back every cached statement (reset), so that a ROLLBACK that an
+ * active statement held up can go through. */
+static void reset_all(db_t *db) {
+  for (int i = 0; i < DBI_CACHE; i++)
+    if (db->cache[i].st) sqlite3_reset(db->cache[i].st);
+}
+
+/* Rolls back whatever transaction is open, trying twice. */
+static void rollback_open(db_t *db) {
+  if (sqlite3_get_autocommit(db->conn)) return;
+  if (dbi_run(db, "ROLLBACK") && !sqlite3_get_autocommit(db->conn)) {
+    reset_all(db);
+    if (dbi_run(db, "ROLLBACK"))
+      ty_error("database: a transaction cannot be rolled back (%s); writes fail until it can",
+               db->last_err);
+  }
+}
+
+void dbi_kept_free(dbi_kept_t *k) {
+  while (k) {
+    dbi_kept_t *next = k->next;
+    free(k->ev_text);
+    free(k->sample_text);
+    free(k);
+    k = next;
+  }
+}
+
+/* Moves the open batch's reports to the end of the kept ones. */
+static void keep_batch(db_t *db) {
   db->batch_open = false;
   db->batch_n = 0;
-  int rc = dbi_run(db, "COMMIT");
-  if (rc) dbi_run(db, "ROLLBACK");
+  if (!db->batch_head) return;
+  size_t n = 0;
+  for (dbi_kept_t *k = db->batch_head; k; k = k->next) n++;
+  if (!db->kept_head) db->kept_tail = &db->kept_head;
+  *db->kept_tail = db->batch_head;
+  db->kept_tail = db->batch_tail;
+  db->batch_head = NULL;
+  db->batch_tail = &db->batch_head;
+  if (!db->kept_n) {
+    db->kept_backoff = 0.1;
+    ty_warn("database: %zu progress report%s could not be committed (%s); kept in memory and "
+            "written, in order, once the database takes writes",
+            n, n == 1 ? "" : "s", db->last_err);
+  }
+  db->kept_n += n;
+  db->kept_retry_at = db_now() + db->kept_backoff;
+  db->write_failed = true;
+}
+
+void dbi_settle(db_t *db) {
+  if (sqlite3_get_autocommit(db->conn)) {
+    if (db->batch_open) keep_batch(db); /* SQLite rolled the batch back on an error */
+    return;
+  }
+  if (db->batch_open) return;
+  if (!db->told_open) {
+    db->told_open = true;
+    ty_warn("database: a transaction that an error left open is rolled back (%s)", db->last_err);
+  }
+  rollback_open(db);
+}
+
+int dbi_end(db_t *db, int rc) {
+  if (!rc) rc = dbi_file_ok(db);
+  if (!rc) rc = dbi_run(db, "COMMIT");
+  if (rc) rollback_open(db); /* SQLite may or may not have rolled back: never leave it open */
   return rc;
 }
 
+/* Writes the kept reports in one transaction, in order; a report the
+ * database refuses now (its rank has finished, its job was deleted) is
+ * left out. 0, or the failure (all stay kept, tried again after a
+ * backoff). */
+static int write_kept(db_t *db) {
+  /* The log moved into the database file and cut back first: on a disk
+   * that filled, that may be the space the kept reports need. */
+  sqlite3_wal_checkpoint_v2(db->conn, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+  int rc = dbi_file_ok(db);
+  if (!rc) rc = dbi_run(db, "BEGIN IMMEDIATE");
+  for (dbi_kept_t *k = db->kept_head; !rc && k; k = k->next) {
+    if ((rc = dbi_run(db, "SAVEPOINT report"))) break;
+    int irc = dbi_ingest_locked(db, k->id, &k->head, k->ev_text, k->sample_text, NULL);
+    if (sqlite3_get_autocommit(db->conn)) {
+      rc = irc ? irc : TY_EUNAVAILABLE; /* the whole transaction is gone */
+      break;
+    }
+    if (irc == TY_EUNAVAILABLE) {
+      rc = irc;
+      break;
+    }
+    if (irc) rc = dbi_run(db, "ROLLBACK TO report");
+    if (!rc) rc = dbi_run(db, "RELEASE report");
+  }
+  rc = dbi_end(db, rc);
+  if (rc) {
+    db->kept_backoff = db->kept_backoff * 2 > 1.0 ? 1.0 : db->kept_backoff * 2;
+    db->kept_retry_at = db_now() + db->kept_backoff;
+    return rc;
+  }
+  ty_info("database: %zu kept progress report%s written", db->kept_n, db->kept_n == 1 ? "" : "s");
+  dbi_kept_free(db->kept_head);
+  db->kept_head = NULL;
+  db->kept_tail = &db->kept_head;
+  db->kept_n = 0;
+  return 0;
+}
+
+int dbi_flush(db_t *db, bool force) {
+  int rc = 0;
+  if (db->batch_open && !sqlite3_get_autocommit(db->conn)) {
+    db->batch_open = false;
+    db->batch_n = 0;
+    rc = dbi_end(db, 0);
+    if (rc) {
+      db->batch_open = true; /* for keep_batch */
+      keep_batch(db);
+      return rc;
+    }
+    dbi_kept_free(db->batch_head);
+    db->batch_head = NULL;
+    db->batch_tail = &db->batch_head;
+  }
+  dbi_settle(db); /* a batch SQLite rolled back is kept; any other transaction ends */
+  if (!db->kept_n) return 0;
+  if (!force && db_now() < db->kept_retry_at) return TY_EUNAVAILABLE;
+  return write_kept(db);
+}
+
 int dbi_begin(db_t *db) {
-  int rc = dbi_flush(db);
+  int rc = dbi_flush(db, true);
   return rc ? rc : dbi_run(db, "BEGIN IMMEDIATE");
+}
+
+/* A small write that tells whether the database takes writes again after
+ * one failed while nothing else is waiting to be written: a checkpoint
+ * first (it moves the log into the database file and truncates it, giving
+ * back the space a full disk held), then the schema version written again
+ * (page 1, one frame). */
+static void probe(db_t *db) {
+  double now = db_now();
+  if (now < db->probe_at) return;
+  db->probe_at = now + 0.25; /* a small write four times a second at most */
+  sqlite3_wal_checkpoint_v2(db->conn, NULL, SQLITE_CHECKPOINT_TRUNCATE, NULL, NULL);
+  char sql[64];
+  snprintf(sql, sizeof sql, "PRAGMA user_version = %d", db_schema_version());
+  int rc = dbi_begin(db);
+  if (!rc) rc = dbi_run(db, sql);
+  if (!dbi_end(db, rc)) ty_info("database: writes work again");
 }
 
 int db_flush(db_t *db) {
   pthread_mutex_lock(&db->lock);
-  int rc = dbi_flush(db);
+  int rc = dbi_flush(db, false);
+  if (!rc && db->write_failed) probe(db);
   pthread_mutex_unlock(&db->lock);
   return rc;
+}
+
+bool db_write_failing(db_t *db, char *why, size_t size) {
+  pthread_mutex_lock(&db->lock);
+  bool failing = db->write_failed || db->kept_n;
+  if (failing && why && size) {
+    if (db->kept_n) /* no count: the cause is logged each time it changes */
+      snprintf(why, size,
+               "the database cannot be written (%s): progress reports are kept in memory and "
+               "written, in order, once it can",
+               db->last_err[0] ? db->last_err : "?");
+    else
+      snprintf(why, size, "the database cannot be written (%s)",
+               db->last_err[0] ? db->last_err : "?");
+  }
+  pthread_mutex_unlock(&db->lock);
+  return failing;
+}
+
+bool db_in_transaction(db_t *db) {
+  pthread_mutex_lock(&db->lock);
+  bool open = !sqlite3_get_autocommit(db->conn) && !db->batch_open;
+  pthread_mutex_unlock(&db->lock);
+  return open;
+}
+
+size_t db_kept_reports(db_t *db) {
+  pthread_mutex_lock(&db->lock);
+  size_t n = db->kept_n;
+  pthread_mutex_unlock(&db->lock);
+  return n;
 }
 
 void dbi_cache_clear(db_t *db) {
@@ -213,7 +416,11 @@ int dbi_run(db_t *db, const char *sql) {
   }
   rc = s == SQLITE_DONE ? 0 : dbi_err(db, s, sql);
   dbi_finish(db, st);
-  if (!rc && !strcmp(sql, "COMMIT")) db->last_err[0] = '\0';
+  if (!rc && !strcmp(sql, "COMMIT")) {
+    db->last_err[0] = '\0';
+    db->write_failed = false;
+    db->told_open = false;
+  }
   return rc;
 }
 
@@ -241,7 +448,7 @@ int64_t dbi_event_append_text(db_t *db, const char *id, const char *type, const 
   sqlite3_bind_double(st, 2, db_now());
   sqlite3_bind_text(st, 3, type, -1, SQLITE_STATIC);
   sqlite3_bind_text(st, 4, data ? data : "{}", -1, SQLITE_STATIC);
-  rc = sqlite3_step(st);
+  rc = dbi_step(db, st);
   dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert event");
   return sqlite3_last_insert_rowid(db->conn);
@@ -297,7 +504,11 @@ static int migrate(db_t *db, char *msg, size_t msgsz) {
       if (msg) snprintf(msg, msgsz, "schema migration %d failed (see the log)", v + 1);
       return rc;
     }
-    if ((rc = dbi_exec(db, "COMMIT"))) return rc;
+    if ((rc = dbi_exec(db, "COMMIT"))) {
+      if (!sqlite3_get_autocommit(db->conn)) dbi_exec(db, "ROLLBACK");
+      if (msg) snprintf(msg, msgsz, "schema migration %d could not be committed (see the log)", v + 1);
+      return rc;
+    }
     ty_info("database: applied schema version %d", v + 1);
   }
   return 0;
@@ -428,20 +639,89 @@ static int check_integrity(db_t *db, const char *path, char *msg, size_t msgsz) 
   return TY_EDATALOSS;
 }
 
+/* The tables and columns the migrations make, from an empty database in
+ * memory: what a file at the current schema version must hold. */
+static int expected_schema(sqlite3 **mem) {
+  if (sqlite3_open_v2(":memory:", mem, SQLITE_OPEN_READWRITE, NULL) != SQLITE_OK) return -1;
+  for (int v = 0; v < N_MIGRATIONS; v++)
+    if (sqlite3_exec(*mem, g_migrations[v], NULL, NULL, NULL) != SQLITE_OK) return -1;
+  return 0;
+}
+
+/* A file whose schema version is current but which lacks a table, an
+ * index or a column the migrations made (dropped by hand, a restore gone
+ * wrong) is refused at start, naming what is missing, as a damaged file
+ * is: every query on it would fail later, in the middle of a job's life. */
+static int check_schema(db_t *db, const char *path, char *msg, size_t msgsz) {
+  sqlite3 *mem = NULL;
+  char missing[512] = "";
+  size_t used = 0;
+  if (expected_schema(&mem)) { /* cannot happen: the migrations run on every start */
+    sqlite3_close(mem);
+    return 0;
+  }
+  sqlite3_stmt *want = NULL, *have = NULL;
+  sqlite3_prepare_v2(mem,
+                     "SELECT s.type, s.name, coalesce(c.name, '') FROM sqlite_schema s"
+                     " LEFT JOIN pragma_table_info(s.name) c ON s.type = 'table'"
+                     " WHERE s.name NOT LIKE 'sqlite_%' ORDER BY s.type DESC, s.name, c.cid",
+                     -1, &want, NULL);
+  sqlite3_prepare_v2(db->conn,
+                     "SELECT (SELECT count(*) FROM sqlite_schema WHERE type = ?1 AND name = ?2),"
+                     " ?3 = '' OR EXISTS (SELECT 1 FROM pragma_table_info(?2) WHERE name = ?3)",
+                     -1, &have, NULL);
+  char last[128] = "";
+  while (want && have && sqlite3_step(want) == SQLITE_ROW && used < sizeof missing - 64) {
+    const char *type = (const char *)sqlite3_column_text(want, 0);
+    const char *name = (const char *)sqlite3_column_text(want, 1);
+    const char *col = (const char *)sqlite3_column_text(want, 2);
+    sqlite3_bind_text(have, 1, type, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(have, 2, name, -1, SQLITE_TRANSIENT);
+    sqlite3_bind_text(have, 3, col, -1, SQLITE_TRANSIENT);
+    int s = sqlite3_step(have);
+    bool has_obj = s == SQLITE_ROW && sqlite3_column_int(have, 0) > 0;
+    bool has_col = s == SQLITE_ROW && sqlite3_column_int(have, 1) > 0;
+    sqlite3_reset(have);
+    if (!has_obj && strcmp(last, name)) {
+      used += (size_t)snprintf(missing + used, sizeof missing - used, "%s%s '%s'",
+                               used ? ", " : "", type, name);
+      snprintf(last, sizeof last, "%s", name);
+    } else if (has_obj && !has_col) {
+      used += (size_t)snprintf(missing + used, sizeof missing - used, "%scolumn '%s.%s'",
+                               used ? ", " : "", name, col);
+    }
+  }
+  sqlite3_finalize(want);
+  sqlite3_finalize(have);
+  sqlite3_close(mem);
+  if (!missing[0]) return 0;
+  if (msg)
+    snprintf(msg, msgsz,
+             "database %s is damaged: its schema version is %d (current) but it lacks %s; "
+             "trainyardd will not run on it: restore it from a backup, or move it (with its "
+             "-wal and -shm files) aside to start with an empty one",
+             path, N_MIGRATIONS, missing);
+  return TY_EDATALOSS;
+}
+
 int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
   *out = NULL;
   int rc = make_parent_dir(path, msg, msgsz);
   if (rc) return rc;
   db_t *db = xcalloc(1, sizeof *db);
   db->owner_fd = db->lock_fd = -1;
+  db->batch_tail = &db->batch_head;
+  db->kept_tail = &db->kept_head;
+  db->kept_backoff = 0.1;
   pthread_mutex_init(&db->lock, NULL);
   if ((rc = take_owner(db, path, msg, msgsz))) {
     db_close(db);
     return rc;
   }
+  const char *vfs = dbi_faults_vfs();
+  db->faults = vfs != NULL;
   int src = sqlite3_open_v2(path, &db->conn,
-                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
-                            dbi_faults_vfs());
+                            SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX, vfs);
   if (src != SQLITE_OK) {
     if (msg) snprintf(msg, msgsz, "cannot open database %s: %s", path, sqlite3_errstr(src));
     db_close(db);
@@ -455,14 +735,20 @@ int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
   /* WAL: readers never block the writer; synchronous=NORMAL keeps every
    * committed transaction across a crash of the process (only a power loss
    * can drop the newest ones). */
+  /* The log is checkpointed every 128 pages (512 KiB) and cut back to
+   * 512 KiB after each checkpoint, not left at its largest: on a small or
+   * nearly full disk the log alone would otherwise take the space that
+   * the database needs (SQLite's default lets it reach 4 MiB first). */
   if ((rc = dbi_exec(db, "PRAGMA journal_mode = WAL")) ||
+      (rc = dbi_exec(db, "PRAGMA wal_autocheckpoint = 128")) ||
+      (rc = dbi_exec(db, "PRAGMA journal_size_limit = 524288")) ||
       (rc = dbi_exec(db, "PRAGMA synchronous = NORMAL")) ||
       (rc = dbi_exec(db, "PRAGMA foreign_keys = ON"))) {
     if (msg) snprintf(msg, msgsz, "cannot configure database %s (see the log)", path);
     db_close(db);
     return rc;
   }
-  if ((rc = migrate(db, msg, msgsz))) {
+  if ((rc = migrate(db, msg, msgsz)) || (rc = check_schema(db, path, msg, msgsz))) {
     db_close(db);
     return rc;
   }
@@ -472,7 +758,16 @@ int db_open(const char *path, db_t **out, char *msg, size_t msgsz) {
 
 void db_close(db_t *db) {
   if (!db) return;
-  if (db->conn) dbi_flush(db);
+  if (db->conn) {
+    pthread_mutex_lock(&db->lock);
+    dbi_flush(db, true);
+    pthread_mutex_unlock(&db->lock);
+  }
+  if (db->kept_n)
+    ty_error("database: %zu progress report%s could not be written before shutdown (%s)",
+             db->kept_n, db->kept_n == 1 ? "" : "s", db->last_err);
+  dbi_kept_free(db->kept_head);
+  dbi_kept_free(db->batch_head);
   dbi_cache_clear(db);
   if (db->conn) sqlite3_close_v2(db->conn);
   if (db->owner_fd >= 0) close(db->owner_fd);
@@ -497,9 +792,10 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
   int rc = dbi_prepare(db, "SELECT state, attempt, world_size FROM jobs WHERE id = ?", &st);
   if (rc) return rc;
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-  if (sqlite3_step(st) != SQLITE_ROW) {
+  int s = dbi_step(db, st);
+  if (s != SQLITE_ROW) { /* a read that failed is no "not found": the change is kept */
     dbi_finish(db, st);
-    return TY_ENOTFOUND;
+    return s == SQLITE_DONE ? TY_ENOTFOUND : dbi_err(db, s, "read job state");
   }
   char from_name[16];
   dbi_text_copy(st, 0, from_name, sizeof from_name);
@@ -521,7 +817,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
     sqlite3_bind_double(st, 3, now);
     sqlite3_bind_text(st, 4, id, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 5, attempt);
-    rc = sqlite3_step(st);
+    rc = dbi_step(db, st);
     dbi_finish(db, st);
     if (rc != SQLITE_DONE) return dbi_err(db, rc, "close attempt");
   }
@@ -533,7 +829,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 2, attempt);
     sqlite3_bind_double(st, 3, now);
-    rc = sqlite3_step(st);
+    rc = dbi_step(db, st);
     dbi_finish(db, st);
     if (rc != SQLITE_DONE) return dbi_err(db, rc, "open attempt");
     if ((rc = dbi_prepare(db, "INSERT INTO ranks(job_id, attempt, rank) VALUES (?, ?, ?)", &st)))
@@ -542,7 +838,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
       sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
       sqlite3_bind_int(st, 2, attempt);
       sqlite3_bind_int(st, 3, r);
-      rc = sqlite3_step(st);
+      rc = dbi_step(db, st);
       sqlite3_reset(st);
       if (rc != SQLITE_DONE) {
         dbi_finish(db, st);
@@ -566,7 +862,7 @@ static int tx_transition(db_t *db, const char *id, unsigned from_mask, int to, c
   sqlite3_bind_int(st, 7, db_state_final(to));
   sqlite3_bind_double(st, 8, now);
   sqlite3_bind_text(st, 9, id, -1, SQLITE_STATIC);
-  rc = sqlite3_step(st);
+  rc = dbi_step(db, st);
   dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "update job state");
 
@@ -586,8 +882,7 @@ int db_job_transition(db_t *db, const char *id, unsigned from_mask, int to, cons
   int rc = dbi_begin(db);
   if (!rc) {
     rc = tx_transition(db, id, from_mask, to, reason ? reason : "", cur, attempt);
-    int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
-    if (!rc) rc = end;
+    rc = dbi_end(db, rc);
   }
   pthread_mutex_unlock(&db->lock);
   return rc;

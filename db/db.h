@@ -189,8 +189,32 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
 /* Reports are committed in groups (every few milliseconds, or before any
  * other write): a crash can lose the last few milliseconds of reports,
  * never a state change. db_flush commits what is pending now; trainyardd
- * calls it on every scheduler tick (100 ms) and db_close does too. */
+ * calls it on every scheduler tick (100 ms) and db_close does too. A batch
+ * that cannot be committed (disk full, I/O error, the file deleted) is
+ * kept in memory (at most DBI_KEPT_MAX reports; past that a report is
+ * refused with TY_EUNAVAILABLE and its rank keeps it) and written, in
+ * order, before any other write once the database takes writes:
+ * db_report_ingest answers 0 for a report it keeps. */
 int db_flush(db_t *db);
+
+/* Whether writes are failing now: a write failed for the disk or the file
+ * (full, I/O error, read-only, the file deleted or replaced) and none has
+ * committed since, or progress reports are kept waiting to be written;
+ * why (size bytes, may be NULL) says so, naming SQLite's error. db_flush
+ * retries what is kept and, once nothing is, probes with a small write
+ * (at most every second) so that this clears within a second or two of
+ * the disk taking writes again. */
+bool db_write_failing(db_t *db, char *why, size_t size);
+/* Progress reports kept in memory, waiting to be written. */
+size_t db_kept_reports(db_t *db);
+/* For tests: whether a transaction is open other than a report batch
+ * (after any db_* call returns, none must be). */
+bool db_in_transaction(db_t *db);
+
+/* Sets a job's reason without a change of state (what is true of the job
+ * now, as its ranks' phases change), when its state is in state_mask:
+ * TY_EPRECONDITION otherwise, TY_ENOTFOUND for an unknown job. */
+int db_job_set_reason(db_t *db, const char *id, unsigned state_mask, const char *reason);
 
 /* How many started ranks of the job's newest attempt have not finished yet
  * (their end is still to be recorded). */

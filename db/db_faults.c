@@ -60,8 +60,10 @@ static void bump_file(const char *suffix) {
   }
 }
 
-/* Whether this write, sync or truncate fails, and with which code. */
-static int fault(int ioerr) {
+/* Whether this operation fails, and with which code: a write, sync or
+ * truncate (step false) or a statement step (step true; SQLITE_INTERRUPT).
+ * Each counts only where the control file's kind is its own. */
+static int fault_of(int ioerr, bool step) {
   pthread_mutex_lock(&g.lock);
   struct stat st;
   int rc = SQLITE_OK;
@@ -79,15 +81,17 @@ static int fault(int ioerr) {
       if (f && fscanf(f, "%ld %15s %15s", &g.nth, kind, mode) >= 2 && g.nth >= 1) {
         g.armed = true;
         g.once = !strcmp(mode, "once");
-        g.code = !strcmp(kind, "full") ? SQLITE_FULL : -1;
+        g.code = !strcmp(kind, "full")        ? SQLITE_FULL
+                 : !strcmp(kind, "interrupt") ? SQLITE_INTERRUPT
+                                              : -1;
       }
       if (f) fclose(f);
     }
-    if (g.armed) {
+    if (g.armed && step == (g.code == SQLITE_INTERRUPT)) {
       g.count++;
       bump_file("seen");
       if (g.count == g.nth || (!g.once && g.count > g.nth)) {
-        rc = g.code == SQLITE_FULL ? SQLITE_FULL : ioerr;
+        rc = g.code == SQLITE_FULL || step ? g.code : ioerr;
         bump_file("hits");
       }
     }
@@ -95,6 +99,10 @@ static int fault(int ioerr) {
   pthread_mutex_unlock(&g.lock);
   return rc;
 }
+
+static int fault(int ioerr) { return fault_of(ioerr, false); }
+
+bool dbi_fault_step(void) { return g.real && fault_of(SQLITE_INTERRUPT, true) != SQLITE_OK; }
 
 #define REAL(f) (((ffile_t *)(f))->real)
 

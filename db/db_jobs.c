@@ -66,7 +66,7 @@ static int job_get_locked(db_t *db, const char *where, const char *value, db_job
   int rc = dbi_prepare(db, sql, &st);
   if (rc) return rc;
   sqlite3_bind_text(st, 1, value, -1, SQLITE_STATIC);
-  int s = sqlite3_step(st);
+  int s = dbi_step(db, st);
   if (s == SQLITE_ROW) {
     *out = job_from_row(st);
     rc = 0;
@@ -155,7 +155,7 @@ static int insert_locked(db_t *db, db_job_t *j, db_job_t **existing) {
   sqlite3_bind_double(st, 9, j->created_at);
   sqlite3_bind_double(st, 10, j->updated_at);
   sqlite3_bind_text(st, 11, out_dir, -1, SQLITE_STATIC);
-  rc = sqlite3_step(st);
+  rc = dbi_step(db, st);
   dbi_finish(db, st);
   if (rc != SQLITE_DONE) return dbi_err(db, rc, "insert job");
   j->seq = sqlite3_last_insert_rowid(db->conn);
@@ -170,8 +170,7 @@ int db_job_insert(db_t *db, db_job_t *j, db_job_t **existing) {
   int rc = dbi_begin(db);
   if (!rc) {
     rc = insert_locked(db, j, existing);
-    int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
-    if (!rc) rc = end;
+    rc = dbi_end(db, rc);
   }
   pthread_mutex_unlock(&db->lock);
   if (!rc) {
@@ -191,7 +190,7 @@ static int has_unfinished_rank_locked(db_t *db, const char *id) {
                        &st);
   if (rc) return rc;
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-  int s = sqlite3_step(st);
+  int s = dbi_step(db, st);
   rc = s == SQLITE_ROW ? 1 : s == SQLITE_DONE ? 0 : dbi_err(db, s, "unfinished ranks");
   dbi_finish(db, st);
   return rc;
@@ -205,7 +204,7 @@ static int delete_locked(db_t *db, const char *id, db_job_t **out) {
   sqlite3_stmt *st;
   if ((rc = dbi_prepare(db, "DELETE FROM jobs WHERE id = ?", &st))) return rc;
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
-  int s = sqlite3_step(st);
+  int s = dbi_step(db, st);
   dbi_finish(db, st);
   return s == SQLITE_DONE ? 0 : dbi_err(db, s, "delete job");
 }
@@ -216,9 +215,38 @@ int db_job_delete(db_t *db, const char *id, db_job_t **out) {
   int rc = dbi_begin(db);
   if (!rc) {
     rc = delete_locked(db, id, out);
-    int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
-    if (!rc) rc = end;
+    rc = dbi_end(db, rc);
   }
+  pthread_mutex_unlock(&db->lock);
+  return rc;
+}
+
+int db_job_set_reason(db_t *db, const char *id, unsigned state_mask, const char *reason) {
+  pthread_mutex_lock(&db->lock);
+  int rc = dbi_begin(db);
+  sqlite3_stmt *st;
+  if (!rc) rc = dbi_prepare(db, "SELECT state FROM jobs WHERE id = ?", &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
+    int s = dbi_step(db, st);
+    char state[16] = "";
+    if (s == SQLITE_ROW) dbi_text_copy(st, 0, state, sizeof state);
+    dbi_finish(db, st);
+    int cur = db_state_parse(state);
+    rc = s == SQLITE_ROW ? (cur >= 0 && (state_mask & DB_MASK(cur)) ? 0 : TY_EPRECONDITION)
+         : s == SQLITE_DONE ? TY_ENOTFOUND
+                            : dbi_err(db, s, "job state");
+  }
+  if (!rc) rc = dbi_prepare(db, "UPDATE jobs SET reason = ?, updated_at = ? WHERE id = ?", &st);
+  if (!rc) {
+    sqlite3_bind_text(st, 1, reason, -1, SQLITE_STATIC);
+    sqlite3_bind_double(st, 2, db_now());
+    sqlite3_bind_text(st, 3, id, -1, SQLITE_STATIC);
+    int s = dbi_step(db, st);
+    dbi_finish(db, st);
+    if (s != SQLITE_DONE) rc = dbi_err(db, s, "job reason");
+  }
+  rc = dbi_end(db, rc);
   pthread_mutex_unlock(&db->lock);
   return rc;
 }

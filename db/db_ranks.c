@@ -10,7 +10,7 @@
 
 /* Runs a prepared single-step statement and finalizes it; 0 or TY_E*. */
 static int step_done(db_t *db, sqlite3_stmt *st, const char *what) {
-  int rc = sqlite3_step(st);
+  int rc = dbi_step(db, st);
   dbi_finish(db, st);
   return rc == SQLITE_DONE ? 0 : dbi_err(db, rc, what);
 }
@@ -19,9 +19,9 @@ int db_rank_spawned(db_t *db, const char *id, int attempt, int rank, int pid, in
                     const char *log_path) {
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
-  int rc = dbi_flush(db);
-  if (!rc)
-    rc = dbi_prepare(db,
+  int rc = dbi_begin(db);
+  if (rc) goto out;
+  rc = dbi_prepare(db,
                        "UPDATE ranks SET pid = ?, pid_start = ?, log_path = ?, state = 'running'"
                        " WHERE job_id = ? AND attempt = ? AND rank = ?",
                        &st);
@@ -34,6 +34,8 @@ int db_rank_spawned(db_t *db, const char *id, int attempt, int rank, int pid, in
     sqlite3_bind_int(st, 6, rank);
     rc = step_done(db, st, "rank spawned");
   }
+  rc = dbi_end(db, rc);
+out:
   pthread_mutex_unlock(&db->lock);
   return rc;
 }
@@ -67,8 +69,7 @@ int db_rank_finished(db_t *db, const char *id, int attempt, int rank, const char
     json_decref(ev);
     if (seq < 0) rc = (int)seq;
   }
-  int end = dbi_run(db, rc ? "ROLLBACK" : "COMMIT");
-  if (!rc) rc = end; /* a COMMIT that failed wrote nothing */
+  rc = dbi_end(db, rc); /* a COMMIT that failed wrote nothing */
 out:
   pthread_mutex_unlock(&db->lock);
   return rc;
@@ -94,7 +95,7 @@ static json_t *report_json(const db_report_t *r) {
 }
 
 /* ev_text: the report's "progress" event, rendered before the lock. */
-static int ingest_locked(db_t *db, const char *id, const db_report_t *r, const char *ev_text,
+int dbi_ingest_locked(db_t *db, const char *id, const db_report_t *r, const char *ev_text,
                          const char *sample_text, bool *progressed) {
   sqlite3_stmt *st;
   int rc = dbi_prepare(db,
@@ -105,9 +106,10 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, const c
   sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
   sqlite3_bind_int(st, 2, r->attempt);
   sqlite3_bind_int(st, 3, r->rank);
-  if (sqlite3_step(st) != SQLITE_ROW) {
+  int s = dbi_step(db, st);
+  if (s != SQLITE_ROW) {
     dbi_finish(db, st);
-    return TY_ENOTFOUND;
+    return s == SQLITE_DONE ? TY_ENOTFOUND : dbi_err(db, s, "read rank");
   }
   char phase[16];
   dbi_text_copy(st, 0, phase, sizeof phase);
@@ -177,6 +179,81 @@ static int ingest_locked(db_t *db, const char *id, const db_report_t *r, const c
   return 0;
 }
 
+/* Keeps a report (its events as rendered, owned by the entry) at the end
+ * of list *tail. */
+static void append_report(dbi_kept_t ***tail, const char *id, const db_report_t *r,
+                          char *ev_text, char *sample_text) {
+  dbi_kept_t *k = xcalloc(1, sizeof *k);
+  snprintf(k->id, sizeof k->id, "%s", id);
+  memcpy(&k->head, r, DBI_KEPT_HEAD);
+  k->ev_text = ev_text;
+  k->sample_text = sample_text;
+  **tail = k;
+  *tail = &k->next;
+}
+
+/* Keeps a report that cannot be written now behind the kept ones: 0, or
+ * TY_EUNAVAILABLE when DBI_KEPT_MAX are kept (its rank keeps it then). */
+static int keep_report(db_t *db, const char *id, const db_report_t *r, char **ev_text,
+                       char **sample_text) {
+  if (db->kept_n >= DBI_KEPT_MAX) return TY_EUNAVAILABLE;
+  if (!db->kept_head) db->kept_tail = &db->kept_head;
+  append_report(&db->kept_tail, id, r, *ev_text, *sample_text);
+  *ev_text = *sample_text = NULL;
+  if (db->kept_n++ == 0) {
+    db->kept_backoff = 0.1;
+    db->kept_retry_at = db_now() + db->kept_backoff;
+  }
+  db->write_failed = true;
+  return 0;
+}
+
+/* One report into the open batch (opened here when none is): 0 with the
+ * report in the batch or kept; or its refusal (TY_ENOTFOUND,
+ * TY_EPRECONDITION, ...), the batch left as it was. */
+static int ingest_batch(db_t *db, const char *id, const db_report_t *r, char **ev_text,
+                        char **sample_text, bool *progressed) {
+  dbi_settle(db); /* a batch SQLite rolled back after an error is kept */
+  if (db->kept_n) (void)dbi_flush(db, false);
+  if (db->kept_n) return keep_report(db, id, r, ev_text, sample_text);
+  int rc = 0;
+  if (!db->batch_open) {
+    rc = dbi_file_ok(db);
+    if (!rc) rc = dbi_run(db, "BEGIN IMMEDIATE");
+    if (rc == TY_EUNAVAILABLE) return keep_report(db, id, r, ev_text, sample_text);
+    if (rc) return rc;
+    db->batch_open = true;
+    db->batch_since = db_now();
+  }
+  /* A savepoint per report: a report that is refused leaves the batch
+   * intact. An error SQLite answers by rolling back the whole batch
+   * (sqlite3_get_autocommit tells) has the batch's reports kept. */
+  if ((rc = dbi_run(db, "SAVEPOINT report"))) {
+    dbi_settle(db);
+    return db->kept_n ? keep_report(db, id, r, ev_text, sample_text) : rc;
+  }
+  rc = dbi_ingest_locked(db, id, r, *ev_text, *sample_text, progressed);
+  if (sqlite3_get_autocommit(db->conn)) {
+    dbi_settle(db);
+    if (progressed) *progressed = false;
+    return rc == TY_EUNAVAILABLE || !rc ? keep_report(db, id, r, ev_text, sample_text) : rc;
+  }
+  int end = rc ? dbi_run(db, "ROLLBACK TO report") : 0;
+  if (!end) end = dbi_run(db, "RELEASE report");
+  if (end) { /* the batch cannot go on: it is rolled back and kept */
+    if (progressed) *progressed = false;
+    if (!sqlite3_get_autocommit(db->conn)) dbi_run(db, "ROLLBACK");
+    dbi_settle(db);
+    return rc && rc != TY_EUNAVAILABLE ? rc : keep_report(db, id, r, ev_text, sample_text);
+  }
+  if (rc == TY_EUNAVAILABLE) return keep_report(db, id, r, ev_text, sample_text);
+  if (rc) return rc;
+  append_report(&db->batch_tail, id, r, *ev_text, *sample_text);
+  *ev_text = *sample_text = NULL;
+  db->batch_n++;
+  return 0;
+}
+
 int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progressed) {
   if (progressed) *progressed = false;
   /* Rendered outside the lock: every report that moves is an event. */
@@ -192,24 +269,10 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
     json_decref(se);
   }
   pthread_mutex_lock(&db->lock);
-  int rc = 0;
-  if (!db->batch_open) {
-    rc = dbi_run(db, "BEGIN IMMEDIATE");
-    db->batch_open = rc == 0;
-    db->batch_since = db_now();
-  }
-  /* A savepoint per report: a report that fails leaves the batch intact. */
-  if (!rc && !(rc = dbi_run(db, "SAVEPOINT report"))) {
-    rc = ingest_locked(db, id, r, ev_text, sample_text, progressed);
-    if (rc) dbi_run(db, "ROLLBACK TO report");
-    int end = dbi_run(db, "RELEASE report");
-    if (!rc) rc = end;
-  }
+  int rc = ingest_batch(db, id, r, &ev_text, &sample_text, progressed);
   if (db->batch_open &&
-      (++db->batch_n >= DBI_BATCH_N || db_now() - db->batch_since > DBI_BATCH_S)) {
-    int end = dbi_flush(db);
-    if (!rc) rc = end;
-  }
+      (db->batch_n >= DBI_BATCH_N || db_now() - db->batch_since > DBI_BATCH_S))
+    (void)dbi_flush(db, false); /* a batch that cannot be committed is kept */
   pthread_mutex_unlock(&db->lock);
   free(ev_text);
   free(sample_text);
@@ -219,15 +282,17 @@ int db_report_ingest(db_t *db, const char *id, const db_report_t *r, bool *progr
 int db_attempt_set_preempted(db_t *db, const char *id, int attempt) {
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
-  int rc = dbi_flush(db);
-  if (!rc)
-    rc = dbi_prepare(db, "UPDATE attempts SET state = 'preempted' WHERE job_id = ? AND attempt = ?",
-                     &st);
+  int rc = dbi_begin(db);
+  if (rc) goto out;
+  rc = dbi_prepare(db, "UPDATE attempts SET state = 'preempted' WHERE job_id = ? AND attempt = ?",
+                   &st);
   if (!rc) {
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 2, attempt);
     rc = step_done(db, st, "attempt preempted");
   }
+  rc = dbi_end(db, rc);
+out:
   pthread_mutex_unlock(&db->lock);
   return rc;
 }
@@ -441,9 +506,9 @@ int db_attempts_close_stale(db_t *db, const char *reason, int *n) {
   *n = 0;
   pthread_mutex_lock(&db->lock);
   sqlite3_stmt *st;
-  int rc = dbi_flush(db);
-  if (!rc)
-    rc = dbi_prepare(db,
+  int rc = dbi_begin(db);
+  if (rc) goto out;
+  rc = dbi_prepare(db,
                      "UPDATE attempts SET state = 'failed', reason = ?, finished_at = ?"
                      " WHERE finished_at IS NULL AND NOT EXISTS (SELECT 1 FROM jobs j"
                      " WHERE j.id = attempts.job_id AND j.attempt = attempts.attempt"
@@ -455,6 +520,9 @@ int db_attempts_close_stale(db_t *db, const char *reason, int *n) {
     rc = step_done(db, st, "close stale attempts");
     if (!rc) *n = sqlite3_changes(db->conn);
   }
+  rc = dbi_end(db, rc);
+  if (rc) *n = 0;
+out:
   pthread_mutex_unlock(&db->lock);
   return rc;
 }

@@ -11,7 +11,8 @@
 
 #define CAUSE_MAX 768
 
-static const char *const g_names[HEALTH_COUNT] = {"database writes", "job starts", "database file"};
+static const char *const g_names[HEALTH_COUNT] = {"database writes", "job starts", "database file",
+                                                        "database storage"};
 
 struct health {
   pthread_mutex_t lock;
@@ -45,12 +46,16 @@ void health_set(health_t *h, health_cond_t c, const char *cause) {
 }
 
 bool health_ok(health_t *h, char *why, size_t size) {
+  return health_ok_except(h, HEALTH_COUNT, why, size);
+}
+
+bool health_ok_except(health_t *h, health_cond_t except, char *why, size_t size) {
   pthread_mutex_lock(&h->lock);
   size_t used = 0;
   bool ok = true;
   if (why && size) why[0] = '\0';
   for (int c = 0; c < HEALTH_COUNT; c++) {
-    if (!h->cause[c][0]) continue;
+    if (!h->cause[c][0] || c == (int)except) continue;
     ok = false;
     if (why && used < size)
       used += (size_t)snprintf(why + used, size - used, "%s%s", used ? "; " : "", h->cause[c]);

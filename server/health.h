@@ -13,6 +13,8 @@ typedef enum {
   HEALTH_DB_WRITE, /* state changes could not be written; they are kept and retried */
   HEALTH_DB_START, /* queued jobs cannot be started: their start cannot be written */
   HEALTH_DB_FILE,  /* the database file was deleted or replaced under the server */
+  HEALTH_DB_STORE, /* a write failed (disk full, I/O error) and none has committed since,
+                      or progress reports are kept until one can (db_write_failing) */
   HEALTH_COUNT
 } health_cond_t;
 
@@ -25,5 +27,7 @@ void health_set(health_t *h, health_cond_t c, const char *cause);
 /* True when no condition holds; otherwise false, with every cause (joined
  * by "; ") in why (size bytes; may be NULL). */
 bool health_ok(health_t *h, char *why, size_t size);
+/* health_ok leaving condition except out. */
+bool health_ok_except(health_t *h, health_cond_t except, char *why, size_t size);
 
 #endif

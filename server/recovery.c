@@ -36,6 +36,7 @@ static void collect(const char *id, int attempt, int rank, int pid, int64_t star
   live_list_t *l = ctx;
   if (l->n == l->cap) l->items = xrealloc(l->items, (l->cap = l->cap ? 2 * l->cap : 16) * sizeof *l->items);
   live_t *x = &l->items[l->n++];
+  memset(x, 0, sizeof *x); /* adopted and the rest start false: xrealloc does not clear */
   snprintf(x->id, sizeof x->id, "%s", id);
   x->attempt = attempt;
   x->rank = rank;

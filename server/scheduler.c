@@ -37,6 +37,7 @@ typedef struct {
   double last_progress;  /* monotonic seconds: phase, step or bytes changed */
   report_wire_t last;    /* the report that last moved its progress */
   char fail_msg[512];    /* message of its last "failed" report */
+  bool reported;         /* it has sent a report */
   int gpu;               /* GPU index held, or -1 */
 } srank_t;
 
@@ -54,6 +55,7 @@ typedef struct run {
   char rdv[2200]; /* the ranks' rendezvous; an shm one is removed at the end */
   int out_lock;   /* ty_dir_lock of the output folder while the ranks run; -1 */
   char *out_dir;  /* the job's resolved output folder; NULL: none */
+  char reason[256]; /* the ranks' phases as last written into the job's reason */
   struct run *next;
 } run_t;
 
@@ -148,20 +150,82 @@ void sched_cancel(sched_t *s, const char *id) {
   pthread_mutex_unlock(&s->lock);
 }
 
-void sched_note_report(sched_t *s, const char *id, const report_wire_t *rep) {
+/* Appends ranks (a bitmap over world ranks) as "rank 3" or "ranks 0-1, 4". */
+static size_t append_ranks(char *out, size_t size, size_t used, const bool *in, int world) {
+  int n = 0;
+  for (int i = 0; i < world; i++) n += in[i];
+  used += (size_t)snprintf(out + used, used < size ? size - used : 0, "rank%s ", n == 1 ? "" : "s");
+  const char *sep = "";
+  for (int i = 0; i < world; i++) {
+    if (!in[i]) continue;
+    int j = i;
+    while (j + 1 < world && in[j + 1]) j++;
+    if (j == i)
+      used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%s%d", sep, i);
+    else
+      used += (size_t)snprintf(out + used, used < size ? size - used : 0, "%s%d-%d", sep, i, j);
+    sep = ", ";
+    i = j;
+  }
+  return used;
+}
+
+/* What r's ranks do now, by their last phases: "all 2 ranks training",
+ * "rank 0 training, rank 1 tokenizing" (a rank not heard from yet counts
+ * as starting). */
+static void phases_reason(const run_t *r, char *out, size_t size) {
+  size_t used = 0;
+  out[0] = '\0';
+  bool *in = xcalloc((size_t)r->world, sizeof *in);
+  for (int p = 0; p < REPORT_PHASE_COUNT; p++) {
+    int n = 0;
+    for (int i = 0; i < r->world; i++) {
+      const srank_t *k = &r->ranks[i];
+      in[i] = (int)(k->reported ? k->last.phase : REPORT_PHASE_STARTING) == p;
+      n += in[i];
+    }
+    if (!n) continue;
+    if (n == r->world && r->world > 1) {
+      snprintf(out, size, "all %d ranks %s", r->world, report_phase_name(p));
+      break;
+    }
+    if (used) used += (size_t)snprintf(out + used, used < size ? size - used : 0, ", ");
+    used = append_ranks(out, size, used, in, r->world);
+    used += (size_t)snprintf(out + used, used < size ? size - used : 0, " %s",
+                             report_phase_name(p));
+  }
+  free(in);
+}
+
+void sched_note_report(sched_t *s, const char *id, const report_wire_t *rep, char *why,
+                       size_t size) {
+  if (why && size) why[0] = '\0';
   pthread_mutex_lock(&s->lock);
   for (run_t *r = s->runs; r; r = r->next) {
     if (strcmp(r->id, id) || r->attempt != rep->attempt || rep->rank >= r->world) continue;
     srank_t *k = &r->ranks[rep->rank];
     double now = ty_mono_s();
     k->last_report = now;
-    if (report_wire_progressed(&k->last, rep)) {
+    if (!k->reported || report_wire_progressed(&k->last, rep)) {
       k->last_progress = now;
       k->last = *rep;
     }
+    k->reported = true;
     if (rep->phase == REPORT_PHASE_FAILED && rep->message[0])
       snprintf(k->fail_msg, sizeof k->fail_msg, "%.*s", (int)sizeof k->fail_msg - 1, rep->message);
+    if (why && size && !r->decided && !r->stopping) {
+      char now_why[sizeof r->reason];
+      phases_reason(r, now_why, sizeof now_why);
+      if (strcmp(now_why, r->reason)) snprintf(why, size, "%s", now_why);
+    }
   }
+  pthread_mutex_unlock(&s->lock);
+}
+
+void sched_reason_written(sched_t *s, const char *id, int attempt, const char *why) {
+  pthread_mutex_lock(&s->lock);
+  for (run_t *r = s->runs; r; r = r->next)
+    if (!strcmp(r->id, id) && r->attempt == attempt) snprintf(r->reason, sizeof r->reason, "%s", why);
   pthread_mutex_unlock(&s->lock);
 }
 

@@ -35,8 +35,14 @@ void sched_wake(sched_t *s);
 /* A job's state became cancelled: stop its ranks, if any. */
 void sched_cancel(sched_t *s, const char *id);
 /* A rank reported: a heartbeat, and progress when report_wire_progressed
- * says so (the phase, step or bytes loaded changed). */
-void sched_note_report(sched_t *s, const char *id, const report_wire_t *r);
+ * says so (the phase, step or bytes loaded changed). why (size bytes; may
+ * be NULL) receives what the attempt's ranks do now ("all 2 ranks
+ * training", "rank 0 training, rank 1 tokenizing") when that differs from
+ * the reason last written (sched_reason_written), else "". */
+void sched_note_report(sched_t *s, const char *id, const report_wire_t *r, char *why,
+                       size_t size);
+/* The job's reason is now why (from sched_note_report), written. */
+void sched_reason_written(sched_t *s, const char *id, int attempt, const char *why);
 
 /* Slots: whether a job of world_size ranks on device ("cpu"/"cuda") could
  * ever run here; 0, or TY_EINVAL with msg saying why. */

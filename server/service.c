@@ -98,6 +98,7 @@ static void gpu_memory(svc_t *s, const srv_config_t *cfg) {
 }
 
 static void on_written(void *ctx, const pend_op_t *op);
+static void refresh_store_health(svc_t *s);
 
 int svc_open(const srv_config_t *cfg, svc_t **out, char *msg, size_t msgsz) {
   svc_t *s = xcalloc(1, sizeof *s);
@@ -350,8 +351,11 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
   check_spec(s, spec, errs, out_dir);
   int rc = invalid(errs, before, msg, msgsz);
   if (rc) return rc;
+  /* The database's own failures are not asked here: the submit's write
+   * is itself the test of whether the disk takes writes again (a failed
+   * one answers 503 naming the cause, below). */
   char why[1024];
-  if (!svc_health(s, why, sizeof why)) {
+  if (!health_ok_except(s->health, HEALTH_DB_STORE, why, sizeof why)) {
     set_msg(msg, msgsz, "this server cannot take jobs now: %s", why);
     return TY_EUNAVAILABLE;
   }
@@ -401,6 +405,12 @@ int svc_submit(svc_t *s, jobspec_t *spec, const char *idempotency_key, db_job_t 
             j.world_size == 1 ? "" : "s");
     notify(s);
     if (s->sched) sched_wake(s->sched);
+  } else if (rc == TY_EUNAVAILABLE) {
+    char err[512];
+    db_last_error(s->db, err, sizeof err);
+    set_msg(msg, msgsz, "this server cannot take jobs now: the job could not be stored (%s); "
+            "nothing was kept: submit it again once the server is healthy (GET /healthz)", err);
+    refresh_store_health(s);
   } else {
     set_msg(msg, msgsz, "the job could not be stored (see the server log)");
   }
@@ -690,13 +700,33 @@ int svc_report(svc_t *s, const char *id, const char *token, const json_t *report
     rc = TY_EINVAL;
   } else if (rc == TY_EPRECONDITION) {
     set_msg(msg, msgsz, "rank %d of attempt %d has already finished", r.rank, r.attempt);
+  } else if (rc == TY_EUNAVAILABLE) {
+    /* The rank is alive and says so: the watchdog hears it even though
+     * the database cannot keep the report now; the rank keeps it. */
+    char err[512];
+    db_last_error(s->db, err, sizeof err);
+    set_msg(msg, msgsz, "the database cannot take this report now (%s); keep it and send it "
+            "again", err);
+    if (s->sched) sched_note_report(s->sched, id, &w, NULL, 0);
+    refresh_store_health(s);
   }
   if (rc) goto out;
-  if (s->sched) sched_note_report(s->sched, id, &w);
+  char now_why[256] = "";
+  if (s->sched) sched_note_report(s->sched, id, &w, now_why, sizeof now_why);
   if (j->state == DB_JOB_STARTING && strcmp(r.phase, "starting")) {
-    char why[64];
-    snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
+    char why[300];
+    snprintf(why, sizeof why, "%s", now_why[0] ? now_why : "");
+    if (!why[0]) snprintf(why, sizeof why, "rank %d reported phase %s", r.rank, r.phase);
     svc_transition(s, id, DB_MASK(DB_JOB_STARTING), DB_JOB_RUNNING, why, NULL, NULL);
+    if (now_why[0] && s->sched) sched_reason_written(s->sched, id, r.attempt, now_why);
+  } else if (j->state == DB_JOB_RUNNING && now_why[0]) {
+    /* What is true now (DESIGN.md "The server as built"): the reason
+     * follows the ranks' phases, not the first report that moved it. One
+     * that cannot be written now is tried again at the next report. */
+    cache_invalidate(s, id);
+    if (db_job_set_reason(s->db, id, DB_MASK(DB_JOB_RUNNING), now_why) == 0 && s->sched)
+      sched_reason_written(s->sched, id, r.attempt, now_why);
+    cache_invalidate(s, id);
   }
   if (progressed) {
     cache_invalidate(s, id); /* the job's view shows its progress */
@@ -858,12 +888,21 @@ int svc_rank_finished(svc_t *s, const char *id, int attempt, int rank, const cha
   return rc == 1 ? 0 : rc;
 }
 
+/* The database's own word on its writes (db_write_failing): the first
+ * failed write turns the server unhealthy, whoever made it. */
+static void refresh_store_health(svc_t *s) {
+  char why[1024];
+  health_set(s->health, HEALTH_DB_STORE, db_write_failing(s->db, why, sizeof why) ? why : NULL);
+}
+
 bool svc_health(svc_t *s, char *why, size_t size) {
+  refresh_store_health(s);
   return health_ok(s->health, why, size);
 }
 
 void svc_tick(svc_t *s) {
   pend_retry(s->pend, false);
+  refresh_store_health(s);
   double now = ty_mono_s();
   if (now - s->file_checked_at < SVC_FILE_CHECK_S) return;
   s->file_checked_at = now;
