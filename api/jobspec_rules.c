@@ -191,6 +191,20 @@ static void check_merge_lora(const vctx_t *v, ty_errlist_t *errs) {
                    "merge_adapter, or set use_lora to true");
 }
 
+/* Options set where they mean nothing (each field and whether it is set):
+ * each refused, "applies to <what> only; <fix> or remove <field>". */
+typedef struct {
+  const char *field;
+  bool set;
+} opt_use_t;
+static void refuse_unused(const opt_use_t *opts, size_t n, const char *what, const char *fix,
+                          ty_errlist_t *errs) {
+  for (size_t i = 0; i < n; i++)
+    if (opts[i].set)
+      ty_errlist_add(errs, opts[i].field, "applies to %s only; %s or remove %s", what, fix,
+                     opts[i].field);
+}
+
 /* A bitsandbytes 4-bit checkpoint's quantization_config (model_path's
  * config.json, where paths are checked) against the job's: its codes are
  * read as they are, so the job keeps them in 4 bits of the same kind. */
@@ -230,22 +244,15 @@ static void check_quantization(const vctx_t *v, ty_errlist_t *errs) {
   if (v->check_paths && s->model_path[0] && !s->init_from_scratch)
     check_quantized_checkpoint(s, errs);
   if (!s->quantization.load_in_4bit) {
-    const struct {
-      const char *field;
-      bool set;
-    } opts[] = {
+    const opt_use_t opts[] = {
         {"quantization.bnb_4bit_quant_type",
          s->quantization.bnb_4bit_quant_type != JOBSPEC_QUANT_NF4},
         {"quantization.bnb_4bit_use_double_quant", s->quantization.bnb_4bit_use_double_quant},
         {"quantization.bnb_4bit_compute_dtype",
          s->quantization.bnb_4bit_compute_dtype != TY_DTYPE_F32},
     };
-    for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
-      if (opts[i].set)
-        ty_errlist_add(errs, opts[i].field,
-                       "applies to a 4-bit base only; set quantization.load_in_4bit to true, or "
-                       "remove %s",
-                       opts[i].field);
+    refuse_unused(opts, sizeof opts / sizeof opts[0], "a 4-bit base",
+                  "set quantization.load_in_4bit to true,", errs);
     return;
   }
   if (!s->use_lora)
@@ -531,21 +538,15 @@ static void check_jsonl_options(const vctx_t *v, ty_errlist_t *errs) {
                      s->data.chat_template);
   }
   if (s->data.format == JOBSPEC_DATA_JSONL) return;
-  const struct {
-    const char *field;
-    bool set;
-  } opts[] = {{"data.packing", s->data.packing},
-              /* The samples' tokenizer, for any format (rule sample-tokenizer). */
-              {"data.tokenizer", s->data.tokenizer[0] != '\0' && !s->train.sample_prompts[0][0]},
-              {"data.kind", s->data.kind != JOBSPEC_KIND_AUTO},
-              {"data.chat_template", s->data.chat_template[0] != '\0'},
-              {"data.loss_on", s->data.loss_on != JOBSPEC_LOSS_ON_COMPLETION}};
-  for (size_t i = 0; i < sizeof opts / sizeof opts[0]; i++)
-    if (opts[i].set)
-      ty_errlist_add(errs, opts[i].field,
-                     "applies to examples of a JSONL file only; set data.format to jsonl or "
-                     "remove %s",
-                     opts[i].field);
+  const opt_use_t opts[] = {
+      {"data.packing", s->data.packing},
+      /* The samples' tokenizer, for any format (rule sample-tokenizer). */
+      {"data.tokenizer", s->data.tokenizer[0] != '\0' && !s->train.sample_prompts[0][0]},
+      {"data.kind", s->data.kind != JOBSPEC_KIND_AUTO},
+      {"data.chat_template", s->data.chat_template[0] != '\0'},
+      {"data.loss_on", s->data.loss_on != JOBSPEC_LOSS_ON_COMPLETION}};
+  refuse_unused(opts, sizeof opts / sizeof opts[0], "examples of a JSONL file",
+                "set data.format to jsonl", errs);
 }
 
 /* train.sample_prompts are decoded on rank 0's CPU with weights it holds

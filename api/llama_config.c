@@ -230,10 +230,6 @@ static const char *const g_inert_keys[] = {
     "cross_attention_hidden_size",
     "pruned_heads",
     "max_window_layers",
-    /* How the weights are stored, not what the model computes: a
-     * bitsandbytes 4-bit checkpoint, whose layout worker/ckpt/ckpt_q4
-     * checks tensor by tensor. */
-    "quantization_config",
 };
 #define INERT_N (sizeof g_inert_keys / sizeof g_inert_keys[0])
 
@@ -271,6 +267,19 @@ static void check_foreign(const json_t *obj, const char *key, const json_t *v, c
   for (size_t i = 0; i < INERT_N; i++)
     if (!strcmp(key, g_inert_keys[i])) return;
   if (json_is_null(v)) return;
+  /* How the weights are stored, not what the model computes: a
+   * bitsandbytes 4-bit checkpoint, whose layout and quantization_config
+   * worker/ckpt/ckpt_q4 checks tensor by tensor. Other methods' weights
+   * (GPTQ, AWQ, ...) would be read as something they are not. */
+  if (!strcmp(key, "quantization_config")) {
+    const char *m = json_string_value(json_object_get(v, "quant_method"));
+    if (!m || strcmp(m, "bitsandbytes") != 0)
+      ty_errlist_add(errs, path,
+                     "quant_method %s: trainyard reads bitsandbytes' 4-bit checkpoints only "
+                     "(quant_method \"bitsandbytes\"); use the unquantized checkpoint",
+                     m ? m : "(none)");
+    return;
+  }
   for (size_t i = 0; i < SEMANTIC_N; i++) {
     if (strcmp(key, g_semantic_keys[i].key) != 0) continue;
     json_t *want = json_loads(g_semantic_keys[i].want, JSON_DECODE_ANY, NULL);

@@ -162,3 +162,13 @@ void ty_dtype_from_f32(ty_dtype_t t, const float *src, void *dst, size_t n) {
       break;
   }
 }
+
+void ty_dtype_round(ty_dtype_t t, float *x, size_t n) {
+  if (t == TY_DTYPE_F32) return;
+  uint16_t tmp[1024];
+  for (size_t i = 0; i < n; i += 1024) {
+    size_t k = n - i < 1024 ? n - i : 1024;
+    ty_dtype_from_f32(t, x + i, tmp, k);
+    ty_dtype_to_f32(t, tmp, x + i, k);
+  }
+}

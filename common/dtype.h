@@ -42,4 +42,8 @@ void ty_dtype_to_f32(ty_dtype_t t, const void *src, float *dst, size_t n);
  * float type: for U8 nothing is written. */
 void ty_dtype_from_f32(ty_dtype_t t, const float *src, void *dst, size_t n);
 
+/* n floats of x rounded to float type t and back, in place: the values a
+ * tensor of type t holds (float32: unchanged). */
+void ty_dtype_round(ty_dtype_t t, float *x, size_t n);
+
 #endif

@@ -5,3 +5,7 @@ add_test(NAME integration/train_qlora
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_qlora.sh)
 set_tests_properties(integration/train_qlora PROPERTIES LABELS integration TIMEOUT 600
                      ENVIRONMENT "${TY_TEST_ENV}")
+# The host-memory rule's figures for QLoRA against LoRA over a published
+# config (tests/bench/qlora.sh prints them beside its measured rows).
+add_executable(qlora_paper ${CMAKE_CURRENT_SOURCE_DIR}/bench/qlora_paper.c)
+target_link_libraries(qlora_paper PRIVATE ty_api)

@@ -11,7 +11,7 @@ import unittest
 import requests
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server, parse_sse  # noqa: E402
+from tyserver import BIN, Server, big_model, parse_sse  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -394,16 +394,6 @@ class MissingRoot(unittest.TestCase):
 # big_model's weights.
 SMALL_BATCH = {"train": {"steps": 20, "micro_batch_size": 1},
                "data": {"path": "train.txt", "seq_len": 32}}
-
-
-def big_model(srv):
-    """models/big in srv's folder: only the config.json of a 199.8M-parameter
-    model (0.74 GiB in float32), which is what the memory rules read."""
-    big = os.path.join(srv.dir, "models", "big")
-    os.makedirs(big)
-    with open(os.path.join(big, "config.json"), "w") as f:
-        json.dump({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
-                   "num_attention_heads": 16, "vocab_size": 32000}, f)
 
 
 class HostMemory(unittest.TestCase):

@@ -13,7 +13,7 @@ import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server  # noqa: E402
+from tyserver import BIN, Server, big_model  # noqa: E402
 
 TY = os.path.join(BIN, "cli", "trainyard")
 Q4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
@@ -56,17 +56,6 @@ class QLoRAJob(unittest.TestCase):
             self.assertEqual([j["id"] for j in srv.get("/v1/jobs").json()["jobs"]], [jid])
         finally:
             srv.cleanup()
-
-
-def big_model(srv):
-    """models/big: the config.json of a 199.8M-parameter model, 134.2M of
-    them in the linear projections: 0.74 GiB in float32, 0.31 GiB with the
-    projections in 4 bits (double quantization)."""
-    big = os.path.join(srv.dir, "models", "big")
-    os.makedirs(big)
-    with open(os.path.join(big, "config.json"), "w") as f:
-        json.dump({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
-                   "num_attention_heads": 16, "vocab_size": 32000}, f)
 
 
 class HostMemory(unittest.TestCase):

@@ -35,12 +35,7 @@ losses() { # WORLD ACCUM OUT -> rank 0's per-step losses, one per line
   "$ty" train "${common[@]}" --world_size "$w" --train.micro_batch_size $((4 / w)) \
     --train.grad_accum "$a" --output_dir "$tmp/$out" --json >"$tmp/$out.out" 2>"$tmp/$out.log" ||
     { cat "$tmp/$out.log" >&2; fail "world $w accum $a failed"; }
-  python3 -c "
-import json
-for l in open('$tmp/$out.out'):
-    r = json.loads(l)
-    if r['rank'] == 0 and r['phase'] == 'training' and r['loss'] is not None:
-        print(repr(r['loss']))"
+  rank0_losses "$tmp/$out.out"
 }
 
 for a in 1 2; do

@@ -17,25 +17,11 @@ words "$data" 6000
 common=(--data.path "$data" --data.seq_len 32 --train.steps 6 --train.grad_accum 1
         --train.warmup_steps 1 --train.checkpoint_every 0 --json)
 
-losses() { # OUT_NAME ARGS... -> rank 0's per-step losses, one per line, in $tmp/OUT_NAME
-  local name=$1
-  shift
-  "$ty" train "${common[@]}" "$@" --output_dir "$tmp/$name" >"$tmp/$name.out" \
-    2>"$tmp/$name.log" || { cat "$tmp/$name.log" >&2; fail "$name failed"; }
-  python3 - "$tmp/$name.out" >"$tmp/$name.losses" <<'PY'
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None:
-        print(repr(r["loss"]))
-PY
-}
-
 # Tied head, head_dim 16 with hidden_size 48 and 4 heads (q is 64 x 48).
 "$ty" mkmodel --out "$tmp/tied" --hidden-size 48 --intermediate-size 80 --layers 2 --heads 4 \
   --kv-heads 2 --head-dim 16 --tie-embeddings --vocab-size 256 --seed 5 >/dev/null
 for w in 1 2; do
-  losses "full-$w" --model_path "$tmp/tied" --use_lora false --train.lr 3e-3 --world_size "$w" \
+  train_losses "full-$w" --model_path "$tmp/tied" --use_lora false --train.lr 3e-3 --world_size "$w" \
     --train.micro_batch_size $((8 / w))
 done
 python3 - "$tmp/full-1.losses" "$tmp/full-2.losses" <<'PY'
@@ -72,7 +58,7 @@ print(f"# eval: base {a:.5f}, trained tied model {b:.5f}")
 assert b < a - 0.3, (a, b)
 PY
 # LoRA on the tied base (frozen: the head stays the embedding).
-losses lora --model_path "$tmp/tied" --use_lora true --lora_rank 4 --target_modules all-linear \
+train_losses lora --model_path "$tmp/tied" --use_lora true --lora_rank 4 --target_modules all-linear \
   --train.lr 3e-2 --world_size 2 --train.micro_batch_size 4
 python3 - "$tmp/lora.losses" <<'PY'
 import sys

@@ -35,12 +35,7 @@ losses() { # MODE WORLD BACKEND -> rank 0's per-step losses, one repr per line
     cat "$out.log" >&2
     fail "$mode world $w over $b failed"
   fi
-  python3 -c "
-import json
-for l in open('$out.out'):
-    r = json.loads(l)
-    if r['rank'] == 0 and r['phase'] == 'training' and r['loss'] is not None:
-        print(repr(r['loss']))"
+  rank0_losses "$out.out"
 }
 
 for mode in lora full; do

@@ -33,19 +33,6 @@ words "$data" 6000
 common=(--data.path "$data" --data.seq_len 32 --train.steps 5 --train.warmup_steps 1
         --train.lr 3e-3 --use_lora true --lora_rank 4 --target_modules all-linear
         --train.checkpoint_every 0 --json)
-losses() { # NAME ARGS... -> rank 0's per-step losses in $tmp/NAME.losses
-  local name=$1
-  shift
-  "$ty" train "${common[@]}" "$@" --output_dir "$tmp/$name" >"$tmp/$name.out" \
-    2>"$tmp/$name.log" || { cat "$tmp/$name.log" >&2; fail "$name failed"; }
-  python3 - "$tmp/$name.out" >"$tmp/$name.losses" <<'PY'
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None:
-        print(repr(r["loss"]))
-PY
-}
 same() { # TOL NAME NAME... : every run's losses within TOL (relative) of the first's
   python3 - "$@" <<'PY'
 import sys
@@ -62,11 +49,11 @@ PY
 q=(--model_path "$tmp/base" --quantization.load_in_4bit true)
 dq=("${q[@]}" --quantization.bnb_4bit_use_double_quant true)
 mel=(--fsdp.memory_efficient_load true)
-losses nf4dq-1 "${dq[@]}" "${mel[@]}" --world_size 1 --train.micro_batch_size 8
-losses nf4dq-2 "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4
-losses nf4dq-4 "${dq[@]}" "${mel[@]}" --world_size 4 --train.micro_batch_size 2
-losses nf4dq-2s "${dq[@]}" --world_size 2 --train.micro_batch_size 4
-losses nf4dq-2ck "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4 \
+train_losses nf4dq-1 "${dq[@]}" "${mel[@]}" --world_size 1 --train.micro_batch_size 8
+train_losses nf4dq-2 "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4
+train_losses nf4dq-4 "${dq[@]}" "${mel[@]}" --world_size 4 --train.micro_batch_size 2
+train_losses nf4dq-2s "${dq[@]}" --world_size 2 --train.micro_batch_size 4
+train_losses nf4dq-2ck "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4 \
   --gradient_checkpointing true
 same 1e-5 "$tmp"/nf4dq-1 "$tmp"/nf4dq-2 "$tmp"/nf4dq-4 "$tmp"/nf4dq-2s "$tmp"/nf4dq-2ck
 
@@ -116,8 +103,8 @@ for case in "nf4 false float32" "nf4 true float32" "fp4 false float32" "fp4 true
   set -- $case
   name="$1-$2-$3"
   ref "ref-$name" "$1" "$2" "$3"
-  losses "lora-$name" --model_path "$tmp/ref-$name" --world_size 1 --train.micro_batch_size 8
-  losses "qlora-$name" "${q[@]}" --quantization.bnb_4bit_quant_type "$1" \
+  train_losses "lora-$name" --model_path "$tmp/ref-$name" --world_size 1 --train.micro_batch_size 8
+  train_losses "qlora-$name" "${q[@]}" --quantization.bnb_4bit_quant_type "$1" \
     --quantization.bnb_4bit_use_double_quant "$2" --quantization.bnb_4bit_compute_dtype "$3" \
     --world_size 2 --train.micro_batch_size 4 "${mel[@]}"
   same 1e-5 "$tmp/lora-$name" "$tmp/qlora-$name"
@@ -125,7 +112,7 @@ done
 # merge_adapter of a QLoRA job over a float base: the adapter added to the
 # projections as its 4 bits kept them (the reference's dequantized
 # weights), as peft's merge_and_unload over the 4-bit model.
-losses merge-q "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4 --merge_adapter true
+train_losses merge-q "${dq[@]}" "${mel[@]}" --world_size 2 --train.micro_batch_size 4 --merge_adapter true
 "$ty" eval --data "$data" --seq_len 32 --batches 4 --model_path "$tmp/merge-q/merged" >"$tmp/ev-mq"
 "$ty" eval --data "$data" --seq_len 32 --batches 4 --model_path "$tmp/ref-nf4-true-float32" \
   --adapter "$tmp/merge-q" >"$tmp/ev-mref"
@@ -137,7 +124,7 @@ print(f"# merge_adapter over 4 bits: {a:.6f}, the reference's weights with the a
 PY
 # 4 bits change the model: a float32 LoRA run over the original base
 # differs from the quantized one (so the comparison above can fail).
-losses lora-f32 --model_path "$tmp/base" --world_size 1 --train.micro_batch_size 8
+train_losses lora-f32 --model_path "$tmp/base" --world_size 1 --train.micro_batch_size 8
 if same 1e-5 "$tmp/lora-f32" "$tmp/qlora-nf4-false-float32" >/dev/null 2>&1; then
   fail "the 4-bit base trains exactly as the float32 one: nothing was quantized"
 fi
@@ -149,10 +136,10 @@ fi
 # weights; a job must keep it in 4 bits of its kind; merged, it becomes
 # floats (as peft's merge_and_unload).
 "$ty" convert --model_path "$tmp/base" --out "$tmp/q4" --quantize nf4 --double_quant >/dev/null
-losses ck-1 --model_path "$tmp/q4" --quantization.load_in_4bit true \
+train_losses ck-1 --model_path "$tmp/q4" --quantization.load_in_4bit true \
   --quantization.bnb_4bit_use_double_quant true "${mel[@]}" --world_size 1 \
   --train.micro_batch_size 8
-losses ck-2s --model_path "$tmp/q4" --quantization.load_in_4bit true \
+train_losses ck-2s --model_path "$tmp/q4" --quantization.load_in_4bit true \
   --quantization.bnb_4bit_use_double_quant true --world_size 2 --train.micro_batch_size 4
 same 1e-5 "$tmp"/nf4dq-1 "$tmp"/ck-1 "$tmp"/ck-2s
 # trainyard load: the shards quantized from the float base as they load

@@ -72,23 +72,10 @@ PY
 
 common=(--data.path "$data" --data.seq_len 32 --train.steps 6 --train.grad_accum 1
         --train.warmup_steps 1 --train.checkpoint_every 0 --json)
-losses() { # OUT_NAME ARGS... -> rank 0's per-step losses in $tmp/OUT_NAME.losses
-  local name=$1
-  shift
-  "$ty" train "${common[@]}" "$@" --output_dir "$tmp/$name" >"$tmp/$name.out" \
-    2>"$tmp/$name.log" || { cat "$tmp/$name.log" >&2; fail "$name failed"; }
-  python3 - "$tmp/$name.out" >"$tmp/$name.losses" <<'PY'
-import json, sys
-for l in open(sys.argv[1]):
-    r = json.loads(l)
-    if r["rank"] == 0 and r["phase"] == "training" and r["loss"] is not None:
-        print(repr(r["loss"]))
-PY
-}
 full=(--model_path "$tmp/qwen" --use_lora false --train.lr 3e-3)
-losses full-1 "${full[@]}" --world_size 1 --train.micro_batch_size 8
-losses full-2 "${full[@]}" --world_size 2 --train.micro_batch_size 4
-losses full-2e "${full[@]}" --world_size 2 --train.micro_batch_size 4 \
+train_losses full-1 "${full[@]}" --world_size 1 --train.micro_batch_size 8
+train_losses full-2 "${full[@]}" --world_size 2 --train.micro_batch_size 4
+train_losses full-2e "${full[@]}" --world_size 2 --train.micro_batch_size 4 \
   --fsdp.memory_efficient_load true
 python3 - "$tmp"/full-1.losses "$tmp"/full-2.losses "$tmp"/full-2e.losses <<'PY'
 import sys
@@ -154,8 +141,8 @@ PY
 # 1 rank and 2 memory-efficient ranks agree.
 lora=(--model_path "$tmp/qwen" --use_lora true --lora_rank 4 --target_modules all-linear
       --train.lr 3e-2)
-losses lora-1 "${lora[@]}" --world_size 1 --train.micro_batch_size 8
-losses lora "${lora[@]}" --world_size 2 --train.micro_batch_size 4 \
+train_losses lora-1 "${lora[@]}" --world_size 1 --train.micro_batch_size 8
+train_losses lora "${lora[@]}" --world_size 2 --train.micro_batch_size 4 \
   --fsdp.memory_efficient_load true
 python3 - "$tmp/lora-1.losses" "$tmp/lora.losses" "$tmp/lora/adapter_model.safetensors" <<'PY'
 import json, struct, sys

@@ -35,12 +35,7 @@ losses() { # MODE WORLD -> rank 0's per-step losses, one per line
   "$ty" train "${common[@]}" "${args[@]}" --world_size "$w" \
     --train.micro_batch_size $((8 / w)) --output_dir "$tmp/$mode-$w" --json \
     >"$tmp/$mode-$w.out" 2>"$tmp/$mode-$w.log" || { cat "$tmp/$mode-$w.log" >&2; fail "$mode world $w failed"; }
-  python3 -c "
-import json, sys
-for l in open('$tmp/$mode-$w.out'):
-    r = json.loads(l)
-    if r['rank'] == 0 and r['phase'] == 'training' and r['loss'] is not None:
-        print(repr(r['loss']))"
+  rank0_losses "$tmp/$mode-$w.out"
 }
 
 for mode in lora full; do

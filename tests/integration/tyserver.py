@@ -43,6 +43,17 @@ def free_port():
         return s.getsockname()[1]
 
 
+def big_model(srv):
+    """models/big in srv's folder: only the config.json of a 199.8M-parameter
+    model (0.74 GiB in float32; 134.2M of them in the linear projections,
+    0.31 GiB with those in 4 bits), which is what the memory rules read."""
+    big = os.path.join(srv.dir, "models", "big")
+    os.makedirs(big)
+    with open(os.path.join(big, "config.json"), "w") as f:
+        json.dump({"hidden_size": 1024, "intermediate_size": 4096, "num_hidden_layers": 8,
+                   "num_attention_heads": 16, "vocab_size": 32000}, f)
+
+
 class Server:
     def __init__(self, tokens="", extra=None, workdir=None, port=None, worker=TEST_WORKER,
                  env=None):

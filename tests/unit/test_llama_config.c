@@ -283,7 +283,8 @@ static void test_model_changing_keys_refused(void **state) {
       {"sliding_window", "0", "must be null or an integer"},
       {"model_type", "\"gemma\"", "only \"llama\" is supported, got gemma"},
       {"architectures", "[\"LlamaForSequenceClassification\"]", "LlamaForCausalLM"},
-      {"quantization_config", "{\"quant_method\": \"gptq\"}", "not a config.json key"},
+      {"quantization_config", "{\"quant_method\": \"gptq\"}",
+       "quant_method gptq: trainyard reads bitsandbytes' 4-bit checkpoints only"},
       {"num_experts", "8", "not a config.json key"},
       {"final_logit_softcapping", "30.0", "not a config.json key"},
   };

@@ -77,16 +77,6 @@ int ckpt_q4_read_absmax(const ckpt_t *c, size_t i, uint64_t b0, size_t nb, float
   return rc;
 }
 
-/* n floats rounded to dtype and back. */
-static void round_through(ty_dtype_t dtype, float *x, size_t n) {
-  uint16_t tmp[1024];
-  for (size_t i = 0; i < n; i += 1024) {
-    size_t k = n - i < 1024 ? n - i : 1024;
-    ty_dtype_from_f32(dtype, x + i, tmp, k);
-    ty_dtype_to_f32(dtype, tmp, x + i, k);
-  }
-}
-
 int ckpt_read_f32(const ckpt_t *c, size_t i, float *dst, char *err, size_t errlen) {
   const st_tensor_t *ft = c->file_tensor[i];
   const bnb4_info_t *in = ckpt_q4_info(c, i);
@@ -114,7 +104,7 @@ int ckpt_read_f32(const ckpt_t *c, size_t i, float *dst, char *err, size_t errle
   if (!rc) rc = ckpt_q4_read_absmax(c, i, 0, nb, absmax, err, errlen);
   if (!rc) {
     q4_dequantize(in->state.type, codes, absmax, n, dst);
-    if (c->q4->cfg.compute_dtype != TY_DTYPE_F32) round_through(c->q4->cfg.compute_dtype, dst, n);
+    ty_dtype_round(c->q4->cfg.compute_dtype, dst, n);
   }
   free(codes);
   free(absmax);
@@ -140,7 +130,7 @@ int ckpt_q4_roundtrip(const ckpt_q4_kind_t *k, float *x, size_t n) {
   }
   if (!rc) {
     q4_dequantize(k->type, codes, absmax, n, x);
-    if (k->compute != TY_DTYPE_F32) round_through(k->compute, x, n);
+    ty_dtype_round(k->compute, x, n);
   }
   free(codes), free(absmax), free(qabs), free(nested);
   return rc;

@@ -205,17 +205,6 @@ void fsdp_each_norm(const fsdp_t *f, void (*fn)(void *ctx, size_t off, size_t n)
       fn(ctx, (size_t)(f->ts[i].shard - f->span), f->ts[i].counts[f->rank]);
 }
 
-/* n floats of x rounded to dtype and back: the weights a product in that
- * dtype would see (bnb_4bit_compute_dtype). */
-static void round_through(ty_dtype_t dtype, float *x, size_t n) {
-  uint16_t tmp[1024];
-  for (size_t i = 0; i < n; i += 1024) {
-    size_t k = n - i < 1024 ? n - i : 1024;
-    ty_dtype_from_f32(dtype, x + i, tmp, k);
-    ty_dtype_to_f32(dtype, tmp, x + i, k);
-  }
-}
-
 /* A 4-bit tensor: every rank's record gathered, each piece dequantized
  * into its elements of dst (bitsandbytes' dequantize_4bit). */
 static void dequantize_records(fsdp_t *f, const fsdp_tensor_t *ft, float *dst) {
@@ -234,7 +223,7 @@ static void dequantize_records(fsdp_t *f, const fsdp_tensor_t *ft, float *dst) {
     q4_dequantize((q4_type_t)q->type, (const uint8_t *)rec, absmax, (size_t)p.nelem, dst + p.elem0);
     rec += p.record_bytes;
   }
-  if (q->compute != TY_DTYPE_F32) round_through(q->compute, dst, ft->t->numel);
+  ty_dtype_round(q->compute, dst, ft->t->numel);
 }
 
 /* All-gathers tensor i into dst (its full numel floats). */
