@@ -52,4 +52,4 @@ cmake --build "$asan" -j "$jobs"
 echo "== unit and fuzz tests under the sanitizers ($asan)"
 ctest --test-dir "$asan" --output-on-failure -j "$jobs" --label-regex 'unit|fuzz'
 echo "== the worker's load and training suites under the sanitizers ($asan)"
-ctest --test-dir "$asan" --output-on-failure -j "$jobs" -R '^integration/(load|train|train_world|pytorch)$'
+ctest --test-dir "$asan" --output-on-failure -j "$jobs" -R '^integration/(load|train|train_world|pytorch|train_qlora|convert_quantize)$'

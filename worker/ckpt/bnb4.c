@@ -194,8 +194,10 @@ int bnb4_state_parse(const char *tensor, const char *json, size_t len, bnb4_stat
     bad = "nested_blocksize", why = "must be 256 with the other nested keys";
   else if (!json_is_string(nd) || strcmp(json_string_value(nd), "float32"))
     bad = "nested_dtype", why = "must be \"float32\" with the other nested keys";
-  else if (!json_is_number(no) || !isfinite(json_number_value(no)))
-    bad = "nested_offset", why = "must be a finite number with the other nested keys";
+  else if (!json_is_number(no) || !isfinite((float)json_number_value(no)))
+    /* A float32 mean: a number past float32's range (found by fuzzing) is
+     * none, and would make every block's absmax infinite. */
+    bad = "nested_offset", why = "must be a finite float32 number with the other nested keys";
   else
     s->offset = (float)json_number_value(no);
 refuse:
