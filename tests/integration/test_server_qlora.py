@@ -8,14 +8,18 @@ with its figures; a 4-bit spec without LoRA is refused at submit naming
 the field, and nothing is stored."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(__file__))
-from tyserver import BIN, Server, big_model  # noqa: E402
+from tyserver import BIN, Server, big_model, parse_sse  # noqa: E402
 
 TY = os.path.join(BIN, "cli", "trainyard")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOKDIR = os.path.join(BIN, "tests", "text-npm", "node_modules", "@lenml", "tokenizer-llama3",
+                      "models")
 Q4 = {"load_in_4bit": True, "bnb_4bit_quant_type": "nf4", "bnb_4bit_use_double_quant": True}
 
 
@@ -54,6 +58,70 @@ class QLoRAJob(unittest.TestCase):
             self.assertEqual([d["field"] for d in detail], ["quantization.load_in_4bit"])
             self.assertIn("needs use_lora: true", detail[0]["message"])
             self.assertEqual([j["id"] for j in srv.get("/v1/jobs").json()["jobs"]], [jid])
+        finally:
+            srv.cleanup()
+
+
+def scale_projections(path, k):
+    """The seven projections of a float32 safetensors file times k: with
+    mkmodel's 0.02 they barely move a random model's residual stream, and
+    greedy tokens would not tell one base from another."""
+    import array
+    import struct
+    raw = bytearray(open(path, "rb").read())
+    n = struct.unpack("<Q", raw[:8])[0]
+    for name, v in json.loads(raw[8:8 + n]).items():
+        if name.endswith("_proj.weight"):
+            a, b = (8 + n + o for o in v["data_offsets"])
+            w = array.array("f", bytes(raw[a:b]))
+            raw[a:b] = array.array("f", (x * k for x in w)).tobytes()
+    open(path, "wb").write(bytes(raw))
+
+
+class Samples(unittest.TestCase):
+    def test_samples_over_4_bits(self):
+        if not os.path.exists(os.path.join(TOKDIR, "tokenizer.json")):
+            self.skipTest("the Llama 3 tokenizer files are not installed (npm ci of "
+                          "tests/text/package-lock.json runs with the build)")
+        srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
+                                         "--progress-timeout", "120"]).start()
+        try:
+            d = srv.dir
+            subprocess.run([TY, "mkmodel", "--out", "models/l3", "--hidden-size", "64",
+                            "--intermediate-size", "128", "--layers", "2", "--heads", "2",
+                            "--kv-heads", "1", "--vocab-size", "128256", "--tie-embeddings"],
+                           cwd=d, check=True, capture_output=True)
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(TOKDIR, f), os.path.join(d, "models", "l3", f))
+            scale_projections(os.path.join(d, "models", "l3", "model.safetensors"), 25.0)
+            spec = srv.spec(name="qs", model_path="models/l3", world_size=2, lora_rank=4,
+                            target_modules="all-linear", quantization=Q4,
+                            data={"path": "train.txt", "seq_len": 16},
+                            train={"steps": 4, "micro_batch_size": 1, "lr": 1e-3,
+                                   "sample_prompts": ["Hello"], "sample_max_new_tokens": 24})
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            job = srv.wait_state(r.json()["id"], ["succeeded", "failed"], timeout=240)
+            self.assertEqual(job["state"], "succeeded", job["reason"])
+            # SSE is UTF-8 (no charset given).
+            events = parse_sse(srv.get("/v1/jobs/%s/events" % job["id"]).content.decode("utf-8"))
+            samples = [e["data"]["data"] for e in events if e["event"] == "sample"]
+            self.assertEqual([s["step"] for s in samples], [4], samples)
+            subprocess.run(["/usr/bin/python3", os.path.join(HERE, "..", "numerics",
+                                                             "quant4_ref.py"),
+                            "--dequantized-checkpoint", "models/l3", "models/ref", "nf4", "true",
+                            "float32"], cwd=d, check=True)
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(TOKDIR, f), os.path.join(d, "models", "ref", f))
+            want = subprocess.run([TY, "generate", "--model_path", "models/ref", "--adapter",
+                                   "runs/qs", "--prompt", "Hello", "--max_new_tokens", "24"],
+                                  cwd=d, check=True, capture_output=True, text=True).stdout
+            self.assertEqual(samples[0]["text"], want.rstrip("\n"), (samples[0], want))
+            # Over the float base the greedy text differs: the test can fail.
+            plain = subprocess.run([TY, "generate", "--model_path", "models/l3", "--adapter",
+                                    "runs/qs", "--prompt", "Hello", "--max_new_tokens", "24"],
+                                   cwd=d, check=True, capture_output=True, text=True).stdout
+            self.assertNotEqual(plain, want)
         finally:
             srv.cleanup()
 

@@ -64,40 +64,8 @@ grep -q "the linear projections in 4 bits (nf4, double quantization)" "$tmp/nf4d
 # Against the reference: the same model with its weights dequantized by
 # Python, as float32, trained by plain LoRA.
 ref() { # NAME TYPE DOUBLE COMPUTE
-  /usr/bin/python3 - "$here/../numerics" "$tmp/base" "$tmp/$1" "$2" "$3" "$4" <<'PY'
-import json, os, shutil, struct, sys
-import numpy as np
-sys.path.insert(0, sys.argv[1])
-import quant4_ref as q
-src, out, qtype, double, compute = sys.argv[2:7]
-raw = open(os.path.join(src, "model.safetensors"), "rb").read()
-n = struct.unpack("<Q", raw[:8])[0]
-header = json.loads(raw[8:8 + n])
-lin = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-blobs, hdr, off = [], {}, 0
-for name, v in header.items():
-    if name == "__metadata__":
-        continue
-    assert v["dtype"] == "F32", v
-    a, b = v["data_offsets"]
-    w = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=np.float32)
-    if any(f".{p}.weight" in name for p in lin):
-        w = q.dequantized(w, qtype, double == "true")
-        if compute == "bfloat16":  # round to nearest even, as torch's .to(bfloat16)
-            u = w.view(np.uint32).astype(np.uint64)
-            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
-            w = u.astype(np.uint32).view(np.float32)
-    data = np.ascontiguousarray(w, dtype=np.float32).tobytes()
-    hdr[name] = {"dtype": "F32", "shape": v["shape"], "data_offsets": [off, off + len(data)]}
-    blobs.append(data)
-    off += len(data)
-os.makedirs(out)
-shutil.copy(os.path.join(src, "config.json"), out)
-h = json.dumps(hdr).encode()
-h += b" " * (-len(h) % 8)
-with open(os.path.join(out, "model.safetensors"), "wb") as f:
-    f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
-PY
+  /usr/bin/python3 "$here/../numerics/quant4_ref.py" --dequantized-checkpoint "$tmp/base" \
+    "$tmp/$1" "$2" "$3" "$4"
 }
 for case in "nf4 false float32" "nf4 true float32" "fp4 false float32" "fp4 true bfloat16"; do
   set -- $case

@@ -435,5 +435,48 @@ def main():
     return 1 if mismatches else 0
 
 
+def dequantized_checkpoint(src, out, qtype, double, compute):
+    """A float32 copy of the checkpoint in src (config.json + one float32
+    model.safetensors) into out, its seven projections of each layer
+    through 4 bits and back (dequantized), rounded to compute as the
+    products over a 4-bit base see them: the weights a QLoRA job trains
+    over, for the tests to compare with plain LoRA and generate over."""
+    import json
+    import shutil
+    import struct
+    raw = open(os.path.join(src, "model.safetensors"), "rb").read()
+    n = struct.unpack("<Q", raw[:8])[0]
+    header = json.loads(raw[8:8 + n])
+    lin = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+    blobs, hdr, off = [], {}, 0
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        assert v["dtype"] == "F32", v
+        a, b = v["data_offsets"]
+        w = np.frombuffer(raw[8 + n + a:8 + n + b], dtype=F32)
+        if any(f".{p}.weight" in name for p in lin):
+            w = dequantized(w, qtype, double)
+            if compute == "bfloat16":  # round to nearest even, as torch's .to(bfloat16)
+                u = w.view(np.uint32).astype(np.uint64)
+                u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+                w = u.astype(np.uint32).view(F32)
+        data = np.ascontiguousarray(w, dtype=F32).tobytes()
+        hdr[name] = {"dtype": "F32", "shape": v["shape"], "data_offsets": [off, off + len(data)]}
+        blobs.append(data)
+        off += len(data)
+    os.makedirs(out)
+    shutil.copy(os.path.join(src, "config.json"), out)
+    h = json.dumps(hdr).encode()
+    h += b" " * (-len(h) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "--dequantized-checkpoint":
+        # quant4_ref.py --dequantized-checkpoint SRC OUT nf4|fp4 true|false COMPUTE
+        dequantized_checkpoint(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] == "true",
+                               sys.argv[6])
+        sys.exit(0)
     sys.exit(main())
