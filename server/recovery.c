@@ -34,7 +34,8 @@ typedef struct {
 
 static void collect(const char *id, int attempt, int rank, int pid, int64_t start, void *ctx) {
   live_list_t *l = ctx;
-  if (l->n == l->cap) l->items = xrealloc(l->items, (l->cap = l->cap ? 2 * l->cap : 16) * sizeof *l->items);
+  if (l->n == l->cap)
+    l->items = xrealloc(l->items, (l->cap = l->cap ? 2 * l->cap : 16) * sizeof *l->items);
   live_t *x = &l->items[l->n++];
   memset(x, 0, sizeof *x); /* adopted and the rest start false: xrealloc does not clear */
   snprintf(x->id, sizeof x->id, "%s", id);
@@ -91,11 +92,28 @@ static int remove_segments(svc_t *svc) {
   return n;
 }
 
+void recovery_remove_unfinished(const char *output_dir, const char *id) {
+  char path[PATH_MAX + 16], err[PATH_MAX + 128];
+  snprintf(path, sizeof path, "%s/checkpoints", output_dir);
+  DIR *c = opendir(path);
+  for (struct dirent *e; c && (e = readdir(c));) {
+    size_t len = strlen(e->d_name);
+    if (strncmp(e->d_name, "step-", 5) || len < 9 || strcmp(e->d_name + len - 4, ".tmp")) continue;
+    char tmp[sizeof path + 300];
+    snprintf(tmp, sizeof tmp, "%s/%s", path, e->d_name);
+    if (ty_rmtree(tmp, err, sizeof err))
+      ty_warn("job %s: %s", id, err);
+    else
+      ty_info("job %s: removed %s, a checkpoint its dead attempt left unfinished", id, tmp);
+  }
+  if (c) closedir(c);
+}
+
 /* What a dead attempt of job id left half made: the NCCL rendezvous files
  * of its attempt folders, and in its output folder a checkpoint it was
  * writing (checkpoints/step-N.tmp), when no other run holds that folder. */
 static void remove_leftovers(svc_t *svc, const srv_config_t *cfg, const char *id) {
-  char dir[PATH_MAX], path[PATH_MAX + 300], err[PATH_MAX + 128];
+  char dir[PATH_MAX], path[PATH_MAX + 300];
   snprintf(dir, sizeof dir, "%s/jobs/%s", cfg->state_dir, id);
   DIR *d = opendir(dir);
   for (struct dirent *e; d && (e = readdir(d));) {
@@ -117,21 +135,10 @@ static void remove_leftovers(svc_t *svc, const srv_config_t *cfg, const char *id
     return;
   }
   int lock = ty_dir_lock(j->output_dir, NULL, 0);
-  snprintf(path, sizeof path, "%s/checkpoints", j->output_dir);
-  DIR *c = lock >= 0 ? opendir(path) : NULL;
-  for (struct dirent *e; c && (e = readdir(c));) {
-    size_t len = strlen(e->d_name);
-    if (strncmp(e->d_name, "step-", 5) || len < 9 || strcmp(e->d_name + len - 4, ".tmp")) continue;
-    char tmp[sizeof path + 300];
-    snprintf(tmp, sizeof tmp, "%s/%s", path, e->d_name);
-    if (ty_rmtree(tmp, err, sizeof err))
-      ty_warn("recovery: job %s: %s", id, err);
-    else
-      ty_info("recovery: job %s: removed %s, a checkpoint its dead attempt left unfinished", id,
-              tmp);
+  if (lock >= 0) {
+    recovery_remove_unfinished(j->output_dir, id);
+    close(lock);
   }
-  if (c) closedir(c);
-  if (lock >= 0) close(lock);
   db_job_free(j);
 }
 
@@ -244,6 +251,8 @@ int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp, recove
       stale)
     ty_info("recovery: %d attempt%s left open closed", stale, stale == 1 ? "" : "s");
   remove_segments(svc);
-  if (n) ty_info("recovery: %zu job%s left running by the previous trainyardd reconciled", n, n == 1 ? "" : "s");
+  if (n)
+    ty_info("recovery: %zu job%s left running by the previous trainyardd reconciled", n,
+            n == 1 ? "" : "s");
   return (int)n;
 }

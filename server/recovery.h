@@ -42,4 +42,10 @@ typedef struct {
 int recovery_run(svc_t *svc, const srv_config_t *cfg, dispatcher_t *disp, recovery_adopt_t **adopt,
                  size_t *nadopt);
 
+/* The checkpoints an attempt's ranks left unfinished in output_dir
+ * (checkpoints/step-N.tmp, a rank killed while writing one) removed, each
+ * said in the log for job id. The caller holds the folder's lock
+ * (ty_dir_lock): no rank of another run writes there. */
+void recovery_remove_unfinished(const char *output_dir, const char *id);
+
 #endif

@@ -24,6 +24,7 @@
 #include "common/xalloc.h"
 #include "api/jobspec.h"
 #include "server/dispatcher.h"
+#include "server/recovery.h"
 #include "server/service.h"
 
 #define TICK_S 0.1
@@ -52,9 +53,9 @@ typedef struct run {
   bool stopping;        /* SIGTERM sent; SIGKILL at kill_at */
   double kill_at;
   bool killed;
-  char rdv[2200]; /* the ranks' rendezvous; an shm one is removed at the end */
-  int out_lock;   /* ty_dir_lock of the output folder while the ranks run; -1 */
-  char *out_dir;  /* the job's resolved output folder; NULL: none */
+  char rdv[2200];   /* the ranks' rendezvous; an shm one is removed at the end */
+  int out_lock;     /* ty_dir_lock of the output folder while the ranks run; -1 */
+  char *out_dir;    /* the job's resolved output folder; NULL: none */
   char reason[256]; /* the ranks' phases as last written into the job's reason */
   struct run *next;
 } run_t;
@@ -191,8 +192,8 @@ static void phases_reason(const run_t *r, char *out, size_t size) {
     }
     if (used) used += (size_t)snprintf(out + used, used < size ? size - used : 0, ", ");
     used = append_ranks(out, size, used, in, r->world);
-    used += (size_t)snprintf(out + used, used < size ? size - used : 0, " %s",
-                             report_phase_name(p));
+    used +=
+        (size_t)snprintf(out + used, used < size ? size - used : 0, " %s", report_phase_name(p));
   }
   free(in);
 }
@@ -225,7 +226,8 @@ void sched_note_report(sched_t *s, const char *id, const report_wire_t *rep, cha
 void sched_reason_written(sched_t *s, const char *id, int attempt, const char *why) {
   pthread_mutex_lock(&s->lock);
   for (run_t *r = s->runs; r; r = r->next)
-    if (!strcmp(r->id, id) && r->attempt == attempt) snprintf(r->reason, sizeof r->reason, "%s", why);
+    if (!strcmp(r->id, id) && r->attempt == attempt)
+      snprintf(r->reason, sizeof r->reason, "%s", why);
   pthread_mutex_unlock(&s->lock);
 }
 
@@ -790,6 +792,9 @@ static void tick(sched_t *s) {
       /* Ranks unlink the segment once all have joined; one that died
        * before that leaves it, so the attempt's end removes it. */
       if (!r->gpu) ty_shm_remove(r->rdv);
+      /* A checkpoint a killed rank was writing: a next attempt's ranks
+       * would remove it, and after the last nobody else would. */
+      if (r->out_lock >= 0) recovery_remove_unfinished(r->out_dir, r->id);
       if (r->out_lock >= 0) close(r->out_lock);
     }
     pthread_mutex_lock(&s->lock);

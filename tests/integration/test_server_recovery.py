@@ -273,5 +273,46 @@ class Recovery(unittest.TestCase):
             srv.cleanup()
 
 
+
+class UnfinishedCheckpoint(unittest.TestCase):
+    def test_last_attempt_killed_leaves_no_partial(self):
+        # A rank killed while writing a checkpoint leaves checkpoints/
+        # step-N.tmp (a .partial inside). A next attempt's ranks remove it;
+        # after the last attempt trainyardd does, when the attempt ends
+        # (found by the chaos soak: only a restart of trainyardd did).
+        srv = Server(worker=None, extra=["--heartbeat-timeout", "120",
+                                         "--progress-timeout", "120"]).start()
+        try:
+            srv.mkmodel("models/base", 2)
+            spec = srv.spec(name="tmpck", model_path="models/base", world_size=2, steps=100000,
+                            max_restarts=0, data={"path": "train.txt", "seq_len": 16},
+                            train={"steps": 100000, "micro_batch_size": 1,
+                                   "checkpoint_every": 100000})
+            r = srv.post("/v1/jobs", spec)
+            self.assertEqual(r.status_code, 201, r.text)
+            jid = r.json()["id"]
+            srv.wait_state(jid, ["running"], timeout=60)
+            deadline = time.time() + 60
+            while time.time() < deadline:  # the ranks are past their start-up
+                ranks = srv.get("/v1/jobs/%s/ranks" % jid).json()["ranks"]
+                if all(k.get("phase") == "training" for k in ranks):
+                    break
+                time.sleep(0.1)
+            half = os.path.join(srv.dir, "runs", "tmpck", "checkpoints", "step-00000099.tmp")
+            os.makedirs(half)
+            with open(os.path.join(half, "state-rank0.safetensors.partial"), "wb") as f:
+                f.write(b"half")
+            os.kill(ranks[0]["pid"], signal.SIGKILL)
+            job = srv.wait_state(jid, ["failed"], timeout=60)
+            self.assertIn("killed by signal 9", job["reason"])
+            # The job is failed at once; the attempt ends once rank 1 has
+            # stopped too (SIGTERM, SIGKILL after --grace).
+            deadline = time.time() + 20
+            while os.path.exists(half) and time.time() < deadline:
+                time.sleep(0.1)
+            self.assertFalse(os.path.exists(half), os.listdir(os.path.dirname(half)))
+        finally:
+            srv.cleanup()
+
 if __name__ == "__main__":
     unittest.main(verbosity=2)
