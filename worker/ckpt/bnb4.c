@@ -222,19 +222,12 @@ static size_t lower_bound(const st_ckpt_t *ck, const char *key) {
   return lo;
 }
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
-  size_t k = (size_t)snprintf(buf, n, "[");
-  for (int d = 0; d < ndim && k < n; d++)
-    k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
-  if (k < n) snprintf(buf + k, n - k, "]");
-}
-
 /* Component c of w: dtype dt, 1-D [count] (or the codes' [count, 1]). */
 static int check_comp(const char *w, const bnb4_info_t *in, bnb4_comp_t c, ty_dtype_t dt,
                       uint64_t count, char *err, size_t errlen) {
   const st_tensor_t *t = in->comp[c];
   char want[64], have[64], wshape[128];
-  shape_str(wshape, sizeof wshape, in->state.ndim, in->state.shape);
+  ckpt_shape_str(wshape, sizeof wshape, in->state.ndim, in->state.shape);
   if (!t)
     return ty_errf(err, errlen, TY_EINVAL,
                    "weight '%s' is stored 4-bit but its statistics are "
@@ -245,8 +238,8 @@ static int check_comp(const char *w, const bnb4_info_t *in, bnb4_comp_t c, ty_dt
   if (t->dtype == dt && t->ndim == ndim && (uint64_t)t->shape[0] == count &&
       (ndim == 1 || t->shape[1] == 1))
     return 0;
-  shape_str(want, sizeof want, ndim, shape);
-  shape_str(have, sizeof have, t->ndim, t->shape);
+  ckpt_shape_str(want, sizeof want, ndim, shape);
+  ckpt_shape_str(have, sizeof have, t->ndim, t->shape);
   return ty_errf(err, errlen, TY_EINVAL,
                  "tensor '%s' is %s %s but a 4-bit weight of shape %s "
                  "needs %s %s: sizes disagree with the shape %s",
@@ -372,7 +365,7 @@ int bnb4_match(const ckpt_layout_t *l, const st_ckpt_t *ck, const st_tensor_t **
   for (size_t i = 0; i < l->ntensors && !rc; i++) {
     const ckpt_tensor_t *t = &l->tensors[i];
     const int64_t shape[2] = {t->rows, t->cols};
-    shape_str(want, sizeof want, t->ndim, shape);
+    ckpt_shape_str(want, sizeof want, t->ndim, shape);
     if ((rc = bnb4_find(ck, t->name, &info[i], err, errlen))) break;
     const bnb4_state_t *s = &info[i].state;
     const st_tensor_t *f = info[i].q4 ? info[i].comp[BNB4_CODES] : st_find(ck, t->name);
@@ -383,7 +376,7 @@ int bnb4_match(const ckpt_layout_t *l, const st_ckpt_t *ck, const st_tensor_t **
                    "tensor '%s' (shape %s from config.json) is missing from the checkpoint",
                    t->name, want);
     } else if (ndim != t->ndim || fs[0] != t->rows || (t->ndim == 2 && fs[1] != t->cols)) {
-      shape_str(have, sizeof have, ndim, fs);
+      ckpt_shape_str(have, sizeof have, ndim, fs);
       rc = ty_errf(err, errlen, TY_EINVAL, "tensor '%s' has shape %s%s but config.json implies %s",
                    t->name, have, info[i].q4 ? " (its quant_state's)" : "", want);
     }

@@ -183,7 +183,7 @@ int ckpt_read_config(const char *dir, llama_config_t *cfg, char *err, size_t err
   return rc;
 }
 
-static void shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
+void ckpt_shape_str(char *buf, size_t n, int ndim, const int64_t *shape) {
   size_t k = (size_t)snprintf(buf, n, "[");
   for (int d = 0; d < ndim && k < n; d++)
     k += (size_t)snprintf(buf + k, n - k, "%s%lld", d ? ", " : "", (long long)shape[d]);
@@ -196,14 +196,14 @@ int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **
   for (size_t i = 0; i < l->ntensors; i++) {
     const ckpt_tensor_t *t = &l->tensors[i];
     int64_t shape[2] = {t->rows, t->cols};
-    shape_str(want, sizeof want, t->ndim, shape);
+    ckpt_shape_str(want, sizeof want, t->ndim, shape);
     const st_tensor_t *f = st_find(st, t->name);
     if (!f)
       return ty_errf(err, errlen, TY_EINVAL,
                      "tensor '%s' (shape %s from config.json) is missing from the checkpoint",
                      t->name, want);
     if (f->ndim != t->ndim || f->shape[0] != t->rows || (t->ndim == 2 && f->shape[1] != t->cols)) {
-      shape_str(have, sizeof have, f->ndim, f->shape);
+      ckpt_shape_str(have, sizeof have, f->ndim, f->shape);
       return ty_errf(err, errlen, TY_EINVAL, "tensor '%s' has shape %s but config.json implies %s",
                      t->name, have, want);
     }

@@ -119,6 +119,10 @@ void ckpt_close(ckpt_t *c);
 #define CKPT_FINGERPRINT_LEN 17
 int ckpt_fingerprint(const char *dir, char *out, char *err, size_t errlen);
 
+/* "[r, c]" (ndim sizes of shape) into buf (n bytes), as load errors name
+ * a tensor's shape. */
+void ckpt_shape_str(char *buf, size_t n, int ndim, const int64_t *shape);
+
 /* The strict match alone, for a layout and an open safetensors set: fills
  * map[i] with the file's tensor for layout tensor i. */
 int ckpt_match(const ckpt_layout_t *l, const st_ckpt_t *st, const st_tensor_t **map, char *err,
