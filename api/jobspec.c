@@ -14,10 +14,13 @@
 
 static const char *const g_device_names[] = {"auto", "cpu", "cuda", NULL};
 static const char *const g_format_names[] = {"text", "u16", "u32", "jsonl", NULL};
-static const char *const g_kind_names[] = {"auto", "text", "prompt_completion", "messages", NULL};
+static const char *const g_kind_names[] = {"auto",     "text",       "prompt_completion",
+                                           "messages", "preference", NULL};
 static const char *const g_loss_on_names[] = {"completion", "all", NULL};
 static const char *const g_dist_names[] = {"auto", "shm", "gloo", "nccl", NULL};
 static const char *const g_quant_type_names[] = {"nf4", "fp4", NULL};
+static const char *const g_objective_names[] = {"sft", "dpo", NULL};
+static const char *const g_dpo_loss_names[] = {"sigmoid", "ipo", "hinge", NULL};
 
 #define OFF(m) offsetof(jobspec_t, m)
 /* path, type, offset, string size, enum names, ranged, lo, hi, lo open, help */
@@ -92,15 +95,19 @@ const jobspec_field_t jobspec_fields[] = {
     {"data.tokenizer", JF_STRING, OFF(data.tokenizer), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
      "jsonl: tokenizer folder or tokenizer.json; default model_path"},
     {"data.kind", JF_ENUM, OFF(data.kind), 0, g_kind_names, false, 0, 0, false,
-     "jsonl: auto (by each line's keys), text, prompt_completion or messages"},
+     "jsonl: auto (by each line's keys), text, prompt_completion, messages or preference "
+     "(chosen/rejected pairs: train.objective dpo)"},
     {"data.chat_template", JF_STRING, OFF(data.chat_template), JOBSPEC_TEMPLATE_MAX, NULL, false, 0,
      0, false, "jsonl messages: llama3, llama2, chatml or mistral; default the tokenizer's"},
     {"data.loss_on", JF_ENUM, OFF(data.loss_on), 0, g_loss_on_names, false, 0, 0, false,
      "jsonl: completion (completions and assistant turns) or all"},
     {"train", JF_OBJECT, 0, 0, NULL, false, 0, 0, false, "optimization"},
+    {"train.objective", JF_ENUM, OFF(train.objective), 0, g_objective_names, false, 0, 0, false,
+     "sft (the next-token loss on the counted tokens) or dpo (preference pairs, chosen over "
+     "rejected, against the frozen base: see dpo.*)"},
     {"train.steps", JF_INT, OFF(train.steps), 0, NULL, true, 1, 1e9, false, "optimizer steps"},
     {"train.micro_batch_size", JF_INT, OFF(train.micro_batch_size), 0, NULL, true, 1, 65536, false,
-     "sequences per rank per micro-batch"},
+     "sequences per rank per micro-batch (dpo: pairs, each two sequences)"},
     {"train.grad_accum", JF_INT, OFF(train.grad_accum), 0, NULL, true, 1, 65536, false,
      "micro-batches per optimizer step"},
     {"train.lr", JF_DOUBLE, OFF(train.lr), 0, NULL, true, 0, 10, true, "AdamW learning rate"},
@@ -121,6 +128,15 @@ const jobspec_field_t jobspec_fields[] = {
      "steps between samples of train.sample_prompts; 0: only at the end"},
     {"train.sample_max_new_tokens", JF_INT, OFF(train.sample_max_new_tokens), 0, NULL, true, 1,
      1024, false, "tokens each sample generates at most (it also ends at an eos_token_id)"},
+    {"dpo", JF_OBJECT, 0, 0, NULL, false, 0, 0, false,
+     "preference tuning (train.objective dpo), named as TRL's DPOConfig names them"},
+    {"dpo.beta", JF_DOUBLE, OFF(dpo.beta), 0, NULL, true, 0, 100, true,
+     "how far the policy may move from the reference: the implicit rewards are beta times the "
+     "log-probability ratios"},
+    {"dpo.loss_type", JF_ENUM, OFF(dpo.loss_type), 0, g_dpo_loss_names, false, 0, 0, false,
+     "sigmoid (DPO), ipo (over each response's mean log-probability) or hinge"},
+    {"dpo.label_smoothing", JF_DOUBLE, OFF(dpo.label_smoothing), 0, NULL, true, 0, 0.5, false,
+     "sigmoid: the share of pairs taken as mislabelled (conservative DPO); 0 for the others"},
     {"max_restarts", JF_INT, OFF(max_restarts), 0, NULL, true, 0, 100, false,
      "new attempts after a failed one"},
     {"output_dir", JF_STRING, OFF(output_dir), JOBSPEC_PATH_MAX, NULL, false, 0, 0, false,
@@ -192,8 +208,16 @@ void jobspec_init(jobspec_t *s) {
   s->train.checkpoint_every = 0;
   s->train.sample_every = 0;
   s->train.sample_max_new_tokens = 32;
+  s->train.objective = JOBSPEC_OBJECTIVE_SFT;
+  s->dpo.beta = 0.1;
+  s->dpo.loss_type = JOBSPEC_DPO_SIGMOID;
+  s->dpo.label_smoothing = 0;
   s->max_restarts = 0;
   /* output_dir stays "" until jobspec_validate derives runs/<name>. */
+}
+
+int jobspec_micro_batch_rows(const jobspec_t *s) {
+  return s->train.micro_batch_size * (s->train.objective == JOBSPEC_OBJECTIVE_DPO ? 2 : 1);
 }
 
 /* ---- one field to and from JSON ---- */

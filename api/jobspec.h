@@ -45,8 +45,16 @@ typedef enum {
   JOBSPEC_KIND_AUTO = 0,
   JOBSPEC_KIND_TEXT,              /* {"text"} */
   JOBSPEC_KIND_PROMPT_COMPLETION, /* {"prompt", "completion"} */
-  JOBSPEC_KIND_MESSAGES           /* {"messages": [{"role", "content"}, ...]} */
+  JOBSPEC_KIND_MESSAGES,          /* {"messages": [{"role", "content"}, ...]} */
+  JOBSPEC_KIND_PREFERENCE         /* {"prompt"?, "chosen", "rejected"}: a pair (dpo) */
 } jobspec_data_kind_t;
+/* train.objective: what a step minimizes. */
+typedef enum {
+  JOBSPEC_OBJECTIVE_SFT = 0, /* the mean next-token loss over the counted targets */
+  JOBSPEC_OBJECTIVE_DPO      /* direct preference optimization over chosen/rejected pairs */
+} jobspec_objective_t;
+/* dpo.loss_type, as TRL's DPOTrainer names them. */
+typedef enum { JOBSPEC_DPO_SIGMOID = 0, JOBSPEC_DPO_IPO, JOBSPEC_DPO_HINGE } jobspec_dpo_loss_t;
 /* Which tokens of an example the loss counts. */
 typedef enum {
   JOBSPEC_LOSS_ON_COMPLETION = 0, /* the completion, or the assistant turns */
@@ -139,13 +147,26 @@ typedef struct {
     char sample_prompts[JOBSPEC_SAMPLE_PROMPTS_MAX][JOBSPEC_SAMPLE_PROMPT_MAX];
     int sample_every;          /* steps between samples; default 0: only at the end */
     int sample_max_new_tokens; /* default 32 */
+    jobspec_objective_t objective; /* default sft */
   } train;
+  /* Preference tuning (train.objective dpo), TRL's DPOConfig names. */
+  struct {
+    double beta;                  /* default 0.1 */
+    jobspec_dpo_loss_t loss_type; /* default sigmoid */
+    double label_smoothing;       /* default 0 */
+  } dpo;
   int max_restarts;                  /* default 0 */
   char output_dir[JOBSPEC_PATH_MAX]; /* default "runs/<name>" */
 } jobspec_t;
 
 /* Fills every default. */
 void jobspec_init(jobspec_t *s);
+
+/* Rows of data.seq_len tokens a rank's micro-batch feeds the model:
+ * train.micro_batch_size, or with train.objective dpo (which counts pairs)
+ * twice that: a pair's chosen and rejected responses. What the model's
+ * buffers and the memory rules are sized by. */
+int jobspec_micro_batch_rows(const jobspec_t *s);
 
 /* Parses a JSON document (text of len bytes) over the defaults already in
  * s. Syntax errors are reported with line and column; unknown fields,

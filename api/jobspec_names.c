@@ -121,6 +121,12 @@ static const struct {
      "axolotl's adapter: \"lora\" is use_lora: true; \"qlora\" is use_lora: true with "
      "quantization.load_in_4bit: true"},
     {"lora_r", "lora_rank", "peft's r"},
+    {"rl", "train.objective", "axolotl's rl: \"dpo\" is train.objective: \"dpo\""},
+    {"objective", "train.objective", "the optimizer's settings are under train"},
+    {"beta", "dpo.beta", "TRL's DPOConfig names, under dpo"},
+    {"rl_beta", "dpo.beta", "axolotl's name; TRL's DPOConfig names are under dpo"},
+    {"loss_type", "dpo.loss_type", "TRL's DPOConfig names, under dpo"},
+    {"label_smoothing", "dpo.label_smoothing", "TRL's DPOConfig names, under dpo"},
     {"lora_target_modules", "target_modules", "peft's name"},
     {"sequence_len", "data.seq_len", "the data's settings are under data"},
     {"max_seq_length", "data.seq_len", "the data's settings are under data"},

@@ -273,6 +273,50 @@ static void check_quantization(const vctx_t *v, ty_errlist_t *errs) {
                    "keep the base in bfloat16 on the GPUs");
 }
 
+/* Preference tuning (train.objective dpo): pairs of a JSONL file, each
+ * pair's two rows in one micro-batch, summed over each response's own
+ * tokens; its options mean nothing for the next-token objective. */
+static void check_dpo(const vctx_t *v, ty_errlist_t *errs) {
+  const jobspec_t *s = v->s;
+  if (s->train.objective != JOBSPEC_OBJECTIVE_DPO) {
+    const opt_use_t opts[] = {
+        {"dpo.beta", s->dpo.beta != 0.1},
+        {"dpo.loss_type", s->dpo.loss_type != JOBSPEC_DPO_SIGMOID},
+        {"dpo.label_smoothing", s->dpo.label_smoothing != 0},
+        {"data.kind", s->data.kind == JOBSPEC_KIND_PREFERENCE},
+    };
+    refuse_unused(opts, sizeof opts / sizeof opts[0], "preference tuning",
+                  "set train.objective to \"dpo\",", errs);
+    return;
+  }
+  if (s->data.format != JOBSPEC_DATA_JSONL)
+    ty_errlist_add(errs, "data.format",
+                   "is not jsonl, and train.objective \"dpo\" learns from pairs of responses: set "
+                   "data.format to jsonl and give lines of {\"prompt\", \"chosen\", "
+                   "\"rejected\"} (strings or lists of messages)");
+  else if (s->data.kind != JOBSPEC_KIND_AUTO && s->data.kind != JOBSPEC_KIND_PREFERENCE)
+    ty_errlist_add(errs, "data.kind",
+                   "names examples of one text each, and train.objective \"dpo\" takes pairs: set "
+                   "data.kind to preference (or auto)");
+  if (s->data.packing)
+    ty_errlist_add(errs, "data.packing",
+                   "cannot be true with train.objective \"dpo\": each response of a pair is one "
+                   "row of its own, whose log-probability is summed alone; set data.packing to "
+                   "false");
+  if (s->data.loss_on == JOBSPEC_LOSS_ON_ALL)
+    ty_errlist_add(errs, "data.loss_on",
+                   "is all, and train.objective \"dpo\" compares the responses' own tokens (the "
+                   "prompt is the same on both sides); set data.loss_on to completion");
+  if (s->dpo.label_smoothing != 0 && s->dpo.loss_type != JOBSPEC_DPO_SIGMOID)
+    ty_errlist_add(errs, "dpo.label_smoothing",
+                   "applies to dpo.loss_type sigmoid only (conservative DPO); set dpo.loss_type "
+                   "to sigmoid or remove dpo.label_smoothing");
+  if (s->device == JOBSPEC_DEVICE_CUDA)
+    ty_errlist_add(errs, "train.objective",
+                   "\"dpo\" trains on CPU ranks in this version (the GPU passes have no "
+                   "per-response log-probabilities yet); set device to \"cpu\"");
+}
+
 static void check_ranges(const vctx_t *v, ty_errlist_t *errs) {
   for (size_t i = 0; i < jobspec_nfields; i++) {
     const jobspec_field_t *f = &jobspec_fields[i];
@@ -707,6 +751,15 @@ static const rule_t g_rules[] = {
      "are) is read as it is, so its job sets load_in_4bit with the checkpoint's quant type and "
      "double quantization",
      check_quantization},
+    {"dpo", "train.objective, dpo.*, data.format, data.kind, data.packing, data.loss_on, device",
+     "spec",
+     "train.objective \"dpo\" learns from JSONL pairs (data.kind preference: a prompt, a chosen "
+     "and a rejected response), each response a row of its own whose counted tokens are summed, "
+     "so not with data.packing or data.loss_on all; the reference is the frozen base (under "
+     "LoRA, the adapters switched off; training every weight, a pass before the first step); "
+     "dpo.label_smoothing applies to loss_type sigmoid; it runs on CPU ranks; the dpo.* options "
+     "and data.kind preference need train.objective \"dpo\"",
+     check_dpo},
     {"ranges",
      "world_size, lora_rank, lora_alpha, fsdp.bucket_mb, data.*, train.*, "
      "max_restarts",

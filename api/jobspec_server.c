@@ -279,7 +279,7 @@ static double ranks_bytes(const jobspec_t *s, int64_t params, double elem, bool 
 }
 
 uint64_t jobspec_activation_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute) {
-  return llama_activation_bytes(c, s->train.micro_batch_size, s->data.seq_len, true, recompute, 0);
+  return llama_activation_bytes(c, jobspec_micro_batch_rows(s), s->data.seq_len, true, recompute, 0);
 }
 
 uint64_t jobspec_rank_host_bytes(const jobspec_t *s) {
@@ -381,7 +381,7 @@ static double rank_device_bytes(const jobspec_t *s, const llama_config_t *c, int
 static double device_act_bytes(const jobspec_t *s, const llama_config_t *c, bool recompute) {
   const int64_t R = s->use_lora ? s->lora_rank : 0;
   const uint64_t np = s->use_lora ? llama_lora_params(c, R, s->target_modules) : 0;
-  return (double)llama_device_activation_bytes(c, s->train.micro_batch_size, s->data.seq_len,
+  return (double)llama_device_activation_bytes(c, jobspec_micro_batch_rows(s), s->data.seq_len,
                                                recompute, R, np, 0);
 }
 

@@ -59,9 +59,10 @@
   X(dscores, 2 * T * T, 1)        /* (2, T, T) one head's scratch */
 /* clang-format on */
 
-/* Besides the floats: tokens, targets, loss weights and positions, one int
- * (or float) each per row. */
-#define MODEL_ACTS_ROW_BYTES (4 * sizeof(int))
+/* Besides the floats: tokens, targets, loss weights, positions and the
+ * weights scaled by their row (model_set_row_scales), one int (or float)
+ * each per row. */
+#define MODEL_ACTS_ROW_BYTES (5 * sizeof(int))
 
 /* The output head runs over a batch's tokens in chunks, so that the
  * (tokens, vocabulary) logits are never whole when they would take more

@@ -108,7 +108,8 @@ static void get_PHASE(const json_t *v, report_phase_t *dst, const char *name, bo
   (void)required; /* always */
   if (!report_phase_parse(json_string_value(v), dst))
     ty_errlist_add(errs, name,
-                   "required, one of starting, loading, training, saving, done, failed");
+                   "required, one of starting, tokenizing, loading, reference, training, saving, "
+                   "done, failed");
 }
 
 int report_wire_parse(const json_t *o, report_wire_t *r, ty_errlist_t *errs) {

@@ -19,6 +19,7 @@
   X(STARTING, "starting")     \
   X(TOKENIZING, "tokenizing") \
   X(LOADING, "loading")       \
+  X(REFERENCE, "reference")   \
   X(TRAINING, "training")     \
   X(SAVING, "saving")         \
   X(DONE, "done")             \
@@ -70,13 +71,14 @@ typedef struct {
   X("rank", SMALL, rank, true, "the rank, from 0")                                          \
   X("world_size", SMALL, world_size, true, "the job's ranks")                               \
   X("phase", PHASE, phase, true,                                                            \
-    "starting, tokenizing, loading, training, saving, done or failed")                      \
+    "starting, tokenizing, loading, reference, training, saving, done or failed")           \
   X("step", COUNT, step, false, "optimizer steps done")                                     \
   X("total_steps", COUNT, total_steps, false, "steps the job runs")                         \
   X("loss", REAL, loss, false, "the last step's training loss; null while unknown")         \
   X("tokens_per_s", REAL, tokens_per_s, false, "training throughput of this rank")          \
-  X("bytes_loaded", COUNT, bytes_loaded, false, "bytes of weights read so far")             \
-  X("bytes_total", COUNT, bytes_total, false, "bytes of weights to read")                   \
+  X("bytes_loaded", COUNT, bytes_loaded, false,                                            \
+    "bytes of weights read so far (tokenizing: of the data; reference: pairs scored)")     \
+  X("bytes_total", COUNT, bytes_total, false, "bytes of weights to read (or as above)")    \
   X("host_peak_bytes", COUNT, host_peak_bytes, false, "the process's peak resident memory") \
   X("device_peak_bytes", COUNT, device_peak_bytes, false, "peak device memory held")        \
   X("load_seconds", REAL, load_seconds, false, "seconds the load took")                     \

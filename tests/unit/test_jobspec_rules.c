@@ -1241,6 +1241,65 @@ static void test_qlora(void **state) {
   ty_errlist_clear(&e);
 }
 
+/* dpo: pairs of a JSONL file, not packed, their responses' tokens only,
+ * on CPU ranks; its options and data.kind preference only with
+ * train.objective dpo; a micro-batch of pairs is twice the rows. */
+static void test_dpo(void **state) {
+  (void)state;
+  jobspec_t s;
+  ty_errlist_t e = TY_ERRLIST_INIT;
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"data\": {\"path\": \"p.jsonl\", \"format\": "
+                            "\"jsonl\", \"kind\": \"preference\"}, \"train\": {\"objective\": "
+                            "\"dpo\", \"micro_batch_size\": 3}, \"dpo\": {\"beta\": 0.5, "
+                            "\"loss_type\": \"sigmoid\", \"label_smoothing\": 0.2}}",
+                            &e),
+                   0);
+  assert_int_equal(s.train.objective, JOBSPEC_OBJECTIVE_DPO);
+  assert_true(s.dpo.beta == 0.5 && s.dpo.label_smoothing == 0.2);
+  assert_int_equal(jobspec_micro_batch_rows(&s), 6);
+  assert_int_equal(tu_check(&s, "{\"model_path\": \"m\", \"train\": {\"micro_batch_size\": 3}}", &e),
+                   0);
+  assert_int_equal(jobspec_micro_batch_rows(&s), 3);
+  /* Options of dpo without it; data.kind preference without it. */
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"data\": {\"format\": \"jsonl\", \"kind\": "
+                            "\"preference\"}, \"dpo\": {\"beta\": 0.2, \"loss_type\": \"ipo\"}}",
+                            &e),
+                   3);
+  assert_true(tu_has(&e, "dpo.beta", "applies to preference tuning only; set train.objective"));
+  assert_true(tu_has(&e, "dpo.loss_type", "applies to preference tuning only"));
+  assert_true(tu_has(&e, "data.kind", "applies to preference tuning only"));
+  ty_errlist_clear(&e);
+  /* A token file, packing (of a JSONL file only, too), smoothing of ipo, GPUs. */
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"device\": \"cuda\", \"train\": "
+                            "{\"objective\": \"dpo\"}, \"dpo\": {\"loss_type\": \"ipo\", "
+                            "\"label_smoothing\": 0.1}, \"data\": {\"packing\": true}}",
+                            &e),
+                   5);
+  assert_true(tu_has(&e, "data.format", "set data.format to jsonl"));
+  assert_true(tu_has(&e, "data.packing", "set data.packing to false"));
+  assert_true(tu_has(&e, "dpo.label_smoothing", "applies to dpo.loss_type sigmoid only"));
+  assert_true(tu_has(&e, "train.objective", "set device to \"cpu\""));
+  ty_errlist_clear(&e);
+  assert_int_equal(tu_check(&s,
+                            "{\"model_path\": \"m\", \"train\": {\"objective\": \"dpo\"}, "
+                            "\"data\": {\"format\": \"jsonl\", \"kind\": \"messages\", "
+                            "\"loss_on\": \"all\"}, \"dpo\": {\"beta\": 0}}",
+                            &e),
+                   3);
+  assert_true(tu_has(&e, "data.kind", "set data.kind to preference"));
+  assert_true(tu_has(&e, "data.loss_on", "set data.loss_on to completion"));
+  assert_true(tu_has(&e, "dpo.beta", "must be > 0"));
+  ty_errlist_clear(&e);
+  /* axolotl's rl and TRL's top-level names are answered with ours. */
+  assert_true(tu_check(&s, "{\"model_path\": \"m\", \"rl\": \"dpo\", \"beta\": 0.1}", &e) >= 2);
+  assert_true(tu_has(&e, "rl", "train.objective"));
+  assert_true(tu_has(&e, "beta", "dpo.beta"));
+  ty_errlist_clear(&e);
+}
+
 /* The host-memory rule over a 4-bit base: models/big's 134.2M projection
  * weights at 0.5 + 1/64 + 4/16384 bytes (double quantization) and 65.6M
  * others in float32, 0.309 GiB, beside one rank's activations of 4 x 128
@@ -1281,8 +1340,9 @@ static void test_rule_table(void **state) {
   (void)state;
   int n = 0;
   jobspec_rules_each(count_rule, &n);
-  assert_int_equal(n, 29);
+  assert_int_equal(n, 30);
   assert_string_equal(jobspec_rule_stage("qlora"), "spec");
+  assert_string_equal(jobspec_rule_stage("dpo"), "spec");
   assert_string_equal(jobspec_rule_stage("sample-prompts"), "spec");
   assert_string_equal(jobspec_rule_stage("sample-tokenizer"), "paths");
   assert_string_equal(jobspec_rule_stage("resources-world-size"), "spec");
@@ -1344,6 +1404,7 @@ int main(void) {
       cmocka_unit_test(test_resources_world_size),
       cmocka_unit_test(test_nodes_dispatcher),
       cmocka_unit_test(test_qlora),
+      cmocka_unit_test(test_dpo),
       cmocka_unit_test_setup_teardown(test_host_memory_q4, make_tmp, remove_tmp),
       cmocka_unit_test(test_rule_table),
       cmocka_unit_test(test_all_errors_at_once),

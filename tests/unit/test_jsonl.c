@@ -121,6 +121,8 @@ static void write_data(const char *text) {
   fclose(f);
 }
 
+static bool g_pairs; /* prepare's data_prepare_t.pairs */
+
 static int prepare(jobspec_data_kind_t kind, jobspec_loss_on_t on, int64_t vocab,
                    data_prepared_t *out, char *err, size_t errlen) {
   char path[512], cache[512];
@@ -131,7 +133,8 @@ static int prepare(jobspec_data_kind_t kind, jobspec_loss_on_t on, int64_t vocab
                             .kind = kind,
                             .chat_template = "chatml",
                             .loss_on = on,
-                            .vocab_size = vocab};
+                            .vocab_size = vocab,
+                            .pairs = g_pairs};
   return data_prepare(&p, cache, NULL, NULL, out, err, errlen);
 }
 
@@ -229,9 +232,109 @@ static void test_prepare_refused(void **state) {
   assert_non_null(strstr(err, "d.jsonl line 1: no \"text\""));
 }
 
+/* Preference pairs: the three forms by their keys, each refusal. */
+static void test_parse_pairs(void **state) {
+  (void)state;
+  jsonl_example_t ex;
+  char err[512];
+  assert_int_equal(parse("{\"prompt\": \"p\", \"chosen\": \"c\", \"rejected\": \"rr\"}",
+                         JOBSPEC_KIND_AUTO, &ex, err, sizeof err),
+                   0);
+  assert_int_equal(ex.kind, JOBSPEC_KIND_PREFERENCE);
+  assert_false(ex.conv_form);
+  assert_string_equal(ex.side[1], "rr");
+  json_decref(ex.root);
+  /* TRL's conversational form: the prompt's turns, then each side's. */
+  assert_int_equal(parse("{\"prompt\": [{\"role\": \"system\", \"content\": \"s\"}, {\"role\": "
+                         "\"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": \"assistant\", "
+                         "\"content\": \"a\"}], \"rejected\": [{\"role\": \"assistant\", "
+                         "\"content\": \"b\"}]}",
+                         JOBSPEC_KIND_PREFERENCE, &ex, err, sizeof err),
+                   0);
+  assert_true(ex.conv_form);
+  assert_int_equal(ex.prompt_turns, 2);
+  assert_int_equal(json_array_size(ex.conv[0]), 3);
+  json_decref(ex.root);
+  /* Without "prompt": the shared leading turns. */
+  assert_int_equal(parse("{\"chosen\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+                         "\"assistant\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": "
+                         "\"more\"}, {\"role\": \"assistant\", \"content\": \"a2\"}], "
+                         "\"rejected\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": "
+                         "\"assistant\", \"content\": \"a\"}, {\"role\": \"user\", \"content\": "
+                         "\"more\"}, {\"role\": \"assistant\", \"content\": \"b2\"}]}",
+                         JOBSPEC_KIND_AUTO, &ex, err, sizeof err),
+                   0);
+  assert_int_equal(ex.prompt_turns, 3);
+  json_decref(ex.root);
+  refused("{\"prompt\": \"p\", \"chosen\": \"c\"}", JOBSPEC_KIND_AUTO, "no \"rejected\"");
+  refused("{\"prompt\": \"p\", \"rejected\": \"c\"}", JOBSPEC_KIND_PREFERENCE, "no \"chosen\"");
+  refused("{\"text\": \"t\"}", JOBSPEC_KIND_PREFERENCE, "no \"chosen\"");
+  refused("{\"chosen\": \"c\", \"rejected\": \"r\"}", JOBSPEC_KIND_AUTO, "no \"prompt\"");
+  refused("{\"prompt\": \"p\", \"chosen\": \"c\", \"rejected\": [{\"role\": \"assistant\", "
+          "\"content\": \"b\"}]}",
+          JOBSPEC_KIND_AUTO, "\"rejected\" must be a string like \"chosen\"");
+  refused("{\"chosen\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
+          "\"content\": \"a\"}], \"rejected\": [{\"role\": \"user\", \"content\": \"r\"}, "
+          "{\"role\": \"assistant\", \"content\": \"b\"}]}",
+          JOBSPEC_KIND_AUTO, "share no first turn");
+  refused("{\"chosen\": [{\"role\": \"user\", \"content\": \"q\"}], \"rejected\": [{\"role\": "
+          "\"user\", \"content\": \"q\"}, {\"role\": \"assistant\", \"content\": \"b\"}]}",
+          JOBSPEC_KIND_AUTO, "\"chosen\" is the other side's first turns with nothing after");
+  refused("{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"assistant\", "
+          "\"content\": \"x\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+          "\"rejected\": [{\"role\": \"assistant\", \"content\": \"b\"}]}",
+          JOBSPEC_KIND_AUTO, "the prompt's last turn is the assistant's; roles are out of order");
+  refused("{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": "
+          "\"assistant\", \"content\": \"a\"}], \"rejected\": [{\"role\": \"user\", "
+          "\"content\": \"b\"}, {\"role\": \"assistant\", \"content\": \"c\"}]}",
+          JOBSPEC_KIND_AUTO, "the \"rejected\" response's first turn is the user's");
+  refused("{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}, {\"role\": \"system\", "
+          "\"content\": \"s\"}], \"chosen\": [{\"role\": \"assistant\", \"content\": \"a\"}], "
+          "\"rejected\": [{\"role\": \"assistant\", \"content\": \"b\"}]}",
+          JOBSPEC_KIND_AUTO, "a system turn after the first turn");
+  refused("{\"prompt\": [{\"role\": \"user\", \"content\": \"q\"}], \"chosen\": [{\"role\": "
+          "\"bot\", \"content\": \"a\"}], \"rejected\": [{\"role\": \"assistant\", \"content\": "
+          "\"b\"}]}",
+          JOBSPEC_KIND_AUTO, "has role \"bot\"");
+}
+
+/* A pair is two examples, the prompt's tokens never counted; without
+ * pairs (train.objective sft) a pair is refused. */
+static void test_prepare_pairs(void **state) {
+  (void)state;
+  write_tokenizer();
+  write_data("{\"prompt\": \"q?\", \"chosen\": \"a.\", \"rejected\": \"b\"}\n"
+             "{\"chosen\": [{\"role\": \"user\", \"content\": \"hi\"}, {\"role\": \"assistant\", "
+             "\"content\": \"yo\"}], \"rejected\": [{\"role\": \"user\", \"content\": \"hi\"}, "
+             "{\"role\": \"assistant\", \"content\": \"k\"}]}\n");
+  data_prepared_t out;
+  char err[1024];
+  assert_int_equal(
+      prepare(JOBSPEC_KIND_AUTO, JOBSPEC_LOSS_ON_COMPLETION, 256, &out, err, sizeof err),
+      TY_EINVAL);
+  assert_non_null(strstr(err, "d.jsonl line 1: a preference pair"));
+  g_pairs = true;
+  assert_int_equal(
+      prepare(JOBSPEC_KIND_AUTO, JOBSPEC_LOSS_ON_COMPLETION, 256, &out, err, sizeof err), 0);
+  g_pairs = false;
+  assert_int_equal(out.examples, 4);
+  examples_t *x;
+  assert_int_equal(examples_open(&x, out.path, out.key, err, sizeof err), 0);
+  expect_example(x, 0, "<s>q?[a.</s>]");
+  expect_example(x, 1, "<s>q?[b</s>]");
+  /* ChatML's template adds its default system turn: part of the prompt. */
+  expect_example(x, 2,
+                 "<S>system/You are a helpful assistant.<E>/<S>user/hi<E>/<S>assistant/[yo<E>/]");
+  expect_example(x, 3,
+                 "<S>system/You are a helpful assistant.<E>/<S>user/hi<E>/<S>assistant/[k<E>/]");
+  examples_close(x);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parse),
+      cmocka_unit_test(test_parse_pairs),
+      cmocka_unit_test_setup_teardown(test_prepare_pairs, tmpdir_setup, tmpdir_teardown),
       cmocka_unit_test_setup_teardown(test_prepare, tmpdir_setup, tmpdir_teardown),
       cmocka_unit_test_setup_teardown(test_prepare_refused, tmpdir_setup, tmpdir_teardown),
   };

@@ -232,9 +232,12 @@ export function mountJob(root, id) {
     } else {
       rankBody.replaceChildren(...rows.map((r) => {
         const total = r.total_steps || 0;
-        const bytes = (r.phase === 'loading' || r.phase === 'tokenizing') && r.bytes_total > 0;
+        const bytes = (r.phase === 'loading' || r.phase === 'tokenizing' || r.phase === 'reference') &&
+          r.bytes_total > 0;
         const frac = total > 0 ? r.step / total : bytes ? r.bytes_loaded / r.bytes_total : null;
-        const label = bytes ? fmtBytes(r.bytes_loaded) + ' / ' + fmtBytes(r.bytes_total) :
+        const label = bytes && r.phase === 'reference'
+          ? r.bytes_loaded + ' / ' + r.bytes_total + ' pairs'
+          : bytes ? fmtBytes(r.bytes_loaded) + ' / ' + fmtBytes(r.bytes_total) :
                               (r.step || 0) + ' / ' + (total || '?');
         const phase = el('td', { class: 'phase', title: r.message || '', 'data-label': 'phase' },
           el('span', { class: 'swatch' }), ' ', r.phase || '–',

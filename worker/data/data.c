@@ -95,33 +95,46 @@ static int open_rows(data_t *d, char *msg, size_t msglen) {
   int rc = examples_open(&d->ex, cfg->examples_path, cfg->examples_key, msg, msglen);
   if (rc) return rc;
   const int64_t E = examples_count(d->ex);
-  int64_t n_eval = cfg->eval_all ? E : 0;
-  if (!cfg->eval_all && cfg->eval_fraction > 0 && E > 0) {
-    n_eval = (int64_t)((double)E * cfg->eval_fraction);
+  /* Pairs: the unit held out, shuffled and batched is a pair of examples. */
+  const int per = cfg->pairs ? 2 : 1;
+  if (cfg->pairs && E % 2)
+    return ty_errf(msg, msglen, TY_EDATALOSS,
+                   "data %s: its tokenized pairs hold an odd number of examples (%lld); delete "
+                   "output_dir/tokenized to tokenize the file again",
+                   cfg->path, (long long)E);
+  const int64_t units = E / per;
+  int64_t n_eval = cfg->eval_all ? units : 0;
+  if (!cfg->eval_all && cfg->eval_fraction > 0 && units > 0) {
+    n_eval = (int64_t)((double)units * cfg->eval_fraction);
     if (n_eval < 1) n_eval = 1;
   }
-  rc = data_rows_build(&d->train_rows, d->ex, 0, E - n_eval, cfg->seq_len, cfg->packing, msg,
-                       msglen);
+  rc = data_rows_build(&d->train_rows, d->ex, 0, (units - n_eval) * per, cfg->seq_len,
+                       cfg->packing, cfg->pairs, msg, msglen);
   if (!rc)
-    rc = data_rows_build(&d->eval_rows, d->ex, E - n_eval, n_eval, cfg->seq_len, cfg->packing, msg,
-                         msglen);
+    rc = data_rows_build(&d->eval_rows, d->ex, (units - n_eval) * per, n_eval * per,
+                         cfg->seq_len, cfg->packing, cfg->pairs, msg, msglen);
   if (rc) return rc;
   d->num_tokens = examples_tokens(d->ex);
-  d->n_train = data_rows_count(d->train_rows);
-  d->n_eval = data_rows_count(d->eval_rows);
+  d->n_train = data_rows_count(d->train_rows) / per;
+  d->n_eval = data_rows_count(d->eval_rows) / per;
   if (cfg->eval_all) return 0;
   if (d->n_train < d->global_batch || d->n_train > UINT32_MAX)
     return ty_errf(msg, msglen, TY_EINVAL,
-                   "data file %s holds %lld examples: %lld training rows of seq_len+1 = %d tokens "
+                   "data file %s holds %lld examples: %lld training %s of seq_len+1 = %d tokens "
                    "(%s; after %lld held-out examples, %lld examples with no counted target left "
-                   "out), %s one global batch of %lld rows (world_size %d x micro_batch_size %d x "
+                   "out), %s one global batch of %lld %s (world_size %d x micro_batch_size %d x "
                    "grad_accum %d); use more data, a smaller batch%s",
-                   cfg->path, (long long)E, (long long)d->n_train, cfg->seq_len + 1,
-                   cfg->packing ? "examples packed" : "one example a row", (long long)n_eval,
+                   cfg->path, (long long)E, (long long)d->n_train,
+                   cfg->pairs ? "pairs of rows" : "rows", cfg->seq_len + 1,
+                   cfg->pairs     ? "a row each response"
+                   : cfg->packing ? "examples packed"
+                                  : "one example a row",
+                   (long long)(n_eval * per),
                    (long long)(data_rows_skipped(d->train_rows) + data_rows_skipped(d->eval_rows)),
                    d->n_train > UINT32_MAX ? "more than 2^32 rows, beyond" : "fewer than",
-                   (long long)d->global_batch, cfg->world_size, cfg->micro_batch_size,
-                   cfg->grad_accum, cfg->packing ? " or a smaller seq_len" : " or data.packing");
+                   (long long)d->global_batch, cfg->pairs ? "pairs" : "rows", cfg->world_size, cfg->micro_batch_size,
+                   cfg->grad_accum,
+                   cfg->packing || cfg->pairs ? " or a smaller seq_len" : " or data.packing");
   return 0;
 }
 
@@ -147,6 +160,11 @@ int data_open(data_t **out, const data_config_t *cfg_in, char *msg, size_t msgle
              cfg->eval_fraction);
     return TY_EINVAL;
   }
+  if (cfg->pairs && cfg->format != JOBSPEC_DATA_JSONL)
+    return ty_errf(msg, msglen, TY_EINVAL,
+                   "preference pairs come from a JSONL file's lines (data.format jsonl and "
+                   "data.path), not from %s",
+                   cfg != cfg_in ? "the built-in corpus" : "a token file");
   if (cfg->format == JOBSPEC_DATA_JSONL) {
     data_t *d = xcalloc(1, sizeof *d);
     d->cfg = *cfg;
@@ -349,6 +367,41 @@ static int check_row(const data_t *d, const char *what, int64_t i, const int32_t
   return 0;
 }
 
+/* Pair p of rows into two rows of tokens [2, T+1], weights and pos [2, T]. */
+static int fill_pair(const data_t *d, const data_rows_t *rows, const char *what, int64_t p,
+                     int32_t *tokens, float *weights, int32_t *pos, char *msg, size_t msglen) {
+  const int T = d->cfg.seq_len;
+  int rc = 0;
+  for (int k = 0; k < 2 && !rc; k++) {
+    data_rows_fill(rows, 2 * p + k, d->cfg.pad_id, tokens + k * (T + 1),
+                   weights ? weights + k * T : NULL, pos ? pos + k * T : NULL);
+    rc = check_row(d, what, 2 * p + k, tokens + k * (T + 1), msg, msglen);
+  }
+  return rc;
+}
+
+int data_train_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos,
+                   char *msg, size_t msglen) {
+  if (i < 0 || i >= d->n_train || !d->ex)
+    return ty_errf(msg, msglen, TY_ERANGE, "training item %lld of %lld %s does not exist",
+                   (long long)i, (long long)d->n_train, d->ex ? "" : "(examples only)");
+  if (d->cfg.pairs) return fill_pair(d, d->train_rows, "training", i, tokens, weights, pos, msg,
+                                     msglen);
+  data_rows_fill(d->train_rows, i, d->cfg.pad_id, tokens, weights, pos);
+  return check_row(d, "training", i, tokens, msg, msglen);
+}
+
+int64_t data_train_item(data_t *d, int64_t step, int micro, int b) {
+  return window_at(d, step * d->global_batch +
+                          ((int64_t)micro * d->cfg.world_size + d->cfg.rank) *
+                              d->cfg.micro_batch_size +
+                          b);
+}
+
+bool data_pairs(const data_t *d) {
+  return d->cfg.pairs;
+}
+
 int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float *weights,
                      int32_t *pos, char *msg, size_t msglen) {
   const int64_t T = d->cfg.seq_len, B = d->cfg.micro_batch_size;
@@ -357,7 +410,11 @@ int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float 
     int64_t w = window_at(d, base + b);
     int32_t *row = tokens + b * (T + 1);
     int rc = 0;
-    if (d->ex) {
+    if (d->cfg.pairs) {
+      rc = fill_pair(d, d->train_rows, "training", w, tokens + 2 * b * (T + 1),
+                     weights ? weights + 2 * b * T : NULL, pos ? pos + 2 * b * T : NULL, msg,
+                     msglen);
+    } else if (d->ex) {
       data_rows_fill(d->train_rows, w, d->cfg.pad_id, row, weights ? weights + b * T : NULL,
                      pos ? pos + b * T : NULL);
       rc = check_row(d, "training", w, row, msg, msglen);
@@ -389,8 +446,11 @@ bool data_masked(const data_t *d) {
 int64_t data_step_count(data_t *d, int64_t step) {
   if (!d->ex) return d->global_batch * d->cfg.seq_len;
   int64_t n = 0;
+  const int per = d->cfg.pairs ? 2 : 1;
   for (int64_t j = 0; j < d->global_batch; j++)
-    n += data_rows_counted(d->train_rows, window_at(d, step * d->global_batch + j));
+    for (int k = 0; k < per; k++)
+      n += data_rows_counted(d->train_rows,
+                             per * window_at(d, step * d->global_batch + j) + k);
   return n;
 }
 
@@ -399,6 +459,8 @@ int data_eval_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t
   if (i < 0 || i >= d->n_eval)
     return ty_errf(msg, msglen, TY_ERANGE, "evaluation window %lld of %lld does not exist",
                    (long long)i, (long long)d->n_eval);
+  if (d->cfg.pairs) return fill_pair(d, d->eval_rows, "evaluation", i, tokens, weights, pos, msg,
+                                     msglen);
   if (d->ex) {
     data_rows_fill(d->eval_rows, i, d->cfg.pad_id, tokens, weights, pos);
     return check_row(d, "evaluation", i, tokens, msg, msglen);
@@ -446,4 +508,12 @@ int data_position_check(const data_t *d, const data_position_t *pos, char *msg, 
 
 void data_text_tokens(const char *s, size_t n, int32_t *out) {
   for (size_t i = 0; i < n; i++) out[i] = (unsigned char)s[i];
+}
+
+void data_split_rows(const int32_t *rows, int b, int T, int *inputs, int *targets) {
+  for (int i = 0; i < b; i++)
+    for (int t = 0; t < T; t++) {
+      inputs[i * T + t] = rows[i * (T + 1) + t];
+      targets[i * T + t] = rows[i * (T + 1) + t + 1];
+    }
 }

@@ -60,6 +60,12 @@ typedef struct {
   uint32_t pad_id;           /* the id of padding tokens */
   bool eval_all; /* every example is an evaluation row, in the file's order (trainyard eval);
                   * no training rows, no batch to hold */
+  /* The examples are (chosen, rejected) pairs (train.objective dpo): the
+   * unit of the layout is a pair, so the counts, the global batch and
+   * micro_batch_size are pairs, and a batch or evaluation row fills two
+   * rows, pair b's chosen response in row 2b and its rejected one in
+   * 2b+1. No packing. */
+  bool pairs;
 } data_config_t;
 
 typedef struct data_s data_t;
@@ -108,6 +114,18 @@ int data_train_batch(data_t *d, int64_t step, int micro, int32_t *tokens, float 
 int data_eval_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos, char *msg,
                   size_t msglen);
 
+/* Whether the layout is of pairs (data_config_t.pairs). */
+bool data_pairs(const data_t *d);
+/* The training item (window, row or pair: what data_num_train_windows
+ * counts) that entry b of this rank's micro-batch `micro` of `step` is. */
+int64_t data_train_item(data_t *d, int64_t step, int micro, int b);
+
+/* Training item i (< data_num_train_windows) of a JSONL file's examples,
+ * by its index (not shuffled), as data_eval_row fills an evaluation row:
+ * one row, or two for a pair. */
+int data_train_row(data_t *d, int64_t i, int32_t *tokens, float *weights, int32_t *pos,
+                   char *msg, size_t msglen);
+
 /* Reads this rank's micro-batch `micro` (0 .. grad_accum-1) of `step` into
  * tokens [micro_batch_size, T+1]. Returns 0, TY_EINVAL for an id outside
  * the vocabulary, TY_EDATALOSS for a read error or a file that shrank. */
@@ -134,6 +152,10 @@ void data_position_at(const data_t *d, int64_t step, data_position_t *pos);
 /* Checks that pos was written for this file and layout (TY_EPRECONDITION,
  * naming the field that differs, otherwise). */
 int data_position_check(const data_t *d, const data_position_t *pos, char *msg, size_t msglen);
+
+/* Rows [b, T+1] as the model's inputs and targets [b, T]: each row's
+ * tokens and the same shifted by one. */
+void data_split_rows(const int32_t *rows, int b, int T, int *inputs, int *targets);
 
 /* Token ids of a byte string in format text (for tests and tools): out[i] =
  * (unsigned char)s[i]. */

@@ -76,8 +76,8 @@ static int render(prep_t *x, json_t *messages, size_t n, int agp, char **out, ch
 
 /* A conversation: the full render, tokenized segment by segment, the
  * assistant turns' spans counted. */
-static int push_messages(prep_t *x, json_t *messages, const char *path, int64_t lineno, char *err,
-                         size_t errlen) {
+static int push_messages(prep_t *x, json_t *messages, size_t first_counted, const char *path,
+                         int64_t lineno, char *err, size_t errlen) {
   char e2[512];
   if (!x->tsrc)
     return ty_errf(err, errlen, TY_EINVAL,
@@ -96,7 +96,7 @@ static int push_messages(prep_t *x, json_t *messages, const char *path, int64_t 
   size_t done = 0; /* bytes of full tokenized so far */
   for (size_t i = 0; i < n && !rc; i++) {
     const char *role = json_string_value(json_object_get(json_array_get(messages, i), "role"));
-    if (strcmp(role, "assistant")) continue;
+    if (strcmp(role, "assistant") || i < first_counted) continue;
     char *before = NULL, *upto = NULL;
     rc = render(x, messages, i, 1, &before, e2, sizeof e2);
     if (!rc) rc = render(x, messages, i + 1, 0, &upto, e2, sizeof e2);
@@ -124,23 +124,43 @@ static int push_messages(prep_t *x, json_t *messages, const char *path, int64_t 
   return rc;
 }
 
-/* One parsed example into x->b. */
-static int tokenize(prep_t *x, const jsonl_example_t *ex, const char *path, int64_t lineno,
-                    char *err, size_t errlen) {
+/* A prompt with the special tokens, then its completion and EOS, counted. */
+static int push_completion(prep_t *x, const char *prompt, size_t prompt_len,
+                           const char *completion, size_t completion_len, char *err,
+                           size_t errlen) {
   const bool all = x->p->loss_on == JOBSPEC_LOSS_ON_ALL;
+  int rc = push_text(x, prompt, prompt_len, 1, all, err, errlen);
+  /* The prompt is no end: an EOS the configuration appends goes. */
+  if (!rc && x->b.n && x->b.ids[x->b.n - 1] == x->eos) x->b.n--;
+  if (!rc) rc = push_text(x, completion, completion_len, 0, 1, err, errlen);
+  if (!rc && x->eos != UINT32_MAX) buf_push(&x->b, &x->eos, 1, 1);
+  return rc;
+}
+
+/* One parsed example into x->b: of a preference pair, side 0 (the prompt
+ * and the chosen response) or 1 (the rejected); of any other, side 0. */
+static int tokenize(prep_t *x, const jsonl_example_t *ex, int side, const char *path,
+                    int64_t lineno, char *err, size_t errlen) {
   x->b.n = 0;
   char e2[512];
   int rc = 0;
+  if (ex->kind == JOBSPEC_KIND_PREFERENCE && !x->p->pairs)
+    return ty_errf(err, errlen, TY_EINVAL,
+                   "%s line %lld: a preference pair (\"chosen\", \"rejected\") is for "
+                   "train.objective \"dpo\"; set it, or give examples of one text each",
+                   path, (long long)lineno);
   if (ex->kind == JOBSPEC_KIND_TEXT) {
     rc = push_text(x, ex->text, ex->text_len, 1, 1, e2, sizeof e2);
   } else if (ex->kind == JOBSPEC_KIND_PROMPT_COMPLETION) {
-    rc = push_text(x, ex->prompt, ex->prompt_len, 1, all, e2, sizeof e2);
-    /* The prompt is no end: an EOS the configuration appends goes. */
-    if (!rc && x->b.n && x->b.ids[x->b.n - 1] == x->eos) x->b.n--;
-    if (!rc) rc = push_text(x, ex->completion, ex->completion_len, 0, 1, e2, sizeof e2);
-    if (!rc && x->eos != UINT32_MAX) buf_push(&x->b, &x->eos, 1, 1);
+    rc = push_completion(x, ex->prompt, ex->prompt_len, ex->completion, ex->completion_len, e2,
+                         sizeof e2);
+  } else if (ex->kind == JOBSPEC_KIND_PREFERENCE && !ex->conv_form) {
+    rc = push_completion(x, ex->prompt, ex->prompt_len, ex->side[side], ex->side_len[side], e2,
+                         sizeof e2);
+  } else if (ex->kind == JOBSPEC_KIND_PREFERENCE) {
+    return push_messages(x, ex->conv[side], ex->prompt_turns, path, lineno, err, errlen);
   } else {
-    return push_messages(x, ex->messages, path, lineno, err, errlen);
+    return push_messages(x, ex->messages, 0, path, lineno, err, errlen);
   }
   if (rc) return ty_errf(err, errlen, rc, "%s line %lld: %s", path, (long long)lineno, e2);
   return 0;
@@ -157,7 +177,8 @@ static int make_key(const data_prepare_t *p, const char *tsrc, uint64_t *key, ch
   uint64_t h = EXAMPLES_HASH_INIT;
   const int64_t id[] = {PREPARE_FORMAT,     (int64_t)st.st_size, (int64_t)st.st_mtim.tv_sec,
                         st.st_mtim.tv_nsec, (int64_t)st.st_ino,  (int64_t)st.st_dev,
-                        (int64_t)p->kind,   (int64_t)p->loss_on, (int64_t)p->max_bytes};
+                        (int64_t)p->kind,   (int64_t)p->loss_on, (int64_t)p->max_bytes,
+                        (int64_t)p->pairs};
   h = examples_hash(h, id, sizeof id);
   h = examples_hash(h, tsrc ? tsrc : "", tsrc ? strlen(tsrc) + 1 : 1);
   /* The tokenizer's files: tokenizer.json (the path or in the folder) and
@@ -207,18 +228,22 @@ static int build(prep_t *x, const data_prepare_t *p, int lockfd, data_prepare_pr
       break;
     }
     jsonl_example_t ex;
-    int prc = jsonl_parse(line, len, p->kind, p->path, lineno, &ex, err, errlen);
+    int prc = jsonl_parse(line, len, p->pairs ? JOBSPEC_KIND_PREFERENCE : p->kind, p->path,
+                          lineno, &ex, err, errlen);
     if (prc == 1) continue;
     if ((rc = prc)) break;
-    rc = tokenize(x, &ex, p->path, lineno, err, errlen);
+    /* A pair is two examples, chosen then rejected. */
+    for (int side = 0; side < (p->pairs ? 2 : 1) && !rc; side++) {
+      rc = tokenize(x, &ex, side, p->path, lineno, err, errlen);
+      for (size_t i = 0; !rc && p->vocab_size > 0 && i < x->b.n; i++)
+        if (x->b.ids[i] >= (uint64_t)p->vocab_size)
+          rc = ty_errf(err, errlen, TY_EINVAL,
+                       "%s line %lld: token id %u is outside the model's vocabulary (vocab_size "
+                       "%lld); use the model's own tokenizer",
+                       p->path, (long long)lineno, x->b.ids[i], (long long)p->vocab_size);
+      if (!rc) rc = examples_add(w, x->b.ids, x->b.counted, x->b.n, err, errlen);
+    }
     json_decref(ex.root);
-    for (size_t i = 0; !rc && p->vocab_size > 0 && i < x->b.n; i++)
-      if (x->b.ids[i] >= (uint64_t)p->vocab_size)
-        rc = ty_errf(err, errlen, TY_EINVAL,
-                     "%s line %lld: token id %u is outside the model's vocabulary (vocab_size "
-                     "%lld); use the model's own tokenizer",
-                     p->path, (long long)lineno, x->b.ids[i], (long long)p->vocab_size);
-    if (!rc) rc = examples_add(w, x->b.ids, x->b.counted, x->b.n, err, errlen);
     const double now = ty_mono_s();
     if (!rc && now - last >= 0.5) {
       last = now;

@@ -15,6 +15,10 @@
  *                      holds the turn's content and its end-of-turn token;
  *                      the text is tokenized segment by segment and only
  *                      those spans count
+ *   preference pair    (train.objective dpo) two examples: the prompt with
+ *                      the chosen response, then with the rejected one, each
+ *                      made as prompt/completion or messages are, with only
+ *                      the response's turns counted
  * With data.loss_on "all" every token counts. Padding is EOS (or id 0).
  *
  * The file is named by a key over what it is built from: the data file's
@@ -42,6 +46,10 @@ typedef struct {
    * max_bytes (a check of a large file's start; a distinct key, so never
    * taken for the whole file's examples). */
   uint64_t max_bytes;
+  /* train.objective dpo: every line is a preference pair (jsonl.h), made
+   * into two examples, the prompt with the chosen response and with the
+   * rejected one (only a response's tokens count); else a pair is refused. */
+  bool pairs;
 } data_prepare_t;
 
 /* Called while the file is tokenized (by this rank or another): bytes of

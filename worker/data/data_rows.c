@@ -25,7 +25,7 @@ static int32_t example_counted(const uint32_t *tok, size_t n, int T) {
 }
 
 int data_rows_build(data_rows_t **out, const examples_t *x, int64_t first, int64_t count, int T,
-                    bool packing, char *err, size_t errlen) {
+                    bool packing, bool pairs, char *err, size_t errlen) {
   *out = NULL;
   data_rows_t *r = calloc(1, sizeof *r);
   if (r) {
@@ -38,19 +38,28 @@ int data_rows_build(data_rows_t **out, const examples_t *x, int64_t first, int64
     return ty_errf(err, errlen, TY_EEXHAUSTED, "cannot allocate the row table of %lld examples",
                    (long long)count);
   }
-  r->x = x, r->T = T, r->packing = packing;
+  r->x = x, r->T = T, r->packing = packing && !pairs;
   int64_t used = 0; /* tokens of the row being filled */
   for (int64_t e = first; e < first + count; e++) {
     size_t n;
     const uint32_t *tok = examples_get(x, e, &n);
     const int32_t c = example_counted(tok, n, T);
+    if (pairs && e % 2 == first % 2) { /* a pair's first side: both count, or neither stays */
+      size_t n2 = 0;
+      const uint32_t *tok2 = e + 1 < first + count ? examples_get(x, e + 1, &n2) : NULL;
+      if (c == 0 || !tok2 || example_counted(tok2, n2, T) == 0) {
+        r->skipped += tok2 ? 2 : 1;
+        e++;
+        continue;
+      }
+    }
     if (c == 0) {
       r->skipped++;
       continue;
     }
     if (n > (size_t)T + 1) r->truncated++, n = (size_t)T + 1;
     /* A new row: always without packing, else when this one is full. */
-    if (r->n_rows == 0 || !packing || used + (int64_t)n > (int64_t)T + 1) {
+    if (r->n_rows == 0 || !r->packing || used + (int64_t)n > (int64_t)T + 1) {
       r->start[r->n_rows] = r->n_ex;
       r->counted[r->n_rows++] = 0;
       used = 0;

@@ -24,9 +24,12 @@
 typedef struct data_rows_s data_rows_t;
 
 /* Rows of examples [first, first + count) of x, T >= 1. *out is the
- * caller's (data_rows_free); x must outlive it. 0 or TY_EEXHAUSTED. */
+ * caller's (data_rows_free); x must outlive it. 0 or TY_EEXHAUSTED.
+ * pairs (never with packing): the examples are (chosen, rejected) pairs,
+ * first even, each a row, rows 2p and 2p+1 pair p; a pair either of whose
+ * sides counts no target is left out whole (both counted as skipped). */
 int data_rows_build(data_rows_t **out, const examples_t *x, int64_t first, int64_t count, int T,
-                    bool packing, char *err, size_t errlen);
+                    bool packing, bool pairs, char *err, size_t errlen);
 void data_rows_free(data_rows_t *r);
 
 int64_t data_rows_count(const data_rows_t *r);

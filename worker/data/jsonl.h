@@ -7,6 +7,14 @@
  *   {"prompt": "...", "completion": "..."}            a prompt and its answer
  *   {"messages": [{"role": "...", "content": "..."}]} a conversation, roles
  *                                                     system, user, assistant
+ *   {"prompt": "...", "chosen": "...", "rejected": "..."}
+ *                                   a preference pair (train.objective dpo);
+ *   {"prompt": [msgs], "chosen": [msgs], "rejected": [msgs]}
+ *                                   TRL's conversational form, or without
+ *                                   "prompt" the two conversations' shared
+ *                                   leading turns are the prompt; the prompt
+ *                                   ends with a user turn, each response
+ *                                   starts with the assistant's
  * Other keys are ignored (data sets carry ids and sources). Blank lines are
  * skipped. Every refusal names the file and the line and says how to fix
  * it: "data.jsonl line 12: \"messages\"[2] has role \"bot\"; roles are
@@ -14,6 +22,7 @@
 #ifndef TY_WORKER_JSONL_H
 #define TY_WORKER_JSONL_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -32,7 +41,16 @@ typedef struct {
   size_t prompt_len, completion_len;
   json_t *messages; /* MESSAGES: an array of {role, content} objects, at least one
                      * assistant turn */
-  json_t *root;     /* the line's object: the caller's reference */
+  /* PREFERENCE, a pair of responses to one prompt. Strings: prompt and
+   * side[0] (chosen), side[1] (rejected). Messages (conv true): conv[0]
+   * and conv[1], the whole conversations, whose first prompt_turns turns
+   * are the shared prompt and the rest the response. */
+  const char *side[2];
+  size_t side_len[2];
+  bool conv_form;
+  json_t *conv[2];
+  size_t prompt_turns;
+  json_t *root; /* holds the line's object and what was made of it: the caller's reference */
 } jsonl_example_t;
 
 /* Parses one line (len bytes, no newline) of file `path`, line number

@@ -397,6 +397,7 @@ int fsdp_write_model(fsdp_t *f, const char *dir, const llama_config_t *cfg, char
 typedef struct {
   fsdp_t *f;
   lora_t *lora;
+  bool adapters_off; /* forwards over the frozen base alone */
   train_span_t span;
 } fsdp_backend_t;
 
@@ -408,7 +409,20 @@ static int fb_zero_grads(void *ctx, char *err, size_t errlen) {
 }
 static int fb_forward(void *ctx, const model_batch_t *bt, double *loss, char *err, size_t errlen) {
   fsdp_backend_t *b = ctx;
-  return fsdp_forward(b->f, bt, b->lora, loss, err, errlen);
+  return fsdp_forward(b->f, bt, b->adapters_off ? NULL : b->lora, loss, err, errlen);
+}
+static int fb_row_losses(void *ctx, double *sums, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  model_row_losses(((fsdp_backend_t *)ctx)->f->m, sums);
+  return 0;
+}
+static int fb_row_scales(void *ctx, const float *scales, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  model_set_row_scales(((fsdp_backend_t *)ctx)->f->m, scales);
+  return 0;
+}
+static void fb_adapters_on(void *ctx, bool on) {
+  ((fsdp_backend_t *)ctx)->adapters_off = !on;
 }
 static int fb_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
   fsdp_backend_t *b = ctx;
@@ -457,6 +471,9 @@ int fsdp_backend(train_backend_t *b, fsdp_t *f, lora_t *lora, char *err, size_t 
                          .grad_sumsq = fb_sumsq,
                          .step = fb_step,
                          .no_decay = fb_no_decay,
-                         .free = free};
+                         .free = free,
+                         .row_losses = f->unit ? fb_row_losses : NULL,
+                         .row_scales = f->unit ? fb_row_scales : NULL,
+                         .adapters_on = lora ? fb_adapters_on : NULL};
   return 0;
 }

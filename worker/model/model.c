@@ -138,6 +138,7 @@ static void acts_free(model_acts_t *a) {
   free(a->tokens);
   free(a->targets);
   free(a->weights);
+  free(a->row_w);
   free(a->pos);
   free(a->block);
   free(a);
@@ -159,11 +160,13 @@ static int acts_create(model_t *m, bool recompute) {
   a->tokens = malloc(sizeof(int) * N);
   a->targets = malloc(sizeof(int) * N);
   a->weights = malloc(sizeof(float) * N);
+  a->row_w = malloc(sizeof(float) * N);
   a->pos = malloc(sizeof(int) * N);
   const size_t floats = acts_floats(d, N, T, LS, RS, HC, backward);
   a->bytes = sizeof(float) * floats + MODEL_ACTS_ROW_BYTES * N;
   a->block = malloc(sizeof(float) * floats);
-  if (!a->tokens || !a->targets || !a->weights || !a->pos || !a->block) return TY_EEXHAUSTED;
+  if (!a->tokens || !a->targets || !a->weights || !a->row_w || !a->pos || !a->block)
+    return TY_EEXHAUSTED;
   const size_t C = (size_t)d->C, NH = (size_t)d->NH, NKV = (size_t)d->NKV, HS = (size_t)d->HS;
   const size_t FF = (size_t)d->FF, V = (size_t)d->V;
   float *p = a->block;

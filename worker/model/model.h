@@ -240,6 +240,18 @@ int model_batch_check(const model_batch_t *batch, int B, int T, int V, char *err
 /* Counted targets of a batch: the sum of its weights, or b*t. */
 int64_t model_batch_count(const model_batch_t *batch);
 
+/* --- Sums over rows, for objectives over whole sequences (DPO). --- */
+
+/* Each row's summed loss over its counted targets in the last forward with
+ * targets (sums [b]): minus the log-probability of the row's counted tokens
+ * (0 for a forward without targets). Works over the stages (FSDP) too. */
+void model_row_losses(const model_t *m, double *sums);
+/* Makes the next backward (model_backward, or model_head_backward over the
+ * stages) the gradient of sum_i scales[i] * (row i's summed loss) instead
+ * of loss_scale times the mean: scales [b] borrowed until then; a forward
+ * clears them. */
+void model_set_row_scales(model_t *m, const float *scales);
+
 /* --- Single-rank forward and backward over the model's own buffers. --- */
 
 /* tokens, targets (b, t) row-major token ids; targets may be NULL (logits

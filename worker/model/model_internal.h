@@ -18,6 +18,8 @@ struct model_acts {
   bool has_targets;
   float *weights; /* (B, T) of the last forward's batch, when has_weights */
   bool has_weights;
+  float *row_w; /* (B, T): each target's weight times its row's scale, when row_scales */
+  const float *row_scales; /* (b): model_set_row_scales', for the next backward; or NULL */
   int *pos; /* (B, T) of the last forward's batch, when has_pos */
   bool has_pos;
   int64_t count;   /* the last forward's counted targets */

@@ -92,6 +92,7 @@ int model_embed_forward_batch(model_t *m, const float *embed_tokens, const model
   a->has_pos = bt->pos != NULL;
   if (bt->pos) memcpy(a->pos, bt->pos, sizeof(int) * b * t);
   a->count = bt->targets ? model_batch_count(bt) : 0;
+  a->row_scales = NULL;
   cpu_embedding_forward(a->res, a->tokens, embed_tokens, b * t, m->d.C);
   return 0;
 }
@@ -198,12 +199,25 @@ void model_head_backward(model_t *m, const float *norm, const float *lm_head, fl
   assert(a->has_targets && m->mode != MODEL_EVAL);
   const size_t NA = (size_t)m->B * m->T;
   const float *res = RES(d->L);
-  /* Each counted target's share of the mean; none counted: no gradient. */
+  /* Each counted target's share of the mean; none counted: no gradient.
+   * With row scales, each counted target of row i weighs scales[i]. */
+  const float *rs = a->row_scales;
   const float dloss =
-      a->has_weights ? (a->count > 0 ? loss_scale / (float)a->count : 0.0f) : loss_scale / n;
+      rs ? 1.0f
+         : a->has_weights ? (a->count > 0 ? loss_scale / (float)a->count : 0.0f) : loss_scale / n;
+  const float *w = a->has_weights ? a->weights : NULL;
+  if (rs) {
+    for (int r = 0; r < n; r++) a->row_w[r] = (w ? w[r] : 1.0f) * rs[r / m->t];
+    w = a->row_w;
+  }
   if (head_fused(m)) {
     assert(!dlm_head);
-    for (size_t i = 0; i < (size_t)n * d->C; i++) a->dln[i] = a->dlnf[i] * dloss;
+    /* a->dlnf is the gradient for weights w and a scale of 1: a row's scale
+     * multiplies its rows of it. */
+    for (int r = 0; r < n; r++) {
+      const float s = rs ? rs[r / m->t] : dloss;
+      for (int c = 0; c < d->C; c++) a->dln[(size_t)r * d->C + c] = a->dlnf[(size_t)r * d->C + c] * s;
+    }
   } else {
     /* Chunk by chunk (its logits computed again unless the forward's are
      * all still there): logits become dlogits, then the head's input
@@ -212,8 +226,7 @@ void model_head_backward(model_t *m, const float *norm, const float *lm_head, fl
       const int rows = n - r0 < hc ? n - r0 : hc;
       const float *lnf = a->lnf + (size_t)r0 * d->C;
       if (n > hc) cpu_matmul_forward(a->logits, lnf, lm_head, rows, d->C, d->V, 0.0f);
-      cpu_crossentropy_backward(a->logits, a->targets + r0, a->has_weights ? a->weights + r0 : NULL,
-                                rows, d->V, dloss);
+      cpu_crossentropy_backward(a->logits, a->targets + r0, w ? w + r0 : NULL, rows, d->V, dloss);
       cpu_matmul_backward(a->dln + (size_t)r0 * d->C, dlm_head, a->logits, lnf, lm_head, rows, d->C,
                           d->V, 0.0f);
     }
@@ -304,4 +317,20 @@ void model_backward(model_t *m, lora_t *lora, float loss_scale) {
   for (int l = m->d.L - 1; l >= 0; l--)
     model_layer_backward(m, l, &m->w.layers[l], m->grads ? &m->dw.layers[l] : NULL, lora);
   model_embed_backward(m, m->dw.embed_tokens);
+}
+
+void model_row_losses(const model_t *m, double *sums) {
+  const model_acts_t *a = m->acts;
+  for (int i = 0; i < m->b; i++) {
+    double sum = 0.0; /* in position order */
+    for (int j = 0; j < m->t; j++) {
+      const int r = i * m->t + j;
+      if (!a->has_weights || a->weights[r] != 0.0f) sum += a->losses[r];
+    }
+    sums[i] = a->has_targets ? sum : 0.0;
+  }
+}
+
+void model_set_row_scales(model_t *m, const float *scales) {
+  m->acts->row_scales = scales;
 }

@@ -13,6 +13,7 @@
 typedef struct {
   model_t *m;
   lora_t *lora;
+  bool adapters_off; /* forwards over the frozen base alone */
   train_span_t span; /* the backend's, which never changes */
 } host_t;
 
@@ -25,7 +26,20 @@ static int host_zero_grads(void *ctx, char *err, size_t errlen) {
 static int host_forward(void *ctx, const model_batch_t *bt, double *loss, char *err,
                         size_t errlen) {
   host_t *h = ctx;
-  return model_forward_batch(h->m, bt, h->lora, loss, err, errlen);
+  return model_forward_batch(h->m, bt, h->adapters_off ? NULL : h->lora, loss, err, errlen);
+}
+static int host_row_losses(void *ctx, double *sums, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  model_row_losses(((host_t *)ctx)->m, sums);
+  return 0;
+}
+static int host_row_scales(void *ctx, const float *scales, char *err, size_t errlen) {
+  (void)err, (void)errlen;
+  model_set_row_scales(((host_t *)ctx)->m, scales);
+  return 0;
+}
+static void host_adapters_on(void *ctx, bool on) {
+  ((host_t *)ctx)->adapters_off = !on;
 }
 static int host_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
   (void)err, (void)errlen;
@@ -82,7 +96,10 @@ int train_backend_host(train_backend_t *b, model_t *m, lora_t *lora, char *err, 
       .grad_sumsq = host_sumsq,
       .step = host_step,
       .no_decay = host_no_decay,
-      .free = free};
+      .free = free,
+      .row_losses = host_row_losses,
+      .row_scales = host_row_scales,
+      .adapters_on = lora ? host_adapters_on : NULL};
   return 0;
 }
 

@@ -66,6 +66,16 @@ typedef struct train_backend {
   int (*state_to_host)(void *ctx, optim_t *o, char *err, size_t errlen);
   int (*state_from_host)(void *ctx, const optim_t *o, char *err, size_t errlen);
   void (*free)(void *ctx); /* train_backend_free's */
+  /* Objectives over whole rows (DPO: worker/rank/dpo.h); NULL where the
+   * passes have none (the rule dpo refuses such jobs). row_losses: each
+   * row's summed loss over its counted targets in the last forward (sums
+   * [b]); row_scales: the next backward is the gradient of sum_i
+   * scales[i] * row loss i (scales [b], borrowed until then; loss_scale
+   * is then unused); adapters_on: false makes the forwards that follow
+   * the frozen base's (the reference), true the adapters' again. */
+  int (*row_losses)(void *ctx, double *sums, char *err, size_t errlen);
+  int (*row_scales)(void *ctx, const float *scales, char *err, size_t errlen);
+  void (*adapters_on)(void *ctx, bool on);
 } train_backend_t;
 
 /* The CPU model m: its adapters when lora is given (m built in

@@ -19,6 +19,7 @@ data_config_t train_data_config(const jobspec_t *s, const data_prepared_t *prep,
                          .examples_key = prep ? prep->key : 0,
                          .pad_id = prep ? prep->pad_id : 0,
                          .packing = s->data.packing,
+                         .pairs = s->train.objective == JOBSPEC_OBJECTIVE_DPO,
                          .format = s->data.format,
                          .vocab_size = V,
                          .seq_len = s->data.seq_len,
@@ -49,7 +50,8 @@ static int prepare(const jobspec_t *s, int64_t vocab_size, const char *cache_dir
                             .chat_template = s->data.chat_template,
                             .loss_on = s->data.loss_on,
                             .vocab_size = vocab_size,
-                            .max_bytes = max_bytes};
+                            .max_bytes = max_bytes,
+                            .pairs = s->train.objective == JOBSPEC_OBJECTIVE_DPO};
   return data_prepare(&p, cache_dir ? cache_dir : dir, progress, ctx, out, err, errlen);
 }
 
@@ -105,11 +107,12 @@ int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vo
   if (note && notelen) note[0] = '\0';
   if (!rc && note && data_masked(d))
     snprintf(note, notelen,
-             "%s: %lld examples (%lld tokens) in %lld training and %lld held-out rows of %d "
+             "%s: %lld examples (%lld tokens) in %lld training and %lld held-out %s of %d "
              "tokens%s; %lld cut to seq_len+1, %lld with no counted token left out",
              s->data.path, (long long)data_num_examples(d), (long long)data_num_tokens(d),
              (long long)data_num_train_windows(d), (long long)data_num_eval_windows(d),
-             s->data.seq_len + 1, s->data.packing ? ", packed" : "",
+             data_pairs(d) ? "pairs of rows" : "rows", s->data.seq_len + 1,
+             s->data.packing ? ", packed" : "",
              (long long)data_num_truncated(d), (long long)data_num_skipped(d));
   data_free(d);
   return rc;

@@ -8,8 +8,10 @@
  * last line of a step). Each line is written with one write(2). A line
  * holds "step", "time" (seconds since the epoch) and each figure that is
  * known: "loss", "eval_loss", "lr", "grad_norm", "tokens_per_s",
- * "host_peak_bytes", "device_peak_bytes". The TensorBoard tags are those
- * of RUN_METRICS_TAGS. */
+ * "host_peak_bytes", "device_peak_bytes", and for train.objective dpo
+ * TRL's "rewards/chosen", "rewards/rejected", "rewards/accuracies",
+ * "rewards/margins", "logps/chosen", "logps/rejected". The TensorBoard
+ * tags are those of RUN_METRICS_TAGS. */
 #ifndef TY_WORKER_RUN_METRICS_H
 #define TY_WORKER_RUN_METRICS_H
 
@@ -24,7 +26,13 @@
   X(grad_norm, "grad_norm", "train/grad_norm")                    \
   X(tokens_per_s, "tokens_per_s", "train/tokens_per_s")           \
   X(host_peak_bytes, "host_peak_bytes", "memory/host_peak_bytes") \
-  X(device_peak_bytes, "device_peak_bytes", "memory/device_peak_bytes")
+  X(device_peak_bytes, "device_peak_bytes", "memory/device_peak_bytes")             \
+  X(rewards_chosen, "rewards/chosen", "train/rewards/chosen")                       \
+  X(rewards_rejected, "rewards/rejected", "train/rewards/rejected")                 \
+  X(rewards_accuracies, "rewards/accuracies", "train/rewards/accuracies")           \
+  X(rewards_margins, "rewards/margins", "train/rewards/margins")                    \
+  X(logps_chosen, "logps/chosen", "train/logps/chosen")                             \
+  X(logps_rejected, "logps/rejected", "train/logps/rejected")
 
 /* One step's figures; NaN for one not known at that step (the held-out
  * loss is measured before the first step and after the last). tokens_per_s

@@ -16,15 +16,8 @@
 #include "worker/ckpt/model_io.h"
 #include "worker/model/optim.h"
 #include "worker/ckpt/train_state.h"
+#include "worker/rank/train_dpo.h"
 
-/* Splits windows [b, T+1] into inputs and targets [b, T]. */
-static void split_windows(const int32_t *win, int b, int T, int *inputs, int *targets) {
-  for (int i = 0; i < b; i++)
-    for (int t = 0; t < T; t++) {
-      inputs[i * T + t] = win[i * (T + 1) + t];
-      targets[i * T + t] = win[i * (T + 1) + t + 1];
-    }
-}
 
 /* The forward passes an evaluation runs: a backend's, or a model's own. */
 typedef struct {
@@ -73,7 +66,7 @@ static int eval_loop(const passes_t *p, int T, int64_t n, eval_row_fn row, void 
       rc = row(ctx, i + j, win + (size_t)j * (T + 1), masked ? weights + (size_t)j * T : NULL,
                masked ? pos + (size_t)j * T : NULL, err, errlen);
     if (rc) break;
-    split_windows(win, b, T, inputs, targets);
+    data_split_rows(win, b, T, inputs, targets);
     const model_batch_t bt = {inputs, targets, weights, pos, b, T};
     const int64_t c = model_batch_count(&bt);
     double l = 0;
@@ -135,12 +128,20 @@ static int eval_row(void *ctx, int64_t i, int32_t *tokens, float *weights, int32
   return data_eval_row(ctx, i, tokens, weights, pos, err, errlen);
 }
 
-/* Held-out loss over up to eval_windows windows; NAN when there are none. */
-static int held_out(const train_args_t *a, data_t *d, double *loss, char *err, size_t errlen) {
+/* Held-out loss over up to eval_windows windows (dpo: pairs, through t);
+ * NAN when there are none. */
+static int held_out(const train_args_t *a, data_t *d, train_dpo_t *t, double *loss, char *err,
+                    size_t errlen) {
   *loss = NAN;
   int64_t n = data_num_eval_windows(d);
   if (a->eval_windows < n) n = a->eval_windows;
   if (n < 1) return 0;
+  if (t) {
+    dpo_sums_t sums = {0};
+    int rc = train_dpo_eval(t, n, &sums, err, errlen);
+    if (!rc) *loss = dpo_mean(&sums).loss;
+    return rc;
+  }
   const train_backend_t *b = a->backend;
   const passes_t p = {b->forward, b->ctx, b->shape};
   return eval_loop(&p, a->spec->data.seq_len, n, eval_row, d, data_masked(d), loss, NULL, err,
@@ -151,7 +152,10 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   const jobspec_t *s = a->spec;
   const train_backend_t *b = a->backend;
   const train_span_t *span = &b->span;
-  const int T = s->data.seq_len, B = s->train.micro_batch_size, A = s->train.grad_accum;
+  const int T = s->data.seq_len, A = s->train.grad_accum;
+  /* Rows a micro-batch feeds the model: dpo's pairs are two each. */
+  const bool dpo = s->train.objective == JOBSPEC_OBJECTIVE_DPO;
+  const int B = jobspec_micro_batch_rows(s);
   const int rank = comm_rank(a->comm), world = comm_world_size(a->comm);
   const int64_t steps = s->train.steps;
   int64_t stop = a->stop_at_step > 0 && a->stop_at_step < steps ? a->stop_at_step : steps;
@@ -167,6 +171,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
   int32_t *win = NULL, *pos = NULL;
   int *inputs = NULL, *targets = NULL;
   float *weights = NULL;
+  train_dpo_t *pref = NULL;
   int rc = data_open(&d, &dc, err, errlen);
   if (rc) goto out;
 
@@ -213,7 +218,9 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if ((rc = report(a, &p, err, errlen))) goto out;
   }
 
-  rc = held_out(a, d, &res->eval_loss_start, err, errlen);
+  /* DPO's reference, where it is scored before the first step. */
+  if (dpo && (rc = train_dpo_open(&pref, a, d, start, err, errlen))) goto out;
+  rc = held_out(a, d, pref, &res->eval_loss_start, err, errlen);
   if (rc) goto out;
   if (a->held_out_done && isfinite(res->eval_loss_start))
     a->held_out_done(a->progress_ctx, start, res->eval_loss_start);
@@ -236,13 +243,20 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
      * global batch: every rank knows their number up front (the data's
      * weights), so micro-batch k of c_k counted targets weighs c_k / C.
      * Unmasked data counts every target: 1 / (A * world), as always. */
-    const int64_t counted = masked ? data_step_count(d, step) : 0;
+    const int64_t counted = masked && !dpo ? data_step_count(d, step) : 0;
     double loss_sum = 0; /* this rank's share of the step's loss */
+    /* DPO: the mean over the global batch's pairs, each weighing 1 / G. */
+    dpo_sums_t dsums = {0};
+    const double pair_weight = 1.0 / (double)data_global_batch(d);
     for (int mb = 0; mb < A; mb++) {
       rc = data_train_batch(d, step, mb, win, weights, pos, err, errlen);
       if (rc) goto out;
-      split_windows(win, B, T, inputs, targets);
+      data_split_rows(win, B, T, inputs, targets);
       const model_batch_t bt = {inputs, targets, weights, pos, B, T};
+      if (dpo) {
+        if ((rc = train_dpo_step(pref, &bt, step, mb, pair_weight, &dsums, err, errlen))) goto out;
+        continue;
+      }
       const double part = masked && counted > 0 ? (double)model_batch_count(&bt) / counted : 0.0;
       const float loss_scale = masked ? (float)part : 1.0f / (float)(A * world);
       double l = 0;
@@ -255,21 +269,28 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
     if ((rc = b->grad_sumsq(b->ctx, &sumsq, err, errlen))) goto out;
     /* lossbuf: this rank's share of the mean loss, then the squared norm
      * of its gradient shard when the span is sharded. */
-    const double share = masked ? loss_sum : loss_sum * (1.0f / (float)(A * world));
-    float lossbuf[2] = {(float)share, 0.0f};
+    const double share = dpo      ? dsums.loss * pair_weight
+                         : masked ? loss_sum
+                                  : loss_sum * (1.0f / (float)(A * world));
+    /* With dpo, the sums of its metrics over this rank's pairs follow. */
+    float lossbuf[2 + DPO_SUMS_N] = {(float)share, 0.0f};
+    dpo_sums_pack(&dsums, &lossbuf[2]);
+    const size_t nbuf = dpo ? 2 + DPO_SUMS_N : 2;
     if (world > 1) {
       /* A replicated span sums every rank's gradients of its loss share:
        * the gradient of the mean loss over the global batch. Shards were
        * summed by the backward pass's reduce-scatter already. */
       lossbuf[1] = (float)sumsq;
       if ((!span->sharded && (rc = comm_all_reduce(a->comm, span->grads, span->n))) ||
-          (rc = comm_all_reduce(a->comm, lossbuf, 2))) {
+          (rc = comm_all_reduce(a->comm, lossbuf, nbuf))) {
         snprintf(err, errlen, "step %lld: %s", (long long)step + 1, comm_error(a->comm));
         goto out;
       }
       sumsq = span->sharded ? lossbuf[1] : optim_sumsq(span->grads, span->n);
     }
     double loss = world > 1 ? (double)lossbuf[0] : share;
+    if (dpo && world > 1) dpo_sums_unpack(&dsums, &lossbuf[2]);
+    const dpo_sums_t dmean = dpo_mean(&dsums);
     double norm = sqrt(sumsq);
     if (!isfinite(loss) || !isfinite(norm)) {
       snprintf(err, errlen,
@@ -293,7 +314,8 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
                           .lr = lr,
                           .grad_norm = norm,
                           .eval_loss = NAN,
-                          .message = ""};
+                          .message = "",
+                          .dpo = dpo ? &dmean : NULL};
     if ((rc = report(a, &p, err, errlen))) goto out;
     /* SIGTERM to any rank: all stop after this step, with a checkpoint. */
     if ((rc = preempt_at_step(a->comm, &res->preempted, err, errlen))) goto out;
@@ -314,7 +336,7 @@ int train_run(const train_args_t *a, train_result_t *res, char *err, size_t errl
       if ((rc = report(a, &p, err, errlen))) goto out;
     }
   }
-  rc = res->preempted ? 0 : held_out(a, d, &res->eval_loss_end, err, errlen);
+  rc = res->preempted ? 0 : held_out(a, d, pref, &res->eval_loss_end, err, errlen);
   if (!rc && a->held_out_done && isfinite(res->eval_loss_end))
     a->held_out_done(a->progress_ctx, res->steps_done > start ? res->steps_done : start,
                      res->eval_loss_end);
@@ -328,6 +350,7 @@ out:
   free(weights);
   free(pos);
   optim_free(o);
+  train_dpo_free(pref);
   data_free(d);
   return rc;
 }

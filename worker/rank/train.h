@@ -25,6 +25,7 @@
 #include "worker/data/data.h"
 #include "worker/data/data_prepare.h"
 #include "worker/model/lora.h"
+#include "worker/model/dpo.h"
 #include "worker/model/model.h"
 #include "worker/model/optim.h"
 #include "worker/model/train_backend.h"
@@ -42,6 +43,11 @@ typedef struct {
   double grad_norm;    /* global gradient norm before clipping */
   double eval_loss;    /* held-out loss, NAN when not measured this report */
   const char *message; /* "" or what happened (resumed, checkpoint written) */
+  /* train.objective dpo, phase TRAINING: the step's metrics over the global
+   * batch's pairs (means; dpo.h); else NULL. */
+  const dpo_sums_t *dpo;
+  /* Phase REFERENCE: pairs scored of all, over the ranks. */
+  int64_t done, total;
 } train_progress_t;
 
 /* Returns 0 to go on; anything else stops the run (train_run then

@@ -81,6 +81,14 @@ static void on_step_curves(reporter_t *r, const train_progress_t *tp) {
   p.tokens_per_s = tp->tokens_per_s * r->world;
   p.host_peak_bytes = (double)ms.hwm_bytes;
   if (r->loaded) p.device_peak_bytes = (double)r->loaded->device_peak_bytes;
+  if (tp->dpo) {
+    p.rewards_chosen = tp->dpo->chosen;
+    p.rewards_rejected = tp->dpo->rejected;
+    p.rewards_accuracies = tp->dpo->accuracy;
+    p.rewards_margins = tp->dpo->margin;
+    p.logps_chosen = tp->dpo->logp_chosen;
+    p.logps_rejected = tp->dpo->logp_rejected;
+  }
   curves_write(r, &p);
 }
 
@@ -144,7 +152,10 @@ static int on_progress(void *ctx, const train_progress_t *p) {
   if (p->phase == REPORT_PHASE_TRAINING) on_step_curves(r, p);
   /* A save keeps the rate of the steps before it, as the done report does. */
   double tps = p->phase != REPORT_PHASE_SAVING ? p->tokens_per_s : r->tokens_per_s;
-  emit(r, p->phase, p->step, p->loss, tps, NULL, msg);
+  /* Scoring the reference, its pairs are the report's counts. */
+  const loader_stats_t pairs = {.bytes_read = (uint64_t)p->done, .bytes_total = (uint64_t)p->total};
+  emit(r, p->phase, p->step, p->loss, tps, p->phase == REPORT_PHASE_REFERENCE ? &pairs : NULL,
+       msg);
   /* The report's own line shows no message while loading or training:
    * events (resumed, checkpoint written) get a log line of their own. */
   if (*msg) fprintf(stderr, "[rank %d/%d] %s\n", r->rank, r->world, msg);
@@ -265,7 +276,7 @@ static int build_model(const jobspec_t *s, comm_t *comm, placement_t *pl, const 
                        bool cuda, reporter_t *rep, trained_t *t, loader_stats_t *ls, char *err,
                        size_t errlen) {
   const model_mode_t mode = s->use_lora ? MODEL_TRAIN_LORA : MODEL_TRAIN_FULL;
-  const int B = s->train.micro_batch_size, T = s->data.seq_len;
+  const int B = jobspec_micro_batch_rows(s), T = s->data.seq_len;
   const bool one = comm_world_size(comm) == 1;
   if (cuda && s->use_lora) return model_init_shape(&t->shape, cfg, B, T, mode, err, errlen);
   if (cuda && one) return model_create_weights(&t->m, cfg, B, T, mode, err, errlen);
