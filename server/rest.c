@@ -51,6 +51,8 @@ static const rest_route_t g_routes[] = {
     {"GET", "/metrics", h_prometheus, 0, AUTH_API},
     {"GET", "/", rest_h_web, 0, AUTH_NONE},
     {"GET", "/assets/{file}", rest_h_web, 0, AUTH_NONE},
+    {"GET", "/docs", rest_h_web, 0, AUTH_NONE},
+    {"GET", "/v1/openapi.json", rest_h_web, 0, AUTH_NONE},
 };
 #define N_ROUTES (sizeof g_routes / sizeof g_routes[0])
 

@@ -1,18 +1,20 @@
-/* rest_web.c - GET / and GET /assets/{file}: the status page, served from
- * the files compiled into trainyardd (web/web.h). No token is needed to load
- * the page itself; the page sends one with each API call. */
+/* rest_web.c - GET /, /assets/{file}, /docs and /v1/openapi.json: the
+ * status page, the API explorer and the OpenAPI document, served from the
+ * files compiled into trainyardd (web/web.h). No token is needed to load
+ * them; the pages send one with each API call. */
 #include <stdio.h>
 
 #include "server/rest_internal.h"
 #include "web/web.h"
 
 enum MHD_Result rest_h_web(rest_t *r, struct MHD_Connection *c, rest_req_t *q) {
-  /* "/" has no capture; "/assets/{file}" has the file name in params[0]. */
+  /* "/assets/{file}" has the file name in params[0]; a route without a
+   * capture serves the asset named by its own path. */
   char path[160];
   if (q->params[0][0])
     snprintf(path, sizeof path, "/assets/%s", q->params[0]);
   else
-    snprintf(path, sizeof path, "/");
+    snprintf(path, sizeof path, "%s", q->route->pattern);
   const web_asset_t *a = web_asset_find(path);
   if (!a) {
     char msg[200];

@@ -3,7 +3,8 @@
  *
  *   web_embed OUT.c URLPATH FILE [URLPATH FILE ...]
  *
- * The content type comes from FILE's extension (.html, .css, .js).
+ * The content type comes from URLPATH's extension, or FILE's where the URL
+ * has none ("/docs" is docs.html): .html, .css, .js, .json or .txt.
  * Runs on the build host only; any failure names the file and exits 1 so
  * the build stops rather than serving a truncated page. */
 #include <errno.h>
@@ -39,9 +40,9 @@ static int embed_file(FILE *out, int i, const char *path, long *len) {
 /* The content type for a file name, or NULL for an extension not served. */
 static const char *embed_content_type(const char *path) {
   static const char *const types[][2] = {
-      {".html", "text/html; charset=utf-8"},
-      {".css", "text/css; charset=utf-8"},
-      {".js", "text/javascript; charset=utf-8"},
+      {".html", "text/html; charset=utf-8"},     {".css", "text/css; charset=utf-8"},
+      {".js", "text/javascript; charset=utf-8"}, {".json", "application/json"},
+      {".txt", "text/plain; charset=utf-8"},
   };
   size_t len = strlen(path);
   for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
@@ -51,6 +52,12 @@ static const char *embed_content_type(const char *path) {
   return NULL;
 }
 
+/* The content type of one URLPATH FILE pair (see the top of this file). */
+static const char *embed_pair_type(const char *url, const char *path) {
+  const char *t = embed_content_type(url);
+  return t ? t : embed_content_type(path);
+}
+
 int main(int argc, char **argv) {
   if (argc < 4 || (argc - 2) % 2) {
     fprintf(stderr, "usage: web_embed OUT.c URLPATH FILE [URLPATH FILE ...]\n");
@@ -58,9 +65,11 @@ int main(int argc, char **argv) {
   }
   int nfiles = (argc - 2) / 2;
   for (int i = 0; i < nfiles; i++) {
-    if (!embed_content_type(argv[3 + 2 * i])) {
-      fprintf(stderr, "web_embed: %s: no content type for this extension (.html, .css, .js)\n",
-              argv[3 + 2 * i]);
+    if (!embed_pair_type(argv[2 + 2 * i], argv[3 + 2 * i])) {
+      fprintf(stderr,
+              "web_embed: %s (%s): no content type for this extension; name the URL or the "
+              "file .html, .css, .js, .json or .txt\n",
+              argv[2 + 2 * i], argv[3 + 2 * i]);
       return 1;
     }
   }
@@ -79,7 +88,7 @@ int main(int argc, char **argv) {
     fprintf(out, "\nconst web_asset_t web_asset_table[] = {\n");
     for (int i = 0; i < nfiles; i++)
       fprintf(out, "  {\"%s\", web_file_%d, %ld, \"%s\"},\n", argv[2 + 2 * i], i, lens[i],
-              embed_content_type(argv[3 + 2 * i]));
+              embed_pair_type(argv[2 + 2 * i], argv[3 + 2 * i]));
     fprintf(out, "};\nconst size_t web_asset_count = %d;\n", nfiles);
   }
   free(lens);

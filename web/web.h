@@ -1,13 +1,15 @@
-/* web.h - the status page's files, compiled into trainyardd (no files on
- * disk, nothing fetched from elsewhere): HTML, CSS, JavaScript and the
- * chart library, each with its URL path and content type. */
+/* web.h - the files of the status page and of the API reference,
+ * compiled into trainyardd (no files on disk, nothing fetched from
+ * elsewhere): HTML, CSS, JavaScript, the chart library, the API explorer
+ * (Swagger UI) and the OpenAPI document as JSON, each with its URL path and
+ * content type. */
 #ifndef TY_WEB_WEB_H
 #define TY_WEB_WEB_H
 
 #include <stddef.h>
 
 typedef struct {
-  const char *path;          /* URL path: "/" or "/assets/<file>" */
+  const char *path;          /* URL path: "/", "/docs", "/v1/openapi.json" or "/assets/<file>" */
   const unsigned char *data; /* the file's bytes (static; also NUL-terminated) */
   size_t len;                /* bytes in data, without the NUL */
   const char *content_type;  /* e.g. "text/javascript; charset=utf-8" */

@@ -25,7 +25,7 @@ set_tests_properties(integration/slurm_dispatch PROPERTIES LABELS integration TI
                      SKIP_RETURN_CODE 77 RESOURCE_LOCK slurm
                      ENVIRONMENT "${TY_TEST_ENV}")
 
-# The README's "Running on a Slurm cluster" block, run as written.
+# The "Running on a Slurm cluster" block of docs/slurm.md, run as written.
 add_test(NAME integration/slurm_readme
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/integration/slurm_readme.sh)
 set_tests_properties(integration/slurm_readme PROPERTIES LABELS integration TIMEOUT 300

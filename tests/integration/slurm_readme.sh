@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# slurm_readme.sh - the README's "Running on a Slurm cluster" block, run as
+# slurm_readme.sh - the "Running on a Slurm cluster" block of docs/slurm.md, run as
 # written on the two-node test cluster (its folders moved into a temporary
 # one and its port to a free one, so that nothing of this machine's is
 # touched), then: the LoRA adapter is in the output folder and the job
@@ -19,8 +19,8 @@ done
 tmp=$(mktemp -d)
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 block=$(awk '/^## Running on a Slurm cluster/ {on = 1} on && /^```sh$/ {grab = 1; next}
-             grab && /^```$/ {exit} grab {print}' "$root/README.md")
-[ -n "$block" ] || { echo "FAIL: no sh block in the README's Slurm section" >&2; exit 1; }
+             grab && /^```$/ {exit} grab {print}' "$root/docs/slurm.md")
+[ -n "$block" ] || { echo "FAIL: no sh block in docs/slurm.md's Slurm section" >&2; exit 1; }
 block=${block//\/tmp\/slurm/$tmp/slurm}
 block=${block//\/tmp\/trainyard-shared/$tmp/shared}
 block=${block//8090/$port}
@@ -40,11 +40,11 @@ setsid bash -eu -c "$block" >"$tmp/out.log" 2>&1 &
 group=$!
 wait "$group" || {
   cat "$tmp/out.log" >&2
-  echo "FAIL: the README's Slurm block failed" >&2
+  echo "FAIL: the Slurm block of docs/slurm.md failed" >&2
   exit 1
 }
 grep -q "succeeded" "$tmp/out.log" || { cat "$tmp/out.log" >&2; echo "FAIL: no success seen" >&2; exit 1; }
 [ -f "$tmp/shared/runs/two-nodes/adapter_model.safetensors" ] || { echo "FAIL: no adapter" >&2; exit 1; }
 grep "trainyard-two-nodes" "$tmp/slurm/log/jobcomp.log" | grep -q "JobState=COMPLETED.*NodeList=n\[1-2\]" ||
   { cat "$tmp/slurm/log/jobcomp.log" >&2; echo "FAIL: not COMPLETED on n[1-2]" >&2; exit 1; }
-echo "ok: the README's Slurm block ran as written"
+echo "ok: the Slurm block of docs/slurm.md ran as written"
