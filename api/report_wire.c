@@ -29,6 +29,49 @@ void report_wire_init(report_wire_t *r) {
   memset(r, 0, sizeof *r);
   r->phase = REPORT_PHASE_STARTING;
   r->loss = NAN;
+  for (int i = 0; i < REPORT_DPO_N; i++) r->dpo[i] = NAN;
+}
+
+const char *const report_dpo_names[REPORT_DPO_N] = {
+#define REPORT_DPO_NAME(name, trl) #name,
+    REPORT_DPO_METRICS(REPORT_DPO_NAME)
+#undef REPORT_DPO_NAME
+};
+
+json_t *report_dpo_json(const double *m) {
+  json_t *o = NULL;
+  for (int i = 0; i < REPORT_DPO_N; i++) {
+    if (!isfinite(m[i])) continue;
+    if (!o) o = json_object();
+    json_object_set_new(o, report_dpo_names[i], json_real(m[i]));
+  }
+  return o;
+}
+
+void report_dpo_parse(const json_t *o, double *m, ty_errlist_t *errs) {
+  for (int i = 0; i < REPORT_DPO_N; i++) m[i] = NAN;
+  if (!o || json_is_null(o)) return;
+  if (!json_is_object(o)) {
+    ty_errlist_add(errs, "dpo", "must be an object of the step's DPO metrics, or null");
+    return;
+  }
+  const char *key;
+  json_t *v;
+  json_object_foreach((json_t *)o, key, v) {
+    int i = 0;
+    while (i < REPORT_DPO_N && strcmp(key, report_dpo_names[i])) i++;
+    char field[64];
+    snprintf(field, sizeof field, "dpo.%s", key);
+    if (i == REPORT_DPO_N)
+      ty_errlist_add(errs, field,
+                     "unknown; the DPO metrics are rewards_chosen, "
+                     "rewards_rejected, rewards_accuracies, rewards_margins, "
+                     "logps_chosen and logps_rejected");
+    else if (!json_is_null(v) && !json_is_number(v))
+      ty_errlist_add(errs, field, "must be a number or null");
+    else if (json_is_number(v))
+      m[i] = json_number_value(v);
+  }
 }
 
 /* The writers of each kind; a REAL that is not finite is unknown: loss is
@@ -52,6 +95,11 @@ static json_t *put_REAL(double v, const char *name) {
 static json_t *put_PHASE(report_phase_t v, const char *name) {
   (void)name;
   return json_string(report_phase_name(v));
+}
+static json_t *put_DPO(const double *v, const char *name) {
+  (void)name;
+  json_t *o = report_dpo_json(v);
+  return o ? o : json_null();
 }
 
 json_t *report_wire_json(const report_wire_t *r) {
@@ -129,6 +177,8 @@ int report_wire_parse(const json_t *o, report_wire_t *r, ty_errlist_t *errs) {
   get_REAL(json_object_get(o, name), &r->member, name, required, errs);
 #define REPORT_GET_PHASE(name, member, required) \
   get_PHASE(json_object_get(o, name), &r->member, name, required, errs);
+#define REPORT_GET_DPO(name, member, required) \
+  report_dpo_parse(json_object_get(o, name), r->member, errs);
 #define REPORT_GET(name, kind, member, required, meaning) REPORT_GET_##kind(name, member, required)
   REPORT_FIELDS(REPORT_GET)
 #undef REPORT_GET
@@ -137,6 +187,7 @@ int report_wire_parse(const json_t *o, report_wire_t *r, ty_errlist_t *errs) {
 #undef REPORT_GET_COUNT
 #undef REPORT_GET_REAL
 #undef REPORT_GET_PHASE
+#undef REPORT_GET_DPO
   return errs->len > before ? TY_EINVAL : 0;
 }
 

@@ -7,7 +7,11 @@
  * the file's examples are tokenized as a job's (data.* options) into a
  * scratch folder removed afterwards, and the first N rows are evaluated:
  * L is the mean over the counted targets (completions, assistant turns),
- * K their number. */
+ * K their number. With --objective dpo the file's lines are preference
+ * pairs and the first N pairs are scored as train.objective dpo scores
+ * them (the base, its adapter off, the reference): prints the mean DPO
+ * loss, TRL's metrics (rewards/accuracies, rewards/margins, ...) and the
+ * number of pairs. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,6 +25,7 @@
 #include "worker/ckpt/model_io.h"
 #include "worker/ckpt/outputs.h"
 #include "worker/rank/train.h"
+#include "worker/rank/train_dpo.h"
 
 static void eval_usage(FILE *f) {
   fprintf(f,
@@ -28,12 +33,17 @@ static void eval_usage(FILE *f) {
           "                      [--format text|u16|u32|jsonl] --seq_len T --batches N\n"
           "                      [--tokenizer PATH] [--kind K] [--chat_template NAME]\n"
           "                      [--loss_on completion|all] [--packing true|false]\n"
+          "                      [--objective sft|dpo] [--beta B] [--loss_type sigmoid|ipo|hinge]\n"
+          "                      [--label_smoothing S]\n"
           "Prints {\"loss\": L, \"tokens\": K}: the mean next-token loss over N windows of T+1\n"
           "tokens taken in order from the start of FILE (window i = tokens [i*T, (i+1)*T]).\n"
           "With --format jsonl: over the first N rows of FILE's examples, tokenized as a job's\n"
           "data.* options say (tokenizer: --tokenizer, else the model's); L is the mean loss\n"
           "over the counted targets (the completions and assistant turns, or all with\n"
-          "--loss_on all) and K their number.\n");
+          "--loss_on all) and K their number.\n"
+          "With --objective dpo (--format jsonl): over the first N preference pairs, the\n"
+          "reference the base (its adapter off): prints {\"loss\": L, \"pairs\": N,\n"
+          "\"rewards/accuracies\": A, \"rewards/margins\": M, ...} as TRL names them.\n");
 }
 
 /* A positive int flag value, or -1 after an error naming the flag. */
@@ -53,6 +63,39 @@ typedef struct {
 static int window_at(void *vctx, int64_t i, int32_t *tokens, char *err, size_t errlen) {
   window_ctx_t *c = vctx;
   return data_read_window(c->d, i * c->T, tokens, err, errlen);
+}
+
+/* The first n pairs of d scored as train.objective dpo does (the model's
+ * passes, the base the reference): one JSON line of the loss, TRL's
+ * metrics and the pairs. */
+static int eval_dpo(const jobspec_t *js, model_t *m, lora_t *lo, data_t *d, int64_t n, char *err,
+                    size_t errlen) {
+  jobspec_t s = *js;
+  s.train.micro_batch_size = m->B / 2;
+  s.data.seq_len = m->T;
+  train_backend_t b;
+  comm_t *comm = NULL;
+  train_dpo_t *t = NULL;
+  dpo_sums_t sums = {0};
+  int rc = train_backend_passes(&b, m, lo, err, errlen);
+  if (!rc) rc = comm_open(&comm, "self", 0, 1, err, errlen);
+  const train_args_t a = {.spec = &s, .comm = comm, .backend = &b};
+  if (!rc) rc = train_dpo_open(&t, &a, d, 0, err, errlen);
+  if (!rc) rc = train_dpo_eval(t, n, &sums, err, errlen);
+  if (!rc) {
+    const dpo_sums_t mean = dpo_mean(&sums);
+    double metrics[REPORT_DPO_N];
+    dpo_report(&mean, metrics);
+    printf("{\"loss\": %.9g, \"pairs\": %lld", mean.loss, (long long)n);
+#define EVAL_DPO_PRINT(name, trl) printf(", \"" trl "\": %.9g", metrics[REPORT_DPO_##name]);
+    REPORT_DPO_METRICS(EVAL_DPO_PRINT)
+#undef EVAL_DPO_PRINT
+    printf("}\n");
+  }
+  train_dpo_free(t);
+  comm_close(comm);
+  train_backend_free(&b);
+  return rc;
 }
 
 int cmd_eval(int argc, char **argv) {
@@ -84,9 +127,17 @@ int cmd_eval(int argc, char **argv) {
     } else if (!strcmp(a, "--batches")) {
       if ((N = parse_positive(a, v)) < 0) return 2;
     } else if (!strcmp(a, "--tokenizer") || !strcmp(a, "--kind") || !strcmp(a, "--chat_template") ||
-               !strcmp(a, "--loss_on") || !strcmp(a, "--packing")) {
+               !strcmp(a, "--loss_on") || !strcmp(a, "--packing") || !strcmp(a, "--objective") ||
+               !strcmp(a, "--beta") || !strcmp(a, "--loss_type") ||
+               !strcmp(a, "--label_smoothing")) {
       char path[64];
-      snprintf(path, sizeof path, "data.%s", a + 2);
+      snprintf(
+          path, sizeof path, "%s.%s",
+          !strcmp(a, "--objective") ? "train"
+          : !strcmp(a, "--beta") || !strcmp(a, "--loss_type") || !strcmp(a, "--label_smoothing")
+              ? "dpo"
+              : "data",
+          a + 2);
       ty_errlist_t errs = TY_ERRLIST_INIT;
       if (jobspec_set_flag(&js, path, v, &errs)) {
         for (size_t k = 0; k < errs.len; k++)
@@ -113,6 +164,13 @@ int cmd_eval(int argc, char **argv) {
     fprintf(stderr, "trainyard eval: --format %s: use text, u16, u32 or jsonl\n", format);
     return 2;
   }
+  const bool dpo = js.train.objective == JOBSPEC_OBJECTIVE_DPO;
+  if (dpo && fmt != JOBSPEC_DATA_JSONL) {
+    fprintf(stderr,
+            "trainyard eval: --objective dpo scores the pairs of a JSONL file; add "
+            "--format jsonl\n");
+    return 2;
+  }
   if (!model_path || !data_path || T < 1 || N < 1) {
     fprintf(stderr,
             "trainyard eval: --model_path, --data, --seq_len (>= 1) and --batches "
@@ -127,7 +185,8 @@ int cmd_eval(int argc, char **argv) {
   model_t *m = NULL;
   lora_t *lo = NULL;
   data_t *d = NULL;
-  int B = N < 4 ? (int)N : 4;
+  /* Rows of a micro-batch: up to 4 examples, or 4 pairs of two. */
+  int B = (N < 4 ? (int)N : 4) * (js.train.objective == JOBSPEC_OBJECTIVE_DPO ? 2 : 1);
   int rc = model_io_read_config(model_path, &cfg, err, sizeof err);
   if (!rc) rc = model_create(&m, &cfg, B, (int)T, MODEL_EVAL, err, sizeof err);
   if (!rc) rc = model_io_load(m, model_path, NULL, NULL, NULL, err, sizeof err);
@@ -154,6 +213,7 @@ int cmd_eval(int argc, char **argv) {
                         .examples_key = prep.key,
                         .pad_id = prep.pad_id,
                         .packing = js.data.packing,
+                        .pairs = dpo,
                         .eval_all = true,
                         .format = fmt,
                         .vocab_size = cfg.vocab_size,
@@ -167,8 +227,8 @@ int cmd_eval(int argc, char **argv) {
     rc = data_open(&d, &dc, err, sizeof err);
   }
   if (!rc && fmt == JOBSPEC_DATA_JSONL && data_num_eval_windows(d) < N) {
-    snprintf(err, sizeof err, "%s holds %lld rows of seq_len %ld; --batches asks for %ld",
-             data_path, (long long)data_num_eval_windows(d), T, N);
+    snprintf(err, sizeof err, "%s holds %lld %s of seq_len %ld; --batches asks for %ld", data_path,
+             (long long)data_num_eval_windows(d), dpo ? "pairs" : "rows", T, N);
     rc = -1;
   }
   if (!rc && fmt != JOBSPEC_DATA_JSONL && data_num_tokens(d) < N * T + 1) {
@@ -178,16 +238,19 @@ int cmd_eval(int argc, char **argv) {
   }
   double loss = 0;
   int64_t tokens = 0;
-  if (!rc && fmt == JOBSPEC_DATA_JSONL) {
+  if (!rc && dpo) {
+    rc = eval_dpo(&js, m, lo, d, N, err, sizeof err);
+    N = -1; /* printed */
+  } else if (!rc && fmt == JOBSPEC_DATA_JSONL) {
     rc = train_eval_data(m, lo, d, N, &loss, &tokens, err, sizeof err);
   } else if (!rc) {
     window_ctx_t ctx = {d, (int)T};
     rc = train_eval(m, lo, (int)T, N, window_at, &ctx, &loss, &tokens, err, sizeof err);
   }
-  if (!rc)
-    printf("{\"loss\": %.9g, \"tokens\": %lld}\n", loss, (long long)tokens);
-  else
+  if (rc)
     fprintf(stderr, "trainyard eval: %s\n", err);
+  else if (N > 0)
+    printf("{\"loss\": %.9g, \"tokens\": %lld}\n", loss, (long long)tokens);
   data_free(d);
   if (scratch[0]) ty_rmtree(scratch, NULL, 0);
   lora_free(lo);

@@ -79,6 +79,14 @@ static const char *const g_migrations[] = {
     "UPDATE jobs SET output_dir = coalesce(json_extract(spec, '$.output_dir'), '');"
     "CREATE INDEX jobs_unfinished_by_output ON jobs(output_dir)"
     " WHERE state IN ('queued','starting','running');",
+    /* 3: a preference-tuning step's metrics (train.objective dpo) with its
+     * point, TRL's rewards/... and logps/... as columns; NULL elsewhere. */
+    "ALTER TABLE metrics ADD COLUMN rewards_chosen REAL;"
+    "ALTER TABLE metrics ADD COLUMN rewards_rejected REAL;"
+    "ALTER TABLE metrics ADD COLUMN rewards_accuracies REAL;"
+    "ALTER TABLE metrics ADD COLUMN rewards_margins REAL;"
+    "ALTER TABLE metrics ADD COLUMN logps_chosen REAL;"
+    "ALTER TABLE metrics ADD COLUMN logps_rejected REAL;",
 };
 #define N_MIGRATIONS ((int)(sizeof g_migrations / sizeof g_migrations[0]))
 

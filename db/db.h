@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 
+#include "api/report_wire.h"
+
 #include "common/errors.h"
 
 typedef struct db db_t;
@@ -163,6 +165,11 @@ typedef struct {
   double tokens_per_s;
   int64_t bytes_loaded, bytes_total, host_peak_bytes, device_peak_bytes;
   double load_seconds;
+  /* train.objective dpo, phase training (has_dpo): the step's metrics
+   * (api/report_wire.h's REPORT_DPO_METRICS), NaN when unknown; kept with
+   * the step's metrics point. */
+  bool has_dpo;
+  double dpo[REPORT_DPO_N];
   char message[512];
   /* A report carrying a sample (train.sample_prompts): prompt non-empty;
    * db_report_ingest appends a "sample" event {attempt, rank, step,

@@ -109,7 +109,9 @@ int db_metric_points(db_t *db, const char *id, int attempt, int64_t from_step, i
   *attempt_out = attempt;
   if (!rc)
     rc = dbi_prepare(db,
-                     "SELECT rank, step, loss, tokens_per_s, t FROM metrics WHERE job_id = ?"
+                     "SELECT rank, step, loss, tokens_per_s, t, rewards_chosen,"
+                     " rewards_rejected, rewards_accuracies, rewards_margins, logps_chosen,"
+                     " logps_rejected FROM metrics WHERE job_id = ?"
                      " AND attempt = ? AND step BETWEEN ? AND ? ORDER BY rank, step",
                      &st);
   if (!rc) {
@@ -126,6 +128,9 @@ int db_metric_points(db_t *db, const char *id, int attempt, int64_t from_step, i
       p->loss = sqlite3_column_type(st, 2) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 2);
       p->tokens_per_s = sqlite3_column_double(st, 3);
       p->t = sqlite3_column_double(st, 4);
+      for (int i = 0; i < REPORT_DPO_N; i++)
+        p->dpo[i] =
+            sqlite3_column_type(st, 5 + i) == SQLITE_NULL ? NAN : sqlite3_column_double(st, 5 + i);
     }
     dbi_finish(db, st);
   }

@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/report_wire.h"
 #include "db/db.h"
 
 #define DB_NAME_MAX 128
@@ -43,7 +44,8 @@ typedef struct {
   int64_t step;
   double loss; /* NaN when the report had none */
   double tokens_per_s;
-  double t; /* unix seconds */
+  double t;                 /* unix seconds */
+  double dpo[REPORT_DPO_N]; /* train.objective dpo's metrics; NaN when none */
 } db_metric_point_t;
 
 /* The metric points of attempt (the newest when <= 0; *attempt_out says

@@ -91,6 +91,8 @@ static json_t *report_json(const db_report_t *r) {
                         isfinite(r->job_eta_seconds) ? json_real(r->job_eta_seconds) : json_null());
     json_object_set_new(o, "job_tokens_per_s", json_real(r->job_tokens_per_s));
   }
+  json_t *dpo = o && r->has_dpo ? report_dpo_json(r->dpo) : NULL;
+  if (dpo) json_object_set_new(o, "dpo", dpo);
   return o;
 }
 
@@ -151,9 +153,16 @@ int dbi_ingest_locked(db_t *db, const char *id, const db_report_t *r, const char
   if (!strcmp(r->phase, "training") && r->step > 0 && step != r->step) {
     if ((rc = dbi_prepare(db,
                           "INSERT OR REPLACE INTO metrics(job_id, attempt, rank, step, loss,"
-                          " tokens_per_s, t) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                          " tokens_per_s, t, rewards_chosen, rewards_rejected,"
+                          " rewards_accuracies, rewards_margins, logps_chosen, logps_rejected)"
+                          " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                           &st)))
       return rc;
+    for (int i = 0; i < REPORT_DPO_N; i++)
+      if (r->has_dpo && isfinite(r->dpo[i]))
+        sqlite3_bind_double(st, 8 + i, r->dpo[i]);
+      else
+        sqlite3_bind_null(st, 8 + i);
     sqlite3_bind_text(st, 1, id, -1, SQLITE_STATIC);
     sqlite3_bind_int(st, 2, r->attempt);
     sqlite3_bind_int(st, 3, r->rank);

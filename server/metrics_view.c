@@ -2,6 +2,7 @@
  * step range, thinned per rank to at most max_points (server/thin.h); see
  * service.h (svc_metrics_range). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -22,12 +23,25 @@ static json_t *rank_series(const db_metric_point_t *p, size_t n, int64_t max_poi
                         (json_int_t)n, "steps", "loss", "tokens_per_s", "t");
   json_t *steps = json_object_get(o, "steps"), *loss = json_object_get(o, "loss"),
          *tps = json_object_get(o, "tokens_per_s"), *t = json_object_get(o, "t");
+  /* train.objective dpo: its metrics, one series each under "dpo", where
+   * any point has them. */
+  bool dpo = false;
+  for (size_t i = 0; i < n && !dpo; i++) dpo = isfinite(p[i].dpo[REPORT_DPO_rewards_margins]);
+  json_t *series[REPORT_DPO_N] = {0};
+  if (dpo) {
+    json_t *d = json_object();
+    for (int m = 0; m < REPORT_DPO_N; m++)
+      json_object_set_new(d, report_dpo_names[m], series[m] = json_array());
+    json_object_set_new(o, "dpo", d);
+  }
   for (size_t j = 0; j < k; j++) {
     const db_metric_point_t *q = &p[keep[j]];
     json_array_append_new(steps, json_integer(q->step));
     json_array_append_new(loss, isfinite(q->loss) ? json_real(q->loss) : json_null());
     json_array_append_new(tps, json_real(q->tokens_per_s));
     json_array_append_new(t, json_real(q->t));
+    for (int m = 0; dpo && m < REPORT_DPO_N; m++)
+      json_array_append_new(series[m], isfinite(q->dpo[m]) ? json_real(q->dpo[m]) : json_null());
   }
   free(y);
   free(keep);

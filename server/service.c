@@ -639,6 +639,8 @@ static void report_from_json(const json_t *o, report_wire_t *w, db_report_t *r,
   r->bytes_loaded = w->bytes_loaded, r->bytes_total = w->bytes_total;
   r->host_peak_bytes = w->host_peak_bytes, r->device_peak_bytes = w->device_peak_bytes;
   r->load_seconds = w->load_seconds;
+  memcpy(r->dpo, w->dpo, sizeof r->dpo);
+  for (int i = 0; i < REPORT_DPO_N; i++) r->has_dpo |= isfinite(w->dpo[i]);
   snprintf(r->message, sizeof r->message, "%.*s", (int)sizeof r->message - 1, w->message);
   snprintf(r->sample_prompt, sizeof r->sample_prompt, "%s", w->sample_prompt);
   snprintf(r->sample_text, sizeof r->sample_text, "%s", w->sample_text);

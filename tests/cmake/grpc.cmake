@@ -6,7 +6,7 @@ if(TRAINYARD_WORKER_ONLY OR NOT TARGET trainyardd
   return()
 endif()
 set(TY_GRPC_PY /usr/bin/python3)
-foreach(suite api cli samples)
+foreach(suite api cli samples dpo)
   add_test(NAME integration/grpc_${suite}
            COMMAND ${TY_GRPC_PY} ${CMAKE_CURRENT_SOURCE_DIR}/grpc/test_grpc_${suite}.py)
   set_tests_properties(integration/grpc_${suite} PROPERTIES LABELS integration TIMEOUT 300

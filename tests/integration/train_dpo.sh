@@ -22,28 +22,9 @@ tokdir=${1:?the Llama 3 tokenizer folder}
 "$ty" mkmodel --out "$tmp/base" --hidden-size 32 --intermediate-size 64 --layers 2 --heads 4 \
   --kv-heads 2 --vocab-size 128256 --tie-embeddings --seed 5 >/dev/null
 cp "$tokdir/tokenizer.json" "$tokdir/tokenizer_config.json" "$tmp/base/"
-data="$tmp/pairs.jsonl"
-python3 - "$data" 240 <<'PY'
-import json, random, sys
-rng = random.Random(38)
-with open(sys.argv[1], "w") as out:
-    for i in range(int(sys.argv[2])):
-        a, b = rng.randrange(10), rng.randrange(10)
-        q, good = f"What is {a} + {b}?", f"The sum is {a + b}."
-        bad = f"Maybe {a + b + rng.choice([-3, -2, -1, 1, 2, 3])}?"
-        if i % 3 == 0:
-            line = {"prompt": q, "chosen": good, "rejected": bad}
-        elif i % 3 == 1:
-            line = {"prompt": [{"role": "user", "content": q}],
-                    "chosen": [{"role": "assistant", "content": good}],
-                    "rejected": [{"role": "assistant", "content": bad}]}
-        else:
-            head = [{"role": "system", "content": "Answer briefly."},
-                    {"role": "user", "content": q}]
-            line = {"chosen": head + [{"role": "assistant", "content": good}],
-                    "rejected": head + [{"role": "assistant", "content": bad}]}
-        out.write(json.dumps(line) + "\n")
-PY
+# 240 pairs: "What is a + b?" answered "The sum is <a+b>." (chosen) or
+# "Maybe <wrong>?" (rejected), a third of them in each of TRL's forms.
+data="$(cd "$(dirname "$0")/../.." && pwd)/examples/preference.jsonl"
 
 common=(--model_path "$tmp/base" --data.path "$data" --data.format jsonl
         --data.chat_template llama3 --data.seq_len 48 --data.eval_fraction 0.1

@@ -136,7 +136,7 @@ static void run(const char *dir, jobspec_t *s, const data_prepared_t *prep, int 
     die("train_dpo_step", err);
   const dpo_sums_t mean = dpo_mean(&sums);
   int i = 0;
-#define TY_X(field, name, tag) out[i++] = (float)mean.field;
+#define TY_X(field) out[i++] = (float)mean.field;
   DPO_METRICS(TY_X)
 #undef TY_X
   free(rows), free(pos), free(in), free(tg), free(w);
@@ -172,7 +172,7 @@ int main(int argc, char **argv) {
   s.train.grad_accum = 1;
   s.dpo.beta = json_number_value(json_object_get(cj, "beta"));
   const char *lt = json_string_value(json_object_get(cj, "loss_type"));
-  s.dpo.loss_type = !strcmp(lt, "ipo") ? JOBSPEC_DPO_IPO
+  s.dpo.loss_type = !strcmp(lt, "ipo")     ? JOBSPEC_DPO_IPO
                     : !strcmp(lt, "hinge") ? JOBSPEC_DPO_HINGE
                                            : JOBSPEC_DPO_SIGMOID;
   s.dpo.label_smoothing = json_number_value(json_object_get(cj, "label_smoothing"));

@@ -263,6 +263,12 @@ static void test_migration_keeps_output_dirs(void **state) {
   const char *v1 =
       "DROP INDEX jobs_unfinished_by_output;"
       "ALTER TABLE jobs DROP COLUMN output_dir;"
+      "ALTER TABLE metrics DROP COLUMN rewards_chosen;"
+      "ALTER TABLE metrics DROP COLUMN rewards_rejected;"
+      "ALTER TABLE metrics DROP COLUMN rewards_accuracies;"
+      "ALTER TABLE metrics DROP COLUMN rewards_margins;"
+      "ALTER TABLE metrics DROP COLUMN logps_chosen;"
+      "ALTER TABLE metrics DROP COLUMN logps_rejected;"
       "INSERT INTO jobs(id, name, state, spec, token, world_size, device, created_at,"
       " updated_at) VALUES"
       " ('old', 'o', 'running', '{\"output_dir\": \"/runs/old\"}', 't', 1, 'cpu', 0, 0),"

@@ -9,7 +9,8 @@
 // chosen on the form, and shown on the job page) running to success; a
 // restarted job's second attempt; the page at phone width; the jobs list
 // paging through a server with small pages; the samples of
-// train.sample_prompts beside the loss chart; no console errors.
+// train.sample_prompts beside the loss chart; a DPO job's reward margin and
+// accuracy charts; no console errors.
 // Screenshots go to $TRAINYARD_BIN_DIR/tests/web-artifacts.
 //
 //   node page_test.js        (ctest sets TRAINYARD_BIN_DIR and NODE_PATH)
@@ -362,6 +363,27 @@ async function main() {
     await page.goto(srv.url + '/#/jobs/' + short.body.id);
     await page.locator('#chart-loss canvas').waitFor();
     assert.ok(!(await page.locator('#samples').isVisible()), 'no samples panel without samples');
+
+    // A DPO job's reward margin and accuracy charts beside the loss (the
+    // test worker's "dpo" reports them: margin 0.1 S, accuracy S / steps),
+    // live from the events and again from GET .../metrics after a reload;
+    // a job without them shows neither chart.
+    assert.ok(!(await page.locator('#chart-dpo-margins').isVisible()), 'no DPO charts without DPO');
+    const pref = await call(srv, 'POST', '/v1/jobs', spec('web-dpo', 6));
+    assert.equal(pref.status, 201, JSON.stringify(pref.body));
+    await page.goto(srv.url + '/#/jobs/' + pref.body.id);
+    const dpoPoints = () => page.evaluate(() => [window.tyJobView.marginChart.count(0),
+                                                   window.tyJobView.accChart.count(0)]);
+    await waitFor('the DPO charts of 6 steps', async () => (await dpoPoints()).every((n) => n === 6),
+                  30000);
+    assert.ok(await page.locator('#chart-dpo-margins canvas').isVisible(), 'the margin chart');
+    assert.ok(await page.locator('#chart-dpo-accuracies canvas').isVisible(), 'the accuracy chart');
+    await page.reload();
+    await waitFor('the DPO charts from the metrics answer',
+                  async () => (await dpoPoints()).every((n) => n === 6));
+    const lastAcc = await page.evaluate(() => window.tyJobView.accChart.points.get(0).get(6));
+    assert.equal(lastAcc, 1, 'the accuracy of step 6 of 6');
+    await page.screenshot({ path: path.join(ART, 'job-dpo.png'), fullPage: true });
 
     // 7. Phone width: nothing wider than the screen; the key parts visible.
     await page.setViewportSize(PHONE);

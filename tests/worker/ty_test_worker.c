@@ -14,6 +14,9 @@
  *   child       every rank leaves a sleeping child in its process group
  *   nopipe      ignore SIGPIPE (outlive the server that reads the log pipe)
  *   chatty      write 1 KiB of extra log output per step
+ *   dpo         each step's report carries DPO metrics (train.objective
+ *               dpo's): margin 0.1 S, accuracy S / steps, and the rest
+ *               derived from them (rewards_chosen = margin / 2, ...)
  * train.sample_prompts are played as the worker makes them: rank 0 sends a
  * sample report of each ("<prompt>" -> " ... sampled at step S") every
  * train.sample_every steps and at the end.
@@ -38,7 +41,7 @@
 typedef struct {
   int fail_rank, fail_step, crash_rank, crash_step, hang_rank, hang_step, silent_rank;
   int step_ms;
-  bool flaky, ignoreterm, child, nopipe, chatty;
+  bool flaky, ignoreterm, child, nopipe, chatty, dpo;
 } plan_t;
 
 static void parse_plan(const char *name, plan_t *p) {
@@ -59,6 +62,7 @@ static void parse_plan(const char *name, plan_t *p) {
     if (!strcmp(w, "child")) p->child = true;
     if (!strcmp(w, "nopipe")) p->nopipe = true;
     if (!strcmp(w, "chatty")) p->chatty = true;
+    if (!strcmp(w, "dpo")) p->dpo = true;
   }
 }
 
@@ -158,7 +162,19 @@ int main(void) {
     r.step = s;
     r.loss = 3.0 * exp(-(double)s / (double)steps);
     r.tokens_per_s = 1000.0;
+    double dpo[REPORT_DPO_N];
+    if (p.dpo) {
+      const double margin = 0.1 * (double)s;
+      dpo[REPORT_DPO_rewards_margins] = margin;
+      dpo[REPORT_DPO_rewards_accuracies] = (double)s / (double)steps;
+      dpo[REPORT_DPO_rewards_chosen] = margin / 2;
+      dpo[REPORT_DPO_rewards_rejected] = -margin / 2;
+      dpo[REPORT_DPO_logps_chosen] = -10.0 + margin;
+      dpo[REPORT_DPO_logps_rejected] = -10.0 - margin;
+      r.dpo = dpo;
+    }
     send_or_stop(&r);
+    r.dpo = NULL;
     const json_int_t every = json_integer_value(json_object_get(train, "sample_every"));
     if ((every > 0 && s % every == 0) || s == steps) samples(train, rank, &r);
   }

@@ -40,6 +40,9 @@ export function mountJob(root, id) {
   const memNote = el('p', { class: 'muted small', id: 'mem-note' });
   const lossHost = el('div', { class: 'chart', id: 'chart-loss' });
   const tpsHost = el('div', { class: 'chart', id: 'chart-tps' });
+  // train.objective dpo: TRL's reward margin and accuracy beside the loss.
+  const marginHost = el('div', { class: 'chart', id: 'chart-dpo-margins', hidden: true });
+  const accHost = el('div', { class: 'chart', id: 'chart-dpo-accuracies', hidden: true });
   const timeline = el('ol', { class: 'timeline', id: 'timeline' });
   const logTabs = el('div', { class: 'chips', role: 'tablist' });
   const logPre = el('pre', { class: 'log', id: 'log', tabindex: 0 });
@@ -64,7 +67,7 @@ export function mountJob(root, id) {
             el('th', { class: 'mem' }, 'host peak'), el('th', { class: 'mem' }, 'device peak'))),
           rankBody)),
       memNote),
-    el('section', { class: 'card charts' }, lossHost, samplesHost, tpsHost),
+    el('section', { class: 'card charts' }, lossHost, marginHost, accHost, samplesHost, tpsHost),
     el('div', { class: 'split' },
       el('section', { class: 'card' }, el('h2', {}, 'Timeline'),
          el('div', { class: 'scroll-y' }, timeline)),
@@ -74,8 +77,17 @@ export function mountJob(root, id) {
   const lossChart = new RankChart(lossHost, 'loss', (v) => fmtNum(v, 3));
   const tpsChart = new RankChart(tpsHost, 'tokens/s',
                                  (v) => (v >= 10000 ? (v / 1000).toFixed(1) + 'k' : String(Math.round(v))));
+  const marginChart = new RankChart(marginHost, 'reward margin (dpo)', (v) => fmtNum(v, 3));
+  const accChart = new RankChart(accHost, 'reward accuracy (dpo)', (v) => fmtNum(v, 2));
   lossChart.draw();
   tpsChart.draw();
+  // A step's DPO metrics (an event's dpo, or a metrics answer's series at i).
+  function addDpo(rank, step, margin, accuracy) {
+    if (margin === undefined && accuracy === undefined) return;
+    marginHost.hidden = accHost.hidden = false;
+    marginChart.add(rank, step, margin);
+    accChart.add(rank, step, accuracy);
+  }
 
   // --- the header ---------------------------------------------------------
   function renderHead() {
@@ -277,6 +289,7 @@ export function mountJob(root, id) {
     if (rep.phase === 'training' && rep.step > 0) {
       lossChart.add(rep.rank, rep.step, rep.loss);
       tpsChart.add(rep.rank, rep.step, rep.tokens_per_s);
+      if (rep.dpo) addDpo(rep.rank, rep.step, rep.dpo.rewards_margins, rep.dpo.rewards_accuracies);
     }
   }
 
@@ -287,6 +300,8 @@ export function mountJob(root, id) {
     lastPhase = new Map();
     lossChart.clear();
     tpsChart.clear();
+    marginChart.clear();
+    accChart.clear();
   }
 
   const refreshRanks = debounce(async () => {
@@ -461,6 +476,7 @@ export function mountJob(root, id) {
         s.steps.forEach((step, i) => {
           lossChart.add(s.rank, step, s.loss[i]);
           tpsChart.add(s.rank, step, s.tokens_per_s[i]);
+          if (s.dpo) addDpo(s.rank, step, s.dpo.rewards_margins[i], s.dpo.rewards_accuracies[i]);
         });
       renderHead();
       renderRanks();
@@ -470,7 +486,7 @@ export function mountJob(root, id) {
       const pending = () => [...ranks.values()].some((r) => (r.pid || r.state === 'running') &&
                                                           !r.finished_at);
       stream = followEvents(id, { onEvent, onStatus, pending });
-      window.tyJobView = { id, seen, stream, lossChart, tpsChart };
+      window.tyJobView = { id, seen, stream, lossChart, tpsChart, marginChart, accChart };
     } catch (e) {
       if (gone) return;
       root.replaceChildren(el('section', { class: 'card' }, el('h1', {}, 'Job ' + id),
@@ -484,6 +500,8 @@ export function mountJob(root, id) {
     if (stream) stream.close();
     lossChart.destroy();
     tpsChart.destroy();
+    marginChart.destroy();
+    accChart.destroy();
     if (window.tyJobView && window.tyJobView.id === id) delete window.tyJobView;
   };
 }

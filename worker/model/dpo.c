@@ -63,7 +63,7 @@ double dpo_pair(const dpo_config_t *c, const dpo_pair_t *p, double *d_pc, double
 dpo_sums_t dpo_mean(const dpo_sums_t *sums) {
   dpo_sums_t m = *sums;
   const double n = sums->pairs > 0 ? sums->pairs : NAN;
-#define TY_X(field, name, tag) m.field = sums->field / n;
+#define TY_X(field) m.field = sums->field / n;
   DPO_METRICS(TY_X)
 #undef TY_X
   return m;
@@ -71,7 +71,7 @@ dpo_sums_t dpo_mean(const dpo_sums_t *sums) {
 
 void dpo_sums_pack(const dpo_sums_t *sums, float *out) {
   int i = 0;
-#define TY_X(field, name, tag) out[i++] = (float)sums->field;
+#define TY_X(field) out[i++] = (float)sums->field;
   DPO_METRICS(TY_X)
 #undef TY_X
   out[i] = (float)sums->pairs;
@@ -79,8 +79,17 @@ void dpo_sums_pack(const dpo_sums_t *sums, float *out) {
 
 void dpo_sums_unpack(dpo_sums_t *sums, const float *in) {
   int i = 0;
-#define TY_X(field, name, tag) sums->field = in[i++];
+#define TY_X(field) sums->field = in[i++];
   DPO_METRICS(TY_X)
 #undef TY_X
   sums->pairs = in[i];
+}
+
+void dpo_report(const dpo_sums_t *m, double *out) {
+  out[REPORT_DPO_rewards_chosen] = m->chosen;
+  out[REPORT_DPO_rewards_rejected] = m->rejected;
+  out[REPORT_DPO_rewards_accuracies] = m->accuracy;
+  out[REPORT_DPO_rewards_margins] = m->margin;
+  out[REPORT_DPO_logps_chosen] = m->logp_chosen;
+  out[REPORT_DPO_logps_rejected] = m->logp_rejected;
 }

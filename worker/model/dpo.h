@@ -18,6 +18,7 @@
 #include <stdint.h>
 
 #include "api/jobspec.h"
+#include "api/report_wire.h"
 
 typedef struct {
   double beta;
@@ -36,19 +37,13 @@ typedef struct {
   int64_t nc, nr;
 } dpo_pair_t;
 
-/* Sums over pairs of TRL's metrics (rewards/chosen, rewards/rejected,
- * rewards/accuracies, rewards/margins, logps/chosen, logps/rejected) and
- * of the loss: dpo_mean divides them by pairs. */
-#define DPO_METRICS(X)                              \
-  X(loss, "loss", "dpo/loss")                       \
-  X(chosen, "rewards/chosen", "rewards/chosen")     \
-  X(rejected, "rewards/rejected", "rewards/rejected") \
-  X(accuracy, "rewards/accuracies", "rewards/accuracies") \
-  X(margin, "rewards/margins", "rewards/margins")   \
-  X(logp_chosen, "logps/chosen", "logps/chosen")    \
-  X(logp_rejected, "logps/rejected", "logps/rejected")
+/* Sums over pairs of the loss and of TRL's metrics (rewards/chosen,
+ * rewards/rejected, rewards/accuracies, rewards/margins, logps/chosen,
+ * logps/rejected): dpo_mean divides them by pairs. */
+#define DPO_METRICS(X) \
+  X(loss) X(chosen) X(rejected) X(accuracy) X(margin) X(logp_chosen) X(logp_rejected)
 typedef struct {
-#define TY_X(field, name, tag) double field;
+#define TY_X(field) double field;
   DPO_METRICS(TY_X)
 #undef TY_X
   double pairs;
@@ -67,5 +62,9 @@ double dpo_pair(const dpo_config_t *c, const dpo_pair_t *p, double *d_pc, double
 
 /* The means of sums over its pairs (all NAN when there are none). */
 dpo_sums_t dpo_mean(const dpo_sums_t *sums);
+
+/* The metrics of means (dpo_mean's) as a report carries them:
+ * out [REPORT_DPO_N], api/report_wire.h's REPORT_DPO_METRICS order. */
+void dpo_report(const dpo_sums_t *means, double *out);
 
 #endif

@@ -86,20 +86,36 @@ int train_backend_host(train_backend_t *b, model_t *m, lora_t *lora, char *err, 
                            .grads = lora ? lora->grads : m->grads,
                            .n = lora ? lora->n_params : m->n_params,
                            .adapters = lora != NULL};
-  *b = (train_backend_t){
-      .ctx = h,
-      .span = h->span,
-      .shape = m,
-      .zero_grads = host_zero_grads,
-      .forward = host_forward,
-      .backward = host_backward,
-      .grad_sumsq = host_sumsq,
-      .step = host_step,
-      .no_decay = host_no_decay,
-      .free = free,
-      .row_losses = host_row_losses,
-      .row_scales = host_row_scales,
-      .adapters_on = lora ? host_adapters_on : NULL};
+  *b = (train_backend_t){.ctx = h,
+                         .span = h->span,
+                         .shape = m,
+                         .zero_grads = host_zero_grads,
+                         .forward = host_forward,
+                         .backward = host_backward,
+                         .grad_sumsq = host_sumsq,
+                         .step = host_step,
+                         .no_decay = host_no_decay,
+                         .free = free,
+                         .row_losses = host_row_losses,
+                         .row_scales = host_row_scales,
+                         .adapters_on = lora ? host_adapters_on : NULL};
+  return 0;
+}
+
+int train_backend_passes(train_backend_t *b, model_t *m, lora_t *lora, char *err, size_t errlen) {
+  memset(b, 0, sizeof *b);
+  if (!m->params)
+    return ty_errf(err, errlen, TY_EINTERNAL,
+                   "evaluation passes need a model that holds its weights");
+  host_t *h = xcalloc(1, sizeof *h);
+  h->m = m, h->lora = lora;
+  *b = (train_backend_t){.ctx = h,
+                         .shape = m,
+                         .forward = host_forward,
+                         .free = free,
+                         .row_losses = host_row_losses,
+                         .row_scales = host_row_scales,
+                         .adapters_on = lora ? host_adapters_on : NULL};
   return 0;
 }
 

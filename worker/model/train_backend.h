@@ -85,6 +85,11 @@ typedef struct train_backend {
  * mismatch. */
 int train_backend_host(train_backend_t *b, model_t *m, lora_t *lora, char *err, size_t errlen);
 
+/* Forward passes only, for an evaluation over whole rows (DPO's): the CPU
+ * model m in any mode, with lora's adapters when given (adapters_on
+ * switches them); no span, no backward, no optimizer step. */
+int train_backend_passes(train_backend_t *b, model_t *m, lora_t *lora, char *err, size_t errlen);
+
 /* An accelerator's side of a backend: its passes and, optionally, AdamW
  * over its own copy of the span. Without the AdamW hooks the optimizer runs
  * on the host: gradients come down and parameters go up once a step (LoRA:

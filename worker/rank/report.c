@@ -232,6 +232,7 @@ static json_t *report_json(const report_t *r) {
   snprintf(w.message, sizeof w.message, "%s", r->message ? r->message : "");
   snprintf(w.sample_prompt, sizeof w.sample_prompt, "%s", r->sample_prompt ? r->sample_prompt : "");
   snprintf(w.sample_text, sizeof w.sample_text, "%s", r->sample_text ? r->sample_text : "");
+  if (r->dpo) memcpy(w.dpo, r->dpo, sizeof w.dpo);
   return report_wire_json(&w);
 }
 
@@ -260,6 +261,16 @@ static void human_line(const report_t *r) {
   else if (r->phase == REPORT_PHASE_LOADING) /* before the byte count is known: what it loads */
     fprintf(stderr, "%s load  %s  host-peak %.0f MiB\n", head,
             r->message && *r->message ? r->message : "starting", r->host_peak_bytes / mib);
+  else if (r->phase == REPORT_PHASE_REFERENCE && r->bytes_total > 0)
+    fprintf(stderr, "%s reference  %lld/%lld pairs scored  host-peak %.0f MiB\n", head,
+            (long long)r->bytes_loaded, (long long)r->bytes_total, r->host_peak_bytes / mib);
+  else if (r->phase == REPORT_PHASE_TRAINING && isfinite(r->loss) && r->dpo)
+    fprintf(stderr,
+            "%s train step %lld/%lld loss %.3f  accuracy %.2f margin %.3f  %.0f tok/s  "
+            "host-peak %.0f MiB\n",
+            head, (long long)r->step, (long long)r->total_steps, r->loss,
+            r->dpo[REPORT_DPO_rewards_accuracies], r->dpo[REPORT_DPO_rewards_margins],
+            r->tokens_per_s, r->host_peak_bytes / mib);
   else if (r->phase == REPORT_PHASE_TRAINING && isfinite(r->loss))
     fprintf(stderr, "%s train step %lld/%lld loss %.3f  %.0f tok/s  host-peak %.0f MiB\n", head,
             (long long)r->step, (long long)r->total_steps, r->loss, r->tokens_per_s,

@@ -42,6 +42,9 @@ typedef struct {
    * the server, which keeps it as a "sample" event, and never repeated by
    * the heartbeat, which resends the last report without a sample. */
   const char *sample_prompt, *sample_text;
+  /* train.objective dpo, phase training: the step's metrics
+   * [REPORT_DPO_N] (api/report_wire.h); NULL otherwise. */
+  const double *dpo;
 } report_t;
 
 /* Reports as the rank e (worker_env_read's: job id, attempt, rank, world

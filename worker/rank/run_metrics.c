@@ -37,6 +37,7 @@ run_point_t run_point_empty(int64_t step) {
 #define RUN_METRICS_NAN(field, key, tag) p.field = NAN;
   RUN_METRICS_TAGS(RUN_METRICS_NAN)
 #undef RUN_METRICS_NAN
+  for (int i = 0; i < REPORT_DPO_N; i++) p.dpo[i] = NAN;
   return p;
 }
 
@@ -72,6 +73,11 @@ static char *point_line(const run_point_t *p) {
   if (isfinite(p->field)) json_object_set_new(o, key, json_real(p->field));
   RUN_METRICS_TAGS(RUN_METRICS_JSON)
 #undef RUN_METRICS_JSON
+#define RUN_METRICS_DPO(name, trl)         \
+  if (isfinite(p->dpo[REPORT_DPO_##name])) \
+    json_object_set_new(o, trl, json_real(p->dpo[REPORT_DPO_##name]));
+  REPORT_DPO_METRICS(RUN_METRICS_DPO)
+#undef RUN_METRICS_DPO
   /* Byte counts read as whole numbers. */
   if (isfinite(p->host_peak_bytes))
     json_object_set_new(o, "host_peak_bytes", json_integer((json_int_t)p->host_peak_bytes));
@@ -109,6 +115,9 @@ int run_metrics_write(run_metrics_t *m, const run_point_t *p, char *err, size_t 
 #define RUN_METRICS_TB(field, key, tag) {tag, p->field},
       RUN_METRICS_TAGS(RUN_METRICS_TB)
 #undef RUN_METRICS_TB
+#define RUN_METRICS_TB_DPO(name, trl) {"train/" trl, p->dpo[REPORT_DPO_##name]},
+          REPORT_DPO_METRICS(RUN_METRICS_TB_DPO)
+#undef RUN_METRICS_TB_DPO
   };
   return tb_events_write(m->tb, p->step, p->wall_time, v, (int)(sizeof v / sizeof v[0]), err,
                          errlen);

@@ -18,6 +18,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "api/report_wire.h"
+
 /* X(field, json key, TensorBoard tag): the figures of one step, in order. */
 #define RUN_METRICS_TAGS(X)                                       \
   X(loss, "loss", "train/loss")                                   \
@@ -26,13 +28,7 @@
   X(grad_norm, "grad_norm", "train/grad_norm")                    \
   X(tokens_per_s, "tokens_per_s", "train/tokens_per_s")           \
   X(host_peak_bytes, "host_peak_bytes", "memory/host_peak_bytes") \
-  X(device_peak_bytes, "device_peak_bytes", "memory/device_peak_bytes")             \
-  X(rewards_chosen, "rewards/chosen", "train/rewards/chosen")                       \
-  X(rewards_rejected, "rewards/rejected", "train/rewards/rejected")                 \
-  X(rewards_accuracies, "rewards/accuracies", "train/rewards/accuracies")           \
-  X(rewards_margins, "rewards/margins", "train/rewards/margins")                    \
-  X(logps_chosen, "logps/chosen", "train/logps/chosen")                             \
-  X(logps_rejected, "logps/rejected", "train/logps/rejected")
+  X(device_peak_bytes, "device_peak_bytes", "memory/device_peak_bytes")
 
 /* One step's figures; NaN for one not known at that step (the held-out
  * loss is measured before the first step and after the last). tokens_per_s
@@ -43,6 +39,9 @@ typedef struct {
 #define RUN_METRICS_FIELD(field, key, tag) double field;
   RUN_METRICS_TAGS(RUN_METRICS_FIELD)
 #undef RUN_METRICS_FIELD
+  /* train.objective dpo: REPORT_DPO_METRICS (api/report_wire.h), under
+   * TRL's names ("rewards/chosen"; TensorBoard "train/rewards/chosen"). */
+  double dpo[REPORT_DPO_N];
 } run_point_t;
 
 typedef struct run_metrics run_metrics_t;

@@ -170,7 +170,8 @@ int train_dpo_open(train_dpo_t **out, const train_args_t *a, data_t *d, int64_t 
                    size_t errlen) {
   *out = NULL;
   const train_backend_t *b = a->backend;
-  if (!b->row_losses || !b->row_scales || (b->span.adapters && !b->adapters_on))
+  if (!b->row_losses || !b->row_scales || (b->span.adapters && !b->adapters_on) ||
+      (b->span.n > 0 && !b->backward))
     return ty_errf(err, errlen, TY_EINTERNAL,
                    "train.objective dpo: these passes give no per-row losses (device cuda?)");
   if (!data_pairs(d))
@@ -192,7 +193,8 @@ int train_dpo_open(train_dpo_t **out, const train_args_t *a, data_t *d, int64_t 
   t->n_train = data_num_train_windows(d);
   t->n_eval = data_num_eval_windows(d);
   *out = t;
-  if (b->span.adapters) return 0;
+  /* The table only where the trained weights are the model's own. */
+  if (b->span.adapters || b->span.n == 0) return 0;
   t->table = xmalloc((size_t)(t->n_train + t->n_eval) * 2 * sizeof *t->table);
   char path[4200];
   table_path(a, path, sizeof path);

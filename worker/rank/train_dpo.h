@@ -29,7 +29,9 @@ typedef struct train_dpo train_dpo_t;
 /* Set-up for a run of a (its backend has the row hooks, else
  * TY_EINTERNAL) over d: training every weight, the reference table, read
  * from its file or scored now (start 0 only: a resumed run whose table is
- * gone fails, saying so). *out is the caller's (train_dpo_free). */
+ * gone fails, saying so). A backend of passes only (train_backend_passes,
+ * for an evaluation: no span) takes the base, its adapters off, as the
+ * reference. *out is the caller's (train_dpo_free). */
 int train_dpo_open(train_dpo_t **out, const train_args_t *a, data_t *d, int64_t start, char *err,
                    size_t errlen);
 void train_dpo_free(train_dpo_t *t);

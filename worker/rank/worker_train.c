@@ -70,7 +70,7 @@ static void on_held_out(void *ctx, int64_t step, double loss) {
 
 /* A training step's point: the job's tokens/s is this rank's times the
  * ranks, which step together. */
-static void on_step_curves(reporter_t *r, const train_progress_t *tp) {
+static void on_step_curves(reporter_t *r, const train_progress_t *tp, const double *dpo) {
   if (!r->curves) return;
   memstat_t ms;
   memstat_read(&ms);
@@ -81,19 +81,13 @@ static void on_step_curves(reporter_t *r, const train_progress_t *tp) {
   p.tokens_per_s = tp->tokens_per_s * r->world;
   p.host_peak_bytes = (double)ms.hwm_bytes;
   if (r->loaded) p.device_peak_bytes = (double)r->loaded->device_peak_bytes;
-  if (tp->dpo) {
-    p.rewards_chosen = tp->dpo->chosen;
-    p.rewards_rejected = tp->dpo->rejected;
-    p.rewards_accuracies = tp->dpo->accuracy;
-    p.rewards_margins = tp->dpo->margin;
-    p.logps_chosen = tp->dpo->logp_chosen;
-    p.logps_rejected = tp->dpo->logp_rejected;
-  }
+  if (dpo) memcpy(p.dpo, dpo, sizeof p.dpo);
   curves_write(r, &p);
 }
 
-static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss, double tps,
-                 const loader_stats_t *ls, const char *message) {
+/* A report; dpo: the step's DPO metrics [REPORT_DPO_N], or NULL. */
+static void emit_dpo(reporter_t *r, report_phase_t phase, int64_t step, double loss, double tps,
+                     const loader_stats_t *ls, const char *message, const double *dpo) {
   memstat_t ms;
   memstat_read(&ms);
   report_t rep = {.phase = phase,
@@ -102,7 +96,8 @@ static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss,
                   .loss = loss,
                   .tokens_per_s = tps,
                   .host_peak_bytes = (int64_t)ms.hwm_bytes,
-                  .message = message ? message : ""};
+                  .message = message ? message : "",
+                  .dpo = dpo};
   if (!ls) ls = r->loaded;
   if (ls) {
     rep.bytes_loaded = (int64_t)ls->bytes_read;
@@ -111,6 +106,11 @@ static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss,
     rep.load_seconds = ls->load_seconds;
   }
   if (report_send(&rep) == TY_EPRECONDITION) r->stop = true;
+}
+
+static void emit(reporter_t *r, report_phase_t phase, int64_t step, double loss, double tps,
+                 const loader_stats_t *ls, const char *message) {
+  emit_dpo(r, phase, step, loss, tps, ls, message, NULL);
 }
 
 /* A sample of train.sample_prompts: a report of its own. */
@@ -149,13 +149,15 @@ static int on_progress(void *ctx, const train_progress_t *p) {
     snprintf(msg, sizeof msg, "%s%seval loss %.4f", p->message, *p->message ? "; " : "",
              p->eval_loss);
   if (p->tokens_per_s > 0) r->tokens_per_s = p->tokens_per_s;
-  if (p->phase == REPORT_PHASE_TRAINING) on_step_curves(r, p);
+  double dpo[REPORT_DPO_N];
+  if (p->dpo) dpo_report(p->dpo, dpo);
+  if (p->phase == REPORT_PHASE_TRAINING) on_step_curves(r, p, p->dpo ? dpo : NULL);
   /* A save keeps the rate of the steps before it, as the done report does. */
   double tps = p->phase != REPORT_PHASE_SAVING ? p->tokens_per_s : r->tokens_per_s;
   /* Scoring the reference, its pairs are the report's counts. */
   const loader_stats_t pairs = {.bytes_read = (uint64_t)p->done, .bytes_total = (uint64_t)p->total};
-  emit(r, p->phase, p->step, p->loss, tps, p->phase == REPORT_PHASE_REFERENCE ? &pairs : NULL,
-       msg);
+  emit_dpo(r, p->phase, p->step, p->loss, tps, p->phase == REPORT_PHASE_REFERENCE ? &pairs : NULL,
+           msg, p->dpo ? dpo : NULL);
   /* The report's own line shows no message while loading or training:
    * events (resumed, checkpoint written) get a log line of their own. */
   if (*msg) fprintf(stderr, "[rank %d/%d] %s\n", r->rank, r->world, msg);
