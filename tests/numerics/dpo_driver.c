@@ -34,18 +34,11 @@
 #include "worker/model/train_backend.h"
 #include "worker/rank/train_dpo.h"
 
+#define DRIVER "dpo_driver"
+#include "tests/numerics/driver_util.h"
+
 #define MAX_OUT 1024
 
-static void die(const char *what, const char *why) {
-  fprintf(stderr, "dpo_driver: %s: %s\n", what, why);
-  exit(1);
-}
-
-static int64_t jint(json_t *o, const char *k) {
-  json_t *v = json_object_get(o, k);
-  if (!json_is_number(v)) die("case.json", k);
-  return (int64_t)json_number_value(v);
-}
 
 static const char *g_prefix = ""; /* of the weights model_fill reads */
 

@@ -25,18 +25,11 @@
 #include "worker/model/model.h"
 #include "worker/ckpt/safetensors.h"
 
+#define DRIVER "model_driver"
+#include "tests/numerics/driver_util.h"
+
 #define MAX_OUT 4096
 
-static void die(const char *what, const char *why) {
-  fprintf(stderr, "model_driver: %s: %s\n", what, why);
-  exit(1);
-}
-
-static int64_t jint(json_t *o, const char *k) {
-  json_t *v = json_object_get(o, k);
-  if (!json_is_number(v)) die("case.json", k);
-  return (int64_t)json_number_value(v);
-}
 
 /* Copies the F32 tensor called name, of numel floats, into dst. */
 static int read_f32(const st_ckpt_t *ck, const char *name, float *dst, size_t numel, char *err,

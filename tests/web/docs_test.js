@@ -12,65 +12,17 @@
 'use strict';
 
 const assert = require('node:assert/strict');
-const { spawn } = require('node:child_process');
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { chromium } = require('playwright-core');
 const yaml = require('js-yaml');
+const { ART, CHROMIUM, waitFor, startServer: startTrainyardd } = require('./weblib');
 
-const BIN = process.env.TRAINYARD_BIN_DIR || path.join(__dirname, '../../build');
 const SRC = process.env.TRAINYARD_SRC_DIR || path.join(__dirname, '../..');
-const TRAINYARDD = path.join(BIN, 'server', 'trainyardd');
-const WORKER = path.join(BIN, 'tests', 'ty_test_worker');
-const CHROMIUM = process.env.TRAINYARD_CHROMIUM || '/usr/bin/chromium';
-const ART = path.join(BIN, 'tests', 'web-artifacts');
 const TOKEN = 'docs-test-token-' + process.pid;
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on('error', reject);
-  });
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(what, fn, timeoutMs = 15000) {
-  const end = Date.now() + timeoutMs;
-  let last;
-  while (Date.now() < end) {
-    try { last = await fn(); if (last) return last; } catch (e) { last = e; }
-    await sleep(100);
-  }
-  throw new Error('timed out waiting for ' + what + (last instanceof Error ? ': ' + last.message : ''));
-}
-
-// A trainyardd with a token in its own directory, a model directory and a
-// data file for a spec to name.
-async function startServer(dir) {
-  for (const f of [TRAINYARDD, WORKER, CHROMIUM])
-    if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
-  fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
-  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), '{"hidden_size": 64}\n');
-  fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(1024));
-  const port = await freePort();
-  const log = fs.openSync(path.join(dir, 'trainyardd.log'), 'a');
-  const proc = spawn(TRAINYARDD, [
-    '--listen', '127.0.0.1:' + port, '--db', path.join(dir, 'var', 'ty.db'),
-    '--state-dir', path.join(dir, 'var'), '--roots', dir, '--output-roots', dir,
-    '--worker', WORKER, '--cpu-slots', '4', '--grace', '0.5'],
-  { cwd: dir, env: Object.assign({}, process.env, { TRAINYARD_TOKENS: TOKEN }),
-    stdio: ['ignore', log, log] });
-  const url = 'http://127.0.0.1:' + port;
-  await waitFor('trainyardd /healthz', async () => {
-    if (proc.exitCode !== null) throw new Error('trainyardd exited: ' + proc.exitCode);
-    return (await fetch(url + '/healthz')).ok;
-  });
-  return { url, proc, dir };
-}
+// A trainyardd with the test's token, models/tiny a spec may name.
+const startServer = (dir) => startTrainyardd(dir, TOKEN, { hidden_size: 64 });
 
 // Every documented operation as "METHOD /path".
 function operations(doc) {

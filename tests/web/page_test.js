@@ -17,40 +17,14 @@
 'use strict';
 
 const assert = require('node:assert/strict');
-const { spawn } = require('node:child_process');
 const fs = require('node:fs');
-const net = require('node:net');
 const os = require('node:os');
 const path = require('node:path');
 const { chromium } = require('playwright-core');
+const { ART, CHROMIUM, sleep, waitFor, startServer: startTrainyardd } = require('./weblib');
 
-const BIN = process.env.TRAINYARD_BIN_DIR || path.join(__dirname, '../../build');
-const TRAINYARDD = path.join(BIN, 'server', 'trainyardd');
-const WORKER = path.join(BIN, 'tests', 'ty_test_worker');
-const CHROMIUM = process.env.TRAINYARD_CHROMIUM || '/usr/bin/chromium';
-const ART = path.join(BIN, 'tests', 'web-artifacts');
 const TOKEN = 'web-test-token-' + process.pid;
 const PHONE = { width: 390, height: 844 };
-
-function freePort() {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.listen(0, '127.0.0.1', () => { const p = s.address().port; s.close(() => resolve(p)); });
-    s.on('error', reject);
-  });
-}
-
-const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
-
-async function waitFor(what, fn, timeoutMs = 15000) {
-  const end = Date.now() + timeoutMs;
-  let last;
-  while (Date.now() < end) {
-    try { last = await fn(); if (last) return last; } catch (e) { last = e; }
-    await sleep(100);
-  }
-  throw new Error('timed out waiting for ' + what + (last instanceof Error ? ': ' + last.message : ''));
-}
 
 // The model the jobs name: 115008 parameters (embeddings 256 x 64, two
 // layers of 4 x 64 x 64 attention + 3 x 64 x 128 MLP + 2 x 64 norms, the
@@ -60,31 +34,8 @@ const TINY_CONFIG = { hidden_size: 64, intermediate_size: 128, num_hidden_layers
                       num_attention_heads: 4, num_key_value_heads: 4, vocab_size: 256 };
 const TINY_PARAMS = 115008;
 
-// A trainyardd in its own directory with a model directory and a data file
-// for specs to name.
-async function startServer(dir, extra = []) {
-  for (const f of [TRAINYARDD, WORKER, CHROMIUM])
-    if (!fs.existsSync(f)) throw new Error(f + ' is missing (build the server; deploy/install-deps.sh test installs chromium)');
-  fs.mkdirSync(path.join(dir, 'models', 'tiny'), { recursive: true });
-  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'config.json'), JSON.stringify(TINY_CONFIG) + '\n');
-  // train.sample_prompts need a tokenizer beside the model (the test worker reads none).
-  fs.writeFileSync(path.join(dir, 'models', 'tiny', 'tokenizer.json'), '{}\n');
-  fs.writeFileSync(path.join(dir, 'train.txt'), 'hello trainyard\n'.repeat(1024));
-  const port = await freePort();
-  const log = fs.openSync(path.join(dir, 'trainyardd.log'), 'a');
-  const env = Object.assign({}, process.env, { TRAINYARD_TOKENS: TOKEN });
-  const proc = spawn(TRAINYARDD, [
-    '--listen', '127.0.0.1:' + port, '--db', path.join(dir, 'var', 'ty.db'),
-    '--state-dir', path.join(dir, 'var'), '--roots', dir, '--output-roots', dir,
-    '--worker', WORKER, '--cpu-slots', '4', '--grace', '0.5', ...extra],
-  { cwd: dir, env, stdio: ['ignore', log, log] });
-  const url = 'http://127.0.0.1:' + port;
-  await waitFor('trainyardd /healthz', async () => {
-    if (proc.exitCode !== null) throw new Error('trainyardd exited: ' + proc.exitCode);
-    return (await fetch(url + '/healthz')).ok;
-  });
-  return { url, proc, dir };
-}
+// A trainyardd with the test's token over models/tiny of TINY_CONFIG.
+const startServer = (dir, extra = []) => startTrainyardd(dir, TOKEN, TINY_CONFIG, extra);
 
 async function call(srv, method, p, body) {
   const r = await fetch(srv.url + p, {
