@@ -311,10 +311,6 @@ static void check_dpo(const vctx_t *v, ty_errlist_t *errs) {
     ty_errlist_add(errs, "dpo.label_smoothing",
                    "applies to dpo.loss_type sigmoid only (conservative DPO); set dpo.loss_type "
                    "to sigmoid or remove dpo.label_smoothing");
-  if (s->device == JOBSPEC_DEVICE_CUDA)
-    ty_errlist_add(errs, "train.objective",
-                   "\"dpo\" trains on CPU ranks in this version (the GPU passes have no "
-                   "per-response log-probabilities yet); set device to \"cpu\"");
 }
 
 static void check_ranges(const vctx_t *v, ty_errlist_t *errs) {
@@ -751,13 +747,13 @@ static const rule_t g_rules[] = {
      "are) is read as it is, so its job sets load_in_4bit with the checkpoint's quant type and "
      "double quantization",
      check_quantization},
-    {"dpo", "train.objective, dpo.*, data.format, data.kind, data.packing, data.loss_on, device",
+    {"dpo", "train.objective, dpo.*, data.format, data.kind, data.packing, data.loss_on",
      "spec",
      "train.objective \"dpo\" learns from JSONL pairs (data.kind preference: a prompt, a chosen "
      "and a rejected response), each response a row of its own whose counted tokens are summed, "
      "so not with data.packing or data.loss_on all; the reference is the frozen base (under "
      "LoRA, the adapters switched off; training every weight, a pass before the first step); "
-     "dpo.label_smoothing applies to loss_type sigmoid; it runs on CPU ranks; the dpo.* options "
+     "dpo.label_smoothing applies to loss_type sigmoid; the dpo.* options "
      "and data.kind preference need train.objective \"dpo\"",
      check_dpo},
     {"ranges",

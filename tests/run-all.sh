@@ -38,12 +38,12 @@ ctest --test-dir "$sim" --output-on-failure -j "$jobs" -R '^(gpu/|sim/|integrati
 echo "== the same, side streams run before the compute stream (TY_SIM_ORDER=side)"
 TY_SIM_ORDER=side ctest --test-dir "$sim" --output-on-failure -j "$jobs" \
   -R '^(sim/device|gpu/(fsdp|model|train|comm_nccl))$'
-echo "== the same under the sanitizers ($simasan: clang, address + undefined), but gpu/train"
+echo "== the same under the sanitizers ($simasan: clang, address + undefined), but gpu/train and gpu/dpo"
 CC=clang CXX=clang++ cmake -S . -B "$simasan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \
   -DTRAINYARD_CUDA=SIM -DTRAINYARD_WORKER_ONLY=ON >/dev/null
 cmake --build "$simasan" -j "$jobs"
 ctest --test-dir "$simasan" --output-on-failure -j "$jobs" \
-  -R '^(gpu/|sim/|integration/load_cuda$)' -E '^gpu/train$'
+  -R '^(gpu/|sim/|integration/load_cuda$)' -E '^gpu/(train|dpo)$'
 
 echo "== sanitizer build ($asan: clang, address + undefined, libFuzzer)"
 CC=clang CXX=clang++ cmake -S . -B "$asan" -DCMAKE_BUILD_TYPE=Debug -DTRAINYARD_SANITIZE=ON \

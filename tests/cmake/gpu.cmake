@@ -43,6 +43,10 @@ if(TRAINYARD_HAVE_CUDA)
   add_test(NAME gpu/train COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/train_cli.sh)
   set_tests_properties(gpu/train PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600
                        ENVIRONMENT "${TY_TEST_ENV}")
+  # Preference tuning on one GPU against the CPU worker, LoRA and every weight.
+  add_test(NAME gpu/dpo COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/dpo_cli.sh)
+  set_tests_properties(gpu/dpo PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 600
+                       ENVIRONMENT "${TY_TEST_ENV}")
   # train.sample_prompts on a GPU job, against trainyard generate.
   add_test(NAME gpu/samples COMMAND bash ${CMAKE_SOURCE_DIR}/tests/gpu/samples_cli.sh)
   set_tests_properties(gpu/samples PROPERTIES LABELS gpu SKIP_RETURN_CODE 77 TIMEOUT 300

@@ -44,6 +44,12 @@ struct model_cuda {
   int *pos;              /* device (B*T): the batch's positions, when has_pos */
   float *weights;        /* device (B*T): its loss weights, when has_weights */
   bool has_pos, has_weights;
+  /* Objectives over whole rows (model_cuda_set_row_scales): the host's
+   * copy of the last batch's weights and of its per-token losses (B*T),
+   * whether the device's weights are now scaled by their rows, and
+   * forwards without the adapters. */
+  float *host_w, *host_losses;
+  bool row_scaled, lora_off;
   int64_t count; /* the last forward's counted targets */
   uint16_t *xb;  /* bf16 scratch: an activation or gradient on its way to cuBLAS */
   void *attws;   /* a bf16 base: attention's tensor-core workspace, else NULL */
@@ -251,6 +257,8 @@ void model_cuda_free(model_cuda_t *m) {
   mem_cuda_free(m->targets);
   mem_cuda_free(m->pos);
   mem_cuda_free(m->weights);
+  free(m->host_w);
+  free(m->host_losses);
   mem_cuda_free(m->gbase);
   mem_cuda_free(m->gunit);
   mem_cuda_free(m->xb);
@@ -312,7 +320,7 @@ static int proj_forward_rows(model_cuda_t *m, int n, int l, int target, float *o
     rc = cuda_matmul_forward(m->cb, out, x, W, TY_DTYPE_F32, n, IN, OUT, beta);
   }
   mc_adapter_t a;
-  if (!rc && target >= 0 && adapter(m, l, target, &a))
+  if (!rc && target >= 0 && !m->lora_off && adapter(m, l, target, &a))
     rc = cuda_lora_forward(m->cb, out, a.xa, x, a.A, a.B, n, IN, OUT, m->lo->R, m->lo->scale);
   return rc;
 }
@@ -482,6 +490,11 @@ int model_cuda_forward_batch(model_cuda_t *m, const model_batch_t *bt, double *l
   m->b = b, m->t = t;
   m->has_pos = bt->pos != NULL;
   m->has_weights = bt->weights != NULL;
+  m->row_scaled = false;
+  if (bt->weights) {
+    if (!m->host_w) m->host_w = xmalloc(sizeof(float) * (size_t)m->B * m->T);
+    memcpy(m->host_w, bt->weights, sizeof(float) * n);
+  }
   m->count = model_batch_count(bt);
   if (cudaMemcpy(m->tokens, bt->tokens, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
       cudaMemcpy(m->targets, bt->targets, sizeof(int) * n, cudaMemcpyHostToDevice) != cudaSuccess ||
@@ -564,9 +577,14 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
    * full training its weight's, summed over the chunks); then the final
    * norm. */
   const float dloss =
-      m->has_weights ? (m->count > 0 ? loss_scale / (float)m->count : 0.0f) : loss_scale / n;
-  if (m->head_fused) cuda_scale(m->cb, m->dln, m->dlnf, dloss, (size_t)n * d->C);
-  for (int r0 = 0; r0 < n && !rc && !m->head_fused; r0 += m->hc) {
+      m->row_scaled  ? 1.0f /* the device's weights carry each row's scale */
+      : m->has_weights ? (m->count > 0 ? loss_scale / (float)m->count : 0.0f)
+                       : loss_scale / n;
+  /* With row scales, the fused forward's input gradient (for weights of 1
+   * a row) does not serve: the chunks' logits are computed again. */
+  const bool fused = m->head_fused && !m->row_scaled;
+  if (fused) cuda_scale(m->cb, m->dln, m->dlnf, dloss, (size_t)n * d->C);
+  for (int r0 = 0; r0 < n && !rc && !fused; r0 += m->hc) {
     int rows = n - r0 < m->hc ? n - r0 : m->hc;
     if (!m->logits_all) msg = !(rc = head_logits(m, r0, rows));
     if (rc) break;
@@ -597,4 +615,36 @@ int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t err
     rc = unit_grads_reduce(m, PREFETCH_EMBED, err, errlen);
   }
   return pass_end(m, rc, msg, "backward", err, errlen);
+}
+
+int model_cuda_row_losses(model_cuda_t *m, double *sums, char *err, size_t errlen) {
+  const int n = m->b * m->t;
+  if (!m->host_losses) m->host_losses = xmalloc(sizeof(float) * (size_t)m->B * m->T);
+  if (cudaMemcpy(m->host_losses, m->losses, sizeof(float) * n, cudaMemcpyDeviceToHost) !=
+      cudaSuccess)
+    return ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: copying the losses to the host failed");
+  /* A target of weight 0 has a loss of 0 (cuda_crossentropy_forward). */
+  for (int i = 0; i < m->b; i++) {
+    double sum = 0.0;
+    for (int j = 0; j < m->t; j++) sum += m->host_losses[i * m->t + j];
+    sums[i] = sum;
+  }
+  return 0;
+}
+
+int model_cuda_set_row_scales(model_cuda_t *m, const float *scales, char *err, size_t errlen) {
+  const int n = m->b * m->t;
+  float *w = xmalloc(sizeof(float) * n);
+  for (int r = 0; r < n; r++) w[r] = (m->has_weights ? m->host_w[r] : 1.0f) * scales[r / m->t];
+  const bool ok = cudaMemcpy(m->weights, w, sizeof(float) * n, cudaMemcpyHostToDevice) ==
+                  cudaSuccess;
+  free(w);
+  if (!ok)
+    return ty_errf(err, errlen, TY_EINTERNAL, "model_cuda: copying the row scales failed");
+  m->has_weights = m->row_scaled = true;
+  return 0;
+}
+
+void model_cuda_adapters_on(model_cuda_t *m, bool on) {
+  m->lora_off = !on;
 }

@@ -97,6 +97,15 @@ int model_cuda_forward_batch(model_cuda_t *m, const model_batch_t *batch, double
  * adapters' gradients (+=). */
 int model_cuda_backward(model_cuda_t *m, float loss_scale, char *err, size_t errlen);
 
+/* Objectives over whole rows (DPO), as model.h's: each row's summed loss
+ * over its counted targets in the last forward (sums [b]); the next
+ * backward the gradient of sum_i scales[i] x row loss i (scales [b];
+ * loss_scale then unused; a forward clears them); and forwards without
+ * the adapters (false: the frozen base, DPO's reference) or with them. */
+int model_cuda_row_losses(model_cuda_t *m, double *sums, char *err, size_t errlen);
+int model_cuda_set_row_scales(model_cuda_t *m, const float *scales, char *err, size_t errlen);
+void model_cuda_adapters_on(model_cuda_t *m, bool on);
+
 /* Full training: the base's gradients on the device, laid out as the base
  * shard (view v's at v->offset bytes), added to by every backward pass
  * (over a shard: this rank's rows of the sum over ranks); NULL for LoRA.

@@ -62,6 +62,16 @@ static int tc_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
   return model_cuda_backward(((train_cuda_t *)ctx)->mc, loss_scale, err, errlen);
 }
 
+static int tc_row_losses(void *ctx, double *sums, char *err, size_t errlen) {
+  return model_cuda_row_losses(((train_cuda_t *)ctx)->mc, sums, err, errlen);
+}
+static int tc_row_scales(void *ctx, const float *scales, char *err, size_t errlen) {
+  return model_cuda_set_row_scales(((train_cuda_t *)ctx)->mc, scales, err, errlen);
+}
+static void tc_adapters_on(void *ctx, bool on) {
+  model_cuda_adapters_on(((train_cuda_t *)ctx)->mc, on);
+}
+
 static int tc_zero_grads(void *ctx, char *err, size_t errlen) {
   train_cuda_t *tc = ctx;
   if (tc->map)
@@ -245,8 +255,13 @@ int train_cuda_create(train_cuda_t **out, const jobspec_t *spec, const llama_con
   uint64_t held = t->pl.in_use + model_cuda_bytes(t->mc) + (t->m ? 2 * t->shard->bytes : 0);
   if (ls && tr->span) ls->device_peak_bytes = t->pl.peak;
   if (ls && held > ls->device_peak_bytes) ls->device_peak_bytes = held;
-  *dev = (train_device_t){
-      .ctx = t, .forward = tc_forward, .backward = tc_backward, .zero_grads = tc_zero_grads};
+  *dev = (train_device_t){.ctx = t,
+                          .forward = tc_forward,
+                          .backward = tc_backward,
+                          .zero_grads = tc_zero_grads,
+                          .row_losses = tc_row_losses,
+                          .row_scales = tc_row_scales,
+                          .adapters_on = lora ? tc_adapters_on : NULL};
   if (lora) {
     dev->grads_to_host = tc_grads_to_host;
     dev->params_from_host = tc_params_from_host;

@@ -139,6 +139,18 @@ static int dev_backward(void *ctx, float loss_scale, char *err, size_t errlen) {
   const device_t *d = ctx;
   return d->dev.backward(d->dev.ctx, loss_scale, err, errlen);
 }
+static int dev_row_losses(void *ctx, double *sums, char *err, size_t errlen) {
+  const device_t *d = ctx;
+  return d->dev.row_losses(d->dev.ctx, sums, err, errlen);
+}
+static int dev_row_scales(void *ctx, const float *scales, char *err, size_t errlen) {
+  const device_t *d = ctx;
+  return d->dev.row_scales(d->dev.ctx, scales, err, errlen);
+}
+static void dev_adapters_on(void *ctx, bool on) {
+  const device_t *d = ctx;
+  d->dev.adapters_on(d->dev.ctx, on);
+}
 static void dev_no_decay(void *ctx, optim_t *o) {
   device_t *d = ctx;
   d->host.no_decay(d->host.ctx, o);
@@ -212,7 +224,10 @@ int train_backend_device(train_backend_t *b, train_backend_t *host, const train_
                          .no_decay = dev_no_decay,
                          .state_to_host = adamw ? dev_to_host : NULL,
                          .state_from_host = adamw ? dev_from_host : up_state,
-                         .free = dev_free};
+                         .free = dev_free,
+                         .row_losses = dev->row_losses ? dev_row_losses : NULL,
+                         .row_scales = dev->row_scales ? dev_row_scales : NULL,
+                         .adapters_on = dev->adapters_on ? dev_adapters_on : NULL};
   return 0;
 }
 

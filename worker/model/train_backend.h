@@ -112,6 +112,10 @@ typedef struct {
                        size_t errlen);
   int (*state_from_host)(void *ctx, const float *params, const float *m, const float *v, size_t n,
                          char *err, size_t errlen);
+  /* Optional: objectives over whole rows, as train_backend_t's hooks. */
+  int (*row_losses)(void *ctx, double *sums, char *err, size_t errlen);
+  int (*row_scales)(void *ctx, const float *scales, char *err, size_t errlen);
+  void (*adapters_on)(void *ctx, bool on);
 } train_device_t;
 
 /* dev's passes over host's span (a host or fsdp backend, which b takes

@@ -351,7 +351,7 @@ static int build_cuda(const jobspec_t *s, comm_t *comm, const llama_config_t *cf
   int rc = placement_cuda_devices(&ndev, err, errlen);
   if (!rc) rc = rankenv_gpu(comm_rank(comm), ndev, &gpu, err, errlen);
   if (!rc)
-    rc = train_cuda_create(&t->tc, s, cfg, comm, gpu, &tr, s->train.micro_batch_size,
+    rc = train_cuda_create(&t->tc, s, cfg, comm, gpu, &tr, jobspec_micro_batch_rows(s),
                            s->data.seq_len, ls, &dev, err, errlen);
   if (!rc) rc = host_backend(t, &host, err, errlen);
   if (!rc && (rc = train_backend_device(&t->b, &host, &dev, comm_world_size(comm), err, errlen)))
