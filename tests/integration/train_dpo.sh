@@ -9,7 +9,7 @@
 #     held-out loss is log 2 exactly; rewards/accuracies passes 0.9 and the
 #     held-out loss falls; metrics.jsonl and the TensorBoard file carry
 #     TRL's metric names;
-#   - 1 and 2 ranks give the same per-step losses (LoRA, and full training
+#   - 1, 2 and 4 ranks give the same per-step losses (LoRA; 1 and 2 training every weight,
 #     whose reference is scored before the first step in phase reference,
 #     kept beside the tokenized data and read back by the next run);
 #   - bad lines and bad options are refused by validate naming the file
@@ -59,31 +59,33 @@ ls "$tmp/learn/tensorboard/"events.out.tfevents.* >/dev/null || fail "no TensorB
 grep -aq "train/rewards/accuracies" "$tmp/learn/tensorboard/"events.out.tfevents.* ||
   fail "the TensorBoard events carry no train/rewards/accuracies"
 
-# --- 1 and 2 ranks: the same losses (a pair stays whole on one rank).
-same() { # NAME ARGS...: world 1 against world 2 over 4 steps
-  local name=$1
-  shift
-  "$ty" train "${common[@]}" "$@" --train.steps 4 --world_size 1 --train.micro_batch_size 4 \
-    --output_dir "$tmp/$name-w1" --json >"$tmp/$name-w1.out" 2>"$tmp/$name-w1.log" ||
-    { cat "$tmp/$name-w1.log" >&2; fail "$name world 1 failed"; }
-  "$ty" train "${common[@]}" "$@" --train.steps 4 --world_size 2 --train.micro_batch_size 2 \
-    --output_dir "$tmp/$name-w2" --json >"$tmp/$name-w2.out" 2>"$tmp/$name-w2.log" ||
-    { cat "$tmp/$name-w2.log" >&2; fail "$name world 2 failed"; }
-  rank0_losses "$tmp/$name-w1.out" >"$tmp/$name-w1.loss"
-  rank0_losses "$tmp/$name-w2.out" >"$tmp/$name-w2.loss"
-  python3 - "$tmp/$name-w1.loss" "$tmp/$name-w2.loss" "$name" <<'PY'
+# --- 1, 2 and 4 ranks: the same losses (a pair stays whole on one rank;
+# the global batch of 4 pairs is 4, 2 or 1 pairs a rank).
+same() { # NAME WORLDS ARGS...: world 1 against each of WORLDS over 4 steps
+  local name=$1 worlds=$2
+  shift 2
+  local w
+  for w in 1 $worlds; do
+    "$ty" train "${common[@]}" "$@" --train.steps 4 --world_size "$w" \
+      --train.micro_batch_size $((4 / w)) --output_dir "$tmp/$name-w$w" --json \
+      >"$tmp/$name-w$w.out" 2>"$tmp/$name-w$w.log" ||
+      { cat "$tmp/$name-w$w.log" >&2; fail "$name world $w failed"; }
+    rank0_losses "$tmp/$name-w$w.out" >"$tmp/$name-w$w.loss"
+    [ "$w" = 1 ] && continue
+    python3 - "$tmp/$name-w1.loss" "$tmp/$name-w$w.loss" "$name" "$w" <<'PY'
 import sys
 a = [float(x) for x in open(sys.argv[1])]
 b = [float(x) for x in open(sys.argv[2])]
 assert len(a) == len(b) == 4, (a, b)
 gap = max(abs(x - y) / abs(x) for x, y in zip(a, b))
-print(f"# dpo {sys.argv[3]}: world 1 vs 2: max relative loss gap {gap:.2e} "
+print(f"# dpo {sys.argv[3]}: world 1 vs {sys.argv[4]}: max relative loss gap {gap:.2e} "
       f"(losses {a[0]:.5f} -> {a[-1]:.5f})")
 assert gap <= 1e-5, (a, b)
 PY
+  done
 }
-same lora "${lora[@]}" --train.lr 3e-2
-same full --train.lr 1e-3
+same lora "2 4" "${lora[@]}" --train.lr 3e-2
+same full 2 --train.lr 1e-3
 
 # Training every weight, the reference was scored in its own phase, by
 # every rank, and kept beside the tokenized data.
