@@ -366,7 +366,9 @@ static void test_missing_table_is_refused(void **state) {
     sqlite3_close(raw);
     assert_int_equal(db_open(path, &db, msg, sizeof msg), TY_EDATALOSS);
     assert_null(db);
-    assert_non_null(strstr(msg, "schema version is 3 (current)"));
+    char want[64];
+    snprintf(want, sizeof want, "schema version is %d (current)", db_schema_version());
+    assert_non_null(strstr(msg, want));
     if (!strstr(msg, drops[i][1])) fail_msg("%s: message does not name %s", msg, drops[i][1]);
   }
 }
