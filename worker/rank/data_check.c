@@ -3,6 +3,9 @@
 #include "worker/rank/data_check.h"
 
 #include <errno.h>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +100,12 @@ void train_jsonl_check(const jobspec_t *s, ty_errlist_t *errs) {
   }
   if (rc) ty_errlist_add(errs, "data.path", "%s", err);
   ty_rmtree(dir, NULL, 0);
+#ifdef __GLIBC__
+  /* The tokenizer's tables (tens of MiB for a 128k vocabulary) are freed;
+   * a long-lived caller (trainyardd) gives their pages back now rather
+   * than keeping them in the allocator's arenas. */
+  malloc_trim(0);
+#endif
 }
 
 int train_data_check(const jobspec_t *s, const data_prepared_t *prep, int64_t vocab_size, int rank,
